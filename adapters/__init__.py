@@ -1,0 +1,43 @@
+"""Model adapters: the async contract, typed completions, the registry, ``scripted``."""
+
+from __future__ import annotations
+
+from ._protocol import ModelAdapter as ModelAdapter
+from ._registry import ADAPTERS as ADAPTERS
+from ._registry import ModelSpec as ModelSpec
+from ._registry import create_adapter as create_adapter
+from ._registry import get_model_adapter as get_model_adapter
+from ._registry import parse_model_args as parse_model_args
+from ._registry import parse_model_spec as parse_model_spec
+from ._scripted import ScriptedAdapter as ScriptedAdapter
+from ._scripted import ScriptedConfig as ScriptedConfig
+from ._types import CallTimings as CallTimings
+from ._types import Completion as Completion
+from ._types import Cost as Cost
+from ._types import GenerationParams as GenerationParams
+from ._types import Message as Message
+from ._types import ModelInfo as ModelInfo
+from ._types import RateLimits as RateLimits
+from ._types import Role as Role
+from ._types import Usage as Usage
+
+__all__ = [
+    "ModelAdapter",
+    "ADAPTERS",
+    "ModelSpec",
+    "create_adapter",
+    "get_model_adapter",
+    "parse_model_args",
+    "parse_model_spec",
+    "ScriptedAdapter",
+    "ScriptedConfig",
+    "CallTimings",
+    "Completion",
+    "Cost",
+    "GenerationParams",
+    "Message",
+    "ModelInfo",
+    "RateLimits",
+    "Role",
+    "Usage",
+]

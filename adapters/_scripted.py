@@ -1,0 +1,129 @@
+"""The offline adapter: deterministic answers with no network."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from convsim._errors import ConfigError, ServerError, describe_validation_error
+
+from ._recall import recall_reply
+from ._types import (
+    CallTimings,
+    Completion,
+    Cost,
+    GenerationParams,
+    Message,
+    ModelInfo,
+    RateLimits,
+    Usage,
+)
+
+__all__ = ["ScriptedAdapter", "ScriptedConfig"]
+
+
+class ScriptedConfig(BaseModel):
+    """Arguments of the ``scripted`` model (``--model-arg KEY=VALUE``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = "scripted"
+    """Name reported in results."""
+    latency: float = Field(default=0.0, ge=0.0)
+    """Seconds each call takes, to slow runs down for tests and demos."""
+    memory_turns: int | None = Field(default=None, ge=1)
+    """Rule-based replies see only the last K user messages (None: all of them)."""
+    use_references: bool = True
+    """Answer with the pack's reference response for a turn where one is given."""
+    fail_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Fraction of calls that fail with ServerError, chosen deterministically by seed."""
+
+
+def _count_tokens(text: str) -> int:
+    return len(text.split())
+
+
+class ScriptedAdapter:
+    """Answers deterministically offline.
+
+    Where the pack gives a reference response for the turn it answers with that;
+    otherwise it replies by rule from the conversation it can see (see ``memory_turns``).
+    The same seed and conversation always give the same answer.
+    """
+
+    def __init__(self, config: ScriptedConfig | Mapping[str, Any] | None = None) -> None:
+        if config is None:
+            config = ScriptedConfig()
+        elif not isinstance(config, ScriptedConfig):
+            try:
+                config = ScriptedConfig.model_validate(dict(config))
+            except ValidationError as exc:
+                raise ConfigError(describe_validation_error(exc, "scripted")) from exc
+        self.config = config
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(
+            model_id=f"scripted/{self.config.model}",
+            model_type="scripted",
+            provider="convsim",
+            capabilities=("text_generation",),
+            context_length=None,
+            supports_streaming=False,
+        )
+
+    def default_config(self) -> GenerationParams:
+        return GenerationParams(temperature=0.0, max_tokens=512)
+
+    def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
+        try:
+            return GenerationParams.model_validate(dict(config))
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, "generation config")) from exc
+
+    async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
+        started = time.perf_counter()
+        cfg = self.config
+        if cfg.latency:
+            await anyio.sleep(cfg.latency)
+        seed = params.seed or 0
+        if cfg.fail_rate and random.Random(f"{seed}:{len(messages)}").random() < cfg.fail_rate:
+            raise ServerError(
+                f"scripted failure (fail_rate={cfg.fail_rate})", model=cfg.model, status_code=500
+            )
+        if cfg.use_references and params.reference is not None:
+            text = params.reference
+        else:
+            text = recall_reply(messages, memory_turns=cfg.memory_turns, seed=seed)
+        finish_reason = "stop"
+        if params.max_tokens is not None:
+            words = text.split()
+            if len(words) > params.max_tokens:
+                text, finish_reason = " ".join(words[: params.max_tokens]), "length"
+        prompt_tokens = sum(_count_tokens(m.content) for m in messages)
+        completion_tokens = _count_tokens(text)
+        return Completion(
+            text=text,
+            finish_reason=finish_reason,
+            usage=Usage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
+            ),
+            timings=CallTimings(total_s=time.perf_counter() - started),
+            model=cfg.model,
+        )
+
+    def estimate_cost(self, usage: Usage) -> Cost | None:
+        return Cost()  # offline: free
+
+    def rate_limits(self) -> RateLimits:
+        return RateLimits()
+
+    async def aclose(self) -> None:
+        return None
+

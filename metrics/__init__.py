@@ -1,0 +1,40 @@
+"""Metrics: the scorer protocol, the registry and the built-in metrics."""
+
+from __future__ import annotations
+
+from convsim._records import Score as Score
+
+from ._builtin import CustomScoreMetric as CustomScoreMetric
+from ._builtin import ExactMatchMetric as ExactMatchMetric
+from ._builtin import JudgeRubricMetric as JudgeRubricMetric
+from ._builtin import LatencyMetric as LatencyMetric
+from ._builtin import ResponseLengthMetric as ResponseLengthMetric
+from ._builtin import TechnicalAccuracyMetric as TechnicalAccuracyMetric
+from ._builtin import normalize_answer as normalize_answer
+from ._protocol import ConversationScorer as ConversationScorer
+from ._protocol import Metric as Metric
+from ._registry import DEFAULT_METRICS as DEFAULT_METRICS
+from ._registry import METRICS as METRICS
+from ._registry import register_metric as register_metric
+from ._registry import resolve_metrics as resolve_metrics
+from ._stats import mean as mean
+from ._stats import percentile as percentile
+
+__all__ = [
+    "Score",
+    "CustomScoreMetric",
+    "ExactMatchMetric",
+    "JudgeRubricMetric",
+    "LatencyMetric",
+    "ResponseLengthMetric",
+    "TechnicalAccuracyMetric",
+    "normalize_answer",
+    "ConversationScorer",
+    "Metric",
+    "DEFAULT_METRICS",
+    "METRICS",
+    "register_metric",
+    "resolve_metrics",
+    "mean",
+    "percentile",
+]

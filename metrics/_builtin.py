@@ -1,0 +1,277 @@
+"""Built-in metrics: latency, response length, exact match, the guide's custom score,
+Python code validity, and the guide's judge rubrics."""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from convsim._records import Score, TurnRecord, TurnStatus
+
+from ._stats import mean, percentile
+
+if TYPE_CHECKING:
+    from convsim.scenarios import Conversation
+
+__all__ = [
+    "LatencyMetric",
+    "ResponseLengthMetric",
+    "ExactMatchMetric",
+    "CustomScoreMetric",
+    "TechnicalAccuracyMetric",
+    "JudgeRubricMetric",
+    "normalize_answer",
+]
+
+
+def _completed(turn: TurnRecord) -> bool:
+    return turn.status is TurnStatus.COMPLETED and turn.response is not None
+
+
+# -- latency ------------------------------------------------------------------------
+
+
+class LatencyMetric:
+    """Mean model-call latency in seconds over completed turns (p50/p95/max, TTFT)."""
+
+    name = "latency"
+    higher_is_better = False
+    description = "Seconds per model call: mean, with p50, p95, max and mean TTFT in details."
+
+    def scorer(self, conversation: Conversation) -> _LatencyScorer:
+        return _LatencyScorer()
+
+
+@dataclass
+class _LatencyScorer:
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        if _completed(turn) and turn.timings is not None and turn.timings.latency_s is not None:
+            self.latencies.append(turn.timings.latency_s)
+            if turn.timings.ttft_s is not None:
+                self.ttfts.append(turn.timings.ttft_s)
+
+    def result(self) -> Score:
+        if not self.latencies:
+            return Score.not_applicable("no completed turns")
+        details: dict[str, float | int] = {
+            "n": len(self.latencies),
+            "p50_s": percentile(self.latencies, 50),
+            "p95_s": percentile(self.latencies, 95),
+            "max_s": max(self.latencies),
+        }
+        if self.ttfts:
+            details["ttft_mean_s"] = mean(self.ttfts)
+        return Score(value=mean(self.latencies), details=details)
+
+
+# -- response length ----------------------------------------------------------------
+
+
+class ResponseLengthMetric:
+    """Mean words per response over completed turns."""
+
+    name = "response_length"
+    higher_is_better = None
+    description = "Mean words per response (whitespace-separated), with min, max and total."
+
+    def scorer(self, conversation: Conversation) -> _LengthScorer:
+        return _LengthScorer()
+
+
+@dataclass
+class _LengthScorer:
+    lengths: list[int] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        if _completed(turn):
+            self.lengths.append(len(turn.response.split()))  # type: ignore[union-attr]
+
+    def result(self) -> Score:
+        if not self.lengths:
+            return Score.not_applicable("no completed turns")
+        return Score(value=mean(self.lengths), details={
+            "n": len(self.lengths), "min": min(self.lengths), "max": max(self.lengths),
+            "total": sum(self.lengths)})
+
+
+# -- exact match --------------------------------------------------------------------
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-case, drop punctuation and articles, collapse whitespace (SQuAD-style)."""
+    text = _ARTICLES.sub(" ", text.lower().translate(_PUNCT))
+    return " ".join(text.split())
+
+
+class ExactMatchMetric:
+    """1 when the normalised response equals the turn's reference response."""
+
+    name = "exact_match"
+    higher_is_better = True
+    description = ("Share of turns whose response equals the reference after SQuAD-style "
+                   "normalisation (case, punctuation, articles, whitespace).")
+
+    def scorer(self, conversation: Conversation) -> _ExactMatchScorer:
+        return _ExactMatchScorer(conversation.scenario.reference_responses)
+
+
+@dataclass
+class _ExactMatchScorer:
+    references: dict[str, str]
+    matches: list[float] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        reference = self.references.get(turn.turn_id)
+        if reference is not None and _completed(turn):
+            hit = normalize_answer(turn.response or "") == normalize_answer(reference)
+            self.matches.append(1.0 if hit else 0.0)
+
+    def result(self) -> Score:
+        if not self.references:
+            return Score.not_applicable("the scenario gives no reference responses")
+        if not self.matches:
+            return Score.not_applicable("no completed turn has a reference response")
+        return Score(value=mean(self.matches), details={"n": len(self.matches)})
+
+
+# -- the guide's custom quality score -----------------------------------------------
+
+
+class CustomScoreMetric:
+    """The guide's quality score: 0.2 for a non-empty response plus 0.8 times the share
+    of the scenario's required_keywords it contains (the guide gave 0.3 for any one)."""
+
+    name = "custom_score"
+    higher_is_better = True
+    description = ("0.2 for a non-empty response + 0.8 x share of required_keywords present "
+                   "(case-insensitive, whole words); mean over completed turns.")
+
+    def scorer(self, conversation: Conversation) -> _CustomScorer:
+        keywords = conversation.scenario.required_keywords
+        patterns = [re.compile(rf"(?<!\w){re.escape(k.lower())}(?!\w)") for k in keywords]
+        return _CustomScorer(keywords, patterns)
+
+
+@dataclass
+class _CustomScorer:
+    keywords: list[str]
+    patterns: list[re.Pattern[str]]
+    scores: list[float] = field(default_factory=list)
+    missing: set[str] = field(default_factory=set)
+
+    def update(self, turn: TurnRecord) -> None:
+        if not _completed(turn) or not self.patterns:
+            return
+        text = (turn.response or "").lower()
+        found = [bool(p.search(text)) for p in self.patterns]
+        self.missing.update(k for k, hit in zip(self.keywords, found) if not hit)
+        self.scores.append((0.2 if text.strip() else 0.0) + 0.8 * sum(found) / len(found))
+
+    def result(self) -> Score:
+        if not self.keywords:
+            return Score.not_applicable("the scenario declares no required_keywords")
+        if not self.scores:
+            return Score.not_applicable("no completed turns")
+        return Score(value=mean(self.scores),
+                     details={"n": len(self.scores), "missing_keywords": sorted(self.missing)})
+
+
+# -- technical accuracy (Python code validity) --------------------------------------
+
+_FENCE = re.compile(r"```[ \t]*(?P<lang>[A-Za-z0-9_+\-]*)[^\n]*\n(?P<code>.*?)```", re.DOTALL)
+
+
+def python_blocks(text: str) -> list[str]:
+    """Fenced code blocks labelled python/py, or unlabelled."""
+    return [m["code"] for m in _FENCE.finditer(text) if m["lang"].lower() in ("python", "py", "python3", "")]
+
+
+class TechnicalAccuracyMetric:
+    """Share of the Python code blocks in the responses that parse and compile."""
+
+    name = "technical_accuracy"
+    higher_is_better = True
+    description = ("Share of fenced Python code blocks that compile. Blind to whether the "
+                   "code is correct, only that it is valid Python.")
+
+    def scorer(self, conversation: Conversation) -> _TechnicalScorer:
+        return _TechnicalScorer()
+
+
+@dataclass
+class _TechnicalScorer:
+    blocks: int = 0
+    valid: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        if not _completed(turn):
+            return
+        for code in python_blocks(turn.response or ""):
+            self.blocks += 1
+            try:
+                compile(code, f"<{turn.turn_id}>", "exec")
+            except (SyntaxError, ValueError) as exc:
+                if len(self.errors) < 5:
+                    self.errors.append(f"{turn.turn_id}: {exc}")
+            else:
+                self.valid += 1
+
+    def result(self) -> Score:
+        if not self.blocks:
+            return Score.not_applicable("no Python code blocks in the responses")
+        return Score(value=self.valid / self.blocks,
+                     details={"blocks": self.blocks, "valid": self.valid, "errors": self.errors})
+
+
+# -- judge rubrics ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JudgeRubricMetric:
+    """A metric only a judge model can score (the guide's rubric names).
+
+    No judge can be configured in this version, so it reports "not applicable" with
+    that reason instead of a number.
+    """
+
+    name: str
+    rubric: str
+    higher_is_better: bool = True
+
+    @property
+    def description(self) -> str:
+        return f"Judge rubric: {self.rubric}"
+
+    def scorer(self, conversation: Conversation) -> _NeedsJudge:
+        return _NeedsJudge(self.name)
+
+
+@dataclass
+class _NeedsJudge:
+    name: str
+
+    def update(self, turn: TurnRecord) -> None:
+        return None
+
+    def result(self) -> Score:
+        return Score.not_applicable(f"{self.name} needs a judge model, and none is configured")
+
+
+GUIDE_RUBRICS = {
+    "engagement_quality": "Does the response engage with the user's needs and invite the next step?",
+    "clarity_score": "Is the response clear, well organised and easy to follow?",
+    "analysis_depth": "How deeply does the response analyse the user's input?",
+    "recommendation_quality": "Are the recommendations specific, justified and actionable?",
+    "detail_level": "Does the response give the level of detail the question needs?",
+    "accuracy": "Is every factual statement in the response correct?",
+    "depth_of_analysis": "How thorough and well reasoned is the analysis?",
+}

@@ -1,0 +1,53 @@
+"""The metric registry (entry-point group ``convsim.metrics``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import TypeVar
+
+from convsim._registry import Registry
+
+from ._protocol import Metric
+
+__all__ = ["METRICS", "register_metric", "resolve_metrics", "DEFAULT_METRICS"]
+
+METRICS: Registry[Metric] = Registry("metric", group="convsim.metrics")
+"""Name -> factory of a :class:`Metric`. Entry points in ``convsim.metrics`` add names."""
+
+DEFAULT_METRICS = ("latency", "response_length")
+"""Metrics every run scores unless told otherwise."""
+
+_B = "convsim.metrics._builtin:"
+for _name, _cls in [("latency", "LatencyMetric"), ("response_length", "ResponseLengthMetric"),
+                    ("exact_match", "ExactMatchMetric"), ("custom_score", "CustomScoreMetric"),
+                    ("technical_accuracy", "TechnicalAccuracyMetric")]:
+    METRICS.register(_name, _B + _cls)
+
+
+def _rubric(name: str) -> Metric:
+    from ._builtin import GUIDE_RUBRICS, JudgeRubricMetric
+
+    return JudgeRubricMetric(name, GUIDE_RUBRICS[name])
+
+
+for _name in ("engagement_quality", "clarity_score", "analysis_depth", "recommendation_quality",
+              "detail_level", "accuracy", "depth_of_analysis"):
+    METRICS.register(_name, partial(_rubric, _name))
+
+M = TypeVar("M", bound=Callable[..., Metric])
+
+
+def register_metric(name: str, *, registry: Registry[Metric] = METRICS) -> Callable[[M], M]:
+    """Class decorator: ``@register_metric("my_metric")`` registers a metric factory."""
+
+    def decorate(factory: M) -> M:
+        registry.register(name, factory)
+        return factory
+
+    return decorate
+
+
+def resolve_metrics(names: Iterable[str], *, registry: Registry[Metric] = METRICS) -> list[Metric]:
+    """Instantiate the metrics called ``names`` (duplicates dropped, order kept)."""
+    return [registry.get(name)() for name in dict.fromkeys(names)]

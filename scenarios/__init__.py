@@ -1,0 +1,47 @@
+"""Scenario packs: the file formats, safe templates, loading and validation."""
+
+from __future__ import annotations
+
+from ._loader import BUNDLED_PACKS_DIR as BUNDLED_PACKS_DIR
+from ._loader import PackInfo as PackInfo
+from ._loader import list_packs as list_packs
+from ._loader import load_pack as load_pack
+from ._pack import Conversation as Conversation
+from ._pack import Pack as Pack
+from ._pack import PreparedFlow as PreparedFlow
+from ._pack import PreparedTurn as PreparedTurn
+from ._schema import BUILTIN_VARIABLES as BUILTIN_VARIABLES
+from ._schema import Criterion as Criterion
+from ._schema import Fact as Fact
+from ._schema import Flow as Flow
+from ._schema import Goal as Goal
+from ._schema import Probe as Probe
+from ._schema import Problem as Problem
+from ._schema import Scenario as Scenario
+from ._schema import SingleTurnConfig as SingleTurnConfig
+from ._schema import TurnConfig as TurnConfig
+from ._schema import TurnSettings as TurnSettings
+from ._templates import Template as Template
+
+__all__ = [
+    "BUNDLED_PACKS_DIR",
+    "PackInfo",
+    "list_packs",
+    "load_pack",
+    "Conversation",
+    "Pack",
+    "PreparedFlow",
+    "PreparedTurn",
+    "BUILTIN_VARIABLES",
+    "Criterion",
+    "Fact",
+    "Flow",
+    "Goal",
+    "Probe",
+    "Problem",
+    "Scenario",
+    "SingleTurnConfig",
+    "TurnConfig",
+    "TurnSettings",
+    "Template",
+]

@@ -1,0 +1,500 @@
+"""Load and validate scenario packs; every problem names its file, line and field."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Container, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from convsim._errors import ConfigError, PackError, PackProblem, TemplateError
+
+from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
+from ._schema import (
+    BUILTIN_VARIABLES,
+    Flow,
+    Problem,
+    Scenario,
+    SingleTurnConfig,
+    TurnConfig,
+    TurnSettings,
+)
+from ._templates import Template
+
+__all__ = ["load_pack", "list_packs", "PackInfo", "BUNDLED_PACKS_DIR", "SINGLE_TURN_VARIABLES"]
+
+BUNDLED_PACKS_DIR = Path(__file__).parent / "packs"
+MULTI_TURN_FILES = ("scenarios.jsonl", "turn_configs.yml")
+SINGLE_TURN_FILES = ("problems.jsonl", "config.yml")
+#: The variables a single-turn prompt template may use.
+SINGLE_TURN_VARIABLES = frozenset({"question", "context", "difficulty", "domain", "examples"})
+SINGLE_TURN_ID = "answer"
+
+
+@dataclass(frozen=True)
+class PackInfo:
+    """What ``convsim list`` shows of a bundled pack."""
+
+    name: str
+    kind: PackKind
+    description: str
+    conversations: int
+    path: Path
+
+
+def list_packs() -> list[PackInfo]:
+    """The bundled packs, by name."""
+    infos = []
+    for folder in sorted(p for p in BUNDLED_PACKS_DIR.iterdir() if p.is_dir()):
+        if not any((folder / f).exists() for f in MULTI_TURN_FILES + SINGLE_TURN_FILES):
+            continue
+        pack = load_pack(folder)
+        infos.append(PackInfo(pack.name, pack.kind, pack.description, len(pack), folder))
+    return infos
+
+
+def load_pack(
+    name_or_path: str | Path,
+    *,
+    num_fewshot: int = 0,
+    metric_names: Container[str] | None = None,
+) -> Pack:
+    """Load and validate a bundled pack by name, or a pack folder by path.
+
+    Args:
+        name_or_path: a bundled pack's name (see ``convsim list``) or a folder.
+        num_fewshot: single-turn packs only: use the ``with_examples`` template with
+            this many other problems as examples.
+        metric_names: the metric names to accept; the default metric registry if None.
+
+    Raises:
+        ConfigError: no such pack.
+        PackError: the pack is invalid; ``problems`` lists every problem found.
+    """
+    folder = _resolve(name_or_path)
+    if metric_names is None:
+        from convsim.metrics import METRICS
+
+        metric_names = METRICS
+    has_multi = any((folder / f).exists() for f in MULTI_TURN_FILES)
+    has_single = any((folder / f).exists() for f in SINGLE_TURN_FILES)
+    if has_multi and has_single:
+        raise ConfigError(
+            f"{folder}: holds files of both pack formats; a pack is either multi-turn "
+            f"({', '.join(MULTI_TURN_FILES)}) or single-turn ({', '.join(SINGLE_TURN_FILES)})"
+        )
+    if has_multi:
+        if num_fewshot:
+            raise ConfigError("--num-fewshot applies to single-turn packs only")
+        return _MultiTurnLoader(folder, metric_names).load()
+    if has_single:
+        if num_fewshot < 0:
+            raise ConfigError("--num-fewshot must be >= 0")
+        return _SingleTurnLoader(folder, metric_names, num_fewshot).load()
+    raise ConfigError(
+        f"{folder}: not a scenario pack: expected {' + '.join(MULTI_TURN_FILES)} (multi-turn) "
+        f"or {' + '.join(SINGLE_TURN_FILES)} (single-turn)"
+    )
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    bundled = BUNDLED_PACKS_DIR / str(name_or_path)
+    if isinstance(name_or_path, str) and name_or_path.isidentifier() and bundled.is_dir():
+        return bundled
+    names = sorted(p.name for p in BUNDLED_PACKS_DIR.iterdir() if p.is_dir())
+    raise ConfigError(
+        f"no scenario pack {str(name_or_path)!r}: not a folder, and not a bundled pack "
+        f"({', '.join(names)})"
+    )
+
+
+def _describe(folder: Path) -> str:
+    readme = folder / "README.md"
+    if not readme.exists():
+        return ""
+    for block in readme.read_text(encoding="utf-8").split("\n\n"):
+        block = block.strip()
+        if block and not block.startswith("#"):
+            return " ".join(block.split())
+    return ""
+
+
+# -- shared machinery ---------------------------------------------------------------
+
+
+class _Loader:
+    def __init__(self, folder: Path, metric_names: Container[str]) -> None:
+        self.folder = folder
+        self.metric_names = metric_names
+        self.problems: list[PackProblem] = []
+        self.digest = hashlib.sha256()
+
+    def problem(self, file: str, line: int | None, field: str | None, message: str) -> None:
+        self.problems.append(PackProblem(file, line, field, message))
+
+    def read(self, name: str) -> str | None:
+        path = self.folder / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            self.problem(name, None, None, "file is missing")
+            return None
+        except OSError as exc:
+            self.problem(name, None, None, f"cannot read: {exc.strerror}")
+            return None
+        self.digest.update(name.encode() + b"\0" + data + b"\0")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.problem(name, None, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+            return None
+
+    def read_yaml(self, name: str) -> tuple[Any, yaml.Node | None]:
+        text = self.read(name)
+        if text is None:
+            return None, None
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            reason = getattr(exc, "problem", None) or str(exc)
+            self.problem(name, line, None, f"invalid YAML: {reason}")
+            return None, None
+        return data, node
+
+    def read_jsonl(self, name: str) -> Iterator[tuple[int, Any]]:
+        text = self.read(name)
+        if text is None:
+            return
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                self.problem(name, lineno, None, f"invalid JSON: {exc.msg} (column {exc.colno})")
+
+    def validate(
+        self, model: type[BaseModel], data: Any, file: str, line_of: Any, prefix: tuple = ()
+    ) -> Any:
+        """Validate ``data``; report each error at the line ``line_of(loc)`` gives."""
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            for err in exc.errors():
+                loc = prefix + tuple(err["loc"])
+                field = ".".join(str(p) for p in loc) or None
+                message = err["msg"]
+                if err["type"] == "extra_forbidden":
+                    message = "unknown field"
+                self.problem(file, line_of(loc), field, message)
+            return None
+
+    def check_metrics(self, names: list[str], file: str, line: int | None, field: str) -> None:
+        for name in names:
+            if name not in self.metric_names:
+                self.problem(file, line, field, f"unknown metric {name!r}")
+
+    def parse_template(self, source: str, file: str, line: int | None, field: str) -> Template | None:
+        try:
+            return Template.parse(source)
+        except TemplateError as exc:
+            self.problem(file, line, field, str(exc))
+            return None
+
+    def finish(self, **fields: Any) -> Pack:
+        if self.problems:
+            raise PackError(self.problems)
+        return Pack(name=self.folder.name, path=self.folder, description=_describe(self.folder),
+                    pack_hash=self.digest.hexdigest(), **fields)
+
+
+def _yaml_line(node: yaml.Node | None, loc: tuple) -> int | None:
+    """The line of the deepest node along ``loc`` (1-based)."""
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(key):
+                    node, line = v, k.start_mark.line + 1
+                    break
+            else:
+                break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _execution_order(turns: list[TurnConfig]) -> tuple[list[int], list[str]]:
+    """Stable topological order of turn positions; the turn ids on a cycle, if any."""
+    index = {t.turn_id: i for i, t in enumerate(turns)}
+    remaining = {i: {index[d] for d in t.depends_on if d in index} for i, t in enumerate(turns)}
+    order: list[int] = []
+    while remaining:
+        ready = [i for i, deps in sorted(remaining.items()) if not deps - set(order)]
+        if not ready:
+            return order, [turns[i].turn_id for i in sorted(remaining)]
+        order.append(ready[0])
+        del remaining[ready[0]]
+    return order, []
+
+
+# -- multi-turn ---------------------------------------------------------------------
+
+
+class _MultiTurnLoader(_Loader):
+    CONFIG = "turn_configs.yml"
+    DATA = "scenarios.jsonl"
+
+    def load(self) -> Pack:
+        flows = self._flows()
+        conversations = []
+        seen: dict[str, int] = {}
+        for lineno, raw in self.read_jsonl(self.DATA):
+            scenario = self.validate(Scenario, raw, self.DATA, lambda loc, n=lineno: n)
+            if scenario is None:
+                continue
+            if scenario.scenario_id in seen:
+                self.problem(self.DATA, lineno, "scenario_id",
+                             f"duplicate {scenario.scenario_id!r} (first on line {seen[scenario.scenario_id]})")
+                continue
+            seen[scenario.scenario_id] = lineno
+            flow = flows.get(scenario.scenario_type) or flows.get("default")
+            if flow is None:
+                if flows or not self.problems:
+                    self.problem(self.DATA, lineno, "scenario_type",
+                                 f"no flow {scenario.scenario_type!r} in {self.CONFIG} and no 'default'")
+                continue
+            conv = Conversation(scenario, flow, "multi_turn", f"{self.DATA}:{lineno}")
+            self._check_scenario(conv, lineno)
+            conversations.append(conv)
+        if not conversations and not self.problems:
+            self.problem(self.DATA, None, None, "holds no scenarios")
+        return self.finish(kind="multi_turn", conversations=tuple(conversations),
+                           notes=tuple(self._notes(conversations)))
+
+    def _flows(self) -> dict[str, PreparedFlow]:
+        data, root = self.read_yaml(self.CONFIG)
+        if data is None:
+            if root is None and not self.problems:
+                self.problem(self.CONFIG, None, None, "is empty")
+            return {}
+        if not isinstance(data, dict):
+            self.problem(self.CONFIG, 1, None, "must map each scenario_type to its flow")
+            return {}
+        flows = {}
+        for scenario_type, raw in data.items():
+            line_of = lambda loc: _yaml_line(root, loc)  # noqa: E731
+            flow = self.validate(Flow, raw, self.CONFIG, line_of, prefix=(scenario_type,))
+            if flow is not None:
+                prepared = self._prepare_flow(str(scenario_type), flow, line_of)
+                if prepared is not None:
+                    flows[str(scenario_type)] = prepared
+        return flows
+
+    def _prepare_flow(self, name: str, flow: Flow, line_of: Any) -> PreparedFlow | None:
+        ok = True
+        ids: dict[str, int] = {}
+        for i, turn in enumerate(flow.turns):
+            if turn.turn_id in ids:
+                self.problem(self.CONFIG, line_of((name, "turns", i, "turn_id")), f"{name}.turns.{i}.turn_id",
+                             f"duplicate turn_id {turn.turn_id!r}")
+                ok = False
+            ids.setdefault(turn.turn_id, i)
+        templates = []
+        for i, turn in enumerate(flow.turns):
+            where = (name, "turns", i)
+            for dep in turn.depends_on:
+                if dep not in ids:
+                    self.problem(self.CONFIG, line_of(where + ("depends_on",)), f"{name}.turns.{i}.depends_on",
+                                 f"unknown turn {dep!r} (turns: {', '.join(ids)})")
+                    ok = False
+                elif dep == turn.turn_id:
+                    self.problem(self.CONFIG, line_of(where + ("depends_on",)), f"{name}.turns.{i}.depends_on",
+                                 "a turn cannot depend on itself")
+                    ok = False
+            self.check_metrics(turn.evaluation_metrics, self.CONFIG, line_of(where + ("evaluation_metrics",)),
+                               f"{name}.turns.{i}.evaluation_metrics")
+            template = self.parse_template(turn.prompt_template, self.CONFIG,
+                                           line_of(where + ("prompt_template",)),
+                                           f"{name}.turns.{i}.prompt_template")
+            ok = ok and template is not None
+            templates.append(template)
+        self.check_metrics(flow.metrics, self.CONFIG, line_of((name, "metrics")), f"{name}.metrics")
+        if not ok:
+            return None
+        order, cycle = _execution_order(flow.turns)
+        if cycle:
+            self.problem(self.CONFIG, line_of((name, "turns")), f"{name}.turns",
+                         f"depends_on forms a cycle through {', '.join(cycle)}")
+            return None
+        turns = tuple(PreparedTurn(flow.turns[i], i, templates[i]) for i in order)  # type: ignore[arg-type]
+        return PreparedFlow(name, flow, turns)
+
+    def _check_scenario(self, conv: Conversation, lineno: int) -> None:
+        sc, turn_ids = conv.scenario, {t.turn_id for t in conv.flow.turns}
+        for turn in conv.flow.turns:
+            missing = conv.missing_variables(turn)
+            if missing and not turn.config.optional:
+                self.problem(self.DATA, lineno, "variables",
+                             f"turn {turn.turn_id!r} of flow {conv.flow.scenario_type!r} uses "
+                             f"{', '.join('{' + m + '}' for m in sorted(missing))}, which scenario "
+                             f"{sc.scenario_id!r} does not define (built-ins: "
+                             f"{', '.join(sorted(BUILTIN_VARIABLES))})")
+        for i, fact in enumerate(sc.facts):
+            if fact.introduced_in not in turn_ids:
+                self.problem(self.DATA, lineno, f"facts.{i}.introduced_in", f"unknown turn {fact.introduced_in!r}")
+        keys = {f.key for f in sc.facts}
+        for i, probe in enumerate(sc.probes):
+            if probe.turn_id not in turn_ids:
+                self.problem(self.DATA, lineno, f"probes.{i}.turn_id", f"unknown turn {probe.turn_id!r}")
+            for key in probe.facts:
+                if key not in keys:
+                    self.problem(self.DATA, lineno, f"probes.{i}.facts", f"unknown fact {key!r}")
+        for turn_id in sc.reference_responses:
+            if turn_id not in turn_ids:
+                self.problem(self.DATA, lineno, f"reference_responses.{turn_id}", "unknown turn")
+        if sc.goal is not None:
+            for group in ("all_of", "any_of"):
+                for i, crit in enumerate(getattr(sc.goal, group)):
+                    if crit.turn_id is not None and crit.turn_id not in turn_ids:
+                        self.problem(self.DATA, lineno, f"goal.{group}.{i}.turn_id",
+                                     f"unknown turn {crit.turn_id!r}")
+
+    @staticmethod
+    def _notes(conversations: list[Conversation]) -> Iterator[str]:
+        for conv in conversations:
+            for turn in conv.flow.turns:
+                missing = conv.missing_variables(turn)
+                if missing and turn.config.optional:
+                    yield (f"{conv.source}: optional turn {turn.turn_id!r} will be skipped "
+                           f"(no {', '.join(sorted(missing))})")
+
+
+# -- single-turn --------------------------------------------------------------------
+
+
+class _SingleTurnLoader(_Loader):
+    CONFIG = "config.yml"
+
+    def __init__(self, folder: Path, metric_names: Container[str], num_fewshot: int) -> None:
+        super().__init__(folder, metric_names)
+        self.num_fewshot = num_fewshot
+        self.digest.update(f"num_fewshot={num_fewshot}\0".encode())
+
+    def load(self) -> Pack:
+        data, root = self.read_yaml(self.CONFIG)
+        line_of = lambda loc: _yaml_line(root, loc)  # noqa: E731
+        config = self.validate(SingleTurnConfig, data, self.CONFIG, line_of) if data is not None else None
+        if config is None:
+            if data is None and not self.problems:
+                self.problem(self.CONFIG, None, None, "is empty")
+            raise PackError(self.problems)
+        metrics = config.metrics.primary + config.metrics.secondary
+        self.check_metrics(config.metrics.primary, self.CONFIG, line_of(("metrics", "primary")), "metrics.primary")
+        self.check_metrics(config.metrics.secondary, self.CONFIG, line_of(("metrics", "secondary")),
+                           "metrics.secondary")
+        template = self._template(config, line_of)
+        problems = self._problems(config)
+        if template is None or self.problems:
+            raise PackError(self.problems)
+        flow = Flow(max_turns=1, conversation_timeout=300.0, metrics=metrics,
+                    turns=[TurnConfig(turn_id=SINGLE_TURN_ID, prompt_template=template.source,
+                                      config=TurnSettings(max_tokens=config.max_tokens,
+                                                          temperature=config.temperature))])
+        prepared = PreparedFlow("single_turn", flow, (PreparedTurn(flow.turns[0], 0, template),))
+        conversations = []
+        for i, (lineno, problem) in enumerate(problems):
+            variables: dict[str, Any] = {
+                "question": problem.question,
+                "context": problem.context,
+                "difficulty": problem.difficulty or "",
+                "domain": problem.domain or "",
+                "examples": self._examples(problems, i),
+            }
+            # model_construct: "context" is a built-in name in multi-turn packs only.
+            scenario = Scenario.model_construct(
+                scenario_id=problem.id or f"{config.task_name}-{lineno}",
+                scenario_type="single_turn",
+                scenario_description=config.description,
+                variables=variables,
+                system_prompt=config.system_prompt,
+                difficulty=problem.difficulty,
+                facts=[], probes=[], goal=None,
+                required_keywords=problem.required_keywords,
+                reference_responses={SINGLE_TURN_ID: problem.expected_answer},
+                tags=problem.tags,
+                metadata={**problem.metadata, "domain": problem.domain},
+            )
+            conversations.append(Conversation(scenario, prepared, "single_turn", f"{config.dataset.path}:{lineno}"))
+        return self.finish(kind="single_turn", conversations=tuple(conversations), metrics=tuple(metrics))
+
+    def _template(self, config: SingleTurnConfig, line_of: Any) -> Template | None:
+        name = "with_examples" if self.num_fewshot else "default"
+        source = getattr(config.prompt_templates, name)
+        for other in ("default", "with_examples"):
+            text = getattr(config.prompt_templates, other)
+            if text is None:
+                continue
+            loc = ("prompt_templates", other)
+            parsed = self.parse_template(text, self.CONFIG, line_of(loc), ".".join(loc))
+            if parsed is not None:
+                unknown = parsed.fields - SINGLE_TURN_VARIABLES
+                if unknown:
+                    self.problem(self.CONFIG, line_of(loc), ".".join(loc),
+                                 f"unknown variable {', '.join('{' + u + '}' for u in sorted(unknown))}; "
+                                 f"single-turn templates may use {', '.join(sorted(SINGLE_TURN_VARIABLES))}")
+        if source is None:
+            self.problem(self.CONFIG, line_of(("prompt_templates",)), "prompt_templates.with_examples",
+                         "is needed for --num-fewshot")
+            return None
+        return Template.parse(source) if not self.problems else None
+
+    def _problems(self, config: SingleTurnConfig) -> list[tuple[int, Problem]]:
+        file = config.dataset.path
+        levels = config.evaluation_config.difficulty_levels
+        problems: list[tuple[int, Problem]] = []
+        seen: dict[str, int] = {}
+        for lineno, raw in self.read_jsonl(file):
+            problem = self.validate(Problem, raw, file, lambda loc, n=lineno: n)
+            if problem is None:
+                continue
+            pid = problem.id or f"{config.task_name}-{lineno}"
+            if pid in seen:
+                self.problem(file, lineno, "id", f"duplicate {pid!r} (first on line {seen[pid]})")
+                continue
+            seen[pid] = lineno
+            if levels and problem.difficulty is not None and problem.difficulty not in levels:
+                self.problem(file, lineno, "difficulty",
+                             f"{problem.difficulty!r} is not one of evaluation_config.difficulty_levels "
+                             f"({', '.join(levels)})")
+            problems.append((lineno, problem))
+        if not problems and not self.problems:
+            self.problem(file, None, None, "holds no problems")
+        if self.num_fewshot and problems and self.num_fewshot >= len(problems):
+            self.problem(self.CONFIG, None, None,
+                         f"--num-fewshot {self.num_fewshot} needs more than {self.num_fewshot} problems")
+        return problems
+
+    def _examples(self, problems: list[tuple[int, Problem]], i: int) -> str:
+        if not self.num_fewshot:
+            return ""
+        others = [p for j, (_, p) in enumerate(problems) if j != i]
+        picked = random.Random(f"fewshot:{i}").sample(others, self.num_fewshot)
+        return "\n\n".join(f"Question: {p.question}\nAnswer: {p.expected_answer}" for p in picked)

@@ -1,0 +1,115 @@
+"""A loaded, validated scenario pack and the conversations it expands to."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from convsim.adapters._types import Message
+
+from ._schema import Flow, Scenario, TurnConfig
+from ._templates import Template
+
+__all__ = ["Pack", "PackKind", "PreparedFlow", "PreparedTurn", "Conversation", "render_context"]
+
+PackKind = Literal["multi_turn", "single_turn"]
+
+
+@dataclass(frozen=True)
+class PreparedTurn:
+    """A turn with its template parsed; ``index`` is its position in the flow file."""
+
+    config: TurnConfig
+    index: int
+    template: Template
+
+    @property
+    def turn_id(self) -> str:
+        return self.config.turn_id
+
+
+@dataclass(frozen=True)
+class PreparedFlow:
+    """A flow whose turns are in execution order (depends_on first, else file order)."""
+
+    scenario_type: str
+    flow: Flow
+    turns: tuple[PreparedTurn, ...]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One scenario bound to its flow: the unit the runtime runs."""
+
+    scenario: Scenario
+    flow: PreparedFlow
+    kind: PackKind
+    source: str
+    """Where the scenario was defined, e.g. ``scenarios.jsonl:7``."""
+
+    @property
+    def conversation_id(self) -> str:
+        return self.scenario.scenario_id
+
+    def missing_variables(self, turn: PreparedTurn) -> frozenset[str]:
+        """Template variables of ``turn`` that neither the scenario nor the built-ins give."""
+        return turn.template.fields - self.scenario.variables.keys() - _builtins(self.kind)
+
+    def render(self, turn: PreparedTurn, transcript: Sequence[Message]) -> str:
+        """The user's message for ``turn`` (or the user simulator's instruction)."""
+        values: dict[str, object] = dict(self.scenario.variables)
+        fields = turn.template.fields
+        if self.kind == "multi_turn":
+            if "context" in fields:
+                values["context"] = render_context(transcript)
+            values["scenario"] = self.scenario.scenario_description
+            values["turn_index"] = turn.index
+        return turn.template.render(values)
+
+
+def _builtins(kind: PackKind) -> frozenset[str]:
+    from ._schema import BUILTIN_VARIABLES
+
+    return BUILTIN_VARIABLES if kind == "multi_turn" else frozenset()
+
+
+def render_context(transcript: Sequence[Message]) -> str:
+    """The conversation so far as text, for the ``{context}`` template variable."""
+    return "\n".join(
+        f"{m.role.capitalize()}: {m.content}" for m in transcript if m.role != "system"
+    )
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A validated scenario pack. Build it with :func:`convsim.load_pack`."""
+
+    name: str
+    path: Path
+    kind: PackKind
+    description: str
+    pack_hash: str
+    """sha256 over the pack's files and load options; resume keys on it."""
+    conversations: tuple[Conversation, ...]
+    metrics: tuple[str, ...] = ()
+    """Conversation-level metrics the pack asks for (config.yml ``metrics``)."""
+    notes: tuple[str, ...] = field(default=())
+    """Things worth knowing that are not errors (e.g. optional turns that will skip)."""
+
+    def __len__(self) -> int:
+        return len(self.conversations)
+
+    def metric_names(self) -> frozenset[str]:
+        """Every metric named anywhere in the pack."""
+        names = set(self.metrics)
+        for conv in self.conversations:
+            names.update(conv.flow.flow.metrics)
+            for turn in conv.flow.turns:
+                names.update(turn.config.evaluation_metrics)
+        return frozenset(names)
+
+    def uses_user_role(self) -> bool:
+        """True when some turn is answered by the simulated user."""
+        return any(t.config.role == "user" for c in self.conversations for t in c.flow.turns)

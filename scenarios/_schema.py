@@ -1,0 +1,213 @@
+"""The scenario pack file formats, as pydantic models.
+
+Multi-turn packs: ``scenarios.jsonl`` (one :class:`Scenario` per line) and
+``turn_configs.yml`` (a mapping of scenario_type -> :class:`Flow`). Single-turn packs:
+``problems.jsonl`` (one :class:`Problem` per line) and ``config.yml``
+(:class:`SingleTurnConfig`). Every model forbids unknown fields so a typo is an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "BUILTIN_VARIABLES",
+    "Scalar",
+    "TurnSettings",
+    "TurnConfig",
+    "Flow",
+    "Fact",
+    "Probe",
+    "Criterion",
+    "Goal",
+    "Scenario",
+    "Problem",
+    "DatasetConfig",
+    "MetricsConfig",
+    "EvaluationConfig",
+    "PromptTemplates",
+    "SingleTurnConfig",
+]
+
+#: Names every multi-turn template may use besides the scenario's variables.
+BUILTIN_VARIABLES = frozenset({"context", "scenario", "turn_index"})
+
+Scalar = str | int | float | bool
+_ID = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TurnSettings(_Input):
+    """Sampling settings of one turn (the guide's ``config``)."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stop: list[str] | None = None
+
+
+class TurnConfig(_Input):
+    """One turn of a flow.
+
+    ``role`` names the side that answers the rendered ``prompt_template``:
+    ``assistant`` (default): the rendered template is the user's next message and the
+    model under test answers it. ``user``: the rendered template is an instruction to
+    the simulated user, whose reply becomes the user's next message; the model under
+    test then answers that. A ``user`` turn needs a user model (``--user-model``).
+    """
+
+    turn_id: str = Field(pattern=_ID)
+    role: Literal["assistant", "user"] = "assistant"
+    prompt_template: str
+    depends_on: list[str] = Field(default_factory=list)
+    """Turns that must have completed; if one failed or was skipped this turn is skipped."""
+    optional: bool = False
+    """An optional turn runs only when the scenario defines all its template variables,
+    and its failure does not fail the conversation."""
+    evaluation_metrics: list[str] = Field(default_factory=list)
+    """Metrics scored on this turn alone (names from the metric registry)."""
+    config: TurnSettings = Field(default_factory=TurnSettings)
+    description: str | None = None
+
+
+class Flow(_Input):
+    """The turns of one scenario_type."""
+
+    max_turns: int = Field(default=20, ge=1)
+    """At most this many turns are run; later ones are skipped (reason max_turns)."""
+    conversation_timeout: float = Field(default=300.0, gt=0)
+    """Seconds the whole conversation may take before it ends TIMED_OUT."""
+    system_prompt: str | None = None
+    """A system message sent before the first turn (a scenario's own one wins)."""
+    metrics: list[str] = Field(default_factory=list)
+    """Conversation-level metrics for scenarios of this type."""
+    turns: list[TurnConfig] = Field(min_length=1)
+
+
+class Fact(_Input):
+    """A fact the user introduces that the model should retain."""
+
+    key: str = Field(pattern=_ID)
+    value: Scalar
+    aliases: list[str] = Field(default_factory=list)
+    introduced_in: str
+    """turn_id of the turn whose user message introduces the fact."""
+    tolerance: float | None = Field(default=None, ge=0)
+    """For numeric facts: the largest accepted absolute difference."""
+
+
+class Probe(_Input):
+    """A turn whose answer needs facts introduced earlier."""
+
+    turn_id: str
+    facts: list[str] = Field(min_length=1)
+
+
+class Criterion(_Input):
+    """One success criterion of a goal, checked against a response."""
+
+    kind: Literal["contains", "regex", "number", "json_schema", "python", "judge"]
+    value: Any
+    tolerance: float | None = Field(default=None, ge=0)
+    turn_id: str | None = None
+    """The turn whose response is checked; the final response when None."""
+
+
+class Goal(_Input):
+    """What a conversation should achieve."""
+
+    description: str
+    all_of: list[Criterion] = Field(default_factory=list)
+    any_of: list[Criterion] = Field(default_factory=list)
+
+
+class Scenario(_Input):
+    """One conversation to simulate (a line of scenarios.jsonl)."""
+
+    scenario_id: str = Field(pattern=_ID)
+    scenario_type: str = "default"
+    scenario_description: str
+    variables: dict[str, Scalar] = Field(default_factory=dict)
+    system_prompt: str | None = None
+    difficulty: str | None = None
+    facts: list[Fact] = Field(default_factory=list)
+    probes: list[Probe] = Field(default_factory=list)
+    goal: Goal | None = None
+    required_keywords: list[str] = Field(default_factory=list)
+    reference_responses: dict[str, str] = Field(default_factory=dict)
+    """Reference answers by turn_id; the scripted model replays them."""
+    tags: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("variables")
+    @classmethod
+    def _no_builtin_names(cls, value: dict[str, Scalar]) -> dict[str, Scalar]:
+        clash = sorted(BUILTIN_VARIABLES & value.keys())
+        if clash:
+            raise ValueError(f"{', '.join(clash)} are built-in template variables")
+        bad = sorted(k for k in value if not k.isidentifier())
+        if bad:
+            raise ValueError(f"variable names must be identifiers: {', '.join(bad)}")
+        return value
+
+
+class Problem(_Input):
+    """One single-turn problem (a line of problems.jsonl)."""
+
+    id: str | None = Field(default=None, pattern=_ID)
+    question: str
+    expected_answer: str
+    context: str = ""
+    required_keywords: list[str] = Field(default_factory=list)
+    difficulty: str | None = None
+    domain: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DatasetConfig(_Input):
+    path: str = "problems.jsonl"
+    format: Literal["jsonl"] = "jsonl"
+    size: int | None = Field(default=None, ge=0)
+    """Informational; the file's real line count is what runs."""
+
+
+class MetricsConfig(_Input):
+    primary: list[str] = Field(default_factory=list)
+    secondary: list[str] = Field(default_factory=list)
+
+
+class EvaluationConfig(_Input):
+    context_modes: list[Literal["no_context", "minimal_context", "full_context"]] = Field(
+        default_factory=lambda: ["full_context"]
+    )
+    languages: list[str] = Field(default_factory=lambda: ["en"])
+    difficulty_levels: list[str] = Field(default_factory=list)
+    """When given, every problem's difficulty must be one of these."""
+
+
+class PromptTemplates(_Input):
+    default: str
+    with_examples: str | None = None
+    """Used with few-shot examples; ``{examples}`` holds them."""
+
+
+class SingleTurnConfig(_Input):
+    """config.yml of a single-turn pack."""
+
+    task_name: str = Field(pattern=_ID)
+    task_type: Literal["single_turn"] = "single_turn"
+    description: str = ""
+    version: float | str = 1.0
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    evaluation_config: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    prompt_templates: PromptTemplates
+    system_prompt: str | None = None
+    max_tokens: int | None = Field(default=None, gt=0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)

@@ -1,0 +1,90 @@
+"""Prompt templates with the guide's ``{name}`` placeholders, rendered safely.
+
+Syntax: ``{name}`` inserts a variable; ``{name:spec}`` applies a format spec (e.g.
+``{price:.2f}``); ``{{`` and ``}}`` are literal braces. Names are plain identifiers:
+attribute access (``{x.__class__}``), indexing (``{x[0]}``), conversions (``{x!r}``) and
+nested fields are rejected when the template is parsed, so a template can never reach
+an object's internals. Values are inserted as text and never parsed as templates, so
+user data cannot inject placeholders either.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from convsim._errors import TemplateError
+
+__all__ = ["Template"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_WIDE = re.compile(r"\d{4,}")  # widths/precisions >= 1000 would only waste memory
+
+
+@dataclass(frozen=True)
+class _Part:
+    literal: str
+    field: str | None
+    spec: str
+
+
+@dataclass(frozen=True)
+class Template:
+    """A parsed template. Build with :meth:`parse`; render with :meth:`render`."""
+
+    source: str
+    fields: frozenset[str]
+    _parts: tuple[_Part, ...]
+
+    @classmethod
+    def parse(cls, source: str) -> Template:
+        """Parse ``source``; raise TemplateError for malformed or unsafe placeholders."""
+        parts: list[_Part] = []
+        try:
+            parsed = list(string.Formatter().parse(source))
+        except ValueError as exc:
+            raise TemplateError(f"malformed template: {exc} (write '{{{{' or '}}}}' for a literal brace)") from None
+        for literal, field, spec, conversion in parsed:
+            if field is None:
+                parts.append(_Part(literal, None, ""))
+                continue
+            if not _NAME.match(field):
+                what = "empty placeholder '{}'" if field == "" else f"placeholder {{{field}}}"
+                raise TemplateError(
+                    f"{what} is not allowed: use a plain variable name such as {{question}}; "
+                    "attribute access, indexing and positional fields are rejected"
+                )
+            if conversion is not None:
+                raise TemplateError(f"conversion '!{conversion}' in {{{field}}} is not allowed")
+            if "{" in (spec or "") or "}" in (spec or ""):
+                raise TemplateError(f"nested placeholder in the format spec of {{{field}}}")
+            if spec and _WIDE.search(spec):
+                raise TemplateError(f"format spec {spec!r} of {{{field}}} is too wide")
+            parts.append(_Part(literal, field, spec or ""))
+        fields = frozenset(p.field for p in parts if p.field is not None)
+        return cls(source, fields, tuple(parts))
+
+    def render(self, values: Mapping[str, Any]) -> str:
+        """Fill the placeholders from ``values``; raise TemplateError if one is missing."""
+        out: list[str] = []
+        for part in self._parts:
+            out.append(part.literal)
+            if part.field is None:
+                continue
+            try:
+                value = values[part.field]
+            except KeyError:
+                raise TemplateError(f"template variable {{{part.field}}} is not defined") from None
+            if part.spec:
+                try:
+                    out.append(format(value, part.spec))
+                except (ValueError, TypeError) as exc:
+                    raise TemplateError(
+                        f"cannot format {{{part.field}:{part.spec}}} with {value!r}: {exc}"
+                    ) from None
+            else:
+                out.append(value if isinstance(value, str) else str(value))
+        return "".join(out)

@@ -1,0 +1,3 @@
+from convsim.cli import main
+
+main()

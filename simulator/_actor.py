@@ -1,0 +1,392 @@
+"""The conversation actor: runs one conversation through its state machine."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import anyio
+import structlog
+
+from convsim._errors import AdapterError, TemplateError, Timeout
+from convsim.adapters._protocol import ModelAdapter
+from convsim.adapters._types import Completion, GenerationParams, Message, Usage
+from convsim.metrics._protocol import ConversationScorer, Metric
+from convsim.scenarios._pack import Conversation, PreparedTurn
+
+from ._records import (
+    ConversationResult,
+    ConversationTimings,
+    ErrorInfo,
+    Score,
+    TerminationReason,
+    TurnRecord,
+    TurnStatus,
+    TurnTimings,
+)
+from ._state import ConversationState, Finish, Skip, StateMachine, TurnPlanner
+
+__all__ = ["ConversationActor", "ActorSettings", "conversation_seed", "USER_SIMULATOR_PROMPT"]
+
+log = structlog.get_logger("convsim.actor")
+_S = ConversationState
+
+USER_SIMULATOR_PROMPT = (
+    "You are playing the user in a conversation with an AI assistant.\n"
+    "Scenario: {scenario}\n"
+    "Your instruction for this message: {instruction}\n"
+    "Write only the user's next message, in the first person, with no preamble."
+)
+
+
+def conversation_seed(run_seed: int, conversation_id: str) -> int:
+    """A stable 31-bit seed per conversation, derived from the run seed."""
+    digest = hashlib.sha256(f"{run_seed}:{conversation_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """What every conversation of one run shares."""
+
+    run_id: str
+    pack_name: str
+    pack_hash: str
+    model_name: str
+    seed: int = 0
+    conversation_timeout: float | None = None
+    """Overrides each flow's conversation_timeout when set."""
+    max_turns: int | None = None
+    """Overrides each flow's max_turns when set."""
+
+
+@dataclass
+class _InFlight:
+    turn: PreparedTurn
+    started_at: float
+    t0: float
+    prompt: str | None = None
+    user_message: str | None = None
+    messages: tuple[Message, ...] = ()
+
+
+class ConversationActor:
+    """Drives one conversation: renders turns, calls the models, emits TurnRecords.
+
+    Turn records go out on a memory object stream that a scoring task consumes while
+    the conversation runs. ``run()`` always leaves a result in :attr:`result`, also when
+    it is cancelled (then with status CANCELLED) before re-raising the cancellation.
+    """
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        *,
+        model: ModelAdapter,
+        settings: ActorSettings,
+        metrics: Sequence[Metric] = (),
+        turn_metrics: Mapping[str, Metric] | None = None,
+        user_model: ModelAdapter | None = None,
+        defaults: GenerationParams | None = None,
+        params_cache: dict[int, GenerationParams] | None = None,
+    ) -> None:
+        self.conversation = conversation
+        self.model = model
+        self.user_model = user_model
+        self.settings = settings
+        self.machine = StateMachine(conversation.conversation_id)
+        self.seed = conversation_seed(settings.seed, conversation.conversation_id)
+        self.defaults = defaults if defaults is not None else model.default_config()
+        # turn -> merged sampling settings; shared by the conversations of one run
+        self._turn_params = params_cache if params_cache is not None else {}
+        self.records: list[TurnRecord] = []
+        self.result: ConversationResult | None = None
+        scenario = conversation.scenario
+        system = scenario.system_prompt or conversation.flow.flow.system_prompt
+        self.transcript: list[Message] = [Message(role="system", content=system)] if system else []
+        self._scorers: dict[str, ConversationScorer] = {}
+        self._scorer_errors: dict[str, str] = {}
+        for metric in metrics:
+            try:
+                self._scorers[metric.name] = metric.scorer(conversation)
+            except Exception as exc:  # a broken metric must not sink the conversation
+                self._scorer_errors[metric.name] = f"{type(exc).__name__}: {exc}"
+        self._turn_metrics = dict(turn_metrics or {})
+        self._turn_scores: dict[str, dict[str, Score]] = {}
+        self._scored = 0
+        self._usage = Usage()
+        self._user_usage: Usage | None = None
+        self._inflight: _InFlight | None = None
+        self._failure: ErrorInfo | None = None
+        self._failure_reason: TerminationReason | None = None
+        self._reason: TerminationReason | None = None
+
+    # -- the actor loop -------------------------------------------------------------
+
+    async def run(self) -> ConversationResult:
+        started_at, t0 = time.time(), time.perf_counter()
+        turns = self.conversation.flow.turns
+        send, receive = anyio.create_memory_object_stream[TurnRecord](max_buffer_size=len(turns))
+        self._send = send
+        timeout = self.settings.conversation_timeout or self.conversation.flow.flow.conversation_timeout
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._consume, receive)
+                with send:
+                    with anyio.move_on_after(timeout) as deadline:
+                        reason = self._reason = await self._walk()
+                    if deadline.cancelled_caught:
+                        self._interrupt(Timeout(f"conversation_timeout of {timeout:g}s exceeded"),
+                                        "conversation timed out")
+                        self.machine.advance(_S.TIMED_OUT)
+                        reason = TerminationReason.CONVERSATION_TIMEOUT
+        except anyio.get_cancelled_exc_class():
+            self._interrupt(None, "conversation cancelled")
+            if not self.machine.finished:
+                self.machine.advance(_S.CANCELLED)
+            self._score_remaining()
+            self.result = self._build(self._reason or TerminationReason.CANCELLED, started_at, t0)
+            raise
+        self.result = self._build(reason, started_at, t0)
+        log.debug("conversation_finished", conversation_id=self.conversation.conversation_id,
+                  status=self.result.status.value, reason=reason.value, turns=len(self.records),
+                  duration_s=round(self.result.timings.duration_s, 4))
+        return self.result
+
+    async def _walk(self) -> TerminationReason:
+        planner = TurnPlanner(self.conversation, self.settings.max_turns)
+        for step in planner.steps():
+            if isinstance(step, Skip):
+                self._emit(self._skipped(step.turn, step.reason))
+            elif isinstance(step, Finish):
+                if planner.failed_turn is not None:
+                    self.machine.advance(_S.FAILED)
+                    return self._failure_reason or TerminationReason.INTERNAL_ERROR
+                self.machine.advance(_S.DONE)
+                return step.reason
+            else:
+                status = await self._run_turn(step.turn)
+                planner.record(step.turn, status)
+        raise AssertionError("TurnPlanner.steps() ends with Finish")  # pragma: no cover
+
+    async def _run_turn(self, turn: PreparedTurn) -> TurnStatus:
+        self.machine.advance(_S.USER_TURN)
+        inflight = self._inflight = _InFlight(turn, time.time(), time.perf_counter())
+        user_latency: float | None = None
+        user_usage: Usage | None = None
+        try:
+            inflight.prompt = inflight.user_message = self.conversation.render(turn, self.transcript)
+            if turn.config.role == "user":
+                user = await self._ask_user(turn, inflight.prompt)
+                inflight.user_message = user.text
+                user_latency, user_usage = user.timings.total_s, user.usage
+                self._user_usage = user.usage if self._user_usage is None else self._user_usage + user.usage
+        except Exception as exc:
+            return self._fail(turn, exc, user_usage=user_usage)
+        inflight.messages = (*self.transcript, Message(role="user", content=inflight.user_message))
+        self.machine.advance(_S.ASSISTANT_TURN)
+        try:
+            completion = await self.model.generate(inflight.messages, self._params(turn, "assistant"))
+        except Exception as exc:
+            return self._fail(turn, exc, user_usage=user_usage)
+        self._inflight = None
+        self.transcript = [*inflight.messages, Message(role="assistant", content=completion.text)]
+        self._usage = self._usage + completion.usage
+        record = TurnRecord(
+            conversation_id=self.conversation.conversation_id,
+            turn_index=turn.index,
+            turn_id=turn.turn_id,
+            role=turn.config.role,
+            status=TurnStatus.COMPLETED,
+            prompt=inflight.prompt,
+            user_message=inflight.user_message,
+            messages=inflight.messages,
+            response=completion.text,
+            finish_reason=completion.finish_reason,
+            usage=completion.usage,
+            user_usage=user_usage,
+            timings=TurnTimings(
+                started_at=inflight.started_at,
+                duration_s=time.perf_counter() - inflight.t0,
+                latency_s=completion.timings.total_s,
+                queue_wait_s=completion.timings.queue_wait_s,
+                ttft_s=completion.timings.ttft_s,
+                user_latency_s=user_latency,
+            ),
+            attempts=completion.attempts,
+            evaluation_metrics=tuple(turn.config.evaluation_metrics),
+        )
+        self.machine.advance(_S.SCORING)
+        self._emit(record)
+        return TurnStatus.COMPLETED
+
+    async def _ask_user(self, turn: PreparedTurn, instruction: str) -> Completion:
+        if self.user_model is None:
+            raise TemplateError(f"turn {turn.turn_id!r} has role 'user' but no user model is configured")
+        system = USER_SIMULATOR_PROMPT.format(
+            scenario=self.conversation.scenario.scenario_description, instruction=instruction)
+        flipped = [Message(role="user" if m.role == "assistant" else "assistant", content=m.content)
+                   for m in self.transcript if m.role != "system"]
+        if not flipped or flipped[-1].role != "user":
+            flipped.append(Message(role="user", content="(Write your next message.)"))
+        return await self.user_model.generate(
+            [Message(role="system", content=system), *flipped], self._params(turn, "user"))
+
+    def _params(self, turn: PreparedTurn, side: str) -> GenerationParams:
+        base = self._turn_params.get(id(turn))
+        if base is None:
+            cfg = turn.config.config
+            base = self._turn_params[id(turn)] = self.defaults.merged({
+                "temperature": cfg.temperature,
+                "max_tokens": cfg.max_tokens,
+                "top_p": cfg.top_p,
+                "stop": tuple(cfg.stop) if cfg.stop is not None else None,
+            })
+        scenario = self.conversation.scenario
+        return base.model_copy(update={
+            "seed": self.seed,
+            "reference": scenario.reference_responses.get(turn.turn_id) if side == "assistant" else None,
+            "metadata": {"conversation_id": self.conversation.conversation_id,
+                         "scenario_id": scenario.scenario_id, "turn_id": turn.turn_id, "role": side},
+        })
+
+    # -- failures and interruptions -------------------------------------------------
+
+    def _fail(self, turn: PreparedTurn, exc: Exception, *, user_usage: Usage | None = None) -> TurnStatus:
+        inflight = self._inflight
+        assert inflight is not None
+        self._inflight = None
+        error = ErrorInfo.from_exception(exc, turn_id=turn.turn_id)
+        if not turn.config.optional and self._failure is None:
+            self._failure = error
+            self._failure_reason = _classify(exc)
+        log.debug("turn_failed", conversation_id=self.conversation.conversation_id,
+                  turn_id=turn.turn_id, error_type=error.type, error=error.message)
+        self.machine.advance(_S.SCORING)
+        self._emit(self._failed(inflight, error, user_usage=user_usage))
+        return TurnStatus.FAILED
+
+    def _interrupt(self, exc: Exception | None, reason: str) -> None:
+        """Record the in-flight turn as failed and every unrecorded turn as skipped."""
+        if self._inflight is not None:
+            turn_id = self._inflight.turn.turn_id
+            error = (ErrorInfo.from_exception(exc, turn_id=turn_id) if exc is not None else
+                     ErrorInfo(type="Cancelled", message="the run was cancelled", turn_id=turn_id))
+            self._emit(self._failed(self._inflight, error))
+            self._failure = self._failure or error
+            self._inflight = None
+        done = {r.turn_id for r in self.records}
+        for turn in self.conversation.flow.turns:
+            if turn.turn_id not in done:
+                self._emit(self._skipped(turn, reason))
+
+    # -- records and scoring --------------------------------------------------------
+
+    def _emit(self, record: TurnRecord) -> None:
+        """Keep ``record`` and stream it to the scorers (the buffer holds every turn).
+
+        Once the stream is closed (the conversation was cancelled) records are only
+        kept; ``_score_remaining`` scores them.
+        """
+        self.records.append(record)
+        try:
+            self._send.send_nowait(record)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    async def _consume(self, receive: anyio.abc.ObjectReceiveStream[TurnRecord]) -> None:
+        async with receive:
+            async for record in receive:
+                self._feed(record)
+
+    def _score_remaining(self) -> None:
+        for record in self.records[self._scored:]:
+            self._feed(record)
+
+    def _feed(self, record: TurnRecord) -> None:
+        self._scored += 1
+        for name, scorer in self._scorers.items():
+            if name in self._scorer_errors:
+                continue
+            try:
+                scorer.update(record)
+            except Exception as exc:
+                self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
+        if record.status is TurnStatus.COMPLETED and record.evaluation_metrics:
+            scores = self._turn_scores.setdefault(record.turn_id, {})
+            for name in record.evaluation_metrics:
+                scores[name] = _score_one(self._turn_metrics[name], self.conversation, record)
+
+    def _skipped(self, turn: PreparedTurn, reason: str) -> TurnRecord:
+        return TurnRecord(conversation_id=self.conversation.conversation_id, turn_index=turn.index,
+                          turn_id=turn.turn_id, role=turn.config.role, status=TurnStatus.SKIPPED,
+                          skip_reason=reason)
+
+    def _failed(self, inflight: _InFlight, error: ErrorInfo, *, user_usage: Usage | None = None) -> TurnRecord:
+        turn = inflight.turn
+        return TurnRecord(
+            conversation_id=self.conversation.conversation_id, turn_index=turn.index,
+            turn_id=turn.turn_id, role=turn.config.role, status=TurnStatus.FAILED,
+            prompt=inflight.prompt, user_message=inflight.user_message, messages=inflight.messages,
+            user_usage=user_usage,
+            timings=TurnTimings(started_at=inflight.started_at, duration_s=time.perf_counter() - inflight.t0),
+            attempts=error.attempts or 0, error=error,
+            evaluation_metrics=tuple(turn.config.evaluation_metrics))
+
+    def _build(self, reason: TerminationReason, started_at: float, t0: float) -> ConversationResult:
+        scores = {}
+        for name, scorer in self._scorers.items():
+            error = self._scorer_errors.get(name)
+            if error is None:
+                try:
+                    scores[name] = scorer.result()
+                    continue
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+            scores[name] = Score(value=None, reason=f"metric failed: {error}")
+        for name, error in self._scorer_errors.items():
+            scores.setdefault(name, Score(value=None, reason=f"metric failed: {error}"))
+        scenario = self.conversation.scenario
+        duration = time.perf_counter() - t0
+        return ConversationResult(
+            run_id=self.settings.run_id,
+            conversation_id=self.conversation.conversation_id,
+            scenario_id=scenario.scenario_id,
+            scenario_type=scenario.scenario_type,
+            pack=self.settings.pack_name,
+            pack_hash=self.settings.pack_hash,
+            model=self.settings.model_name,
+            seed=self.seed,
+            status=self.machine.status,
+            termination_reason=reason,
+            difficulty=scenario.difficulty,
+            transcript=tuple(self.transcript),
+            turns=tuple(self.records),
+            scores=scores,
+            turn_scores=self._turn_scores,
+            usage=self._usage,
+            user_usage=self._user_usage,
+            error=self._failure if self.machine.status.value != "DONE" else None,
+            timings=ConversationTimings(started_at=started_at, finished_at=started_at + duration,
+                                        duration_s=duration),
+        )
+
+
+def _score_one(metric: Metric, conversation: Conversation, record: TurnRecord) -> Score:
+    try:
+        scorer = metric.scorer(conversation)
+        scorer.update(record)
+        return scorer.result()
+    except Exception as exc:
+        return Score(value=None, reason=f"metric failed: {type(exc).__name__}: {exc}")
+
+
+def _classify(exc: BaseException) -> TerminationReason:
+    if isinstance(exc, AdapterError):
+        return (TerminationReason.INFRASTRUCTURE_ERROR if exc.infrastructure
+                else TerminationReason.MODEL_ERROR)
+    if isinstance(exc, (OSError, TimeoutError)):
+        return TerminationReason.INFRASTRUCTURE_ERROR
+    return TerminationReason.INTERNAL_ERROR

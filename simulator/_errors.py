@@ -1,0 +1,184 @@
+"""The exception hierarchy of convsim.
+
+Every error convsim raises on purpose derives from :class:`ConvsimError`::
+
+    ConvsimError
+    ├── ConfigError              a bad setting, CLI value or model spec
+    ├── RegistryError            an unknown adapter or metric name
+    ├── PackError                a scenario pack failed validation (lists every problem)
+    ├── TemplateError            a prompt template is malformed or unsafe
+    ├── InvalidTransition        a conversation state machine was driven illegally
+    ├── ResultsError             the results file cannot be written or resumed
+    └── AdapterError             a model call failed (carries model and attempts)
+        ├── RateLimited          429, after retries (retry_after)
+        ├── ServerError          5xx or a dropped connection, after retries (status_code)
+        ├── Timeout              the call did not finish in time
+        ├── BadRequest           400/404/422: the request itself is wrong (status_code)
+        ├── AuthError            401/403: the key is missing or refused
+        └── ProtocolError        the response could not be understood (snippet)
+
+Infrastructure failures (rate limits, servers down, timeouts) are kept apart from
+failures of the request or of the model so results can tell them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+__all__ = [
+    "ConvsimError",
+    "ConfigError",
+    "RegistryError",
+    "PackError",
+    "PackProblem",
+    "TemplateError",
+    "InvalidTransition",
+    "ResultsError",
+    "AdapterError",
+    "RateLimited",
+    "ServerError",
+    "Timeout",
+    "BadRequest",
+    "AuthError",
+    "ProtocolError",
+    "describe_validation_error",
+]
+
+
+class ConvsimError(Exception):
+    """Root of every error convsim raises on purpose."""
+
+
+class ConfigError(ConvsimError):
+    """A setting, command-line value or model spec is invalid."""
+
+
+class RegistryError(ConvsimError, KeyError):
+    """A name is not registered; the message lists the valid names."""
+
+    def __init__(self, kind: str, name: str, known: Sequence[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(
+            f"unknown {kind} {name!r}; known {kind}s: {', '.join(self.known) or '(none)'}"
+        )
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class PackProblem:
+    """One validation problem: where it is and what is wrong."""
+
+    file: str
+    line: int | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        what = f"{self.field}: " if self.field else ""
+        return f"{where}: {what}{self.message}"
+
+
+class PackError(ConvsimError):
+    """A scenario pack is invalid. ``problems`` lists every problem found."""
+
+    def __init__(self, problems: Sequence[PackProblem]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  {p}" for p in self.problems)
+        noun = "problem" if len(self.problems) == 1 else "problems"
+        super().__init__(f"invalid scenario pack ({len(self.problems)} {noun}):\n{lines}")
+
+
+class TemplateError(ConvsimError):
+    """A prompt template is malformed, unsafe, or misses a variable."""
+
+
+class InvalidTransition(ConvsimError):
+    """A conversation state machine was asked for a transition it does not allow."""
+
+    def __init__(self, conversation_id: str, current: str, target: str) -> None:
+        self.conversation_id = conversation_id
+        self.current = current
+        self.target = target
+        super().__init__(
+            f"conversation {conversation_id!r}: illegal transition {current} -> {target}"
+        )
+
+
+class ResultsError(ConvsimError):
+    """The results file cannot be written, read or resumed."""
+
+
+class AdapterError(ConvsimError):
+    """A model call failed. ``attempts`` counts the tries made, retries included."""
+
+    #: True when the failure lies with infrastructure (network, quota, server), not
+    #: with the request or the model's output.
+    infrastructure: bool = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        attempts: int = 1,
+        status_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.model = model
+        self.attempts = attempts
+        self.status_code = status_code
+
+
+class RateLimited(AdapterError):
+    """The provider kept answering 429 until the retry budget ran out."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.retry_after = retry_after
+
+
+class ServerError(AdapterError):
+    """The server failed (5xx) or dropped the connection, after retries."""
+
+
+class Timeout(AdapterError):
+    """The call did not complete within its deadline."""
+
+
+class BadRequest(AdapterError):
+    """The request was rejected as invalid (400, 404, 422); retrying cannot help."""
+
+    infrastructure = False
+
+
+class AuthError(AdapterError):
+    """The API key is missing or was refused (401, 403)."""
+
+
+class ProtocolError(AdapterError):
+    """The response could not be understood; ``snippet`` shows what came back."""
+
+    infrastructure = False
+
+    def __init__(self, message: str, *, snippet: str = "", **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.snippet = snippet[:200]
+
+
+def describe_validation_error(exc: ValidationError, what: str) -> str:
+    """One line naming each invalid field of a pydantic error."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return f"invalid {what}: " + "; ".join(parts)

@@ -1,0 +1,177 @@
+"""What a run produces: turn records, scores and conversation results."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from convsim._errors import AdapterError
+from convsim.adapters._types import Message, Usage
+
+__all__ = [
+    "Status",
+    "TerminationReason",
+    "TurnStatus",
+    "ErrorInfo",
+    "Score",
+    "TurnTimings",
+    "TurnRecord",
+    "ConversationTimings",
+    "ConversationResult",
+]
+
+
+class Status(str, Enum):
+    """How a conversation ended."""
+
+    DONE = "DONE"
+    FAILED = "FAILED"
+    TIMED_OUT = "TIMED_OUT"
+    CANCELLED = "CANCELLED"
+
+
+class TerminationReason(str, Enum):
+    """Why a conversation ended; keeps infrastructure failures apart from model ones."""
+
+    COMPLETED = "completed"
+    """Every turn of the flow was run or deliberately skipped."""
+    MAX_TURNS = "max_turns"
+    """The flow's max_turns was reached with turns left."""
+    USER_STOP = "user_stop"
+    """The simulated user ended the conversation."""
+    INFRASTRUCTURE_ERROR = "infrastructure_error"
+    """A model call failed for reasons outside the model: rate limits, servers, network."""
+    MODEL_ERROR = "model_error"
+    """The request was rejected or the model's output could not be used."""
+    INTERNAL_ERROR = "internal_error"
+    """convsim itself failed (a template or metric raised)."""
+    CONVERSATION_TIMEOUT = "conversation_timeout"
+    CANCELLED = "cancelled"
+
+
+class TurnStatus(str, Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class ErrorInfo(BaseModel):
+    """A failure, as data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+    turn_id: str | None = None
+    attempts: int | None = None
+    status_code: int | None = None
+    infrastructure: bool | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, turn_id: str | None = None) -> ErrorInfo:
+        if isinstance(exc, AdapterError):
+            return cls(type=type(exc).__name__, message=str(exc), turn_id=turn_id,
+                       attempts=exc.attempts, status_code=exc.status_code,
+                       infrastructure=exc.infrastructure)
+        return cls(type=type(exc).__name__, message=str(exc) or type(exc).__name__, turn_id=turn_id)
+
+
+class Score(BaseModel):
+    """A metric's value, or why it does not apply (never a fake 0)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: float | None
+    reason: str | None = None
+    """Why there is no value: not applicable, or the metric failed."""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def not_applicable(cls, reason: str, **details: Any) -> Score:
+        return cls(value=None, reason=f"not applicable: {reason}", details=details)
+
+    @property
+    def applicable(self) -> bool:
+        return self.value is not None
+
+
+class TurnTimings(BaseModel):
+    """Seconds; ``started_at`` is a Unix timestamp."""
+
+    model_config = ConfigDict(frozen=True)
+
+    started_at: float
+    duration_s: float
+    """The whole turn: rendering, the user side, the model call, bookkeeping."""
+    latency_s: float | None = None
+    """The model under test's call, from request to last byte."""
+    queue_wait_s: float | None = None
+    ttft_s: float | None = None
+    user_latency_s: float | None = None
+    """The simulated user's call, for ``user`` turns."""
+
+
+class TurnRecord(BaseModel):
+    """Everything about one turn; emitted to scorers as soon as the turn ends."""
+
+    model_config = ConfigDict(frozen=True)
+
+    conversation_id: str
+    turn_index: int
+    """Position of the turn in its flow (0-based), as the guide's ``{turn_index}``."""
+    turn_id: str
+    role: str
+    status: TurnStatus
+    skip_reason: str | None = None
+    prompt: str | None = None
+    """The rendered prompt_template."""
+    user_message: str | None = None
+    """What the user said: the prompt itself, or the simulated user's reply to it."""
+    messages: tuple[Message, ...] = ()
+    """The messages sent to the model under test."""
+    response: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    user_usage: Usage | None = None
+    timings: TurnTimings | None = None
+    attempts: int = 0
+    error: ErrorInfo | None = None
+    evaluation_metrics: tuple[str, ...] = ()
+
+
+class ConversationTimings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    started_at: float
+    finished_at: float
+    duration_s: float
+
+
+class ConversationResult(BaseModel):
+    """One finished conversation: one line of the results file."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = 1
+    run_id: str
+    conversation_id: str
+    scenario_id: str
+    scenario_type: str
+    pack: str
+    pack_hash: str
+    model: str
+    seed: int
+    status: Status
+    termination_reason: TerminationReason
+    difficulty: str | None = None
+    transcript: tuple[Message, ...]
+    turns: tuple[TurnRecord, ...]
+    scores: dict[str, Score] = Field(default_factory=dict)
+    turn_scores: dict[str, dict[str, Score]] = Field(default_factory=dict)
+    """Scores of each turn's ``evaluation_metrics``, by turn_id."""
+    usage: Usage = Field(default_factory=Usage)
+    user_usage: Usage | None = None
+    error: ErrorInfo | None = None
+    timings: ConversationTimings

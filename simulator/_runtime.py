@@ -1,0 +1,402 @@
+"""The runtime: many conversations at once, inside the caller's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import structlog
+
+from convsim.adapters._protocol import ModelAdapter
+from convsim.adapters._registry import ADAPTERS, create_adapter
+from convsim.adapters._types import GenerationParams
+from convsim.metrics._protocol import Metric
+from convsim.metrics._registry import DEFAULT_METRICS, METRICS
+from convsim.scenarios._loader import load_pack
+from convsim.scenarios._pack import Conversation, Pack
+
+from ._actor import ActorSettings, ConversationActor
+from ._errors import ConfigError, RegistryError
+from ._records import ConversationResult, Status
+from ._registry import Registry
+from ._sinks import JsonlSink, ResultSink, RunManifest
+
+__all__ = ["Simulator", "RunHandle", "RunStatistics", "run_sync"]
+
+log = structlog.get_logger("convsim.runtime")
+
+
+@dataclass(frozen=True)
+class RunStatistics:
+    """A snapshot of one run's progress."""
+
+    run_id: str
+    total: int
+    """Conversations this run will attempt (after --limit and resume)."""
+    resumed: int
+    """Conversations skipped because the results file already holds them."""
+    started: int
+    in_flight: int
+    done: int
+    failed: int
+    timed_out: int
+    cancelled: int
+    turns: int
+    """Turns completed by the model under test."""
+    elapsed_s: float
+
+    @property
+    def finished(self) -> int:
+        return self.done + self.failed + self.timed_out + self.cancelled
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "finished": self.finished}
+
+
+@dataclass
+class _Counters:
+    total: int = 0
+    resumed: int = 0
+    started: int = 0
+    turns: int = 0
+    by_status: dict[Status, int] = field(default_factory=lambda: dict.fromkeys(Status, 0))
+
+
+@dataclass
+class _Stopping:
+    """Shared by the tasks of one run: lets a cancellation become a graceful stop."""
+
+    grace_period: float
+    inflight: dict[str, anyio.CancelScope] = field(default_factory=dict)
+    dispatch: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    deadline: float | None = None
+    finished: bool = False
+
+    def begin(self) -> None:
+        if self.deadline is not None or self.finished:
+            return
+        self.deadline = anyio.current_time() + self.grace_period
+        self.dispatch.cancel()
+        for scope in self.inflight.values():
+            scope.deadline = min(scope.deadline, self.deadline)
+
+
+class RunHandle:
+    """One run: iterate it for results as conversations finish.
+
+    Returned by :meth:`Simulator.run`; the work starts on creation and goes on in the
+    simulator's task group whether or not you iterate.
+    """
+
+    def __init__(self, run_id: str, pack: Pack) -> None:
+        self.run_id = run_id
+        self.pack = pack
+        self._send, self._receive = anyio.create_memory_object_stream[ConversationResult](math.inf)
+        self._counters = _Counters()
+        self._started = time.perf_counter()
+        self._error: BaseException | None = None
+        self._finished = anyio.Event()
+        self._stopping: _Stopping | None = None
+        self.manifest: RunManifest | None = None
+
+    def __aiter__(self) -> RunHandle:
+        return self
+
+    async def __anext__(self) -> ConversationResult:
+        try:
+            return await self._receive.receive()
+        except anyio.EndOfStream:
+            if self._error is not None:
+                raise self._error from None
+            raise StopAsyncIteration from None
+
+    async def wait(self) -> None:
+        """Wait until the run has ended (results can still be read after)."""
+        await self._finished.wait()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """Stop starting conversations; in-flight ones get the grace period."""
+        if self._stopping is not None:
+            self._stopping.begin()
+
+    def statistics(self) -> RunStatistics:
+        c = self._counters
+        by = c.by_status
+        finished = sum(by.values())
+        return RunStatistics(
+            run_id=self.run_id, total=c.total, resumed=c.resumed, started=c.started,
+            in_flight=c.started - finished, done=by[Status.DONE], failed=by[Status.FAILED],
+            timed_out=by[Status.TIMED_OUT], cancelled=by[Status.CANCELLED], turns=c.turns,
+            elapsed_s=time.perf_counter() - self._started)
+
+
+class Simulator:
+    """Runs scenario packs against a model, many conversations at once.
+
+    Use it inside any running event loop (asyncio or trio, through anyio)::
+
+        async with Simulator(model="scripted", concurrency=64) as sim:
+            async for result in sim.run("customer_support"):
+                print(result.conversation_id, result.status)
+
+    Several runs may go on at once, on one simulator or several. Leaving the ``async
+    with`` block stops unfinished runs: in-flight conversations get ``grace_period``
+    seconds to finish, the rest are recorded CANCELLED, and every finished result is
+    written.
+
+    Args:
+        model: an adapter, or a model spec such as ``"scripted"``.
+        model_args: adapter arguments when ``model`` is a spec (``--model-arg``).
+        user_model: the simulated user's adapter or spec, for turns with role ``user``.
+        concurrency: at most this many conversations run at once.
+        metrics: conversation metrics to score (default: latency, response_length);
+            the pack's own metrics are added.
+        seed: the run seed; each conversation derives its own from it.
+        conversation_timeout: overrides every flow's conversation_timeout (seconds).
+        max_turns: overrides every flow's max_turns.
+        grace_period: seconds in-flight conversations get to finish after a stop.
+    """
+
+    def __init__(
+        self,
+        model: ModelAdapter | str = "scripted",
+        *,
+        model_args: Mapping[str, Any] | None = None,
+        user_model: ModelAdapter | str | None = None,
+        user_model_args: Mapping[str, Any] | None = None,
+        concurrency: int = 32,
+        metrics: Sequence[str] | None = None,
+        seed: int = 0,
+        conversation_timeout: float | None = None,
+        max_turns: int | None = None,
+        grace_period: float = 5.0,
+        metric_registry: Registry[Metric] = METRICS,
+        adapter_registry: Registry[ModelAdapter] = ADAPTERS,
+    ) -> None:
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"concurrency must be a positive integer, not {concurrency!r}")
+        if conversation_timeout is not None and not conversation_timeout > 0:
+            raise ConfigError(f"conversation_timeout must be > 0, not {conversation_timeout!r}")
+        if max_turns is not None and max_turns < 1:
+            raise ConfigError(f"max_turns must be >= 1, not {max_turns!r}")
+        if grace_period < 0:
+            raise ConfigError(f"grace_period must be >= 0, not {grace_period!r}")
+        self._owned: list[ModelAdapter] = []
+        self.model, self.model_name = self._adapter(model, model_args, adapter_registry)
+        self.user_model: ModelAdapter | None = None
+        self.user_model_name: str | None = None
+        if user_model is not None:
+            self.user_model, self.user_model_name = self._adapter(user_model, user_model_args, adapter_registry)
+        self.concurrency = concurrency
+        self.metric_names = tuple(DEFAULT_METRICS if metrics is None else metrics)
+        self.metric_registry = metric_registry
+        for name in self.metric_names:
+            metric_registry.get(name)  # unknown names fail now, not mid-run
+        self.seed = seed
+        self.conversation_timeout = conversation_timeout
+        self.max_turns = max_turns
+        self.grace_period = grace_period
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def _adapter(self, model: ModelAdapter | str, args: Mapping[str, Any] | None,
+                 registry: Registry[ModelAdapter]) -> tuple[ModelAdapter, str]:
+        if isinstance(model, str):
+            adapter = create_adapter(model, args, registry=registry)
+            self._owned.append(adapter)
+            return adapter, model
+        if args:
+            raise ConfigError("model arguments only apply when the model is given as a spec")
+        return model, model.model_info().model_id
+
+    async def __aenter__(self) -> Simulator:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        try:
+            # The body's own exception is not handed to the task group, so it reaches
+            # the caller as itself rather than wrapped in an ExceptionGroup. Run tasks
+            # never raise (their errors go to their RunHandle), so nothing else is lost.
+            await self._tg.__aexit__(None, None, None)
+        finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):
+                for adapter in self._owned:
+                    await adapter.aclose()
+
+    def run(
+        self,
+        pack: Pack | str | Path,
+        *,
+        sink: ResultSink | None = None,
+        limit: int | None = None,
+        only: Collection[str] | None = None,
+    ) -> RunHandle:
+        """Start running ``pack``; iterate the handle for results as they finish.
+
+        Args:
+            pack: a loaded pack, a bundled pack's name, or a pack folder.
+            sink: where results are written (e.g. :class:`JsonlSink`); its resume
+                state decides which conversations are skipped.
+            limit: run at most this many conversations (in file order).
+            only: run only the conversations with these ids.
+
+        Raises:
+            ConfigError, PackError, RegistryError: before anything runs.
+        """
+        if self._tg is None:
+            raise ConfigError("Simulator.run() needs 'async with Simulator(...) as sim:' first")
+        if limit is not None and limit < 0:
+            raise ConfigError(f"limit must be >= 0, not {limit!r}")
+        if not isinstance(pack, Pack):
+            pack = load_pack(pack, metric_names=self.metric_registry)
+        if pack.uses_user_role() and self.user_model is None:
+            raise ConfigError(f"pack {pack.name!r} has turns with role 'user': they need a simulated "
+                              "user model (user_model=..., or --user-model SPEC)")
+        metric_names = dict.fromkeys([*self.metric_names, *pack.metrics])
+        try:
+            metrics = [self.metric_registry.get(n)() for n in metric_names]
+            turn_metrics = {n: self.metric_registry.get(n)() for n in pack.metric_names()}
+        except RegistryError as exc:
+            raise ConfigError(f"pack {pack.name!r}: {exc}") from None
+        handle = RunHandle(uuid.uuid4().hex[:12], pack)
+        handle.manifest = RunManifest(
+            run_id=handle.run_id, pack=pack.name, pack_path=str(pack.path), pack_hash=pack.pack_hash,
+            model=self.model_name, user_model=self.user_model_name, started_at=time.time(),
+            settings={"concurrency": self.concurrency, "seed": self.seed, "metrics": list(metric_names),
+                      "conversation_timeout": self.conversation_timeout, "max_turns": self.max_turns,
+                      "limit": limit, "grace_period": self.grace_period},
+        )
+        self._tg.start_soon(self._produce, handle, sink, limit, only, metrics, turn_metrics)
+        return handle
+
+    async def _produce(self, handle: RunHandle, sink: ResultSink | None, limit: int | None,
+                       only: Collection[str] | None, metrics: list[Metric],
+                       turn_metrics: dict[str, Metric]) -> None:
+        try:
+            async with handle._send:
+                await self._execute(handle, sink, limit, only, metrics, turn_metrics)
+        except Exception as exc:
+            handle._error = exc
+        finally:
+            handle._finished.set()
+
+    async def _execute(self, handle: RunHandle, sink: ResultSink | None, limit: int | None,
+                       only: Collection[str] | None, metrics: list[Metric],
+                       turn_metrics: dict[str, Metric]) -> None:
+        manifest = handle.manifest
+        assert manifest is not None
+        done = await sink.open(manifest) if sink is not None else set()
+        todo = [c for c in handle.pack.conversations
+                if c.conversation_id not in done and (only is None or c.conversation_id in only)]
+        if limit is not None:
+            todo = todo[:limit]
+        counters = handle._counters
+        counters.total, counters.resumed = len(todo), len(done)
+        stopping = handle._stopping = _Stopping(self.grace_period)
+        settings = ActorSettings(run_id=handle.run_id, pack_name=handle.pack.name,
+                                 pack_hash=handle.pack.pack_hash, model_name=self.model_name,
+                                 seed=self.seed, conversation_timeout=self.conversation_timeout,
+                                 max_turns=self.max_turns)
+        defaults = self.model.default_config()
+        params_cache: dict[int, GenerationParams] = {}
+        slots = anyio.Semaphore(self.concurrency)
+        log.info("run_started", run_id=handle.run_id, pack=handle.pack.name, model=self.model_name,
+                 conversations=len(todo), resumed=len(done), concurrency=self.concurrency)
+
+        async def drive(conv: Conversation) -> None:
+            try:
+                actor = ConversationActor(conv, model=self.model, settings=settings, metrics=metrics,
+                                          turn_metrics=turn_metrics, user_model=self.user_model,
+                                          defaults=defaults, params_cache=params_cache)
+                with anyio.CancelScope() as scope:
+                    stopping.inflight[conv.conversation_id] = scope
+                    if stopping.deadline is not None:
+                        scope.deadline = stopping.deadline
+                    await actor.run()
+                stopping.inflight.pop(conv.conversation_id, None)
+                result = actor.result
+                assert result is not None
+                if sink is not None:
+                    await sink.write(result)
+                counters.by_status[result.status] += 1
+                counters.turns += sum(1 for t in result.turns if t.status.value == "completed")
+                try:
+                    handle._send.send_nowait(result)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # nobody is reading; the sink has it
+            finally:
+                slots.release()
+
+        async def watch_for_cancel() -> None:
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                stopping.begin()
+                raise
+
+        try:
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(watch_for_cancel)
+                with anyio.CancelScope(shield=True):
+                    async with anyio.create_task_group() as tg:
+                        with stopping.dispatch:
+                            for conv in todo:
+                                await slots.acquire()
+                                counters.started += 1
+                                tg.start_soon(drive, conv)
+                stopping.finished = True
+                outer.cancel_scope.cancel()
+        finally:
+            stats = handle.statistics()
+            manifest.finished_at = time.time()
+            manifest.statistics = stats.as_dict()
+            if sink is not None:
+                with anyio.CancelScope(shield=True):
+                    await sink.close(manifest)
+            log.info("run_finished", run_id=handle.run_id, done=stats.done, failed=stats.failed,
+                     timed_out=stats.timed_out, cancelled=stats.cancelled,
+                     not_started=stats.total - stats.started, elapsed_s=round(stats.elapsed_s, 3))
+
+
+def run_sync(
+    pack: Pack | str | Path,
+    model: ModelAdapter | str = "scripted",
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    limit: int | None = None,
+    **simulator_args: Any,
+) -> list[ConversationResult]:
+    """Run a pack from synchronous code and return every result.
+
+    Refuses to run inside a running event loop: use ``async with Simulator(...)`` there.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise ConfigError("run_sync() was called inside a running event loop; "
+                          "use 'async with Simulator(...)' and 'async for ... in sim.run(...)'")
+
+    async def main() -> list[ConversationResult]:
+        sink = JsonlSink(out, resume=resume) if out is not None else None
+        async with Simulator(model, **simulator_args) as sim:
+            handle = sim.run(pack, sink=sink, limit=limit)
+            return [result async for result in handle]
+
+    return anyio.run(main)

@@ -1,0 +1,289 @@
+"""The ``convsim`` command line."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ._errors import ConvsimError
+from ._logging import configure_logging
+from ._report import RunReport, summarize
+from ._runtime import RunHandle, Simulator
+from ._sinks import JsonlSink, read_results
+
+__all__ = ["main"]
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _stdout() -> Console:
+    return Console(soft_wrap=True)
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, soft_wrap=True)
+
+
+def _clear_errors(func: F) -> F:
+    """Turn convsim's own errors into one message on stderr and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except ConvsimError as exc:
+            _stderr().print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+            sys.exit(EXIT_BAD_INPUT)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="convsim")
+@click.option("--log-format", type=click.Choice(["console", "json"]), default="console",
+              show_default=True, help="structlog output on stderr.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="warning", show_default=True)
+def main(log_format: str, log_level: str) -> None:
+    """Simulate and evaluate multi-turn conversations with language models."""
+    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+
+
+@main.command("list")
+@_clear_errors
+def list_command() -> None:
+    """List the bundled scenario packs."""
+    from .scenarios import list_packs
+
+    table = Table(title="bundled scenario packs")
+    for column in ("name", "kind", "conversations", "description"):
+        table.add_column(column, overflow="fold")
+    for info in list_packs():
+        table.add_row(info.name, info.kind, str(info.conversations), info.description)
+    _stdout().print(table)
+
+
+@main.command()
+@click.argument("pack")
+@click.option("--num-fewshot", type=click.IntRange(min=0), default=0,
+              help="Single-turn packs: examples in the with_examples template.")
+@_clear_errors
+def validate(pack: str, num_fewshot: int) -> None:
+    """Validate PACK (a bundled pack's name or a folder) without running it."""
+    from .scenarios import load_pack
+
+    loaded = load_pack(pack, num_fewshot=num_fewshot)
+    flows = sorted({c.flow.scenario_type for c in loaded.conversations})
+    out = _stdout()
+    out.print(f"ok: {loaded.name} ({loaded.kind}, {len(loaded)} conversations, "
+              f"flows: {', '.join(flows)}) hash {loaded.pack_hash[:12]}", highlight=False)
+    for note in loaded.notes:
+        out.print(f"note: {note}", highlight=False)
+
+
+def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise click.BadParameter("give at least one metric name")
+    return names
+
+
+@main.command()
+@click.argument("pack")
+@click.option("--model", "model_spec", default="scripted", show_default=True,
+              help="Model under test: scripted, or TYPE:MODEL.")
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+              help="Adapter argument (repeatable), e.g. latency=0.5 for scripted.")
+@click.option("--user-model", "user_model_spec", default=None,
+              help="Simulated user for turns with role 'user'.")
+@click.option("--user-model-arg", "user_model_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--concurrency", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Conversations run at once.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Results JSONL (default: runs/PACK-TIMESTAMP.jsonl).")
+@click.option("--resume", is_flag=True, help="Continue --out: skip conversations already recorded.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations.")
+@click.option("--metrics", callback=_parse_metrics, default=None,
+              help="Comma-separated conversation metrics (default: latency,response_length).")
+@click.option("--conversation-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per conversation (overrides the pack).")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Overrides the pack.")
+@click.option("--num-fewshot", type=click.IntRange(min=0), default=0,
+              help="Single-turn packs: examples in the with_examples template.")
+@click.option("--grace-period", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds in-flight conversations get after Ctrl-C.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+@_clear_errors
+def run(pack: str, model_spec: str, model_args: tuple[str, ...], user_model_spec: str | None,
+        user_model_args: tuple[str, ...], concurrency: int, out: Path | None, resume: bool,
+        overwrite: bool, seed: int, limit: int | None, metrics: list[str] | None,
+        conversation_timeout: float | None, max_turns: int | None, num_fewshot: int,
+        grace_period: float, progress: bool | None) -> None:
+    """Run PACK (a bundled pack's name or a folder) against a model."""
+    from .adapters import parse_model_args
+    from .scenarios import load_pack
+
+    if resume and overwrite:
+        raise click.UsageError("--resume and --overwrite exclude each other")
+    if resume and out is None:
+        raise click.UsageError("--resume needs --out (the results file to continue)")
+    loaded = load_pack(pack, num_fewshot=num_fewshot)
+    if out is None:
+        out = Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    sink = JsonlSink(out, resume=resume, overwrite=overwrite)
+    sink.prepare()
+    simulator = Simulator(
+        model_spec, model_args=parse_model_args(model_args),
+        user_model=user_model_spec,
+        user_model_args=parse_model_args(user_model_args) if user_model_spec else None,
+        concurrency=concurrency, metrics=metrics, seed=seed,
+        conversation_timeout=conversation_timeout, max_turns=max_turns, grace_period=grace_period)
+    if user_model_args and not user_model_spec:
+        raise click.UsageError("--user-model-arg needs --user-model")
+    err = _stderr()
+    show_progress = err.is_terminal if progress is None else progress
+    interrupted = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)
+    results = read_results(out)
+    report = summarize(results)
+    _print_report(report)
+    json_path, md_path = _write_summaries(report, out)
+    _stdout().print(f"results: {out}\nsummary: {json_path}, {md_path}", highlight=False)
+    if interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+async def _run_with_progress(simulator: Simulator, pack: Any, sink: JsonlSink, limit: int | None,
+                             show_progress: bool, err: Console) -> bool:
+    """Run to the end; on SIGINT/SIGTERM stop gracefully (a second signal: at once)."""
+    interrupted = False
+    error: ConvsimError | None = None
+    async with simulator as sim, anyio.create_task_group() as tg:
+        handle = sim.run(pack, sink=sink, limit=limit)
+
+        async def watch_signals() -> None:
+            nonlocal interrupted
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    if not interrupted:
+                        interrupted = True
+                        err.print("stopping: in-flight conversations get the grace period "
+                                  "(signal again to stop at once)")
+                        handle.stop()
+                    else:
+                        tg.cancel_scope.cancel()
+                        return
+
+        tg.start_soon(watch_signals)
+        try:
+            with _progress(err, show_progress) as bar:
+                task = bar.add_task(pack.name, total=None, status="")
+                async for _ in handle:
+                    _update(bar, task, handle)
+                _update(bar, task, handle)
+        except ConvsimError as exc:  # raised outside the task group: no ExceptionGroup
+            error = exc
+        tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    stats = handle.statistics()
+    if not show_progress:
+        err.print(f"{pack.name}: {stats.done} done, {stats.failed} failed, {stats.timed_out} timed out, "
+                  f"{stats.cancelled} cancelled, {stats.resumed} resumed in {stats.elapsed_s:.2f} s",
+                  highlight=False)
+    return interrupted
+
+
+def _progress(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
+        console=console, disable=not enabled, transient=False)
+
+
+def _update(bar: Progress, task: Any, handle: RunHandle) -> None:
+    s = handle.statistics()
+    rate = s.finished / s.elapsed_s if s.elapsed_s > 0 else 0.0
+    status = (f"done {s.done} failed {s.failed + s.timed_out} cancelled {s.cancelled} "
+              f"in flight {s.in_flight} {rate:.1f} conv/s")
+    bar.update(task, total=s.total, completed=s.finished, status=status)
+
+
+def _write_summaries(report: RunReport, results: Path) -> tuple[Path, Path]:
+    stem = results.name.removesuffix(".jsonl")
+    json_path = results.with_name(stem + ".summary.json")
+    md_path = results.with_name(stem + ".summary.md")
+    try:
+        json_path.write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        md_path.write_text(report.to_markdown(), encoding="utf-8")
+    except OSError as exc:
+        from ._errors import ResultsError
+
+        raise ResultsError(f"cannot write the summary beside {results}: {exc.strerror}") from None
+    return json_path, md_path
+
+
+def _print_report(report: RunReport) -> None:
+    out = _stdout()
+    head = Table(title=f"{', '.join(report.packs) or 'no results'} · {', '.join(report.models)}")
+    head.add_column("status")
+    head.add_column("conversations", justify="right")
+    for status, count in report.statuses.items():
+        head.add_row(status, str(count))
+    out.print(head)
+    metrics = Table(title="metrics (mean over conversations)")
+    for col, justify in (("metric", "left"), ("mean", "right"), ("n", "right"),
+                         ("n/a", "right"), ("better", "left")):
+        metrics.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for name, m in report.metrics.items():
+        better = {True: "higher", False: "lower", None: ""}[m.higher_is_better]
+        metrics.add_row(name, "n/a" if m.mean is None else f"{m.mean:.4g}", str(m.n),
+                        str(m.not_applicable), better)
+    out.print(metrics)
+    groups = Table(title="by scenario_type")
+    names = list(report.metrics)
+    for col in ("scenario_type", "conversations", "DONE", "FAILED", *names):
+        groups.add_column(col, justify="left" if col == "scenario_type" else "right")
+    for name, g in report.by_scenario_type.items():
+        groups.add_row(name, str(g.conversations), str(g.statuses.get("DONE", 0)),
+                       str(g.statuses.get("FAILED", 0)),
+                       *[("n/a" if g.metrics[n].mean is None else f"{g.metrics[n].mean:.4g}")
+                         if n in g.metrics else "" for n in names])
+    out.print(groups)
+    if report.latency_s:
+        out.print("latency (s): " + ", ".join(f"{k} {v:.4f}" for k, v in report.latency_s.items()),
+                  highlight=False)
+    if report.errors:
+        out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in report.errors.items()), highlight=False)
+
+
+@main.command()
+@click.argument("results", type=click.Path(path_type=Path))
+@_clear_errors
+def report(results: Path) -> None:
+    """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it."""
+    summary = summarize(read_results(results))
+    _print_report(summary)
+    json_path, md_path = _write_summaries(summary, results)
+    _stdout().print(f"summary: {json_path}, {md_path}", highlight=False)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

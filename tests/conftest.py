@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import structlog
+
+from convsim.adapters import Completion, GenerationParams, Message, ModelInfo, RateLimits, Usage
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_logs() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class FakeAdapter:
+    """A test adapter: answers or raises per call, records what it was sent."""
+
+    def __init__(self, behave=None, *, name: str = "fake") -> None:
+        self.behave = behave or (lambda messages, params: f"reply {len(messages)}")
+        self.calls: list[tuple[tuple[Message, ...], GenerationParams]] = []
+        self.name = name
+        self.closed = False
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(model_id=self.name, model_type="fake", provider="tests")
+
+    def default_config(self) -> GenerationParams:
+        return GenerationParams()
+
+    def validate_config(self, config) -> GenerationParams:
+        return GenerationParams.model_validate(dict(config))
+
+    async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
+        self.calls.append((tuple(messages), params))
+        out = self.behave(messages, params)
+        if hasattr(out, "__await__"):
+            out = await out
+        if isinstance(out, BaseException):
+            raise out
+        return Completion(text=out, usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2))
+
+    def estimate_cost(self, usage):
+        return None
+
+    def rate_limits(self) -> RateLimits:
+        return RateLimits()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake_adapter() -> type[FakeAdapter]:
+    return FakeAdapter

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.dataclasses import dataclass
 
 __all__ = [
     "Role",
@@ -22,19 +23,22 @@ __all__ = [
 Role = Literal["system", "user", "assistant"]
 
 
-class Message(BaseModel):
-    """One chat message."""
+# Messages and usage are created for every turn and held for a conversation's life:
+# slotted pydantic dataclasses keep them validated but small (no __dict__, no field set).
+_COMPACT = ConfigDict(extra="forbid")
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+@dataclass(frozen=True, slots=True, config=_COMPACT)
+class Message:
+    """One chat message."""
 
     role: Role
     content: str
 
 
-class Usage(BaseModel):
+@dataclass(frozen=True, slots=True, config=_COMPACT)
+class Usage:
     """Token counts of one call (or a sum of calls)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     prompt_tokens: int = 0
     completion_tokens: int = 0

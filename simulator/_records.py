@@ -6,6 +6,7 @@ from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.dataclasses import dataclass
 
 from convsim._errors import AdapterError
 from convsim.adapters._types import Message, Usage
@@ -97,10 +98,14 @@ class Score(BaseModel):
         return self.value is not None
 
 
-class TurnTimings(BaseModel):
-    """Seconds; ``started_at`` is a Unix timestamp."""
+# Turn records live as long as their conversation, thousands at once: slotted pydantic
+# dataclasses keep them validated and serialisable at a fraction of a BaseModel's size.
+_COMPACT = ConfigDict(extra="forbid")
 
-    model_config = ConfigDict(frozen=True)
+
+@dataclass(frozen=True, slots=True, config=_COMPACT)
+class TurnTimings:
+    """Seconds; ``started_at`` is a Unix timestamp."""
 
     started_at: float
     duration_s: float
@@ -113,10 +118,9 @@ class TurnTimings(BaseModel):
     """The simulated user's call, for ``user`` turns."""
 
 
-class TurnRecord(BaseModel):
+@dataclass(frozen=True, slots=True, config=_COMPACT)
+class TurnRecord:
     """Everything about one turn; emitted to scorers as soon as the turn ends."""
-
-    model_config = ConfigDict(frozen=True)
 
     conversation_id: str
     turn_index: int

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ._errors import ConvsimError
+from ._gc import tune_gc_for_throughput
 from ._logging import configure_logging
 from ._report import RunReport, summarize
 from ._runtime import RunHandle, Simulator
@@ -158,6 +159,7 @@ def run(pack: str, model_spec: str, model_args: tuple[str, ...], user_model_spec
         conversation_timeout=conversation_timeout, max_turns=max_turns, grace_period=grace_period)
     if user_model_args and not user_model_spec:
         raise click.UsageError("--user-model-arg needs --user-model")
+    tune_gc_for_throughput()
     err = _stderr()
     show_progress = err.is_terminal if progress is None else progress
     interrupted = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)

@@ -1,0 +1,22 @@
+"""Garbage-collector settings for the command line (an application's choice, not a library's)."""
+
+from __future__ import annotations
+
+import gc
+
+__all__ = ["tune_gc_for_throughput"]
+
+
+def tune_gc_for_throughput() -> None:
+    """Make full collections rare and cheap during a big run.
+
+    A run keeps many long-lived objects (turn records, tasks, stream state). With
+    CPython's default thresholds, full collections traverse all of them again and again
+    and dominate at high concurrency (measured: 12 full collections took 4.4 s of a
+    12.9 s run of 3,000 concurrent conversations). Freezing what is loaded before the
+    run and raising the thresholds halves such runs' wall time. Applications that embed
+    convsim can call this too; the library itself never touches the collector.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)

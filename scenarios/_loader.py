@@ -48,12 +48,15 @@ class PackInfo:
     path: Path
 
 
+def _bundled_folders() -> list[Path]:
+    return sorted(p for p in BUNDLED_PACKS_DIR.iterdir()
+                  if p.is_dir() and any((p / f).exists() for f in MULTI_TURN_FILES + SINGLE_TURN_FILES))
+
+
 def list_packs() -> list[PackInfo]:
     """The bundled packs, by name."""
     infos = []
-    for folder in sorted(p for p in BUNDLED_PACKS_DIR.iterdir() if p.is_dir()):
-        if not any((folder / f).exists() for f in MULTI_TURN_FILES + SINGLE_TURN_FILES):
-            continue
+    for folder in _bundled_folders():
         pack = load_pack(folder)
         infos.append(PackInfo(pack.name, pack.kind, pack.description, len(pack), folder))
     return infos
@@ -108,9 +111,9 @@ def _resolve(name_or_path: str | Path) -> Path:
     if path.is_dir():
         return path.resolve()
     bundled = BUNDLED_PACKS_DIR / str(name_or_path)
-    if isinstance(name_or_path, str) and name_or_path.isidentifier() and bundled.is_dir():
+    if isinstance(name_or_path, str) and bundled in _bundled_folders():
         return bundled
-    names = sorted(p.name for p in BUNDLED_PACKS_DIR.iterdir() if p.is_dir())
+    names = sorted(p.name for p in _bundled_folders())
     raise ConfigError(
         f"no scenario pack {str(name_or_path)!r}: not a folder, and not a bundled pack "
         f"({', '.join(names)})"
@@ -163,8 +166,8 @@ class _Loader:
         if text is None:
             return None, None
         try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            data = yaml.safe_load(text)
+            node = yaml.compose(text, Loader=_StrictLoader)
+            data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = mark.line + 1 if mark is not None else None
@@ -177,7 +180,9 @@ class _Loader:
         text = self.read(name)
         if text is None:
             return
-        for lineno, line in enumerate(text.splitlines(), start=1):
+        # split on "\n" only: JSON strings may hold U+2028 and friends, which
+        # str.splitlines() would treat as line breaks
+        for lineno, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:
@@ -218,6 +223,21 @@ class _Loader:
             raise PackError(self.problems)
         return Pack(name=self.folder.name, path=self.folder, description=_describe(self.folder),
                     pack_hash=self.digest.hexdigest(), **fields)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key]})", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _yaml_line(node: yaml.Node | None, loc: tuple) -> int | None:
@@ -275,11 +295,13 @@ class _MultiTurnLoader(_Loader):
                              f"duplicate {scenario.scenario_id!r} (first on line {seen[scenario.scenario_id]})")
                 continue
             seen[scenario.scenario_id] = lineno
-            flow = flows.get(scenario.scenario_type) or flows.get("default")
+            flow_name = scenario.scenario_type if scenario.scenario_type in self.flow_names else "default"
+            if flow_name in self.invalid_flows or (self.config_broken and not self.flow_names):
+                continue  # its flow's own problems are reported already
+            flow = flows.get(flow_name)
             if flow is None:
-                if flows or not self.problems:
-                    self.problem(self.DATA, lineno, "scenario_type",
-                                 f"no flow {scenario.scenario_type!r} in {self.CONFIG} and no 'default'")
+                self.problem(self.DATA, lineno, "scenario_type",
+                             f"no flow {scenario.scenario_type!r} in {self.CONFIG} and no 'default'")
                 continue
             conv = Conversation(scenario, flow, "multi_turn", f"{self.DATA}:{lineno}")
             self._check_scenario(conv, lineno)
@@ -290,6 +312,9 @@ class _MultiTurnLoader(_Loader):
                            notes=tuple(self._notes(conversations)))
 
     def _flows(self) -> dict[str, PreparedFlow]:
+        self.flow_names: set[str] = set()
+        self.invalid_flows: set[str] = set()
+        self.config_broken = True
         data, root = self.read_yaml(self.CONFIG)
         if data is None:
             if root is None and not self.problems:
@@ -298,14 +323,17 @@ class _MultiTurnLoader(_Loader):
         if not isinstance(data, dict):
             self.problem(self.CONFIG, 1, None, "must map each scenario_type to its flow")
             return {}
+        self.config_broken = False
+        self.flow_names = {str(k) for k in data}
         flows = {}
         for scenario_type, raw in data.items():
             line_of = lambda loc: _yaml_line(root, loc)  # noqa: E731
             flow = self.validate(Flow, raw, self.CONFIG, line_of, prefix=(scenario_type,))
-            if flow is not None:
-                prepared = self._prepare_flow(str(scenario_type), flow, line_of)
-                if prepared is not None:
-                    flows[str(scenario_type)] = prepared
+            prepared = self._prepare_flow(str(scenario_type), flow, line_of) if flow is not None else None
+            if prepared is None:
+                self.invalid_flows.add(str(scenario_type))
+            else:
+                flows[str(scenario_type)] = prepared
         return flows
 
     def _prepare_flow(self, name: str, flow: Flow, line_of: Any) -> PreparedFlow | None:

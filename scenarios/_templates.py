@@ -20,7 +20,7 @@ from convsim._errors import TemplateError
 
 __all__ = ["Template"]
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WIDE = re.compile(r"\d{4,}")  # widths/precisions >= 1000 would only waste memory
 
 
@@ -51,7 +51,7 @@ class Template:
             if field is None:
                 parts.append(_Part(literal, None, ""))
                 continue
-            if not _NAME.match(field):
+            if not _NAME.fullmatch(field):
                 what = "empty placeholder '{}'" if field == "" else f"placeholder {{{field}}}"
                 raise TemplateError(
                     f"{what} is not allowed: use a plain variable name such as {{question}}; "

@@ -113,7 +113,8 @@ class RunHandle:
     async def __anext__(self) -> ConversationResult:
         try:
             return await self._receive.receive()
-        except anyio.EndOfStream:
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._receive.close()
             if self._error is not None:
                 raise self._error from None
             raise StopAsyncIteration from None
@@ -123,6 +124,10 @@ class RunHandle:
         await self._finished.wait()
         if self._error is not None:
             raise self._error
+
+    def close(self) -> None:
+        """Stop delivering results to this handle (the run and its sink go on)."""
+        self._receive.close()
 
     def stop(self) -> None:
         """Stop starting conversations; in-flight ones get the grace period."""
@@ -207,6 +212,7 @@ class Simulator:
         self.max_turns = max_turns
         self.grace_period = grace_period
         self._tg: anyio.abc.TaskGroup | None = None
+        self._handles: list[RunHandle] = []
 
     def _adapter(self, model: ModelAdapter | str, args: Mapping[str, Any] | None,
                  registry: Registry[ModelAdapter]) -> tuple[ModelAdapter, str]:
@@ -233,6 +239,9 @@ class Simulator:
             await self._tg.__aexit__(None, None, None)
         finally:
             self._tg = None
+            for handle in self._handles:
+                handle.close()
+            self._handles.clear()
             with anyio.CancelScope(shield=True):
                 for adapter in self._owned:
                     await adapter.aclose()
@@ -281,6 +290,7 @@ class Simulator:
                       "limit": limit, "grace_period": self.grace_period},
         )
         self._tg.start_soon(self._produce, handle, sink, limit, only, metrics, turn_metrics)
+        self._handles.append(handle)
         return handle
 
     async def _produce(self, handle: RunHandle, sink: ResultSink | None, limit: int | None,

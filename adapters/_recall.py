@@ -19,9 +19,9 @@ __all__ = ["recall_reply"]
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-.]*[A-Za-z0-9]|[A-Za-z0-9]")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _STOPWORDS = frozenset(
-    "a an and are as at be but by can could did do does for from had has have how i i'm "
-    "in is it its me my of on or our please so that the their them then there these "
-    "this to was we were what when where which who why will with would you your".split()
+    """a an and are as at be but by can could did do does for from had has have how i i'm in
+    is it its me my of on or our please so that the their them then there these this to was
+    we were what when where which who why will with would you your""".split()
 )
 _OPENINGS = ("Understood.", "Thanks for the details.", "Got it.", "Sure.")
 

@@ -8,9 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from convsim._errors import ConfigError, ServerError, describe_validation_error
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._recall import recall_reply
 from ._types import (
@@ -126,4 +125,3 @@ class ScriptedAdapter:
 
     async def aclose(self) -> None:
         return None
-

@@ -94,9 +94,15 @@ class _LengthScorer:
     def result(self) -> Score:
         if not self.lengths:
             return Score.not_applicable("no completed turns")
-        return Score(value=mean(self.lengths), details={
-            "n": len(self.lengths), "min": min(self.lengths), "max": max(self.lengths),
-            "total": sum(self.lengths)})
+        return Score(
+            value=mean(self.lengths),
+            details={
+                "n": len(self.lengths),
+                "min": min(self.lengths),
+                "max": max(self.lengths),
+                "total": sum(self.lengths),
+            },
+        )
 
 
 # -- exact match --------------------------------------------------------------------
@@ -116,8 +122,10 @@ class ExactMatchMetric:
 
     name = "exact_match"
     higher_is_better = True
-    description = ("Share of turns whose response equals the reference after SQuAD-style "
-                   "normalisation (case, punctuation, articles, whitespace).")
+    description = (
+        "Share of turns whose response equals the reference after SQuAD-style "
+        "normalisation (case, punctuation, articles, whitespace)."
+    )
 
     def scorer(self, conversation: Conversation) -> _ExactMatchScorer:
         return _ExactMatchScorer(conversation.scenario.reference_responses)
@@ -151,8 +159,10 @@ class CustomScoreMetric:
 
     name = "custom_score"
     higher_is_better = True
-    description = ("0.2 for a non-empty response + 0.8 x share of required_keywords present "
-                   "(case-insensitive, whole words); mean over completed turns.")
+    description = (
+        "0.2 for a non-empty response + 0.8 x share of required_keywords present "
+        "(case-insensitive, whole words); mean over completed turns."
+    )
 
     def scorer(self, conversation: Conversation) -> _CustomScorer:
         keywords = conversation.scenario.required_keywords
@@ -172,7 +182,7 @@ class _CustomScorer:
             return
         text = (turn.response or "").lower()
         found = [bool(p.search(text)) for p in self.patterns]
-        self.missing.update(k for k, hit in zip(self.keywords, found) if not hit)
+        self.missing.update(k for k, hit in zip(self.keywords, found, strict=True) if not hit)
         self.scores.append((0.2 if text.strip() else 0.0) + 0.8 * sum(found) / len(found))
 
     def result(self) -> Score:
@@ -180,8 +190,10 @@ class _CustomScorer:
             return Score.not_applicable("the scenario declares no required_keywords")
         if not self.scores:
             return Score.not_applicable("no completed turns")
-        return Score(value=mean(self.scores),
-                     details={"n": len(self.scores), "missing_keywords": sorted(self.missing)})
+        return Score(
+            value=mean(self.scores),
+            details={"n": len(self.scores), "missing_keywords": sorted(self.missing)},
+        )
 
 
 # -- technical accuracy (Python code validity) --------------------------------------
@@ -191,7 +203,11 @@ _FENCE = re.compile(r"```[ \t]*(?P<lang>[A-Za-z0-9_+\-]*)[^\n]*\n(?P<code>.*?)``
 
 def python_blocks(text: str) -> list[str]:
     """Fenced code blocks labelled python/py, or unlabelled."""
-    return [m["code"] for m in _FENCE.finditer(text) if m["lang"].lower() in ("python", "py", "python3", "")]
+    return [
+        m["code"]
+        for m in _FENCE.finditer(text)
+        if m["lang"].lower() in ("python", "py", "python3", "")
+    ]
 
 
 class TechnicalAccuracyMetric:
@@ -199,8 +215,10 @@ class TechnicalAccuracyMetric:
 
     name = "technical_accuracy"
     higher_is_better = True
-    description = ("Share of fenced Python code blocks that compile. Blind to whether the "
-                   "code is correct, only that it is valid Python.")
+    description = (
+        "Share of fenced Python code blocks that compile. Blind to whether the "
+        "code is correct, only that it is valid Python."
+    )
 
     def scorer(self, conversation: Conversation) -> _TechnicalScorer:
         return _TechnicalScorer()
@@ -228,8 +246,10 @@ class _TechnicalScorer:
     def result(self) -> Score:
         if not self.blocks:
             return Score.not_applicable("no Python code blocks in the responses")
-        return Score(value=self.valid / self.blocks,
-                     details={"blocks": self.blocks, "valid": self.valid, "errors": self.errors})
+        return Score(
+            value=self.valid / self.blocks,
+            details={"blocks": self.blocks, "valid": self.valid, "errors": self.errors},
+        )
 
 
 # -- judge rubrics ------------------------------------------------------------------
@@ -267,7 +287,9 @@ class _NeedsJudge:
 
 
 GUIDE_RUBRICS = {
-    "engagement_quality": "Does the response engage with the user's needs and invite the next step?",
+    "engagement_quality": (
+        "Does the response engage with the user's needs and invite the next step?"
+    ),
     "clarity_score": "Is the response clear, well organised and easy to follow?",
     "analysis_depth": "How deeply does the response analyse the user's input?",
     "recommendation_quality": "Are the recommendations specific, justified and actionable?",

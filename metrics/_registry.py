@@ -19,9 +19,13 @@ DEFAULT_METRICS = ("latency", "response_length")
 """Metrics every run scores unless told otherwise."""
 
 _B = "convsim.metrics._builtin:"
-for _name, _cls in [("latency", "LatencyMetric"), ("response_length", "ResponseLengthMetric"),
-                    ("exact_match", "ExactMatchMetric"), ("custom_score", "CustomScoreMetric"),
-                    ("technical_accuracy", "TechnicalAccuracyMetric")]:
+for _name, _cls in [
+    ("latency", "LatencyMetric"),
+    ("response_length", "ResponseLengthMetric"),
+    ("exact_match", "ExactMatchMetric"),
+    ("custom_score", "CustomScoreMetric"),
+    ("technical_accuracy", "TechnicalAccuracyMetric"),
+]:
     METRICS.register(_name, _B + _cls)
 
 
@@ -31,8 +35,15 @@ def _rubric(name: str) -> Metric:
     return JudgeRubricMetric(name, GUIDE_RUBRICS[name])
 
 
-for _name in ("engagement_quality", "clarity_score", "analysis_depth", "recommendation_quality",
-              "detail_level", "accuracy", "depth_of_analysis"):
+for _name in (
+    "engagement_quality",
+    "clarity_score",
+    "analysis_depth",
+    "recommendation_quality",
+    "detail_level",
+    "accuracy",
+    "depth_of_analysis",
+):
     METRICS.register(_name, partial(_rubric, _name))
 
 M = TypeVar("M", bound=Callable[..., Metric])

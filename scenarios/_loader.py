@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
-
 from convsim._errors import ConfigError, PackError, PackProblem, TemplateError
+from pydantic import BaseModel, ValidationError
 
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
 from ._schema import (
@@ -49,8 +48,11 @@ class PackInfo:
 
 
 def _bundled_folders() -> list[Path]:
-    return sorted(p for p in BUNDLED_PACKS_DIR.iterdir()
-                  if p.is_dir() and any((p / f).exists() for f in MULTI_TURN_FILES + SINGLE_TURN_FILES))
+    return sorted(
+        p
+        for p in BUNDLED_PACKS_DIR.iterdir()
+        if p.is_dir() and any((p / f).exists() for f in MULTI_TURN_FILES + SINGLE_TURN_FILES)
+    )
 
 
 def list_packs() -> list[PackInfo]:
@@ -167,7 +169,7 @@ class _Loader:
             return None, None
         try:
             node = yaml.compose(text, Loader=_StrictLoader)
-            data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+            data = yaml.load(text, Loader=_StrictLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = mark.line + 1 if mark is not None else None
@@ -211,7 +213,9 @@ class _Loader:
             if name not in self.metric_names:
                 self.problem(file, line, field, f"unknown metric {name!r}")
 
-    def parse_template(self, source: str, file: str, line: int | None, field: str) -> Template | None:
+    def parse_template(
+        self, source: str, file: str, line: int | None, field: str
+    ) -> Template | None:
         try:
             return Template.parse(source)
         except TemplateError as exc:
@@ -221,8 +225,13 @@ class _Loader:
     def finish(self, **fields: Any) -> Pack:
         if self.problems:
             raise PackError(self.problems)
-        return Pack(name=self.folder.name, path=self.folder, description=_describe(self.folder),
-                    pack_hash=self.digest.hexdigest(), **fields)
+        return Pack(
+            name=self.folder.name,
+            path=self.folder,
+            description=_describe(self.folder),
+            pack_hash=self.digest.hexdigest(),
+            **fields,
+        )
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -235,7 +244,11 @@ class _StrictLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {seen[key]})", key_node.start_mark)
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {seen[key]})",
+                    key_node.start_mark,
+                )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -291,25 +304,39 @@ class _MultiTurnLoader(_Loader):
             if scenario is None:
                 continue
             if scenario.scenario_id in seen:
-                self.problem(self.DATA, lineno, "scenario_id",
-                             f"duplicate {scenario.scenario_id!r} (first on line {seen[scenario.scenario_id]})")
+                self.problem(
+                    self.DATA,
+                    lineno,
+                    "scenario_id",
+                    f"duplicate {scenario.scenario_id!r} "
+                    f"(first on line {seen[scenario.scenario_id]})",
+                )
                 continue
             seen[scenario.scenario_id] = lineno
-            flow_name = scenario.scenario_type if scenario.scenario_type in self.flow_names else "default"
+            flow_name = (
+                scenario.scenario_type if scenario.scenario_type in self.flow_names else "default"
+            )
             if flow_name in self.invalid_flows or (self.config_broken and not self.flow_names):
                 continue  # its flow's own problems are reported already
             flow = flows.get(flow_name)
             if flow is None:
-                self.problem(self.DATA, lineno, "scenario_type",
-                             f"no flow {scenario.scenario_type!r} in {self.CONFIG} and no 'default'")
+                self.problem(
+                    self.DATA,
+                    lineno,
+                    "scenario_type",
+                    f"no flow {scenario.scenario_type!r} in {self.CONFIG} and no 'default'",
+                )
                 continue
             conv = Conversation(scenario, flow, "multi_turn", f"{self.DATA}:{lineno}")
             self._check_scenario(conv, lineno)
             conversations.append(conv)
         if not conversations and not self.problems:
             self.problem(self.DATA, None, None, "holds no scenarios")
-        return self.finish(kind="multi_turn", conversations=tuple(conversations),
-                           notes=tuple(self._notes(conversations)))
+        return self.finish(
+            kind="multi_turn",
+            conversations=tuple(conversations),
+            notes=tuple(self._notes(conversations)),
+        )
 
     def _flows(self) -> dict[str, PreparedFlow]:
         self.flow_names: set[str] = set()
@@ -329,7 +356,9 @@ class _MultiTurnLoader(_Loader):
         for scenario_type, raw in data.items():
             line_of = lambda loc: _yaml_line(root, loc)  # noqa: E731
             flow = self.validate(Flow, raw, self.CONFIG, line_of, prefix=(scenario_type,))
-            prepared = self._prepare_flow(str(scenario_type), flow, line_of) if flow is not None else None
+            prepared = (
+                self._prepare_flow(str(scenario_type), flow, line_of) if flow is not None else None
+            )
             if prepared is None:
                 self.invalid_flows.add(str(scenario_type))
             else:
@@ -341,8 +370,12 @@ class _MultiTurnLoader(_Loader):
         ids: dict[str, int] = {}
         for i, turn in enumerate(flow.turns):
             if turn.turn_id in ids:
-                self.problem(self.CONFIG, line_of((name, "turns", i, "turn_id")), f"{name}.turns.{i}.turn_id",
-                             f"duplicate turn_id {turn.turn_id!r}")
+                self.problem(
+                    self.CONFIG,
+                    line_of((name, "turns", i, "turn_id")),
+                    f"{name}.turns.{i}.turn_id",
+                    f"duplicate turn_id {turn.turn_id!r}",
+                )
                 ok = False
             ids.setdefault(turn.turn_id, i)
         templates = []
@@ -350,18 +383,33 @@ class _MultiTurnLoader(_Loader):
             where = (name, "turns", i)
             for dep in turn.depends_on:
                 if dep not in ids:
-                    self.problem(self.CONFIG, line_of(where + ("depends_on",)), f"{name}.turns.{i}.depends_on",
-                                 f"unknown turn {dep!r} (turns: {', '.join(ids)})")
+                    self.problem(
+                        self.CONFIG,
+                        line_of((*where, "depends_on")),
+                        f"{name}.turns.{i}.depends_on",
+                        f"unknown turn {dep!r} (turns: {', '.join(ids)})",
+                    )
                     ok = False
                 elif dep == turn.turn_id:
-                    self.problem(self.CONFIG, line_of(where + ("depends_on",)), f"{name}.turns.{i}.depends_on",
-                                 "a turn cannot depend on itself")
+                    self.problem(
+                        self.CONFIG,
+                        line_of((*where, "depends_on")),
+                        f"{name}.turns.{i}.depends_on",
+                        "a turn cannot depend on itself",
+                    )
                     ok = False
-            self.check_metrics(turn.evaluation_metrics, self.CONFIG, line_of(where + ("evaluation_metrics",)),
-                               f"{name}.turns.{i}.evaluation_metrics")
-            template = self.parse_template(turn.prompt_template, self.CONFIG,
-                                           line_of(where + ("prompt_template",)),
-                                           f"{name}.turns.{i}.prompt_template")
+            self.check_metrics(
+                turn.evaluation_metrics,
+                self.CONFIG,
+                line_of((*where, "evaluation_metrics")),
+                f"{name}.turns.{i}.evaluation_metrics",
+            )
+            template = self.parse_template(
+                turn.prompt_template,
+                self.CONFIG,
+                line_of((*where, "prompt_template")),
+                f"{name}.turns.{i}.prompt_template",
+            )
             ok = ok and template is not None
             templates.append(template)
         self.check_metrics(flow.metrics, self.CONFIG, line_of((name, "metrics")), f"{name}.metrics")
@@ -369,8 +417,12 @@ class _MultiTurnLoader(_Loader):
             return None
         order, cycle = _execution_order(flow.turns)
         if cycle:
-            self.problem(self.CONFIG, line_of((name, "turns")), f"{name}.turns",
-                         f"depends_on forms a cycle through {', '.join(cycle)}")
+            self.problem(
+                self.CONFIG,
+                line_of((name, "turns")),
+                f"{name}.turns",
+                f"depends_on forms a cycle through {', '.join(cycle)}",
+            )
             return None
         turns = tuple(PreparedTurn(flow.turns[i], i, templates[i]) for i in order)  # type: ignore[arg-type]
         return PreparedFlow(name, flow, turns)
@@ -380,18 +432,29 @@ class _MultiTurnLoader(_Loader):
         for turn in conv.flow.turns:
             missing = conv.missing_variables(turn)
             if missing and not turn.config.optional:
-                self.problem(self.DATA, lineno, "variables",
-                             f"turn {turn.turn_id!r} of flow {conv.flow.scenario_type!r} uses "
-                             f"{', '.join('{' + m + '}' for m in sorted(missing))}, which scenario "
-                             f"{sc.scenario_id!r} does not define (built-ins: "
-                             f"{', '.join(sorted(BUILTIN_VARIABLES))})")
+                self.problem(
+                    self.DATA,
+                    lineno,
+                    "variables",
+                    f"turn {turn.turn_id!r} of flow {conv.flow.scenario_type!r} uses "
+                    f"{', '.join('{' + m + '}' for m in sorted(missing))}, which scenario "
+                    f"{sc.scenario_id!r} does not define (built-ins: "
+                    f"{', '.join(sorted(BUILTIN_VARIABLES))})",
+                )
         for i, fact in enumerate(sc.facts):
             if fact.introduced_in not in turn_ids:
-                self.problem(self.DATA, lineno, f"facts.{i}.introduced_in", f"unknown turn {fact.introduced_in!r}")
+                self.problem(
+                    self.DATA,
+                    lineno,
+                    f"facts.{i}.introduced_in",
+                    f"unknown turn {fact.introduced_in!r}",
+                )
         keys = {f.key for f in sc.facts}
         for i, probe in enumerate(sc.probes):
             if probe.turn_id not in turn_ids:
-                self.problem(self.DATA, lineno, f"probes.{i}.turn_id", f"unknown turn {probe.turn_id!r}")
+                self.problem(
+                    self.DATA, lineno, f"probes.{i}.turn_id", f"unknown turn {probe.turn_id!r}"
+                )
             for key in probe.facts:
                 if key not in keys:
                     self.problem(self.DATA, lineno, f"probes.{i}.facts", f"unknown fact {key!r}")
@@ -402,8 +465,12 @@ class _MultiTurnLoader(_Loader):
             for group in ("all_of", "any_of"):
                 for i, crit in enumerate(getattr(sc.goal, group)):
                     if crit.turn_id is not None and crit.turn_id not in turn_ids:
-                        self.problem(self.DATA, lineno, f"goal.{group}.{i}.turn_id",
-                                     f"unknown turn {crit.turn_id!r}")
+                        self.problem(
+                            self.DATA,
+                            lineno,
+                            f"goal.{group}.{i}.turn_id",
+                            f"unknown turn {crit.turn_id!r}",
+                        )
 
     @staticmethod
     def _notes(conversations: list[Conversation]) -> Iterator[str]:
@@ -411,8 +478,10 @@ class _MultiTurnLoader(_Loader):
             for turn in conv.flow.turns:
                 missing = conv.missing_variables(turn)
                 if missing and turn.config.optional:
-                    yield (f"{conv.source}: optional turn {turn.turn_id!r} will be skipped "
-                           f"(no {', '.join(sorted(missing))})")
+                    yield (
+                        f"{conv.source}: optional turn {turn.turn_id!r} will be skipped "
+                        f"(no {', '.join(sorted(missing))})"
+                    )
 
 
 # -- single-turn --------------------------------------------------------------------
@@ -429,23 +498,43 @@ class _SingleTurnLoader(_Loader):
     def load(self) -> Pack:
         data, root = self.read_yaml(self.CONFIG)
         line_of = lambda loc: _yaml_line(root, loc)  # noqa: E731
-        config = self.validate(SingleTurnConfig, data, self.CONFIG, line_of) if data is not None else None
+        config = (
+            self.validate(SingleTurnConfig, data, self.CONFIG, line_of)
+            if data is not None
+            else None
+        )
         if config is None:
             if data is None and not self.problems:
                 self.problem(self.CONFIG, None, None, "is empty")
             raise PackError(self.problems)
         metrics = config.metrics.primary + config.metrics.secondary
-        self.check_metrics(config.metrics.primary, self.CONFIG, line_of(("metrics", "primary")), "metrics.primary")
-        self.check_metrics(config.metrics.secondary, self.CONFIG, line_of(("metrics", "secondary")),
-                           "metrics.secondary")
+        self.check_metrics(
+            config.metrics.primary, self.CONFIG, line_of(("metrics", "primary")), "metrics.primary"
+        )
+        self.check_metrics(
+            config.metrics.secondary,
+            self.CONFIG,
+            line_of(("metrics", "secondary")),
+            "metrics.secondary",
+        )
         template = self._template(config, line_of)
         problems = self._problems(config)
         if template is None or self.problems:
             raise PackError(self.problems)
-        flow = Flow(max_turns=1, conversation_timeout=300.0, metrics=metrics,
-                    turns=[TurnConfig(turn_id=SINGLE_TURN_ID, prompt_template=template.source,
-                                      config=TurnSettings(max_tokens=config.max_tokens,
-                                                          temperature=config.temperature))])
+        flow = Flow(
+            max_turns=1,
+            conversation_timeout=300.0,
+            metrics=metrics,
+            turns=[
+                TurnConfig(
+                    turn_id=SINGLE_TURN_ID,
+                    prompt_template=template.source,
+                    config=TurnSettings(
+                        max_tokens=config.max_tokens, temperature=config.temperature
+                    ),
+                )
+            ],
+        )
         prepared = PreparedFlow("single_turn", flow, (PreparedTurn(flow.turns[0], 0, template),))
         conversations = []
         for i, (lineno, problem) in enumerate(problems):
@@ -464,14 +553,20 @@ class _SingleTurnLoader(_Loader):
                 variables=variables,
                 system_prompt=config.system_prompt,
                 difficulty=problem.difficulty,
-                facts=[], probes=[], goal=None,
+                facts=[],
+                probes=[],
+                goal=None,
                 required_keywords=problem.required_keywords,
                 reference_responses={SINGLE_TURN_ID: problem.expected_answer},
                 tags=problem.tags,
                 metadata={**problem.metadata, "domain": problem.domain},
             )
-            conversations.append(Conversation(scenario, prepared, "single_turn", f"{config.dataset.path}:{lineno}"))
-        return self.finish(kind="single_turn", conversations=tuple(conversations), metrics=tuple(metrics))
+            conversations.append(
+                Conversation(scenario, prepared, "single_turn", f"{config.dataset.path}:{lineno}")
+            )
+        return self.finish(
+            kind="single_turn", conversations=tuple(conversations), metrics=tuple(metrics)
+        )
 
     def _template(self, config: SingleTurnConfig, line_of: Any) -> Template | None:
         name = "with_examples" if self.num_fewshot else "default"
@@ -485,12 +580,20 @@ class _SingleTurnLoader(_Loader):
             if parsed is not None:
                 unknown = parsed.fields - SINGLE_TURN_VARIABLES
                 if unknown:
-                    self.problem(self.CONFIG, line_of(loc), ".".join(loc),
-                                 f"unknown variable {', '.join('{' + u + '}' for u in sorted(unknown))}; "
-                                 f"single-turn templates may use {', '.join(sorted(SINGLE_TURN_VARIABLES))}")
+                    self.problem(
+                        self.CONFIG,
+                        line_of(loc),
+                        ".".join(loc),
+                        f"unknown variable {', '.join('{' + u + '}' for u in sorted(unknown))}; "
+                        f"single-turn templates may use {', '.join(sorted(SINGLE_TURN_VARIABLES))}",
+                    )
         if source is None:
-            self.problem(self.CONFIG, line_of(("prompt_templates",)), "prompt_templates.with_examples",
-                         "is needed for --num-fewshot")
+            self.problem(
+                self.CONFIG,
+                line_of(("prompt_templates",)),
+                "prompt_templates.with_examples",
+                "is needed for --num-fewshot",
+            )
             return None
         return Template.parse(source) if not self.problems else None
 
@@ -509,15 +612,23 @@ class _SingleTurnLoader(_Loader):
                 continue
             seen[pid] = lineno
             if levels and problem.difficulty is not None and problem.difficulty not in levels:
-                self.problem(file, lineno, "difficulty",
-                             f"{problem.difficulty!r} is not one of evaluation_config.difficulty_levels "
-                             f"({', '.join(levels)})")
+                self.problem(
+                    file,
+                    lineno,
+                    "difficulty",
+                    f"{problem.difficulty!r} is not one of evaluation_config.difficulty_levels "
+                    f"({', '.join(levels)})",
+                )
             problems.append((lineno, problem))
         if not problems and not self.problems:
             self.problem(file, None, None, "holds no problems")
         if self.num_fewshot and problems and self.num_fewshot >= len(problems):
-            self.problem(self.CONFIG, None, None,
-                         f"--num-fewshot {self.num_fewshot} needs more than {self.num_fewshot} problems")
+            self.problem(
+                self.CONFIG,
+                None,
+                None,
+                f"--num-fewshot {self.num_fewshot} needs more than {self.num_fewshot} problems",
+            )
         return problems
 
     def _examples(self, problems: list[tuple[int, Problem]], i: int) -> str:

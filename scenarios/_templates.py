@@ -46,7 +46,9 @@ class Template:
         try:
             parsed = list(string.Formatter().parse(source))
         except ValueError as exc:
-            raise TemplateError(f"malformed template: {exc} (write '{{{{' or '}}}}' for a literal brace)") from None
+            raise TemplateError(
+                f"malformed template: {exc} (write '{{{{' or '}}}}' for a literal brace)"
+            ) from None
         for literal, field, spec, conversion in parsed:
             if field is None:
                 parts.append(_Part(literal, None, ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
@@ -9,7 +10,6 @@ from dataclasses import dataclass
 
 import anyio
 import structlog
-
 from convsim._errors import AdapterError, TemplateError, Timeout
 from convsim.adapters._protocol import ModelAdapter
 from convsim.adapters._types import Completion, GenerationParams, Message, Usage
@@ -130,7 +130,9 @@ class ConversationActor:
         turns = self.conversation.flow.turns
         send, receive = anyio.create_memory_object_stream[TurnRecord](max_buffer_size=len(turns))
         self._send = send
-        timeout = self.settings.conversation_timeout or self.conversation.flow.flow.conversation_timeout
+        timeout = (
+            self.settings.conversation_timeout or self.conversation.flow.flow.conversation_timeout
+        )
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._consume, receive)
@@ -138,8 +140,10 @@ class ConversationActor:
                     with anyio.move_on_after(timeout) as deadline:
                         reason = self._reason = await self._walk()
                     if deadline.cancelled_caught:
-                        self._interrupt(Timeout(f"conversation_timeout of {timeout:g}s exceeded"),
-                                        "conversation timed out")
+                        self._interrupt(
+                            Timeout(f"conversation_timeout of {timeout:g}s exceeded"),
+                            "conversation timed out",
+                        )
                         self.machine.advance(_S.TIMED_OUT)
                         reason = TerminationReason.CONVERSATION_TIMEOUT
         except anyio.get_cancelled_exc_class():
@@ -150,9 +154,14 @@ class ConversationActor:
             self.result = self._build(self._reason or TerminationReason.CANCELLED, started_at, t0)
             raise
         self.result = self._build(reason, started_at, t0)
-        log.debug("conversation_finished", conversation_id=self.conversation.conversation_id,
-                  status=self.result.status.value, reason=reason.value, turns=len(self.records),
-                  duration_s=round(self.result.timings.duration_s, 4))
+        log.debug(
+            "conversation_finished",
+            conversation_id=self.conversation.conversation_id,
+            status=self.result.status.value,
+            reason=reason.value,
+            turns=len(self.records),
+            duration_s=round(self.result.timings.duration_s, 4),
+        )
         return self.result
 
     async def _walk(self) -> TerminationReason:
@@ -177,18 +186,24 @@ class ConversationActor:
         user_latency: float | None = None
         user_usage: Usage | None = None
         try:
-            inflight.prompt = inflight.user_message = self.conversation.render(turn, self.transcript)
+            inflight.prompt = inflight.user_message = self.conversation.render(
+                turn, self.transcript
+            )
             if turn.config.role == "user":
                 user = await self._ask_user(turn, inflight.prompt)
                 inflight.user_message = user.text
                 user_latency, user_usage = user.timings.total_s, user.usage
-                self._user_usage = user.usage if self._user_usage is None else self._user_usage + user.usage
+                self._user_usage = (
+                    user.usage if self._user_usage is None else self._user_usage + user.usage
+                )
         except Exception as exc:
             return self._fail(turn, exc, user_usage=user_usage)
         inflight.messages = (*self.transcript, Message(role="user", content=inflight.user_message))
         self.machine.advance(_S.ASSISTANT_TURN)
         try:
-            completion = await self.model.generate(inflight.messages, self._params(turn, "assistant"))
+            completion = await self.model.generate(
+                inflight.messages, self._params(turn, "assistant")
+            )
         except Exception as exc:
             return self._fail(turn, exc, user_usage=user_usage)
         self._inflight = None
@@ -224,37 +239,56 @@ class ConversationActor:
 
     async def _ask_user(self, turn: PreparedTurn, instruction: str) -> Completion:
         if self.user_model is None:
-            raise TemplateError(f"turn {turn.turn_id!r} has role 'user' but no user model is configured")
+            raise TemplateError(
+                f"turn {turn.turn_id!r} has role 'user' but no user model is configured"
+            )
         system = USER_SIMULATOR_PROMPT.format(
-            scenario=self.conversation.scenario.scenario_description, instruction=instruction)
-        flipped = [Message(role="user" if m.role == "assistant" else "assistant", content=m.content)
-                   for m in self.transcript if m.role != "system"]
+            scenario=self.conversation.scenario.scenario_description, instruction=instruction
+        )
+        flipped = [
+            Message(role="user" if m.role == "assistant" else "assistant", content=m.content)
+            for m in self.transcript
+            if m.role != "system"
+        ]
         if not flipped or flipped[-1].role != "user":
             flipped.append(Message(role="user", content="(Write your next message.)"))
         return await self.user_model.generate(
-            [Message(role="system", content=system), *flipped], self._params(turn, "user"))
+            [Message(role="system", content=system), *flipped], self._params(turn, "user")
+        )
 
     def _params(self, turn: PreparedTurn, side: str) -> GenerationParams:
         base = self._turn_params.get(id(turn))
         if base is None:
             cfg = turn.config.config
-            base = self._turn_params[id(turn)] = self.defaults.merged({
-                "temperature": cfg.temperature,
-                "max_tokens": cfg.max_tokens,
-                "top_p": cfg.top_p,
-                "stop": tuple(cfg.stop) if cfg.stop is not None else None,
-            })
+            base = self._turn_params[id(turn)] = self.defaults.merged(
+                {
+                    "temperature": cfg.temperature,
+                    "max_tokens": cfg.max_tokens,
+                    "top_p": cfg.top_p,
+                    "stop": tuple(cfg.stop) if cfg.stop is not None else None,
+                }
+            )
         scenario = self.conversation.scenario
-        return base.model_copy(update={
-            "seed": self.seed,
-            "reference": scenario.reference_responses.get(turn.turn_id) if side == "assistant" else None,
-            "metadata": {"conversation_id": self.conversation.conversation_id,
-                         "scenario_id": scenario.scenario_id, "turn_id": turn.turn_id, "role": side},
-        })
+        return base.model_copy(
+            update={
+                "seed": self.seed,
+                "reference": scenario.reference_responses.get(turn.turn_id)
+                if side == "assistant"
+                else None,
+                "metadata": {
+                    "conversation_id": self.conversation.conversation_id,
+                    "scenario_id": scenario.scenario_id,
+                    "turn_id": turn.turn_id,
+                    "role": side,
+                },
+            }
+        )
 
     # -- failures and interruptions -------------------------------------------------
 
-    def _fail(self, turn: PreparedTurn, exc: Exception, *, user_usage: Usage | None = None) -> TurnStatus:
+    def _fail(
+        self, turn: PreparedTurn, exc: Exception, *, user_usage: Usage | None = None
+    ) -> TurnStatus:
         inflight = self._inflight
         assert inflight is not None
         self._inflight = None
@@ -262,8 +296,13 @@ class ConversationActor:
         if not turn.config.optional and self._failure is None:
             self._failure = error
             self._failure_reason = _classify(exc)
-        log.debug("turn_failed", conversation_id=self.conversation.conversation_id,
-                  turn_id=turn.turn_id, error_type=error.type, error=error.message)
+        log.debug(
+            "turn_failed",
+            conversation_id=self.conversation.conversation_id,
+            turn_id=turn.turn_id,
+            error_type=error.type,
+            error=error.message,
+        )
         self.machine.advance(_S.SCORING)
         self._emit(self._failed(inflight, error, user_usage=user_usage))
         return TurnStatus.FAILED
@@ -272,8 +311,11 @@ class ConversationActor:
         """Record the in-flight turn as failed and every unrecorded turn as skipped."""
         if self._inflight is not None:
             turn_id = self._inflight.turn.turn_id
-            error = (ErrorInfo.from_exception(exc, turn_id=turn_id) if exc is not None else
-                     ErrorInfo(type="Cancelled", message="the run was cancelled", turn_id=turn_id))
+            error = (
+                ErrorInfo.from_exception(exc, turn_id=turn_id)
+                if exc is not None
+                else ErrorInfo(type="Cancelled", message="the run was cancelled", turn_id=turn_id)
+            )
             self._emit(self._failed(self._inflight, error))
             self._failure = self._failure or error
             self._inflight = None
@@ -291,10 +333,8 @@ class ConversationActor:
         kept; ``_score_remaining`` scores them.
         """
         self.records.append(record)
-        try:
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._send.send_nowait(record)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
 
     async def _consume(self, receive: anyio.abc.ObjectReceiveStream[TurnRecord]) -> None:
         async with receive:
@@ -302,7 +342,7 @@ class ConversationActor:
                 self._feed(record)
 
     def _score_remaining(self) -> None:
-        for record in self.records[self._scored:]:
+        for record in self.records[self._scored :]:
             self._feed(record)
 
     def _feed(self, record: TurnRecord) -> None:
@@ -320,20 +360,36 @@ class ConversationActor:
                 scores[name] = _score_one(self._turn_metrics[name], self.conversation, record)
 
     def _skipped(self, turn: PreparedTurn, reason: str) -> TurnRecord:
-        return TurnRecord(conversation_id=self.conversation.conversation_id, turn_index=turn.index,
-                          turn_id=turn.turn_id, role=turn.config.role, status=TurnStatus.SKIPPED,
-                          skip_reason=reason)
+        return TurnRecord(
+            conversation_id=self.conversation.conversation_id,
+            turn_index=turn.index,
+            turn_id=turn.turn_id,
+            role=turn.config.role,
+            status=TurnStatus.SKIPPED,
+            skip_reason=reason,
+        )
 
-    def _failed(self, inflight: _InFlight, error: ErrorInfo, *, user_usage: Usage | None = None) -> TurnRecord:
+    def _failed(
+        self, inflight: _InFlight, error: ErrorInfo, *, user_usage: Usage | None = None
+    ) -> TurnRecord:
         turn = inflight.turn
         return TurnRecord(
-            conversation_id=self.conversation.conversation_id, turn_index=turn.index,
-            turn_id=turn.turn_id, role=turn.config.role, status=TurnStatus.FAILED,
-            prompt=inflight.prompt, user_message=inflight.user_message, messages=inflight.messages,
+            conversation_id=self.conversation.conversation_id,
+            turn_index=turn.index,
+            turn_id=turn.turn_id,
+            role=turn.config.role,
+            status=TurnStatus.FAILED,
+            prompt=inflight.prompt,
+            user_message=inflight.user_message,
+            messages=inflight.messages,
             user_usage=user_usage,
-            timings=TurnTimings(started_at=inflight.started_at, duration_s=time.perf_counter() - inflight.t0),
-            attempts=error.attempts or 0, error=error,
-            evaluation_metrics=tuple(turn.config.evaluation_metrics))
+            timings=TurnTimings(
+                started_at=inflight.started_at, duration_s=time.perf_counter() - inflight.t0
+            ),
+            attempts=error.attempts or 0,
+            error=error,
+            evaluation_metrics=tuple(turn.config.evaluation_metrics),
+        )
 
     def _build(self, reason: TerminationReason, started_at: float, t0: float) -> ConversationResult:
         scores = {}
@@ -369,8 +425,9 @@ class ConversationActor:
             usage=self._usage,
             user_usage=self._user_usage,
             error=self._failure if self.machine.status.value != "DONE" else None,
-            timings=ConversationTimings(started_at=started_at, finished_at=started_at + duration,
-                                        duration_s=duration),
+            timings=ConversationTimings(
+                started_at=started_at, finished_at=started_at + duration, duration_s=duration
+            ),
         )
 
 
@@ -385,8 +442,11 @@ def _score_one(metric: Metric, conversation: Conversation, record: TurnRecord) -
 
 def _classify(exc: BaseException) -> TerminationReason:
     if isinstance(exc, AdapterError):
-        return (TerminationReason.INFRASTRUCTURE_ERROR if exc.infrastructure
-                else TerminationReason.MODEL_ERROR)
+        return (
+            TerminationReason.INFRASTRUCTURE_ERROR
+            if exc.infrastructure
+            else TerminationReason.MODEL_ERROR
+        )
     if isinstance(exc, (OSError, TimeoutError)):
         return TerminationReason.INFRASTRUCTURE_ERROR
     return TerminationReason.INTERNAL_ERROR

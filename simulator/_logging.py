@@ -15,7 +15,9 @@ __all__ = ["configure_logging", "redact_secrets"]
 _SECRET_KEY = re.compile(r"(api[_-]?key|authorization|secret|password|token)$", re.IGNORECASE)
 
 
-def redact_secrets(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def redact_secrets(
+    _logger: Any, _name: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     """Replace the value of any field named like a secret, so keys never reach a log."""
     for key in event:
         if _SECRET_KEY.search(key) and event[key] is not None:
@@ -25,8 +27,11 @@ def redact_secrets(_logger: Any, _name: str, event: MutableMapping[str, Any]) ->
 
 def configure_logging(fmt: Literal["console", "json"] = "console", level: str = "warning") -> None:
     """Send structlog events to stderr as console text or JSON lines."""
-    renderer: Any = (structlog.processors.JSONRenderer() if fmt == "json"
-                     else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

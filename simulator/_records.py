@@ -5,11 +5,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.dataclasses import dataclass
-
 from convsim._errors import AdapterError
 from convsim.adapters._types import Message, Usage
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.dataclasses import dataclass
 
 __all__ = [
     "Status",
@@ -73,9 +72,14 @@ class ErrorInfo(BaseModel):
     @classmethod
     def from_exception(cls, exc: BaseException, *, turn_id: str | None = None) -> ErrorInfo:
         if isinstance(exc, AdapterError):
-            return cls(type=type(exc).__name__, message=str(exc), turn_id=turn_id,
-                       attempts=exc.attempts, status_code=exc.status_code,
-                       infrastructure=exc.infrastructure)
+            return cls(
+                type=type(exc).__name__,
+                message=str(exc),
+                turn_id=turn_id,
+                attempts=exc.attempts,
+                status_code=exc.status_code,
+                infrastructure=exc.infrastructure,
+            )
         return cls(type=type(exc).__name__, message=str(exc) or type(exc).__name__, turn_id=turn_id)
 
 

@@ -30,7 +30,9 @@ class Registry(Generic[T]):
         self._factories: dict[str, Callable[..., T] | str] = {}
         self._entry_points_loaded = group is None
 
-    def register(self, name: str, factory: Callable[..., T] | str, *, replace: bool = False) -> None:
+    def register(
+        self, name: str, factory: Callable[..., T] | str, *, replace: bool = False
+    ) -> None:
         """Register ``factory`` under ``name``; refuse to shadow a name unless ``replace``."""
         if name in self._factories and not replace:
             raise ValueError(f"{self.kind} {name!r} is already registered")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from pydantic import BaseModel, Field
 
 from convsim.metrics._stats import mean, percentile
+from pydantic import BaseModel, Field
 
 from ._records import ConversationResult, Status, TurnStatus
 
@@ -56,22 +56,36 @@ class RunReport(BaseModel):
             lines.append(f"- wall time: {self.duration_s:.2f} s")
         lines += ["", "## Status", "", "| status | conversations |", "|---|---:|"]
         lines += [f"| {k} | {v} |" for k, v in self.statuses.items()]
-        lines += ["", "## Metrics", "", "| metric | mean | n | not applicable |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "## Metrics",
+            "",
+            "| metric | mean | n | not applicable |",
+            "|---|---:|---:|---:|",
+        ]
         for name, m in self.metrics.items():
             lines.append(f"| {name} | {_fmt(m.mean)} | {m.n} | {m.not_applicable} |")
         lines += ["", "## By scenario type", ""]
         names = list(self.metrics)
-        lines.append("| scenario_type | conversations | " + " | ".join(
-            ["DONE", "FAILED", "TIMED_OUT", "CANCELLED", *names]) + " |")
+        lines.append(
+            "| scenario_type | conversations | "
+            + " | ".join(["DONE", "FAILED", "TIMED_OUT", "CANCELLED", *names])
+            + " |"
+        )
         lines.append("|---|" + "---:|" * (5 + len(names)))
         for group, g in self.by_scenario_type.items():
             cells = [str(g.statuses.get(s.value, 0)) for s in Status]
             cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
             lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
         if self.latency_s:
-            lines += ["", "## Latency (s)", "", "| " + " | ".join(self.latency_s) + " |",
-                      "|" + "---:|" * len(self.latency_s),
-                      "| " + " | ".join(f"{v:.4f}" for v in self.latency_s.values()) + " |"]
+            lines += [
+                "",
+                "## Latency (s)",
+                "",
+                "| " + " | ".join(self.latency_s) + " |",
+                "|" + "---:|" * len(self.latency_s),
+                "| " + " | ".join(f"{v:.4f}" for v in self.latency_s.values()) + " |",
+            ]
         if self.errors:
             lines += ["", "## Errors", "", "| error | conversations |", "|---|---:|"]
             lines += [f"| {k} | {v} |" for k, v in self.errors.items()]
@@ -82,7 +96,9 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def _metric_summaries(results: list[ConversationResult], hib: dict[str, bool | None]) -> dict[str, MetricSummary]:
+def _metric_summaries(
+    results: list[ConversationResult], hib: dict[str, bool | None]
+) -> dict[str, MetricSummary]:
     values: dict[str, list[float]] = defaultdict(list)
     missing: Counter[str] = Counter()
     for result in results:
@@ -92,8 +108,15 @@ def _metric_summaries(results: list[ConversationResult], hib: dict[str, bool | N
             else:
                 values[name].append(score.value)
     names = list(dict.fromkeys([n for r in results for n in r.scores]))
-    return {n: MetricSummary(mean=mean(values[n]) if values[n] else None, n=len(values[n]),
-                             not_applicable=missing[n], higher_is_better=hib.get(n)) for n in names}
+    return {
+        n: MetricSummary(
+            mean=mean(values[n]) if values[n] else None,
+            n=len(values[n]),
+            not_applicable=missing[n],
+            higher_is_better=hib.get(n),
+        )
+        for n in names
+    }
 
 
 def _higher_is_better(names: Iterable[str]) -> dict[str, bool | None]:
@@ -121,39 +144,56 @@ def summarize(results: Iterable[ConversationResult]) -> RunReport:
     groups: dict[str, list[ConversationResult]] = defaultdict(list)
     for r in results:
         groups[r.scenario_type].append(r)
-        usage.update(prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens,
-                     total_tokens=r.usage.total_tokens)
+        usage.update(
+            prompt_tokens=r.usage.prompt_tokens,
+            completion_tokens=r.usage.completion_tokens,
+            total_tokens=r.usage.total_tokens,
+        )
         if r.error is not None:
             errors[r.error.type] += 1
         for t in r.turns:
             turns[t.status.value] += 1
-            if t.status is TurnStatus.COMPLETED and t.timings is not None and t.timings.latency_s is not None:
+            if (
+                t.status is TurnStatus.COMPLETED
+                and t.timings is not None
+                and t.timings.latency_s is not None
+            ):
                 latencies.append(t.timings.latency_s)
     latency: dict[str, float] = {}
     if latencies:
-        latency = {"mean": mean(latencies), "p50": percentile(latencies, 50),
-                   "p95": percentile(latencies, 95), "p99": percentile(latencies, 99),
-                   "max": max(latencies)}
+        latency = {
+            "mean": mean(latencies),
+            "p50": percentile(latencies, 50),
+            "p95": percentile(latencies, 95),
+            "p99": percentile(latencies, 99),
+            "max": max(latencies),
+        }
     duration = None
     if results:
-        duration = max(r.timings.finished_at for r in results) - min(r.timings.started_at for r in results)
+        duration = max(r.timings.finished_at for r in results) - min(
+            r.timings.started_at for r in results
+        )
     return RunReport(
         runs=sorted({r.run_id for r in results}),
         packs=sorted({r.pack for r in results}),
         models=sorted({r.model for r in results}),
         conversations=len(results),
         statuses={s.value: statuses.get(s.value, 0) for s in Status},
-        termination_reasons=dict(Counter(r.termination_reason.value for r in results).most_common()),
+        termination_reasons=dict(
+            Counter(r.termination_reason.value for r in results).most_common()
+        ),
         turns={s.value: turns.get(s.value, 0) for s in TurnStatus},
         metrics=_metric_summaries(results, hib),
         by_scenario_type={
-            name: GroupSummary(conversations=len(group),
-                               statuses=dict(Counter(r.status.value for r in group)),
-                               metrics=_metric_summaries(group, hib))
-            for name, group in sorted(groups.items())},
+            name: GroupSummary(
+                conversations=len(group),
+                statuses=dict(Counter(r.status.value for r in group)),
+                metrics=_metric_summaries(group, hib),
+            )
+            for name, group in sorted(groups.items())
+        },
         latency_s=latency,
         usage=dict(usage),
         errors=dict(errors.most_common()),
         duration_s=duration,
     )
-

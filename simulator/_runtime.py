@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 import uuid
@@ -14,7 +15,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import structlog
-
 from convsim.adapters._protocol import ModelAdapter
 from convsim.adapters._registry import ADAPTERS, create_adapter
 from convsim.adapters._types import GenerationParams
@@ -139,10 +139,18 @@ class RunHandle:
         by = c.by_status
         finished = sum(by.values())
         return RunStatistics(
-            run_id=self.run_id, total=c.total, resumed=c.resumed, started=c.started,
-            in_flight=c.started - finished, done=by[Status.DONE], failed=by[Status.FAILED],
-            timed_out=by[Status.TIMED_OUT], cancelled=by[Status.CANCELLED], turns=c.turns,
-            elapsed_s=time.perf_counter() - self._started)
+            run_id=self.run_id,
+            total=c.total,
+            resumed=c.resumed,
+            started=c.started,
+            in_flight=c.started - finished,
+            done=by[Status.DONE],
+            failed=by[Status.FAILED],
+            timed_out=by[Status.TIMED_OUT],
+            cancelled=by[Status.CANCELLED],
+            turns=c.turns,
+            elapsed_s=time.perf_counter() - self._started,
+        )
 
 
 class Simulator:
@@ -201,7 +209,9 @@ class Simulator:
         self.user_model: ModelAdapter | None = None
         self.user_model_name: str | None = None
         if user_model is not None:
-            self.user_model, self.user_model_name = self._adapter(user_model, user_model_args, adapter_registry)
+            self.user_model, self.user_model_name = self._adapter(
+                user_model, user_model_args, adapter_registry
+            )
         self.concurrency = concurrency
         self.metric_names = tuple(DEFAULT_METRICS if metrics is None else metrics)
         self.metric_registry = metric_registry
@@ -214,8 +224,12 @@ class Simulator:
         self._tg: anyio.abc.TaskGroup | None = None
         self._handles: list[RunHandle] = []
 
-    def _adapter(self, model: ModelAdapter | str, args: Mapping[str, Any] | None,
-                 registry: Registry[ModelAdapter]) -> tuple[ModelAdapter, str]:
+    def _adapter(
+        self,
+        model: ModelAdapter | str,
+        args: Mapping[str, Any] | None,
+        registry: Registry[ModelAdapter],
+    ) -> tuple[ModelAdapter, str]:
         if isinstance(model, str):
             adapter = create_adapter(model, args, registry=registry)
             self._owned.append(adapter)
@@ -273,8 +287,10 @@ class Simulator:
         if not isinstance(pack, Pack):
             pack = load_pack(pack, metric_names=self.metric_registry)
         if pack.uses_user_role() and self.user_model is None:
-            raise ConfigError(f"pack {pack.name!r} has turns with role 'user': they need a simulated "
-                              "user model (user_model=..., or --user-model SPEC)")
+            raise ConfigError(
+                f"pack {pack.name!r} has turns with role 'user': they need a simulated "
+                "user model (user_model=..., or --user-model SPEC)"
+            )
         metric_names = dict.fromkeys([*self.metric_names, *pack.metrics])
         try:
             metrics = [self.metric_registry.get(n)() for n in metric_names]
@@ -283,19 +299,36 @@ class Simulator:
             raise ConfigError(f"pack {pack.name!r}: {exc}") from None
         handle = RunHandle(uuid.uuid4().hex[:12], pack)
         handle.manifest = RunManifest(
-            run_id=handle.run_id, pack=pack.name, pack_path=str(pack.path), pack_hash=pack.pack_hash,
-            model=self.model_name, user_model=self.user_model_name, started_at=time.time(),
-            settings={"concurrency": self.concurrency, "seed": self.seed, "metrics": list(metric_names),
-                      "conversation_timeout": self.conversation_timeout, "max_turns": self.max_turns,
-                      "limit": limit, "grace_period": self.grace_period},
+            run_id=handle.run_id,
+            pack=pack.name,
+            pack_path=str(pack.path),
+            pack_hash=pack.pack_hash,
+            model=self.model_name,
+            user_model=self.user_model_name,
+            started_at=time.time(),
+            settings={
+                "concurrency": self.concurrency,
+                "seed": self.seed,
+                "metrics": list(metric_names),
+                "conversation_timeout": self.conversation_timeout,
+                "max_turns": self.max_turns,
+                "limit": limit,
+                "grace_period": self.grace_period,
+            },
         )
         self._tg.start_soon(self._produce, handle, sink, limit, only, metrics, turn_metrics)
         self._handles.append(handle)
         return handle
 
-    async def _produce(self, handle: RunHandle, sink: ResultSink | None, limit: int | None,
-                       only: Collection[str] | None, metrics: list[Metric],
-                       turn_metrics: dict[str, Metric]) -> None:
+    async def _produce(
+        self,
+        handle: RunHandle,
+        sink: ResultSink | None,
+        limit: int | None,
+        only: Collection[str] | None,
+        metrics: list[Metric],
+        turn_metrics: dict[str, Metric],
+    ) -> None:
         try:
             async with handle._send:
                 await self._execute(handle, sink, limit, only, metrics, turn_metrics)
@@ -304,34 +337,62 @@ class Simulator:
         finally:
             handle._finished.set()
 
-    async def _execute(self, handle: RunHandle, sink: ResultSink | None, limit: int | None,
-                       only: Collection[str] | None, metrics: list[Metric],
-                       turn_metrics: dict[str, Metric]) -> None:
+    async def _execute(
+        self,
+        handle: RunHandle,
+        sink: ResultSink | None,
+        limit: int | None,
+        only: Collection[str] | None,
+        metrics: list[Metric],
+        turn_metrics: dict[str, Metric],
+    ) -> None:
         manifest = handle.manifest
         assert manifest is not None
         done = await sink.open(manifest) if sink is not None else set()
-        todo = [c for c in handle.pack.conversations
-                if c.conversation_id not in done and (only is None or c.conversation_id in only)]
+        todo = [
+            c
+            for c in handle.pack.conversations
+            if c.conversation_id not in done and (only is None or c.conversation_id in only)
+        ]
         if limit is not None:
             todo = todo[:limit]
         counters = handle._counters
         counters.total, counters.resumed = len(todo), len(done)
         stopping = handle._stopping = _Stopping(self.grace_period)
-        settings = ActorSettings(run_id=handle.run_id, pack_name=handle.pack.name,
-                                 pack_hash=handle.pack.pack_hash, model_name=self.model_name,
-                                 seed=self.seed, conversation_timeout=self.conversation_timeout,
-                                 max_turns=self.max_turns)
+        settings = ActorSettings(
+            run_id=handle.run_id,
+            pack_name=handle.pack.name,
+            pack_hash=handle.pack.pack_hash,
+            model_name=self.model_name,
+            seed=self.seed,
+            conversation_timeout=self.conversation_timeout,
+            max_turns=self.max_turns,
+        )
         defaults = self.model.default_config()
         params_cache: dict[int, GenerationParams] = {}
         slots = anyio.Semaphore(self.concurrency)
-        log.info("run_started", run_id=handle.run_id, pack=handle.pack.name, model=self.model_name,
-                 conversations=len(todo), resumed=len(done), concurrency=self.concurrency)
+        log.info(
+            "run_started",
+            run_id=handle.run_id,
+            pack=handle.pack.name,
+            model=self.model_name,
+            conversations=len(todo),
+            resumed=len(done),
+            concurrency=self.concurrency,
+        )
 
         async def drive(conv: Conversation) -> None:
             try:
-                actor = ConversationActor(conv, model=self.model, settings=settings, metrics=metrics,
-                                          turn_metrics=turn_metrics, user_model=self.user_model,
-                                          defaults=defaults, params_cache=params_cache)
+                actor = ConversationActor(
+                    conv,
+                    model=self.model,
+                    settings=settings,
+                    metrics=metrics,
+                    turn_metrics=turn_metrics,
+                    user_model=self.user_model,
+                    defaults=defaults,
+                    params_cache=params_cache,
+                )
                 with anyio.CancelScope() as scope:
                     stopping.inflight[conv.conversation_id] = scope
                     if stopping.deadline is not None:
@@ -344,10 +405,9 @@ class Simulator:
                     await sink.write(result)
                 counters.by_status[result.status] += 1
                 counters.turns += sum(1 for t in result.turns if t.status.value == "completed")
-                try:
+                # nobody reading any more is fine: the sink has the result
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     handle._send.send_nowait(result)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass  # nobody is reading; the sink has it
             finally:
                 slots.release()
 
@@ -377,9 +437,16 @@ class Simulator:
             if sink is not None:
                 with anyio.CancelScope(shield=True):
                     await sink.close(manifest)
-            log.info("run_finished", run_id=handle.run_id, done=stats.done, failed=stats.failed,
-                     timed_out=stats.timed_out, cancelled=stats.cancelled,
-                     not_started=stats.total - stats.started, elapsed_s=round(stats.elapsed_s, 3))
+            log.info(
+                "run_finished",
+                run_id=handle.run_id,
+                done=stats.done,
+                failed=stats.failed,
+                timed_out=stats.timed_out,
+                cancelled=stats.cancelled,
+                not_started=stats.total - stats.started,
+                elapsed_s=round(stats.elapsed_s, 3),
+            )
 
 
 def run_sync(
@@ -400,8 +467,10 @@ def run_sync(
     except RuntimeError:
         pass
     else:
-        raise ConfigError("run_sync() was called inside a running event loop; "
-                          "use 'async with Simulator(...)' and 'async for ... in sim.run(...)'")
+        raise ConfigError(
+            "run_sync() was called inside a running event loop; "
+            "use 'async with Simulator(...)' and 'async for ... in sim.run(...)'"
+        )
 
     async def main() -> list[ConversationResult]:
         sink = JsonlSink(out, resume=resume) if out is not None else None

@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import ResultsError
@@ -106,7 +107,9 @@ def _scan(path: Path) -> Iterator[tuple[int, str, dict[str, Any] | None]]:
             if i == len(complete) and not tail:
                 yield i, "", None
                 return
-            raise ResultsError(f"{path}:{i}: not a valid result line; the file is damaged") from None
+            raise ResultsError(
+                f"{path}:{i}: not a valid result line; the file is damaged"
+            ) from None
     if tail.strip():
         yield len(complete) + 1, "", None
 
@@ -123,7 +126,9 @@ def read_results(path: str | Path) -> list[ConversationResult]:
         try:
             results.append(ConversationResult.model_validate(obj))
         except ValidationError as exc:
-            raise ResultsError(f"{path}:{lineno}: not a convsim result ({exc.error_count()} errors)") from None
+            raise ResultsError(
+                f"{path}:{lineno}: not a convsim result ({exc.error_count()} errors)"
+            ) from None
     return results
 
 
@@ -155,8 +160,10 @@ class JsonlSink:
         if self.path.exists() and self.path.is_dir():
             raise ResultsError(f"{self.path}: is a folder; --out needs a file path")
         if self.path.exists() and not (self.resume or self.overwrite):
-            raise ResultsError(f"{self.path}: already exists; pass --resume to continue it, "
-                               "or choose another --out")
+            raise ResultsError(
+                f"{self.path}: already exists; pass --resume to continue it, "
+                "or choose another --out"
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "ab"):
@@ -166,6 +173,10 @@ class JsonlSink:
         self._prepared = True
 
     async def open(self, manifest: RunManifest) -> set[str]:
+        # resuming reads (and may rewrite) the whole file: keep that off the event loop
+        return await anyio.to_thread.run_sync(self._open, manifest)
+
+    def _open(self, manifest: RunManifest) -> set[str]:
         self.prepare()
         done: set[str] = set()
         if self.resume and self.path.stat().st_size:
@@ -173,7 +184,7 @@ class JsonlSink:
         elif self.overwrite or not self.resume:
             self.path.write_bytes(b"")
         self._write_manifest(manifest)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         return done
 
     def _compact(self, manifest: RunManifest) -> set[str]:
@@ -181,9 +192,11 @@ class JsonlSink:
         if old is not None:
             if old.pack_hash != manifest.pack_hash:
                 raise ResultsError(
-                    f"{self.path}: was written for pack {old.pack!r} with hash {old.pack_hash[:12]}, "
+                    f"{self.path}: was written for pack {old.pack!r} "
+                    f"with hash {old.pack_hash[:12]}, "
                     f"but this pack's hash is {manifest.pack_hash[:12]}; the pack changed, so "
-                    "resuming would mix results. Use another --out.")
+                    "resuming would mix results. Use another --out."
+                )
             manifest.previous_run_ids = [*old.previous_run_ids, old.run_id]
         keep: list[str] = []
         done: set[str] = set()
@@ -194,7 +207,9 @@ class JsonlSink:
                 continue
             cid, status = obj.get("conversation_id"), obj.get("status")
             if obj.get("pack_hash") != manifest.pack_hash:
-                raise ResultsError(f"{self.path}:{lineno}: result of another pack version; use another --out")
+                raise ResultsError(
+                    f"{self.path}:{lineno}: result of another pack version; use another --out"
+                )
             if cid in done or status in {s.value for s in RERUN_ON_RESUME}:
                 dropped = True
                 continue
@@ -217,7 +232,9 @@ class JsonlSink:
         try:
             _atomic_write(self.manifest_path, manifest.model_dump_json(indent=2) + "\n")
         except OSError as exc:
-            raise ResultsError(f"{self.manifest_path}: cannot write the run manifest: {exc.strerror}") from None
+            raise ResultsError(
+                f"{self.manifest_path}: cannot write the run manifest: {exc.strerror}"
+            ) from None
 
     async def write(self, result: ConversationResult) -> None:
         if self._fh is None:

@@ -15,7 +15,15 @@ from convsim.scenarios._pack import Conversation, PreparedTurn
 
 from ._records import Status, TerminationReason, TurnStatus
 
-__all__ = ["ConversationState", "TRANSITIONS", "StateMachine", "TurnPlanner", "Run", "Skip", "Finish"]
+__all__ = [
+    "ConversationState",
+    "TRANSITIONS",
+    "StateMachine",
+    "TurnPlanner",
+    "Run",
+    "Skip",
+    "Finish",
+]
 
 
 class ConversationState(Enum):
@@ -50,8 +58,12 @@ TRANSITIONS: dict[ConversationState, frozenset[ConversationState]] = {
     _S.CANCELLED: frozenset(),
 }
 TERMINAL = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
-_STATUS = {_S.DONE: Status.DONE, _S.FAILED: Status.FAILED, _S.TIMED_OUT: Status.TIMED_OUT,
-           _S.CANCELLED: Status.CANCELLED}
+_STATUS = {
+    _S.DONE: Status.DONE,
+    _S.FAILED: Status.FAILED,
+    _S.TIMED_OUT: Status.TIMED_OUT,
+    _S.CANCELLED: Status.CANCELLED,
+}
 
 
 @dataclass
@@ -142,8 +154,11 @@ class TurnPlanner:
         for dep in turn.config.depends_on:
             outcome = self.outcomes.get(dep)
             if outcome is not TurnStatus.COMPLETED:
-                what = "was skipped" if outcome is TurnStatus.SKIPPED else (
-                    "failed" if outcome is TurnStatus.FAILED else "has not run")
+                what = (
+                    "was skipped"
+                    if outcome is TurnStatus.SKIPPED
+                    else ("failed" if outcome is TurnStatus.FAILED else "has not run")
+                )
                 return f"depends on {dep!r}, which {what}"
         if turn.config.optional:
             missing = self.conversation.missing_variables(turn)

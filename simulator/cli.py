@@ -55,10 +55,19 @@ def _clear_errors(func: F) -> F:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="convsim")
-@click.option("--log-format", type=click.Choice(["console", "json"]), default="console",
-              show_default=True, help="structlog output on stderr.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="warning", show_default=True)
+@click.option(
+    "--log-format",
+    type=click.Choice(["console", "json"]),
+    default="console",
+    show_default=True,
+    help="structlog output on stderr.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+)
 def main(log_format: str, log_level: str) -> None:
     """Simulate and evaluate multi-turn conversations with language models."""
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
@@ -80,8 +89,12 @@ def list_command() -> None:
 
 @main.command()
 @click.argument("pack")
-@click.option("--num-fewshot", type=click.IntRange(min=0), default=0,
-              help="Single-turn packs: examples in the with_examples template.")
+@click.option(
+    "--num-fewshot",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Single-turn packs: examples in the with_examples template.",
+)
 @_clear_errors
 def validate(pack: str, num_fewshot: int) -> None:
     """Validate PACK (a bundled pack's name or a folder) without running it."""
@@ -90,8 +103,11 @@ def validate(pack: str, num_fewshot: int) -> None:
     loaded = load_pack(pack, num_fewshot=num_fewshot)
     flows = sorted({c.flow.scenario_type for c in loaded.conversations})
     out = _stdout()
-    out.print(f"ok: {loaded.name} ({loaded.kind}, {len(loaded)} conversations, "
-              f"flows: {', '.join(flows)}) hash {loaded.pack_hash[:12]}", highlight=False)
+    out.print(
+        f"ok: {loaded.name} ({loaded.kind}, {len(loaded)} conversations, "
+        f"flows: {', '.join(flows)}) hash {loaded.pack_hash[:12]}",
+        highlight=False,
+    )
     for note in loaded.notes:
         out.print(f"note: {note}", highlight=False)
 
@@ -107,37 +123,95 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
 
 @main.command()
 @click.argument("pack")
-@click.option("--model", "model_spec", default="scripted", show_default=True,
-              help="Model under test: scripted, or TYPE:MODEL.")
-@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
-              help="Adapter argument (repeatable), e.g. latency=0.5 for scripted.")
-@click.option("--user-model", "user_model_spec", default=None,
-              help="Simulated user for turns with role 'user'.")
+@click.option(
+    "--model",
+    "model_spec",
+    default="scripted",
+    show_default=True,
+    help="Model under test: scripted, or TYPE:MODEL.",
+)
+@click.option(
+    "--model-arg",
+    "model_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Adapter argument (repeatable), e.g. latency=0.5 for scripted.",
+)
+@click.option(
+    "--user-model",
+    "user_model_spec",
+    default=None,
+    help="Simulated user for turns with role 'user'.",
+)
 @click.option("--user-model-arg", "user_model_args", multiple=True, metavar="KEY=VALUE")
-@click.option("--concurrency", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Conversations run at once.")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Results JSONL (default: runs/PACK-TIMESTAMP.jsonl).")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Conversations run at once.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Results JSONL (default: runs/PACK-TIMESTAMP.jsonl).",
+)
 @click.option("--resume", is_flag=True, help="Continue --out: skip conversations already recorded.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations.")
-@click.option("--metrics", callback=_parse_metrics, default=None,
-              help="Comma-separated conversation metrics (default: latency,response_length).")
-@click.option("--conversation-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds per conversation (overrides the pack).")
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations."
+)
+@click.option(
+    "--metrics",
+    callback=_parse_metrics,
+    default=None,
+    help="Comma-separated conversation metrics (default: latency,response_length).",
+)
+@click.option(
+    "--conversation-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds per conversation (overrides the pack).",
+)
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Overrides the pack.")
-@click.option("--num-fewshot", type=click.IntRange(min=0), default=0,
-              help="Single-turn packs: examples in the with_examples template.")
-@click.option("--grace-period", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="Seconds in-flight conversations get after Ctrl-C.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+@click.option(
+    "--num-fewshot",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Single-turn packs: examples in the with_examples template.",
+)
+@click.option(
+    "--grace-period",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds in-flight conversations get after Ctrl-C.",
+)
+@click.option(
+    "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
+)
 @_clear_errors
-def run(pack: str, model_spec: str, model_args: tuple[str, ...], user_model_spec: str | None,
-        user_model_args: tuple[str, ...], concurrency: int, out: Path | None, resume: bool,
-        overwrite: bool, seed: int, limit: int | None, metrics: list[str] | None,
-        conversation_timeout: float | None, max_turns: int | None, num_fewshot: int,
-        grace_period: float, progress: bool | None) -> None:
+def run(
+    pack: str,
+    model_spec: str,
+    model_args: tuple[str, ...],
+    user_model_spec: str | None,
+    user_model_args: tuple[str, ...],
+    concurrency: int,
+    out: Path | None,
+    resume: bool,
+    overwrite: bool,
+    seed: int,
+    limit: int | None,
+    metrics: list[str] | None,
+    conversation_timeout: float | None,
+    max_turns: int | None,
+    num_fewshot: int,
+    grace_period: float,
+    progress: bool | None,
+) -> None:
     """Run PACK (a bundled pack's name or a folder) against a model."""
     from .adapters import parse_model_args
     from .scenarios import load_pack
@@ -152,11 +226,17 @@ def run(pack: str, model_spec: str, model_args: tuple[str, ...], user_model_spec
     sink = JsonlSink(out, resume=resume, overwrite=overwrite)
     sink.prepare()
     simulator = Simulator(
-        model_spec, model_args=parse_model_args(model_args),
+        model_spec,
+        model_args=parse_model_args(model_args),
         user_model=user_model_spec,
         user_model_args=parse_model_args(user_model_args) if user_model_spec else None,
-        concurrency=concurrency, metrics=metrics, seed=seed,
-        conversation_timeout=conversation_timeout, max_turns=max_turns, grace_period=grace_period)
+        concurrency=concurrency,
+        metrics=metrics,
+        seed=seed,
+        conversation_timeout=conversation_timeout,
+        max_turns=max_turns,
+        grace_period=grace_period,
+    )
     if user_model_args and not user_model_spec:
         raise click.UsageError("--user-model-arg needs --user-model")
     tune_gc_for_throughput()
@@ -172,8 +252,14 @@ def run(pack: str, model_spec: str, model_args: tuple[str, ...], user_model_spec
         sys.exit(EXIT_INTERRUPTED)
 
 
-async def _run_with_progress(simulator: Simulator, pack: Any, sink: JsonlSink, limit: int | None,
-                             show_progress: bool, err: Console) -> bool:
+async def _run_with_progress(
+    simulator: Simulator,
+    pack: Any,
+    sink: JsonlSink,
+    limit: int | None,
+    show_progress: bool,
+    err: Console,
+) -> bool:
     """Run to the end; on SIGINT/SIGTERM stop gracefully (a second signal: at once)."""
     interrupted = False
     error: ConvsimError | None = None
@@ -186,8 +272,10 @@ async def _run_with_progress(simulator: Simulator, pack: Any, sink: JsonlSink, l
                 async for _ in signals:
                     if not interrupted:
                         interrupted = True
-                        err.print("stopping: in-flight conversations get the grace period "
-                                  "(signal again to stop at once)")
+                        err.print(
+                            "stopping: in-flight conversations get the grace period "
+                            "(signal again to stop at once)"
+                        )
                         handle.stop()
                     else:
                         tg.cancel_scope.cancel()
@@ -207,24 +295,34 @@ async def _run_with_progress(simulator: Simulator, pack: Any, sink: JsonlSink, l
         raise error
     stats = handle.statistics()
     if not show_progress:
-        err.print(f"{pack.name}: {stats.done} done, {stats.failed} failed, {stats.timed_out} timed out, "
-                  f"{stats.cancelled} cancelled, {stats.resumed} resumed in {stats.elapsed_s:.2f} s",
-                  highlight=False)
+        err.print(
+            f"{pack.name}: {stats.done} done, {stats.failed} failed, {stats.timed_out} timed out, "
+            f"{stats.cancelled} cancelled, {stats.resumed} resumed in {stats.elapsed_s:.2f} s",
+            highlight=False,
+        )
     return interrupted
 
 
 def _progress(console: Console, enabled: bool) -> Progress:
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
-        console=console, disable=not enabled, transient=False)
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+        transient=False,
+    )
 
 
 def _update(bar: Progress, task: Any, handle: RunHandle) -> None:
     s = handle.statistics()
     rate = s.finished / s.elapsed_s if s.elapsed_s > 0 else 0.0
-    status = (f"done {s.done} failed {s.failed + s.timed_out} cancelled {s.cancelled} "
-              f"in flight {s.in_flight} {rate:.1f} conv/s")
+    status = (
+        f"done {s.done} failed {s.failed + s.timed_out} cancelled {s.cancelled} "
+        f"in flight {s.in_flight} {rate:.1f} conv/s"
+    )
     bar.update(task, total=s.total, completed=s.finished, status=status)
 
 
@@ -251,29 +349,51 @@ def _print_report(report: RunReport) -> None:
         head.add_row(status, str(count))
     out.print(head)
     metrics = Table(title="metrics (mean over conversations)")
-    for col, justify in (("metric", "left"), ("mean", "right"), ("n", "right"),
-                         ("n/a", "right"), ("better", "left")):
+    for col, justify in (
+        ("metric", "left"),
+        ("mean", "right"),
+        ("n", "right"),
+        ("n/a", "right"),
+        ("better", "left"),
+    ):
         metrics.add_column(col, justify=justify)  # type: ignore[arg-type]
     for name, m in report.metrics.items():
         better = {True: "higher", False: "lower", None: ""}[m.higher_is_better]
-        metrics.add_row(name, "n/a" if m.mean is None else f"{m.mean:.4g}", str(m.n),
-                        str(m.not_applicable), better)
+        metrics.add_row(
+            name,
+            "n/a" if m.mean is None else f"{m.mean:.4g}",
+            str(m.n),
+            str(m.not_applicable),
+            better,
+        )
     out.print(metrics)
     groups = Table(title="by scenario_type")
     names = list(report.metrics)
     for col in ("scenario_type", "conversations", "DONE", "FAILED", *names):
         groups.add_column(col, justify="left" if col == "scenario_type" else "right")
     for name, g in report.by_scenario_type.items():
-        groups.add_row(name, str(g.conversations), str(g.statuses.get("DONE", 0)),
-                       str(g.statuses.get("FAILED", 0)),
-                       *[("n/a" if g.metrics[n].mean is None else f"{g.metrics[n].mean:.4g}")
-                         if n in g.metrics else "" for n in names])
+        groups.add_row(
+            name,
+            str(g.conversations),
+            str(g.statuses.get("DONE", 0)),
+            str(g.statuses.get("FAILED", 0)),
+            *[
+                ("n/a" if g.metrics[n].mean is None else f"{g.metrics[n].mean:.4g}")
+                if n in g.metrics
+                else ""
+                for n in names
+            ],
+        )
     out.print(groups)
     if report.latency_s:
-        out.print("latency (s): " + ", ".join(f"{k} {v:.4f}" for k, v in report.latency_s.items()),
-                  highlight=False)
+        out.print(
+            "latency (s): " + ", ".join(f"{k} {v:.4f}" for k, v in report.latency_s.items()),
+            highlight=False,
+        )
     if report.errors:
-        out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in report.errors.items()), highlight=False)
+        out.print(
+            "errors: " + ", ".join(f"{k} x{v}" for k, v in report.errors.items()), highlight=False
+        )
 
 
 @main.command()

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-
 from convsim.adapters import Completion, GenerationParams, Message, ModelInfo, RateLimits, Usage
 
 DATA = Path(__file__).parent / "data"
@@ -47,7 +46,9 @@ class FakeAdapter:
             out = await out
         if isinstance(out, BaseException):
             raise out
-        return Completion(text=out, usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2))
+        return Completion(
+            text=out, usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
+        )
 
     def estimate_cost(self, usage):
         return None

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from convsim import read_results
 from convsim.cli import main
 
@@ -41,9 +40,11 @@ def test_validate_reports_ok_and_notes() -> None:
 def test_validate_bad_pack_exits_2_with_file_line_field(tmp_path: Path) -> None:
     (tmp_path / "turn_configs.yml").write_text(
         "default:\n  turns:\n    - turn_id: a\n      prompt_template: 'hi {name}'\n"
-        "special:\n  turns:\n    - turn_id: b\n      prompt_template: 'x'\n      colour: red\n")
+        "special:\n  turns:\n    - turn_id: b\n      prompt_template: 'x'\n      colour: red\n"
+    )
     (tmp_path / "scenarios.jsonl").write_text(
-        '{"scenario_id": "s1", "scenario_description": "x"}\n{"scenario_id": oops}\n')
+        '{"scenario_id": "s1", "scenario_description": "x"}\n{"scenario_id": oops}\n'
+    )
     code, _, err = invoke("validate", str(tmp_path))
     assert code == 2
     assert "turn_configs.yml:9: special.turns.0.colour: unknown field" in err
@@ -64,14 +65,18 @@ def test_validate_bad_pack_exits_2_with_file_line_field(tmp_path: Path) -> None:
         (["run", GUIDE, "--num-fewshot", "2"], "single-turn packs only"),
     ],
 )
-def test_bad_run_input_exits_2_with_one_message(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_run_input_exits_2_with_one_message(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     code, _, err = invoke(*args, "--out", str(tmp_path / "r.jsonl"))
     assert code == 2, err
     assert message in err
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag", ["--concurrency=0", "--limit=-1", "--conversation-timeout=0", "--max-turns=0"])
+@pytest.mark.parametrize(
+    "flag", ["--concurrency=0", "--limit=-1", "--conversation-timeout=0", "--max-turns=0"]
+)
 def test_bad_cli_values_exit_2(tmp_path: Path, flag: str) -> None:
     code, _, err = invoke("run", GUIDE, flag, "--out", str(tmp_path / "r.jsonl"))
     assert code == 2
@@ -100,7 +105,11 @@ def test_run_writes_results_manifest_and_summaries(tmp_path: Path) -> None:
     code, stdout, _ = invoke("run", GUIDE, "--model", "scripted", "--out", str(out), "--seed", "7")
     assert code == 0
     results = read_results(out)
-    assert sorted(r.conversation_id for r in results) == ["budget-planning", "db-migration", "trip-planning"]
+    assert sorted(r.conversation_id for r in results) == [
+        "budget-planning",
+        "db-migration",
+        "trip-planning",
+    ]
     assert {r.status.value for r in results} == {"DONE"}
     assert {r.seed for r in results} != {0}
     manifest = json.loads((tmp_path / "runs" / "guide.manifest.json").read_text())
@@ -143,8 +152,16 @@ def test_report_missing_file_exits_2(tmp_path: Path) -> None:
 
 
 def test_json_logs_on_stderr(tmp_path: Path) -> None:
-    code, _, err = invoke("--log-format", "json", "--log-level", "info", "run", GUIDE,
-                          "--out", str(tmp_path / "r.jsonl"))
+    code, _, err = invoke(
+        "--log-format",
+        "json",
+        "--log-level",
+        "info",
+        "run",
+        GUIDE,
+        "--out",
+        str(tmp_path / "r.jsonl"),
+    )
     assert code == 0
     events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     names = [e["event"] for e in events]
@@ -159,14 +176,31 @@ def test_sigint_stops_gracefully_and_keeps_results(tmp_path: Path) -> None:
     finished ones kept, exit code 130, no traceback."""
     out = tmp_path / "r.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "convsim", "run", "customer_support", "--model-arg", "latency=0.3",
-         "--concurrency", "4", "--grace-period", "0.05", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+        [
+            sys.executable,
+            "-m",
+            "convsim",
+            "run",
+            "customer_support",
+            "--model-arg",
+            "latency=0.3",
+            "--concurrency",
+            "4",
+            "--grace-period",
+            "0.05",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=20)
+    _, stderr = proc.communicate(timeout=20)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     results = read_results(out)

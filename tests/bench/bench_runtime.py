@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 import anyio
-import structlog
-
 import convsim
+import structlog
 from convsim._gc import tune_gc_for_throughput
 from convsim.adapters import GenerationParams, Message, ScriptedAdapter
 
@@ -56,12 +55,23 @@ def write_pack(folder: Path, conversations: int) -> Path:
     (folder / "turn_configs.yml").write_text(json.dumps(flows))  # JSON is valid YAML
     with open(folder / "scenarios.jsonl", "w") as fh:
         for i in range(conversations):
-            fh.write(json.dumps({
-                "scenario_id": f"s{i:06d}", "scenario_description": "a delayed order",
-                "variables": {"name": f"Customer {i}", "order_id": f"A-{100000 + i}",
-                              "amount": 20 + i % 300, "date": f"2026-03-{1 + i % 28:02d}",
-                              "card": ["visa", "mastercard", "amex"][i % 3],
-                              "street": f"{i % 999} Elm Street"}}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "scenario_id": f"s{i:06d}",
+                        "scenario_description": "a delayed order",
+                        "variables": {
+                            "name": f"Customer {i}",
+                            "order_id": f"A-{100000 + i}",
+                            "amount": 20 + i % 300,
+                            "date": f"2026-03-{1 + i % 28:02d}",
+                            "card": ["visa", "mastercard", "amex"][i % 3],
+                            "street": f"{i % 999} Elm Street",
+                        },
+                    }
+                )
+                + "\n"
+            )
     return folder
 
 
@@ -94,8 +104,12 @@ async def raw_throughput(pack: convsim.Pack) -> tuple[float, int]:
 async def memory_hold(pack: convsim.Pack) -> tuple[float, int]:
     started = time.perf_counter()
     done = 0
-    async with convsim.Simulator("scripted", model_args={"latency": 1.0},
-                                 concurrency=len(pack), metrics=["latency", "response_length"]) as sim:
+    async with convsim.Simulator(
+        "scripted",
+        model_args={"latency": 1.0},
+        concurrency=len(pack),
+        metrics=["latency", "response_length"],
+    ) as sim:
         async for result in sim.run(pack):
             done += result.status is convsim.Status.DONE
     return time.perf_counter() - started, done
@@ -110,8 +124,12 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--memory-conversations", type=int, default=10_000)
-    parser.add_argument("--gc", choices=["tuned", "default"], default="tuned",
-                        help="memory part: the CLI's GC settings (tuned) or CPython's defaults")
+    parser.add_argument(
+        "--gc",
+        choices=["tuned", "default"],
+        default="tuned",
+        help="memory part: the CLI's GC settings (tuned) or CPython's defaults",
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
@@ -120,12 +138,23 @@ def main() -> None:
         raw_s, raw_turns = anyio.run(raw_throughput, pack)
         run_s, run_turns = anyio.run(runtime_throughput, pack, args.concurrency)
     print(f"python {sys.version.split()[0]}, convsim {convsim.__version__}")
-    print(f"[throughput] {args.conversations} conversations x {TURNS} turns, concurrency {args.concurrency}")
-    print(f"  raw adapter loop : {raw_turns / raw_s:10,.0f} turns/s ({raw_turns} turns in {raw_s:.2f} s)")
-    print(f"  convsim runtime  : {run_turns / run_s:10,.0f} turns/s ({run_turns} turns in {run_s:.2f} s)")
+    print(
+        f"[throughput] {args.conversations} conversations x {TURNS} turns, "
+        f"concurrency {args.concurrency}"
+    )
+    print(
+        f"  raw adapter loop : {raw_turns / raw_s:10,.0f} turns/s "
+        f"({raw_turns} turns in {raw_s:.2f} s)"
+    )
+    print(
+        f"  convsim runtime  : {run_turns / run_s:10,.0f} turns/s "
+        f"({run_turns} turns in {run_s:.2f} s)"
+    )
     print(f"  ratio runtime/raw: {(run_turns / run_s) / (raw_turns / raw_s):.2f}x")
-    print(f"  runtime overhead : {(run_s - raw_s) / run_turns * 1e6:.1f} us per turn "
-          f"(scorers, records, results, scheduling)")
+    print(
+        f"  runtime overhead : {(run_s - raw_s) / run_turns * 1e6:.1f} us per turn "
+        f"(scorers, records, results, scheduling)"
+    )
 
     base = rss_mb()
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,11 +163,15 @@ def main() -> None:
         if args.gc == "tuned":
             tune_gc_for_throughput()
         hold_s, done = anyio.run(memory_hold, pack)
-    print(f"[memory] {args.memory_conversations} concurrent conversations x {TURNS} turns, "
-          f"scripted latency 1 s, {args.gc} GC settings")
+    print(
+        f"[memory] {args.memory_conversations} concurrent conversations x {TURNS} turns, "
+        f"scripted latency 1 s, {args.gc} GC settings"
+    )
     print(f"  finished DONE     : {done} in {hold_s:.1f} s (ideal {TURNS} s)")
-    print(f"  peak RSS          : {rss_mb():.0f} MB (before: {base:.0f} MB, after loading the pack: "
-          f"{after_load:.0f} MB)")
+    print(
+        f"  peak RSS          : {rss_mb():.0f} MB (before: {base:.0f} MB, after loading the pack: "
+        f"{after_load:.0f} MB)"
+    )
 
 
 if __name__ == "__main__":

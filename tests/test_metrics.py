@@ -1,0 +1,181 @@
+"""Each built-in metric moves with what it measures, and says when it does not apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from convsim import Score, TurnRecord, TurnStatus
+from convsim._records import TurnTimings
+from convsim.metrics import METRICS, normalize_answer, register_metric, resolve_metrics
+from convsim.metrics._stats import mean, percentile
+from convsim.scenarios import load_pack
+
+GUIDE = Path(__file__).parent / "data" / "guide_example"
+
+
+@pytest.fixture(scope="module")
+def conversation():
+    return load_pack(GUIDE).conversations[0]
+
+
+def with_scenario(conversation, **fields):
+    import dataclasses
+
+    scenario = conversation.scenario.model_copy(update=fields)
+    return dataclasses.replace(conversation, scenario=scenario)
+
+
+def turn(
+    response: str | None = "ok",
+    *,
+    turn_id: str = "introduction",
+    status=TurnStatus.COMPLETED,
+    latency: float | None = 0.1,
+    ttft: float | None = None,
+) -> TurnRecord:
+    return TurnRecord(
+        conversation_id="c",
+        turn_index=0,
+        turn_id=turn_id,
+        role="assistant",
+        status=status,
+        response=response if status is TurnStatus.COMPLETED else None,
+        timings=TurnTimings(
+            started_at=0.0, duration_s=latency or 0.0, latency_s=latency, ttft_s=ttft
+        ),
+    )
+
+
+def score(name: str, conversation, turns: list[TurnRecord]) -> Score:
+    scorer = METRICS.get(name)().scorer(conversation)
+    for t in turns:
+        scorer.update(t)
+    return scorer.result()
+
+
+def test_latency_tracks_call_times_and_ignores_failed_turns(conversation) -> None:
+    fast = score("latency", conversation, [turn(latency=0.1), turn(latency=0.3)])
+    slow = score("latency", conversation, [turn(latency=1.0), turn(latency=3.0)])
+    assert fast.value == pytest.approx(0.2) and slow.value == pytest.approx(2.0)
+    assert slow.details["p50_s"] == pytest.approx(2.0) and slow.details["max_s"] == 3.0
+    failed = score(
+        "latency", conversation, [turn(latency=9.0, status=TurnStatus.FAILED), turn(latency=0.5)]
+    )
+    assert failed.value == pytest.approx(0.5) and failed.details["n"] == 1
+    assert (
+        score("latency", conversation, [turn(latency=0.2, ttft=0.05)]).details["ttft_mean_s"]
+        == 0.05
+    )
+
+
+def test_latency_without_completed_turns_is_not_applicable(conversation) -> None:
+    result = score("latency", conversation, [turn(status=TurnStatus.SKIPPED)])
+    assert result.value is None and result.reason == "not applicable: no completed turns"
+    assert not result.applicable
+
+
+def test_response_length_counts_words(conversation) -> None:
+    assert score("response_length", conversation, [turn("one two three")]).value == 3
+    assert score("response_length", conversation, [turn("a"), turn("a b c d e")]).value == 3
+    assert score("response_length", conversation, []).value is None
+
+
+def test_exact_match_normalises_and_needs_references(conversation) -> None:
+    conv = with_scenario(conversation, reference_responses={"introduction": "The Paris."})
+    assert score("exact_match", conv, [turn("paris")]).value == 1.0
+    assert score("exact_match", conv, [turn("London")]).value == 0.0
+    assert (
+        score("exact_match", conv, [turn("paris"), turn("x", turn_id="analysis")]).details["n"] == 1
+    )
+    none = score("exact_match", conversation, [turn("paris")])
+    assert none.value is None and "no reference responses" in (none.reason or "")
+
+
+def test_normalize_answer() -> None:
+    assert normalize_answer("  The  Answer, is: 42! ") == "answer is 42"
+
+
+def test_custom_score_rewards_required_keywords(conversation) -> None:
+    conv = with_scenario(conversation, required_keywords=["refund", "order"])
+    assert (
+        score("custom_score", conv, [turn("Your refund for the order is on its way")]).value == 1.0
+    )
+    half = score("custom_score", conv, [turn("Your refund is on its way")])
+    assert half.value == pytest.approx(0.6) and half.details["missing_keywords"] == ["order"]
+    assert score("custom_score", conv, [turn("Hello")]).value == pytest.approx(0.2)
+    assert score("custom_score", conv, [turn("")]).value == 0.0
+    assert score("custom_score", conv, [turn("reorder refunds")]).value == pytest.approx(
+        0.2
+    )  # whole words
+    assert score("custom_score", conversation, [turn("x")]).value is None
+
+
+def test_technical_accuracy_compiles_python_blocks(conversation) -> None:
+    good = "Here:\n```python\ndef f(x):\n    return x + 1\n```\n"
+    bad = "Here:\n```python\ndef f(x)\n    return x +\n```\n"
+    assert score("technical_accuracy", conversation, [turn(good)]).value == 1.0
+    mixed = score("technical_accuracy", conversation, [turn(good), turn(bad)])
+    assert mixed.value == 0.5 and mixed.details["blocks"] == 2 and mixed.details["errors"]
+    js = "```javascript\nconst x = ;\n```"
+    assert score("technical_accuracy", conversation, [turn(js)]).value is None
+    assert score("technical_accuracy", conversation, [turn("no code")]).reason.startswith(
+        "not applicable"
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "engagement_quality",
+        "clarity_score",
+        "analysis_depth",
+        "recommendation_quality",
+        "detail_level",
+        "accuracy",
+        "depth_of_analysis",
+    ],
+)
+def test_judge_rubrics_say_they_need_a_judge(conversation, name: str) -> None:
+    result = score(name, conversation, [turn("anything at all")])
+    assert result.value is None and "needs a judge" in (result.reason or "")
+
+
+def test_every_registered_metric_builds_and_describes_itself() -> None:
+    for name in METRICS.names():
+        metric = METRICS.get(name)()
+        assert metric.name == name
+        assert metric.description
+        assert metric.higher_is_better in (True, False, None)
+
+
+def test_register_metric_decorator_and_resolve() -> None:
+    registry = METRICS.copy()
+
+    @register_metric("words_over_ten", registry=registry)
+    class LongAnswers:
+        name = "words_over_ten"
+        higher_is_better = None
+        description = "share of responses over ten words"
+
+        def scorer(self, conversation):
+            return self
+
+        def update(self, turn):
+            self.last = len(turn.response.split()) > 10
+
+        def result(self):
+            return Score(value=float(self.last))
+
+    metrics = resolve_metrics(["latency", "words_over_ten", "latency"], registry=registry)
+    assert [m.name for m in metrics] == ["latency", "words_over_ten"]
+    assert "words_over_ten" not in METRICS  # the default registry is untouched
+
+
+def test_percentile_and_mean() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 99) == 5
+    assert percentile([3, 1, 2], 0) == 1 and percentile([3, 1, 2], 100) == 3
+    assert mean([1, 2]) == 1.5
+    with pytest.raises(ValueError):
+        percentile([], 50)

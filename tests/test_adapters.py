@@ -135,7 +135,7 @@ def test_create_adapter_passes_model_and_args() -> None:
 
 def test_unknown_adapter_lists_known_types() -> None:
     with pytest.raises(
-        RegistryError, match="unknown model type 'nope'; known model types: .*scripted"
+        RegistryError, match=r"unknown model type 'nope'; known model types: .*scripted"
     ):
         create_adapter("nope:x")
     assert "scripted" in ADAPTERS.names()

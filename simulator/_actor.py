@@ -145,7 +145,7 @@ class ConversationActor:
                             "conversation timed out",
                         )
                         self.machine.advance(_S.TIMED_OUT)
-                        reason = TerminationReason.CONVERSATION_TIMEOUT
+                        reason = self._reason = TerminationReason.CONVERSATION_TIMEOUT
         except anyio.get_cancelled_exc_class():
             self._interrupt(None, "conversation cancelled")
             if not self.machine.finished:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import sys
 import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -30,6 +31,9 @@ from ._registry import Registry
 from ._sinks import JsonlSink, ResultSink, RunManifest
 
 __all__ = ["Simulator", "RunHandle", "RunStatistics", "run_sync"]
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 log = structlog.get_logger("convsim.runtime")
 
@@ -96,7 +100,7 @@ class RunHandle:
     simulator's task group whether or not you iterate.
     """
 
-    def __init__(self, run_id: str, pack: Pack) -> None:
+    def __init__(self, run_id: str, pack: Pack, grace_period: float) -> None:
         self.run_id = run_id
         self.pack = pack
         self._send, self._receive = anyio.create_memory_object_stream[ConversationResult](math.inf)
@@ -104,7 +108,7 @@ class RunHandle:
         self._started = time.perf_counter()
         self._error: BaseException | None = None
         self._finished = anyio.Event()
-        self._stopping: _Stopping | None = None
+        self._stopping = _Stopping(grace_period)
         self.manifest: RunManifest | None = None
 
     def __aiter__(self) -> RunHandle:
@@ -131,8 +135,7 @@ class RunHandle:
 
     def stop(self) -> None:
         """Stop starting conversations; in-flight ones get the grace period."""
-        if self._stopping is not None:
-            self._stopping.begin()
+        self._stopping.begin()
 
     def statistics(self) -> RunStatistics:
         c = self._counters
@@ -196,7 +199,7 @@ class Simulator:
         metric_registry: Registry[Metric] = METRICS,
         adapter_registry: Registry[ModelAdapter] = ADAPTERS,
     ) -> None:
-        if not isinstance(concurrency, int) or concurrency < 1:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a positive integer, not {concurrency!r}")
         if conversation_timeout is not None and not conversation_timeout > 0:
             raise ConfigError(f"conversation_timeout must be > 0, not {conversation_timeout!r}")
@@ -291,13 +294,20 @@ class Simulator:
                 f"pack {pack.name!r} has turns with role 'user': they need a simulated "
                 "user model (user_model=..., or --user-model SPEC)"
             )
-        metric_names = dict.fromkeys([*self.metric_names, *pack.metrics])
+        # each flow scores the run's metrics, the pack's, and its own
+        base = [*self.metric_names, *pack.metrics]
+        names_by_flow = {
+            conv.flow.scenario_type: list(dict.fromkeys([*base, *conv.flow.flow.metrics]))
+            for conv in pack.conversations
+        }
+        metric_names = dict.fromkeys(n for names in names_by_flow.values() for n in names)
         try:
-            metrics = [self.metric_registry.get(n)() for n in metric_names]
+            instances = {n: self.metric_registry.get(n)() for n in metric_names}
             turn_metrics = {n: self.metric_registry.get(n)() for n in pack.metric_names()}
         except RegistryError as exc:
             raise ConfigError(f"pack {pack.name!r}: {exc}") from None
-        handle = RunHandle(uuid.uuid4().hex[:12], pack)
+        metrics = {flow: [instances[n] for n in names] for flow, names in names_by_flow.items()}
+        handle = RunHandle(uuid.uuid4().hex[:12], pack, self.grace_period)
         handle.manifest = RunManifest(
             run_id=handle.run_id,
             pack=pack.name,
@@ -326,14 +336,14 @@ class Simulator:
         sink: ResultSink | None,
         limit: int | None,
         only: Collection[str] | None,
-        metrics: list[Metric],
+        metrics: dict[str, list[Metric]],
         turn_metrics: dict[str, Metric],
     ) -> None:
         try:
             async with handle._send:
                 await self._execute(handle, sink, limit, only, metrics, turn_metrics)
         except Exception as exc:
-            handle._error = exc
+            handle._error = handle._error or _single(exc)
         finally:
             handle._finished.set()
 
@@ -343,7 +353,7 @@ class Simulator:
         sink: ResultSink | None,
         limit: int | None,
         only: Collection[str] | None,
-        metrics: list[Metric],
+        metrics: dict[str, list[Metric]],
         turn_metrics: dict[str, Metric],
     ) -> None:
         manifest = handle.manifest
@@ -358,7 +368,7 @@ class Simulator:
             todo = todo[:limit]
         counters = handle._counters
         counters.total, counters.resumed = len(todo), len(done)
-        stopping = handle._stopping = _Stopping(self.grace_period)
+        stopping = handle._stopping
         settings = ActorSettings(
             run_id=handle.run_id,
             pack_name=handle.pack.name,
@@ -387,7 +397,7 @@ class Simulator:
                     conv,
                     model=self.model,
                     settings=settings,
-                    metrics=metrics,
+                    metrics=metrics[conv.flow.scenario_type],
                     turn_metrics=turn_metrics,
                     user_model=self.user_model,
                     defaults=defaults,
@@ -401,10 +411,17 @@ class Simulator:
                 stopping.inflight.pop(conv.conversation_id, None)
                 result = actor.result
                 assert result is not None
-                if sink is not None:
-                    await sink.write(result)
                 counters.by_status[result.status] += 1
                 counters.turns += sum(1 for t in result.turns if t.status.value == "completed")
+                if sink is not None and handle._error is None:
+                    try:
+                        await sink.write(result)
+                    except Exception as exc:
+                        # Nothing more can be recorded: stop the run (in-flight
+                        # conversations get the grace period and still reach the
+                        # caller) and raise this error from the iteration.
+                        handle._error = exc
+                        stopping.begin()
                 # nobody reading any more is fine: the sink has the result
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     handle._send.send_nowait(result)
@@ -447,6 +464,13 @@ class Simulator:
                 not_started=stats.total - stats.started,
                 elapsed_s=round(stats.elapsed_s, 3),
             )
+
+
+def _single(exc: Exception) -> Exception:
+    """The one error inside nested exception groups, if there is exactly one."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]  # type: ignore[assignment]
+    return exc
 
 
 def run_sync(

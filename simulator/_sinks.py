@@ -185,6 +185,7 @@ class JsonlSink:
             self.path.write_bytes(b"")
         self._write_manifest(manifest)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._prepared = False  # a later run with this sink checks the file again
         return done
 
     def _compact(self, manifest: RunManifest) -> set[str]:
@@ -197,6 +198,15 @@ class JsonlSink:
                     f"but this pack's hash is {manifest.pack_hash[:12]}; the pack changed, so "
                     "resuming would mix results. Use another --out."
                 )
+            for what, before, now in (
+                ("model", old.model, manifest.model),
+                ("seed", old.settings.get("seed"), manifest.settings.get("seed")),
+            ):
+                if before != now:
+                    raise ResultsError(
+                        f"{self.path}: was written with {what} {before!r}, not {now!r}; resuming "
+                        "would mix results. Use the same settings or another --out."
+                    )
             manifest.previous_run_ids = [*old.previous_run_ids, old.run_id]
         keep: list[str] = []
         done: set[str] = set()

@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import anyio
-from convsim._errors import ConfigError, ServerError, describe_validation_error
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from convsim._errors import ConfigError, ServerError, describe_validation_error
 
 from ._recall import recall_reply
 from ._types import (
@@ -43,7 +45,9 @@ class ScriptedConfig(BaseModel):
     """Fraction of calls that fail with ServerError, chosen deterministically by seed."""
 
 
+@lru_cache(maxsize=16384)
 def _count_tokens(text: str) -> int:
+    """Whitespace tokens; cached because each call re-counts the whole history."""
     return len(text.split())
 
 

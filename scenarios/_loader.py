@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from convsim._errors import ConfigError, PackError, PackProblem, TemplateError
 from pydantic import BaseModel, ValidationError
+
+from convsim._errors import ConfigError, PackError, PackProblem, TemplateError
 
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
 from ._schema import (

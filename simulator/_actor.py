@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import anyio
 import structlog
+
 from convsim._errors import AdapterError, TemplateError, Timeout
 from convsim.adapters._protocol import ModelAdapter
 from convsim.adapters._types import Completion, GenerationParams, Message, Usage

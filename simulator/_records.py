@@ -5,10 +5,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from convsim._errors import AdapterError
-from convsim.adapters._types import Message, Usage
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.dataclasses import dataclass
+
+from convsim._errors import AdapterError
+from convsim.adapters._types import Message, Usage
 
 __all__ = [
     "Status",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-from convsim.metrics._stats import mean, percentile
 from pydantic import BaseModel, Field
+
+from convsim.metrics._stats import mean, percentile
 
 from ._records import ConversationResult, Status, TurnStatus
 

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import structlog
+
 from convsim.adapters._protocol import ModelAdapter
 from convsim.adapters._registry import ADAPTERS, create_adapter
 from convsim.adapters._types import GenerationParams

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+
 from convsim.adapters import Completion, GenerationParams, Message, ModelInfo, RateLimits, Usage
 
 DATA = Path(__file__).parent / "data"

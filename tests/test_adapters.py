@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from convsim import ConfigError, RegistryError, ServerError
 from convsim.adapters import (
     ADAPTERS,

@@ -9,13 +9,14 @@ import sys
 from collections import OrderedDict
 from importlib.metadata import EntryPoint
 
-import convsim
 import pytest
 import structlog
+from structlog.testing import capture_logs
+
+import convsim
 from convsim import RegistryError
 from convsim._logging import redact_secrets
 from convsim._registry import Registry
-from structlog.testing import capture_logs
 
 PACKAGES = ["convsim", "convsim.adapters", "convsim.metrics", "convsim.scenarios"]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from convsim import read_results
 from convsim.cli import main
 

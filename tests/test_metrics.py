@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from convsim import Score, TurnRecord, TurnStatus
 from convsim._records import TurnTimings
 from convsim.metrics import METRICS, normalize_answer, register_metric, resolve_metrics

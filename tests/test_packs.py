@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from convsim import ConfigError, PackError, PackProblem
 from convsim.scenarios import BUILTIN_VARIABLES, BUNDLED_PACKS_DIR, Pack, list_packs, load_pack
 

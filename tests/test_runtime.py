@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import convsim
 import pytest
 import yaml
+
+import convsim
 from convsim import (
     BadRequest,
     ConfigError,

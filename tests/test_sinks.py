@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import convsim
 import pytest
 import yaml
+
+import convsim
 from convsim import (
     ConversationResult,
     JsonlSink,

@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from convsim import (
     ConversationState,
     InvalidTransition,
@@ -27,8 +30,6 @@ from convsim.scenarios import (
     Template,
     TurnConfig,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 S = ConversationState
 TERMINAL_STATES = {S.DONE, S.FAILED, S.TIMED_OUT, S.CANCELLED}

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from convsim import ConvsimError, TemplateError
-from convsim.scenarios import Template
 from hypothesis import given
 from hypothesis import strategies as st
+
+from convsim import ConvsimError, TemplateError
+from convsim.scenarios import Template
 
 
 def render(source: str, **values: object) -> str:

@@ -40,6 +40,8 @@ class RunReport(BaseModel):
     termination_reasons: dict[str, int]
     turns: dict[str, int]
     metrics: dict[str, MetricSummary]
+    turn_metrics: dict[str, MetricSummary] = Field(default_factory=dict)
+    """Turn-level ``evaluation_metrics``, over the turns that asked for them."""
     by_scenario_type: dict[str, GroupSummary]
     latency_s: dict[str, float] = Field(default_factory=dict)
     """Model-call latency over all completed turns: mean, p50, p95, p99, max."""
@@ -66,6 +68,11 @@ class RunReport(BaseModel):
         ]
         for name, m in self.metrics.items():
             lines.append(f"| {name} | {_fmt(m.mean)} | {m.n} | {m.not_applicable} |")
+        if self.turn_metrics:
+            lines += ["", "## Turn metrics", "", "| metric | mean | turns | not applicable |"]
+            lines.append("|---|---:|---:|---:|")
+            for name, m in self.turn_metrics.items():
+                lines.append(f"| {name} | {_fmt(m.mean)} | {m.n} | {m.not_applicable} |")
         lines += ["", "## By scenario type", ""]
         names = list(self.metrics)
         lines.append(
@@ -120,6 +127,30 @@ def _metric_summaries(
     }
 
 
+def _turn_metric_summaries(
+    results: list[ConversationResult], hib: dict[str, bool | None]
+) -> dict[str, MetricSummary]:
+    values: dict[str, list[float]] = defaultdict(list)
+    missing: Counter[str] = Counter()
+    for result in results:
+        for scores in result.turn_scores.values():
+            for name, score in scores.items():
+                if score.value is None:
+                    missing[name] += 1
+                else:
+                    values[name].append(score.value)
+    names = sorted(set(values) | set(missing))
+    return {
+        n: MetricSummary(
+            mean=mean(values[n]) if values[n] else None,
+            n=len(values[n]),
+            not_applicable=missing[n],
+            higher_is_better=hib.get(n),
+        )
+        for n in names
+    }
+
+
 def _higher_is_better(names: Iterable[str]) -> dict[str, bool | None]:
     from convsim.metrics import METRICS
 
@@ -136,7 +167,10 @@ def _higher_is_better(names: Iterable[str]) -> dict[str, bool | None]:
 def summarize(results: Iterable[ConversationResult]) -> RunReport:
     """Summarise results (e.g. from :func:`convsim.read_results`)."""
     results = list(results)
-    hib = _higher_is_better({n for r in results for n in r.scores})
+    hib = _higher_is_better(
+        {n for r in results for n in r.scores}
+        | {n for r in results for scores in r.turn_scores.values() for n in scores}
+    )
     statuses = Counter(r.status.value for r in results)
     turns: Counter[str] = Counter()
     latencies: list[float] = []
@@ -185,6 +219,7 @@ def summarize(results: Iterable[ConversationResult]) -> RunReport:
         ),
         turns={s.value: turns.get(s.value, 0) for s in TurnStatus},
         metrics=_metric_summaries(results, hib),
+        turn_metrics=_turn_metric_summaries(results, hib),
         by_scenario_type={
             name: GroupSummary(
                 conversations=len(group),

@@ -367,6 +367,20 @@ def _print_report(report: RunReport) -> None:
             better,
         )
     out.print(metrics)
+    if report.turn_metrics:
+        turns = Table(title="turn metrics (mean over the turns that ask for them)")
+        for col, justify in (
+            ("metric", "left"),
+            ("mean", "right"),
+            ("turns", "right"),
+            ("n/a", "right"),
+        ):
+            turns.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for name, m in report.turn_metrics.items():
+            turns.add_row(
+                name, "n/a" if m.mean is None else f"{m.mean:.4g}", str(m.n), str(m.not_applicable)
+            )
+        out.print(turns)
     groups = Table(title="by scenario_type")
     names = list(report.metrics)
     for col in ("scenario_type", "conversations", "DONE", "FAILED", *names):
@@ -387,7 +401,7 @@ def _print_report(report: RunReport) -> None:
     out.print(groups)
     if report.latency_s:
         out.print(
-            "latency (s): " + ", ".join(f"{k} {v:.4f}" for k, v in report.latency_s.items()),
+            "latency (s): " + ", ".join(f"{k} {v:.4g}" for k, v in report.latency_s.items()),
             highlight=False,
         )
     if report.errors:

@@ -35,3 +35,19 @@ def test_summary_of_nothing() -> None:
     report = summarize([])
     assert report.conversations == 0 and report.metrics == {} and report.duration_s is None
     assert "conversations: 0" in report.to_markdown()
+
+
+def test_turn_metrics_are_summarised_over_the_turns_that_ask_for_them() -> None:
+    results = convsim.run_sync("coding_help", "scripted")
+    report = summarize(results)
+    asked = [
+        s["technical_accuracy"]
+        for r in results
+        for s in r.turn_scores.values()
+        if "technical_accuracy" in s
+    ]
+    summary = report.turn_metrics["technical_accuracy"]
+    assert summary.n + summary.not_applicable == len(asked) > 0
+    assert summary.n == sum(s.value is not None for s in asked)
+    assert "## Turn metrics" in report.to_markdown()
+    assert "technical_accuracy" not in report.metrics  # a turn metric, not a conversation one

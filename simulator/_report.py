@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from convsim.metrics._stats import mean, percentile
 
-from ._records import ConversationResult, Status, TurnStatus
+from ._records import ConversationResult, Score, Status, TurnStatus
 
 __all__ = ["RunReport", "MetricSummary", "GroupSummary", "summarize"]
 
@@ -104,18 +104,19 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def _metric_summaries(
-    results: list[ConversationResult], hib: dict[str, bool | None]
+def _summarise(
+    score_maps: Iterable[dict[str, Score]], hib: dict[str, bool | None]
 ) -> dict[str, MetricSummary]:
+    """Mean and counts per metric over ``score_maps`` (one name -> Score map each)."""
     values: dict[str, list[float]] = defaultdict(list)
     missing: Counter[str] = Counter()
-    for result in results:
-        for name, score in result.scores.items():
+    for scores in score_maps:
+        for name, score in scores.items():
             if score.value is None:
                 missing[name] += 1
             else:
                 values[name].append(score.value)
-    names = list(dict.fromkeys([n for r in results for n in r.scores]))
+    names = list(dict.fromkeys([*values, *missing]))
     return {
         n: MetricSummary(
             mean=mean(values[n]) if values[n] else None,
@@ -125,30 +126,18 @@ def _metric_summaries(
         )
         for n in names
     }
+
+
+def _metric_summaries(
+    results: list[ConversationResult], hib: dict[str, bool | None]
+) -> dict[str, MetricSummary]:
+    return _summarise((r.scores for r in results), hib)
 
 
 def _turn_metric_summaries(
     results: list[ConversationResult], hib: dict[str, bool | None]
 ) -> dict[str, MetricSummary]:
-    values: dict[str, list[float]] = defaultdict(list)
-    missing: Counter[str] = Counter()
-    for result in results:
-        for scores in result.turn_scores.values():
-            for name, score in scores.items():
-                if score.value is None:
-                    missing[name] += 1
-                else:
-                    values[name].append(score.value)
-    names = sorted(set(values) | set(missing))
-    return {
-        n: MetricSummary(
-            mean=mean(values[n]) if values[n] else None,
-            n=len(values[n]),
-            not_applicable=missing[n],
-            higher_is_better=hib.get(n),
-        )
-        for n in names
-    }
+    return _summarise((scores for r in results for scores in r.turn_scores.values()), hib)
 
 
 def _higher_is_better(names: Iterable[str]) -> dict[str, bool | None]:

@@ -94,6 +94,18 @@ class _Stopping:
             scope.deadline = min(scope.deadline, self.deadline)
 
 
+@dataclass(frozen=True)
+class _RunPlan:
+    """What one run was asked to do, fixed before it starts."""
+
+    sink: ResultSink | None
+    limit: int | None
+    only: Collection[str] | None
+    metrics: dict[str, list[Metric]]
+    """Conversation metrics by flow (scenario_type)."""
+    turn_metrics: dict[str, Metric]
+
+
 class RunHandle:
     """One run: iterate it for results as conversations finish.
 
@@ -327,36 +339,22 @@ class Simulator:
                 "grace_period": self.grace_period,
             },
         )
-        self._tg.start_soon(self._produce, handle, sink, limit, only, metrics, turn_metrics)
+        plan = _RunPlan(sink, limit, only, metrics, turn_metrics)
+        self._tg.start_soon(self._produce, handle, plan)
         self._handles.append(handle)
         return handle
 
-    async def _produce(
-        self,
-        handle: RunHandle,
-        sink: ResultSink | None,
-        limit: int | None,
-        only: Collection[str] | None,
-        metrics: dict[str, list[Metric]],
-        turn_metrics: dict[str, Metric],
-    ) -> None:
+    async def _produce(self, handle: RunHandle, plan: _RunPlan) -> None:
         try:
             async with handle._send:
-                await self._execute(handle, sink, limit, only, metrics, turn_metrics)
+                await self._execute(handle, plan)
         except Exception as exc:
             handle._error = handle._error or _single(exc)
         finally:
             handle._finished.set()
 
-    async def _execute(
-        self,
-        handle: RunHandle,
-        sink: ResultSink | None,
-        limit: int | None,
-        only: Collection[str] | None,
-        metrics: dict[str, list[Metric]],
-        turn_metrics: dict[str, Metric],
-    ) -> None:
+    async def _execute(self, handle: RunHandle, plan: _RunPlan) -> None:
+        sink, limit, only = plan.sink, plan.limit, plan.only
         manifest = handle.manifest
         assert manifest is not None
         done = await sink.open(manifest) if sink is not None else set()
@@ -398,8 +396,8 @@ class Simulator:
                     conv,
                     model=self.model,
                     settings=settings,
-                    metrics=metrics[conv.flow.scenario_type],
-                    turn_metrics=turn_metrics,
+                    metrics=plan.metrics[conv.flow.scenario_type],
+                    turn_metrics=plan.turn_metrics,
                     user_model=self.user_model,
                     defaults=defaults,
                     params_cache=params_cache,

@@ -20,7 +20,7 @@ from rich.table import Table
 from ._errors import ConvsimError
 from ._gc import tune_gc_for_throughput
 from ._logging import configure_logging
-from ._report import RunReport, summarize
+from ._report import MetricSummary, RunReport, summarize
 from ._runtime import RunHandle, Simulator
 from ._sinks import JsonlSink, read_results
 
@@ -340,6 +340,24 @@ def _write_summaries(report: RunReport, results: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
+def _mean(summary: MetricSummary | None) -> str:
+    if summary is None:
+        return ""
+    return "n/a" if summary.mean is None else f"{summary.mean:.4g}"
+
+
+def _metric_table(title: str, unit: str, summaries: dict[str, MetricSummary]) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    for col in ("mean", unit, "n/a"):
+        table.add_column(col, justify="right")
+    table.add_column("better")
+    for name, m in summaries.items():
+        better = {True: "higher", False: "lower", None: ""}[m.higher_is_better]
+        table.add_row(name, _mean(m), str(m.n), str(m.not_applicable), better)
+    return table
+
+
 def _print_report(report: RunReport) -> None:
     out = _stdout()
     head = Table(title=f"{', '.join(report.packs) or 'no results'} · {', '.join(report.models)}")
@@ -348,39 +366,10 @@ def _print_report(report: RunReport) -> None:
     for status, count in report.statuses.items():
         head.add_row(status, str(count))
     out.print(head)
-    metrics = Table(title="metrics (mean over conversations)")
-    for col, justify in (
-        ("metric", "left"),
-        ("mean", "right"),
-        ("n", "right"),
-        ("n/a", "right"),
-        ("better", "left"),
-    ):
-        metrics.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for name, m in report.metrics.items():
-        better = {True: "higher", False: "lower", None: ""}[m.higher_is_better]
-        metrics.add_row(
-            name,
-            "n/a" if m.mean is None else f"{m.mean:.4g}",
-            str(m.n),
-            str(m.not_applicable),
-            better,
-        )
-    out.print(metrics)
+    out.print(_metric_table("metrics (mean over conversations)", "conversations", report.metrics))
     if report.turn_metrics:
-        turns = Table(title="turn metrics (mean over the turns that ask for them)")
-        for col, justify in (
-            ("metric", "left"),
-            ("mean", "right"),
-            ("turns", "right"),
-            ("n/a", "right"),
-        ):
-            turns.add_column(col, justify=justify)  # type: ignore[arg-type]
-        for name, m in report.turn_metrics.items():
-            turns.add_row(
-                name, "n/a" if m.mean is None else f"{m.mean:.4g}", str(m.n), str(m.not_applicable)
-            )
-        out.print(turns)
+        title = "turn metrics (mean over the turns that ask for them)"
+        out.print(_metric_table(title, "turns", report.turn_metrics))
     groups = Table(title="by scenario_type")
     names = list(report.metrics)
     for col in ("scenario_type", "conversations", "DONE", "FAILED", *names):
@@ -391,12 +380,7 @@ def _print_report(report: RunReport) -> None:
             str(g.conversations),
             str(g.statuses.get("DONE", 0)),
             str(g.statuses.get("FAILED", 0)),
-            *[
-                ("n/a" if g.metrics[n].mean is None else f"{g.metrics[n].mean:.4g}")
-                if n in g.metrics
-                else ""
-                for n in names
-            ],
+            *[_mean(g.metrics.get(n)) for n in names],
         )
     out.print(groups)
     if report.latency_s:

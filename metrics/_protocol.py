@@ -28,10 +28,20 @@ class ConversationScorer(Protocol):
 class Metric(Protocol):
     """A named metric. Turn-level use feeds a fresh scorer a single turn."""
 
-    name: str
-    higher_is_better: bool | None
-    """True/False for scores to maximise/minimise; None where neither is better."""
-    description: str
+    @property
+    def name(self) -> str:
+        """The registry name."""
+        ...
+
+    @property
+    def higher_is_better(self) -> bool | None:
+        """True/False for scores to maximise/minimise; None where neither is better."""
+        ...
+
+    @property
+    def description(self) -> str:
+        """What the metric rewards and where it is blind."""
+        ...
 
     def scorer(self, conversation: Conversation) -> ConversationScorer:
         """A new scorer for one conversation."""

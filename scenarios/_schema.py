@@ -182,10 +182,15 @@ class MetricsConfig(_Input):
     secondary: list[str] = Field(default_factory=list)
 
 
+ContextMode = Literal["no_context", "minimal_context", "full_context"]
+
+
+def _full_context() -> list[ContextMode]:
+    return ["full_context"]
+
+
 class EvaluationConfig(_Input):
-    context_modes: list[Literal["no_context", "minimal_context", "full_context"]] = Field(
-        default_factory=lambda: ["full_context"]
-    )
+    context_modes: list[ContextMode] = Field(default_factory=_full_context)
     languages: list[str] = Field(default_factory=lambda: ["en"])
     difficulty_levels: list[str] = Field(default_factory=list)
     """When given, every problem's difficulty must be one of these."""

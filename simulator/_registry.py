@@ -73,7 +73,7 @@ class Registry(Generic[T]):
         return clone
 
     def _load_entry_points(self) -> None:
-        if self._entry_points_loaded:
+        if self._entry_points_loaded or self.group is None:
             return
         self._entry_points_loaded = True
         for ep in entry_points(group=self.group):

@@ -216,6 +216,10 @@ class JsonlSink:
                 dropped = True
                 continue
             cid, status = obj.get("conversation_id"), obj.get("status")
+            if not isinstance(cid, str):
+                raise ResultsError(
+                    f"{self.path}:{lineno}: not a convsim result (no conversation_id)"
+                )
             if obj.get("pack_hash") != manifest.pack_hash:
                 raise ResultsError(
                     f"{self.path}:{lineno}: result of another pack version; use another --out"

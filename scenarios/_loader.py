@@ -336,7 +336,7 @@ class _MultiTurnLoader(_Loader):
         return self.finish(
             kind="multi_turn",
             conversations=tuple(conversations),
-            notes=tuple(self._notes(conversations)),
+            notes=(*self._flow_notes(flows), *self._notes(conversations)),
         )
 
     def _flows(self) -> dict[str, PreparedFlow]:
@@ -472,6 +472,15 @@ class _MultiTurnLoader(_Loader):
                             f"goal.{group}.{i}.turn_id",
                             f"unknown turn {crit.turn_id!r}",
                         )
+
+    def _flow_notes(self, flows: dict[str, PreparedFlow]) -> Iterator[str]:
+        for name, prepared in flows.items():
+            limit, count = prepared.flow.max_turns, len(prepared.turns)
+            if limit is not None and limit < count:
+                yield (
+                    f"{self.CONFIG}: flow {name!r} has {count} turns but max_turns {limit}: "
+                    f"the turns after the first {limit} that run are skipped"
+                )
 
     @staticmethod
     def _notes(conversations: list[Conversation]) -> Iterator[str]:

@@ -78,8 +78,9 @@ class TurnConfig(_Input):
 class Flow(_Input):
     """The turns of one scenario_type."""
 
-    max_turns: int = Field(default=20, ge=1)
-    """At most this many turns are run; later ones are skipped (reason max_turns)."""
+    max_turns: int | None = Field(default=None, ge=1)
+    """At most this many turns are run; later ones are skipped (reason max_turns).
+    None: as many as the flow has."""
     conversation_timeout: float = Field(default=300.0, gt=0)
     """Seconds the whole conversation may take before it ends TIMED_OUT."""
     system_prompt: str | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ._actor import ConversationActor as ConversationActor
 from ._errors import AdapterError as AdapterError
 from ._errors import AuthError as AuthError
 from ._errors import BadRequest as BadRequest
@@ -48,7 +47,6 @@ __all__ = [
     "RunHandle",
     "RunStatistics",
     "run_sync",
-    "ConversationActor",
     "ConversationState",
     # packs
     "Pack",

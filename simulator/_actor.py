@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import anyio
 import structlog
 
-from convsim._errors import AdapterError, TemplateError, Timeout
+from convsim._errors import AdapterError, ProtocolError, TemplateError, Timeout
 from convsim.adapters._protocol import ModelAdapter
 from convsim.adapters._types import Completion, GenerationParams, Message, Usage
 from convsim.metrics._protocol import ConversationScorer, Metric
@@ -30,6 +31,9 @@ from ._records import (
 from ._state import ConversationState, Finish, Skip, StateMachine, TurnPlanner
 
 __all__ = ["ConversationActor", "ActorSettings", "conversation_seed", "USER_SIMULATOR_PROMPT"]
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 log = structlog.get_logger("convsim.actor")
 _S = ConversationState
@@ -107,6 +111,7 @@ class ConversationActor:
         scenario = conversation.scenario
         system = scenario.system_prompt or conversation.flow.flow.system_prompt
         self.transcript: list[Message] = [Message(role="system", content=system)] if system else []
+        self._metric_names = [metric.name for metric in metrics]
         self._scorers: dict[str, ConversationScorer] = {}
         self._scorer_errors: dict[str, str] = {}
         for metric in metrics:
@@ -121,7 +126,6 @@ class ConversationActor:
         self._user_usage: Usage | None = None
         self._inflight: _InFlight | None = None
         self._failure: ErrorInfo | None = None
-        self._failure_reason: TerminationReason | None = None
         self._reason: TerminationReason | None = None
 
     # -- the actor loop -------------------------------------------------------------
@@ -154,10 +158,11 @@ class ConversationActor:
             self._score_remaining()
             self.result = self._build(self._reason or TerminationReason.CANCELLED, started_at, t0)
             raise
+        except Exception as exc:  # a defect in convsim or a plugin: record it, lose nothing
+            reason = self._crash(_single(exc))
         self.result = self._build(reason, started_at, t0)
         log.debug(
             "conversation_finished",
-            conversation_id=self.conversation.conversation_id,
             status=self.result.status.value,
             reason=reason.value,
             turns=len(self.records),
@@ -165,23 +170,39 @@ class ConversationActor:
         )
         return self.result
 
+    def _crash(self, exc: BaseException) -> TerminationReason:
+        """End the conversation FAILED after an unexpected error, keeping what ran."""
+        log.error("conversation_crashed", error_type=type(exc).__name__, error=str(exc))
+        try:
+            self._interrupt(exc, "conversation ended by an internal error")
+        except Exception:  # the defect is in the recording itself: keep what was recorded
+            log.error("conversation_records_incomplete")
+        if self._failure is None:
+            self._failure = ErrorInfo.from_exception(exc)
+        if not self.machine.finished:
+            self.machine.advance(_S.FAILED)
+        self._score_remaining()
+        self._reason = TerminationReason.INTERNAL_ERROR
+        return self._reason
+
     async def _walk(self) -> TerminationReason:
         planner = TurnPlanner(self.conversation, self.settings.max_turns)
         for step in planner.steps():
             if isinstance(step, Skip):
                 self._emit(self._skipped(step.turn, step.reason))
             elif isinstance(step, Finish):
-                if planner.failed_turn is not None:
-                    self.machine.advance(_S.FAILED)
-                    return self._failure_reason or TerminationReason.INTERNAL_ERROR
-                self.machine.advance(_S.DONE)
+                self.machine.advance(_S.DONE if step.failed_turn is None else _S.FAILED)
                 return step.reason
             else:
-                status = await self._run_turn(step.turn)
-                planner.record(step.turn, status)
+                error = await self._run_turn(step.turn)
+                if error is None:
+                    planner.record(step.turn, TurnStatus.COMPLETED)
+                else:
+                    planner.record(step.turn, TurnStatus.FAILED, failure=_classify(error))
         raise AssertionError("TurnPlanner.steps() ends with Finish")  # pragma: no cover
 
-    async def _run_turn(self, turn: PreparedTurn) -> TurnStatus:
+    async def _run_turn(self, turn: PreparedTurn) -> Exception | None:
+        """Run one turn; return None when it completed, else what made it fail."""
         self.machine.advance(_S.USER_TURN)
         inflight = self._inflight = _InFlight(turn, time.time(), time.perf_counter())
         user_latency: float | None = None
@@ -191,7 +212,7 @@ class ConversationActor:
                 turn, self.transcript
             )
             if turn.config.role == "user":
-                user = await self._ask_user(turn, inflight.prompt)
+                user = _checked(await self._ask_user(turn, inflight.prompt))
                 inflight.user_message = user.text
                 user_latency, user_usage = user.timings.total_s, user.usage
                 self._user_usage = (
@@ -202,8 +223,8 @@ class ConversationActor:
         inflight.messages = (*self.transcript, Message(role="user", content=inflight.user_message))
         self.machine.advance(_S.ASSISTANT_TURN)
         try:
-            completion = await self.model.generate(
-                inflight.messages, self._params(turn, "assistant")
+            completion = _checked(
+                await self.model.generate(inflight.messages, self._params(turn, "assistant"))
             )
         except Exception as exc:
             return self._fail(turn, exc, user_usage=user_usage)
@@ -236,7 +257,7 @@ class ConversationActor:
         )
         self.machine.advance(_S.SCORING)
         self._emit(record)
-        return TurnStatus.COMPLETED
+        return None
 
     async def _ask_user(self, turn: PreparedTurn, instruction: str) -> Completion:
         if self.user_model is None:
@@ -289,26 +310,24 @@ class ConversationActor:
 
     def _fail(
         self, turn: PreparedTurn, exc: Exception, *, user_usage: Usage | None = None
-    ) -> TurnStatus:
+    ) -> Exception:
         inflight = self._inflight
         assert inflight is not None
         self._inflight = None
         error = ErrorInfo.from_exception(exc, turn_id=turn.turn_id)
         if not turn.config.optional and self._failure is None:
             self._failure = error
-            self._failure_reason = _classify(exc)
         log.debug(
             "turn_failed",
-            conversation_id=self.conversation.conversation_id,
             turn_id=turn.turn_id,
             error_type=error.type,
             error=error.message,
         )
         self.machine.advance(_S.SCORING)
         self._emit(self._failed(inflight, error, user_usage=user_usage))
-        return TurnStatus.FAILED
+        return exc
 
-    def _interrupt(self, exc: Exception | None, reason: str) -> None:
+    def _interrupt(self, exc: BaseException | None, reason: str) -> None:
         """Record the in-flight turn as failed and every unrecorded turn as skipped."""
         if self._inflight is not None:
             turn_id = self._inflight.turn.turn_id
@@ -358,7 +377,12 @@ class ConversationActor:
         if record.status is TurnStatus.COMPLETED and record.evaluation_metrics:
             scores = self._turn_scores.setdefault(record.turn_id, {})
             for name in record.evaluation_metrics:
-                scores[name] = _score_one(self._turn_metrics[name], self.conversation, record)
+                metric = self._turn_metrics.get(name)
+                scores[name] = (
+                    _score_one(metric, self.conversation, record)
+                    if metric is not None
+                    else Score(value=None, reason=f"metric failed: {name!r} was not provided")
+                )
 
     def _skipped(self, turn: PreparedTurn, reason: str) -> TurnRecord:
         return TurnRecord(
@@ -393,18 +417,16 @@ class ConversationActor:
         )
 
     def _build(self, reason: TerminationReason, started_at: float, t0: float) -> ConversationResult:
-        scores = {}
-        for name, scorer in self._scorers.items():
+        scores: dict[str, Score] = {}
+        for name in self._metric_names:
             error = self._scorer_errors.get(name)
             if error is None:
                 try:
-                    scores[name] = scorer.result()
+                    scores[name] = self._scorers[name].result()
                     continue
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
             scores[name] = Score(value=None, reason=f"metric failed: {error}")
-        for name, error in self._scorer_errors.items():
-            scores.setdefault(name, Score(value=None, reason=f"metric failed: {error}"))
         scenario = self.conversation.scenario
         duration = time.perf_counter() - t0
         return ConversationResult(
@@ -430,6 +452,23 @@ class ConversationActor:
                 started_at=started_at, finished_at=started_at + duration, duration_s=duration
             ),
         )
+
+
+def _checked(completion: object) -> Completion:
+    """The adapter's answer, if it is a Completion; ProtocolError otherwise."""
+    if not isinstance(completion, Completion):
+        raise ProtocolError(
+            f"the adapter returned {type(completion).__name__}, not a Completion",
+            snippet=repr(completion),
+        )
+    return completion
+
+
+def _single(exc: BaseException) -> BaseException:
+    """The one error inside nested exception groups, if there is exactly one."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _score_one(metric: Metric, conversation: Conversation, record: TurnRecord) -> Score:

@@ -10,9 +10,14 @@ from typing import Any, Literal
 
 import structlog
 
-__all__ = ["configure_logging", "redact_secrets"]
+__all__ = ["configure_logging", "redact_secrets", "is_secret_key"]
 
 _SECRET_KEY = re.compile(r"(api[_-]?key|authorization|secret|password|token)$", re.IGNORECASE)
+
+
+def is_secret_key(name: str) -> bool:
+    """True for field names that hold credentials (api_key, authorization, token, ...)."""
+    return _SECRET_KEY.search(name) is not None
 
 
 def redact_secrets(
@@ -20,7 +25,7 @@ def redact_secrets(
 ) -> MutableMapping[str, Any]:
     """Replace the value of any field named like a secret, so keys never reach a log."""
     for key in event:
-        if _SECRET_KEY.search(key) and event[key] is not None:
+        if is_secret_key(key) and event[key] is not None:
             event[key] = "***"
     return event
 

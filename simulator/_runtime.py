@@ -27,7 +27,8 @@ from convsim.scenarios._pack import Conversation, Pack
 
 from ._actor import ActorSettings, ConversationActor
 from ._errors import ConfigError, RegistryError
-from ._records import ConversationResult, Status
+from ._logging import is_secret_key
+from ._records import ConversationResult, Status, TurnStatus
 from ._registry import Registry
 from ._sinks import JsonlSink, ResultSink, RunManifest
 
@@ -37,6 +38,9 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 log = structlog.get_logger("convsim.runtime")
+
+CLOSE_TIMEOUT_S = 30.0
+"""The longest a cancelled run waits for its sink or adapters to close."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +89,21 @@ class _Stopping:
     deadline: float | None = None
     finished: bool = False
 
-    def begin(self) -> None:
-        if self.deadline is not None or self.finished:
+    def begin(self, grace_period: float | None = None) -> None:
+        """Start no more conversations; cancel in-flight ones after the grace period.
+
+        Calling it again with a shorter grace period brings the deadline forward.
+        """
+        if self.finished:
             return
-        self.deadline = anyio.current_time() + self.grace_period
+        grace = self.grace_period if grace_period is None else grace_period
+        deadline = anyio.current_time() + grace
+        if self.deadline is not None and self.deadline <= deadline:
+            return
+        self.deadline = deadline
         self.dispatch.cancel()
         for scope in self.inflight.values():
-            scope.deadline = min(scope.deadline, self.deadline)
+            scope.deadline = min(scope.deadline, deadline)
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,8 @@ class _RunPlan:
     sink: ResultSink | None
     limit: int | None
     only: Collection[str] | None
+    metric_names: list[str]
+    """Every conversation metric of the run, in order."""
     metrics: dict[str, list[Metric]]
     """Conversation metrics by flow (scenario_type)."""
     turn_metrics: dict[str, Metric]
@@ -137,7 +151,8 @@ class RunHandle:
             raise StopAsyncIteration from None
 
     async def wait(self) -> None:
-        """Wait until the run has ended (results can still be read after)."""
+        """Wait until the run has ended. Results not yet read stay available until the
+        simulator's ``async with`` block ends."""
         await self._finished.wait()
         if self._error is not None:
             raise self._error
@@ -146,9 +161,14 @@ class RunHandle:
         """Stop delivering results to this handle (the run and its sink go on)."""
         self._receive.close()
 
-    def stop(self) -> None:
-        """Stop starting conversations; in-flight ones get the grace period."""
-        self._stopping.begin()
+    def stop(self, grace_period: float | None = None) -> None:
+        """Start no more conversations; in-flight ones get the grace period.
+
+        Args:
+            grace_period: seconds in-flight conversations may still take (default: the
+                simulator's); a second call with 0 cancels them at once.
+        """
+        self._stopping.begin(grace_period)
 
     def statistics(self) -> RunStatistics:
         c = self._counters
@@ -187,13 +207,17 @@ class Simulator:
         model: an adapter, or a model spec such as ``"scripted"``.
         model_args: adapter arguments when ``model`` is a spec (``--model-arg``).
         user_model: the simulated user's adapter or spec, for turns with role ``user``.
-        concurrency: at most this many conversations run at once.
+        user_model_args: adapter arguments when ``user_model`` is a spec.
+        concurrency: at most this many conversations run at once, across every run of
+            this simulator.
         metrics: conversation metrics to score (default: latency, response_length);
             the pack's own metrics are added.
         seed: the run seed; each conversation derives its own from it.
         conversation_timeout: overrides every flow's conversation_timeout (seconds).
         max_turns: overrides every flow's max_turns.
         grace_period: seconds in-flight conversations get to finish after a stop.
+        metric_registry: where metric names are looked up (default: convsim's).
+        adapter_registry: where model specs are looked up (default: convsim's).
     """
 
     def __init__(
@@ -221,6 +245,8 @@ class Simulator:
         if grace_period < 0:
             raise ConfigError(f"grace_period must be >= 0, not {grace_period!r}")
         self._owned: list[ModelAdapter] = []
+        self.model_args = dict(model_args or {})
+        self.user_model_args = dict(user_model_args or {})
         self.model, self.model_name = self._adapter(model, model_args, adapter_registry)
         self.user_model: ModelAdapter | None = None
         self.user_model_name: str | None = None
@@ -255,6 +281,8 @@ class Simulator:
         return model, model.model_info().model_id
 
     async def __aenter__(self) -> Simulator:
+        # one cap for every run of this simulator: concurrent runs share it
+        self._slots = anyio.Semaphore(self.concurrency)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -272,7 +300,7 @@ class Simulator:
             for handle in self._handles:
                 handle.close()
             self._handles.clear()
-            with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 for adapter in self._owned:
                     await adapter.aclose()
 
@@ -298,28 +326,7 @@ class Simulator:
         """
         if self._tg is None:
             raise ConfigError("Simulator.run() needs 'async with Simulator(...) as sim:' first")
-        if limit is not None and limit < 0:
-            raise ConfigError(f"limit must be >= 0, not {limit!r}")
-        if not isinstance(pack, Pack):
-            pack = load_pack(pack, metric_names=self.metric_registry)
-        if pack.uses_user_role() and self.user_model is None:
-            raise ConfigError(
-                f"pack {pack.name!r} has turns with role 'user': they need a simulated "
-                "user model (user_model=..., or --user-model SPEC)"
-            )
-        # each flow scores the run's metrics, the pack's, and its own
-        base = [*self.metric_names, *pack.metrics]
-        names_by_flow = {
-            conv.flow.scenario_type: list(dict.fromkeys([*base, *conv.flow.flow.metrics]))
-            for conv in pack.conversations
-        }
-        metric_names = dict.fromkeys(n for names in names_by_flow.values() for n in names)
-        try:
-            instances = {n: self.metric_registry.get(n)() for n in metric_names}
-            turn_metrics = {n: self.metric_registry.get(n)() for n in pack.metric_names()}
-        except RegistryError as exc:
-            raise ConfigError(f"pack {pack.name!r}: {exc}") from None
-        metrics = {flow: [instances[n] for n in names] for flow, names in names_by_flow.items()}
+        pack, plan = self._plan(pack, sink, limit, only)
         handle = RunHandle(uuid.uuid4().hex[:12], pack, self.grace_period)
         handle.manifest = RunManifest(
             run_id=handle.run_id,
@@ -332,22 +339,70 @@ class Simulator:
             settings={
                 "concurrency": self.concurrency,
                 "seed": self.seed,
-                "metrics": list(metric_names),
+                "metrics": plan.metric_names,
                 "conversation_timeout": self.conversation_timeout,
                 "max_turns": self.max_turns,
+                "model_args": _redacted(self.model_args),
+                "user_model_args": _redacted(self.user_model_args),
                 "limit": limit,
                 "grace_period": self.grace_period,
             },
         )
-        plan = _RunPlan(sink, limit, only, metrics, turn_metrics)
         self._tg.start_soon(self._produce, handle, plan)
         self._handles.append(handle)
         return handle
 
+    def check(self, pack: Pack | str | Path) -> Pack:
+        """Check that ``pack`` can run on this simulator, without running it.
+
+        Returns the loaded pack. Raises ConfigError or PackError as :meth:`run` would.
+        """
+        return self._plan(pack, None, None, None)[0]
+
+    def _plan(
+        self,
+        pack: Pack | str | Path,
+        sink: ResultSink | None,
+        limit: int | None,
+        only: Collection[str] | None,
+    ) -> tuple[Pack, _RunPlan]:
+        if limit is not None and limit < 0:
+            raise ConfigError(f"limit must be >= 0, not {limit!r}")
+        if not isinstance(pack, Pack):
+            pack = load_pack(pack, metric_names=self.metric_registry)
+        if isinstance(only, str):
+            raise ConfigError("only= takes a collection of conversation ids, not one string")
+        if only is not None:
+            unknown = sorted(set(only) - {c.conversation_id for c in pack.conversations})
+            if unknown:
+                raise ConfigError(
+                    f"pack {pack.name!r} has no conversations {', '.join(unknown[:5])}"
+                )
+        if pack.uses_user_role() and self.user_model is None:
+            raise ConfigError(
+                f"pack {pack.name!r} has turns with role 'user': they need a simulated "
+                "user model (user_model=..., or --user-model SPEC)"
+            )
+        # each flow scores the run's metrics, the pack's, and its own
+        base = [*self.metric_names, *pack.metrics]
+        names_by_flow = {
+            conv.flow.scenario_type: list(dict.fromkeys([*base, *conv.flow.flow.metrics]))
+            for conv in pack.conversations
+        }
+        metric_names = list(dict.fromkeys(n for names in names_by_flow.values() for n in names))
+        try:
+            instances = {n: self.metric_registry.get(n)() for n in metric_names}
+            turn_metrics = {n: self.metric_registry.get(n)() for n in pack.metric_names()}
+        except RegistryError as exc:
+            raise ConfigError(f"pack {pack.name!r}: {exc}") from None
+        metrics = {flow: [instances[n] for n in names] for flow, names in names_by_flow.items()}
+        return pack, _RunPlan(sink, limit, only, metric_names, metrics, turn_metrics)
+
     async def _produce(self, handle: RunHandle, plan: _RunPlan) -> None:
         try:
             async with handle._send:
-                await self._execute(handle, plan)
+                with structlog.contextvars.bound_contextvars(run_id=handle.run_id):
+                    await self._execute(handle, plan)
         except Exception as exc:
             handle._error = handle._error or _single(exc)
         finally:
@@ -379,7 +434,7 @@ class Simulator:
         )
         defaults = self.model.default_config()
         params_cache: dict[int, GenerationParams] = {}
-        slots = anyio.Semaphore(self.concurrency)
+        slots = self._slots
         log.info(
             "run_started",
             run_id=handle.run_id,
@@ -391,27 +446,12 @@ class Simulator:
         )
 
         async def drive(conv: Conversation) -> None:
+            cid = conv.conversation_id
             try:
-                actor = ConversationActor(
-                    conv,
-                    model=self.model,
-                    settings=settings,
-                    metrics=plan.metrics[conv.flow.scenario_type],
-                    turn_metrics=plan.turn_metrics,
-                    user_model=self.user_model,
-                    defaults=defaults,
-                    params_cache=params_cache,
-                )
-                with anyio.CancelScope() as scope:
-                    stopping.inflight[conv.conversation_id] = scope
-                    if stopping.deadline is not None:
-                        scope.deadline = stopping.deadline
-                    await actor.run()
-                stopping.inflight.pop(conv.conversation_id, None)
-                result = actor.result
-                assert result is not None
+                with structlog.contextvars.bound_contextvars(conversation_id=cid):
+                    result = await converse(conv)
                 counters.by_status[result.status] += 1
-                counters.turns += sum(1 for t in result.turns if t.status.value == "completed")
+                counters.turns += sum(1 for t in result.turns if t.status is TurnStatus.COMPLETED)
                 if sink is not None and handle._error is None:
                     try:
                         await sink.write(result)
@@ -426,6 +466,28 @@ class Simulator:
                     handle._send.send_nowait(result)
             finally:
                 slots.release()
+
+        async def converse(conv: Conversation) -> ConversationResult:
+            actor = ConversationActor(
+                conv,
+                model=self.model,
+                settings=settings,
+                metrics=plan.metrics[conv.flow.scenario_type],
+                turn_metrics=plan.turn_metrics,
+                user_model=self.user_model,
+                defaults=defaults,
+                params_cache=params_cache,
+            )
+            with anyio.CancelScope() as scope:
+                stopping.inflight[conv.conversation_id] = scope
+                if stopping.deadline is not None:
+                    scope.deadline = stopping.deadline
+                try:
+                    await actor.run()
+                finally:
+                    stopping.inflight.pop(conv.conversation_id, None)
+            assert actor.result is not None  # run() leaves one however it ends
+            return actor.result
 
         async def watch_for_cancel() -> None:
             try:
@@ -451,7 +513,8 @@ class Simulator:
             manifest.finished_at = time.time()
             manifest.statistics = stats.as_dict()
             if sink is not None:
-                with anyio.CancelScope(shield=True):
+                # shielded so a cancelled run still finalises its results, but bounded
+                with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                     await sink.close(manifest)
             log.info(
                 "run_finished",
@@ -463,6 +526,11 @@ class Simulator:
                 not_started=stats.total - stats.started,
                 elapsed_s=round(stats.elapsed_s, 3),
             )
+
+
+def _redacted(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Adapter arguments fit for a manifest: secrets replaced, values as text."""
+    return {k: "***" if is_secret_key(k) else str(v) for k, v in sorted(args.items())}
 
 
 def _single(exc: Exception) -> Exception:

@@ -19,6 +19,29 @@ from ._records import ConversationResult, Status
 
 __all__ = ["ResultSink", "RunManifest", "JsonlSink", "read_results", "manifest_path", "versions"]
 
+#: Settings that change what a conversation's result is: a resumed file must match them.
+RESULT_SETTINGS = (
+    "seed",
+    "metrics",
+    "max_turns",
+    "conversation_timeout",
+    "model_args",
+    "user_model_args",
+)
+
+#: Adapter arguments that change how fast or how politely calls go, not what comes back.
+OPERATIONAL_ARGS = frozenset(
+    {"latency", "rpm", "tpm", "concurrency", "timeout", "max_retries", "stream", "api_key_env"}
+)
+
+
+def _shaping(value: Any) -> Any:
+    """A setting as resume compares it: adapter arguments without the operational ones."""
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in OPERATIONAL_ARGS}
+    return value
+
+
 #: Statuses whose conversations ``--resume`` runs again (they never finished).
 RERUN_ON_RESUME = frozenset({Status.CANCELLED})
 
@@ -198,10 +221,15 @@ class JsonlSink:
                     f"but this pack's hash is {manifest.pack_hash[:12]}; the pack changed, so "
                     "resuming would mix results. Use another --out."
                 )
-            for what, before, now in (
+            checks = [
                 ("model", old.model, manifest.model),
-                ("seed", old.settings.get("seed"), manifest.settings.get("seed")),
-            ):
+                ("user model", old.user_model, manifest.user_model),
+            ]
+            checks += [
+                (key, _shaping(old.settings.get(key)), _shaping(manifest.settings.get(key)))
+                for key in RESULT_SETTINGS
+            ]
+            for what, before, now in checks:
                 if before != now:
                     raise ResultsError(
                         f"{self.path}: was written with {what} {before!r}, not {now!r}; resuming "

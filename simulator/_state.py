@@ -50,7 +50,9 @@ _ENDINGS = frozenset({_S.FAILED, _S.TIMED_OUT, _S.CANCELLED})
 TRANSITIONS: dict[ConversationState, frozenset[ConversationState]] = {
     _S.PENDING: frozenset({_S.USER_TURN, _S.DONE}) | _ENDINGS,
     _S.USER_TURN: frozenset({_S.ASSISTANT_TURN, _S.SCORING, _S.DONE}) | _ENDINGS,
-    _S.ASSISTANT_TURN: frozenset({_S.SCORING, _S.TIMED_OUT, _S.CANCELLED}),
+    # FAILED straight from ASSISTANT_TURN only when convsim itself breaks mid-call; a
+    # failed model call goes through SCORING so its turn record reaches the scorers.
+    _S.ASSISTANT_TURN: frozenset({_S.SCORING}) | _ENDINGS,
     _S.SCORING: frozenset({_S.USER_TURN, _S.DONE}) | _ENDINGS,
     _S.DONE: frozenset(),
     _S.FAILED: frozenset(),
@@ -103,6 +105,8 @@ class Skip:
 @dataclass(frozen=True)
 class Finish:
     reason: TerminationReason
+    failed_turn: str | None = None
+    """The required turn whose failure ended the conversation, if one did."""
 
 
 @dataclass
@@ -116,11 +120,23 @@ class TurnPlanner:
     max_turns: int | None = None
     outcomes: dict[str, TurnStatus] = field(default_factory=dict)
     _failed_required: str | None = None
+    _failure: TerminationReason = TerminationReason.INTERNAL_ERROR
 
-    def record(self, turn: PreparedTurn, status: TurnStatus) -> None:
+    def record(
+        self,
+        turn: PreparedTurn,
+        status: TurnStatus,
+        *,
+        failure: TerminationReason = TerminationReason.INTERNAL_ERROR,
+    ) -> None:
+        """Note how ``turn`` ended; ``failure`` says why, when it failed."""
         self.outcomes[turn.turn_id] = status
-        if status is TurnStatus.FAILED and not turn.config.optional:
-            self._failed_required = turn.turn_id
+        if (
+            status is TurnStatus.FAILED
+            and not turn.config.optional
+            and self._failed_required is None
+        ):
+            self._failed_required, self._failure = turn.turn_id, failure
 
     def steps(self) -> Iterator[Run | Skip | Finish]:
         """Yield Run/Skip for each turn in order, then one Finish.
@@ -128,7 +144,8 @@ class TurnPlanner:
         The caller must :meth:`record` the outcome of each Run before asking for the
         next step; a failed required turn ends the walk.
         """
-        limit = self.max_turns or self.conversation.flow.flow.max_turns
+        flow = self.conversation.flow
+        limit = self.max_turns or flow.flow.max_turns or len(flow.turns)
         executed = 0
         hit_limit = False
         for turn in self.conversation.flow.turns:
@@ -146,7 +163,7 @@ class TurnPlanner:
             executed += 1
             yield Run(turn)
         if self._failed_required is not None:
-            yield Finish(TerminationReason.INFRASTRUCTURE_ERROR)  # refined by the actor
+            yield Finish(self._failure, failed_turn=self._failed_required)
         else:
             yield Finish(TerminationReason.MAX_TURNS if hit_limit else TerminationReason.COMPLETED)
 
@@ -165,7 +182,3 @@ class TurnPlanner:
             if missing:
                 return f"optional turn: the scenario does not define {', '.join(sorted(missing))}"
         return None
-
-    @property
-    def failed_turn(self) -> str | None:
-        return self._failed_required

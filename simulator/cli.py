@@ -220,11 +220,11 @@ def run(
         raise click.UsageError("--resume and --overwrite exclude each other")
     if resume and out is None:
         raise click.UsageError("--resume needs --out (the results file to continue)")
+    if user_model_args and not user_model_spec:
+        raise click.UsageError("--user-model-arg needs --user-model")
+    # Validate everything before the results file is created, so that a corrected
+    # command can reuse the same --out.
     loaded = load_pack(pack, num_fewshot=num_fewshot)
-    if out is None:
-        out = Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-    sink = JsonlSink(out, resume=resume, overwrite=overwrite)
-    sink.prepare()
     simulator = Simulator(
         model_spec,
         model_args=parse_model_args(model_args),
@@ -237,8 +237,11 @@ def run(
         max_turns=max_turns,
         grace_period=grace_period,
     )
-    if user_model_args and not user_model_spec:
-        raise click.UsageError("--user-model-arg needs --user-model")
+    simulator.check(loaded)
+    if out is None:
+        out = Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    sink = JsonlSink(out, resume=resume, overwrite=overwrite)
+    sink.prepare()
     tune_gc_for_throughput()
     err = _stderr()
     show_progress = err.is_terminal if progress is None else progress
@@ -263,8 +266,8 @@ async def _run_with_progress(
     """Run to the end; on SIGINT/SIGTERM stop gracefully (a second signal: at once)."""
     interrupted = False
     error: ConvsimError | None = None
-    async with simulator as sim, anyio.create_task_group() as tg:
-        handle = sim.run(pack, sink=sink, limit=limit)
+    async with simulator as sim:
+        handle = sim.run(pack, sink=sink, limit=limit)  # errors here are not wrapped
 
         async def watch_signals() -> None:
             nonlocal interrupted
@@ -278,19 +281,20 @@ async def _run_with_progress(
                         )
                         handle.stop()
                     else:
-                        tg.cancel_scope.cancel()
-                        return
+                        err.print("stopping at once: in-flight conversations are cancelled")
+                        handle.stop(grace_period=0)
 
-        tg.start_soon(watch_signals)
-        try:
-            with _progress(err, show_progress) as bar:
-                task = bar.add_task(pack.name, total=None, status="")
-                async for _ in handle:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_signals)
+            try:
+                with _progress(err, show_progress) as bar:
+                    task = bar.add_task(pack.name, total=None, status="")
+                    async for _ in handle:
+                        _update(bar, task, handle)
                     _update(bar, task, handle)
-                _update(bar, task, handle)
-        except ConvsimError as exc:  # raised outside the task group: no ExceptionGroup
-            error = exc
-        tg.cancel_scope.cancel()
+            except ConvsimError as exc:  # kept out of the task group: no ExceptionGroup
+                error = exc
+            tg.cancel_scope.cancel()
     if error is not None:
         raise error
     stats = handle.statistics()

@@ -213,3 +213,64 @@ def test_sigint_stops_gracefully_and_keeps_results(tmp_path: Path) -> None:
     cancelled = next(r for r in results if r.status.value == "CANCELLED")
     assert cancelled.termination_reason.value == "cancelled"
     assert any(t.error is not None and t.error.type == "Cancelled" for t in cancelled.turns)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_second_sigint_stops_at_once(tmp_path: Path) -> None:
+    """With an hour of grace and hour-long calls, only the second signal can end the run."""
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "convsim",
+            "run",
+            "customer_support",
+            "--model-arg",
+            "latency=3600",
+            "--grace-period",
+            "3600",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    manifest = tmp_path / "r.manifest.json"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not manifest.exists():
+        time.sleep(0.05)
+    time.sleep(0.3)  # let the run start its conversations
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "stopping at once" in stderr and "Traceback" not in stderr
+    results = read_results(out)
+    assert results and {r.status.value for r in results} == {"CANCELLED"}
+
+
+def test_user_turns_without_a_user_model_exit_2_and_leave_no_file(tmp_path: Path) -> None:
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    (pack / "turn_configs.yml").write_text(
+        "default:\n  turns:\n    - turn_id: u\n      role: user\n      prompt_template: ask\n"
+    )
+    (pack / "scenarios.jsonl").write_text('{"scenario_id": "s", "scenario_description": "x"}\n')
+    out = tmp_path / "r.jsonl"
+    code, _, err = invoke("run", str(pack), "--out", str(out))
+    assert code == 2 and "--user-model" in err and "Traceback" not in err
+    assert not out.exists()
+    assert invoke("run", str(pack), "--user-model", "scripted", "--out", str(out))[0] == 0
+    (result,) = read_results(out)
+    assert result.status.value == "DONE" and result.user_usage is not None
+
+
+@pytest.mark.parametrize("args", [["--model", "nope"], ["--metrics", "bogus"]])
+def test_bad_input_leaves_no_results_file(tmp_path: Path, args: list[str]) -> None:
+    out = tmp_path / "r.jsonl"
+    assert invoke("run", GUIDE, *args, "--out", str(out))[0] == 2
+    assert not out.exists() and not (tmp_path / "r.manifest.json").exists()
+    assert invoke("run", GUIDE, "--out", str(out))[0] == 0  # the corrected command just works

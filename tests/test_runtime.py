@@ -1203,3 +1203,118 @@ def test_concurrency_must_be_a_real_positive_integer() -> None:
     for bad in (True, 0, -1, 2.5):
         with pytest.raises(ConfigError, match="concurrency"):
             Simulator("scripted", concurrency=bad)  # type: ignore[arg-type]
+
+
+# -- robustness: a broken adapter or a defect never sinks the run ------------------
+
+
+@pytest.mark.anyio
+async def test_an_adapter_returning_garbage_fails_only_its_conversation(
+    tmp_path: Path, fake_adapter: Any
+) -> None:
+    class Garbage(fake_adapter):  # type: ignore[misc, valid-type]
+        async def generate(self, messages: Any, params: Any) -> Any:
+            if params.metadata["conversation_id"] == "s1":
+                return "not a Completion"
+            return await super().generate(messages, params)
+
+    async with Simulator(Garbage()) as sim:
+        results = by_id(await collect(sim, make_pack(tmp_path)))
+    assert results["s1"].status is Status.FAILED
+    assert results["s1"].error is not None and results["s1"].error.type == "ProtocolError"
+    assert results["s1"].termination_reason is TerminationReason.MODEL_ERROR
+    assert results["s0"].status is Status.DONE and results["s2"].status is Status.DONE
+
+
+@pytest.mark.anyio
+async def test_an_internal_defect_is_recorded_and_the_run_goes_on(
+    tmp_path: Path, fake_adapter: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from convsim._state import TurnPlanner
+
+    real = TurnPlanner.steps
+
+    def broken(self: TurnPlanner) -> Any:
+        for step in real(self):
+            if self.conversation.conversation_id == "s1" and self.outcomes:
+                raise RuntimeError("defect in the planner")
+            yield step
+
+    monkeypatch.setattr(TurnPlanner, "steps", broken)
+    turns = [{"turn_id": t, "prompt_template": t.upper()} for t in ("a", "b", "c")]
+    out = tmp_path / "r.jsonl"
+    async with Simulator(fake_adapter()) as sim:
+        handle = sim.run(make_pack(tmp_path, turns), sink=convsim.JsonlSink(out))
+        results = by_id([r async for r in handle])
+    broken_result = results["s1"]
+    assert broken_result.status is Status.FAILED
+    assert broken_result.termination_reason is TerminationReason.INTERNAL_ERROR
+    assert (
+        broken_result.error is not None and "defect in the planner" in broken_result.error.message
+    )
+    assert [t.status.value for t in broken_result.turns] == ["completed", "skipped", "skipped"]
+    assert {results["s0"].status, results["s2"].status} == {Status.DONE}
+    assert handle.statistics().in_flight == 0
+    assert len(convsim.read_results(out)) == 3
+
+
+@pytest.mark.anyio
+async def test_concurrency_is_shared_by_every_run_of_a_simulator(
+    tmp_path: Path, fake_adapter: Any
+) -> None:
+    active = peak = 0
+
+    async def slow(messages: Any, params: Any) -> str:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await anyio.sleep(0.01)
+        active -= 1
+        return "ok"
+
+    pack = make_pack(tmp_path, n=6)
+    async with Simulator(fake_adapter(slow), concurrency=2) as sim:
+        first, second = sim.run(pack), sim.run(pack)
+        await first.wait()
+        await second.wait()
+    assert peak == 2
+
+
+@pytest.mark.anyio
+async def test_only_must_name_known_conversations(tmp_path: Path) -> None:
+    pack = make_pack(tmp_path)
+    async with Simulator("scripted") as sim:
+        with pytest.raises(ConfigError, match="not one string"):
+            sim.run(pack, only="s1")
+        with pytest.raises(ConfigError, match="no conversations nope"):
+            sim.run(pack, only=["s1", "nope"])
+        results = await collect(sim, pack, only=["s1"])
+    assert [r.conversation_id for r in results] == ["s1"]
+
+
+@pytest.mark.anyio
+async def test_stop_with_zero_grace_cancels_in_flight_at_once(
+    tmp_path: Path, fake_adapter: Any
+) -> None:
+    started = anyio.Event()
+
+    async def forever(messages: Any, params: Any) -> str:
+        started.set()
+        await anyio.sleep(3600)
+        return "never"
+
+    async with Simulator(fake_adapter(forever), grace_period=3600) as sim:
+        handle = sim.run(make_pack(tmp_path, n=2))
+        await started.wait()
+        handle.stop()  # the long grace period: nothing would end for an hour
+        handle.stop(grace_period=0)  # a second stop brings the deadline forward
+        results = [r async for r in handle]
+    assert [r.status for r in results] == [Status.CANCELLED, Status.CANCELLED]
+
+
+def test_check_validates_without_running(tmp_path: Path) -> None:
+    user_turn = [{"turn_id": "u", "role": "user", "prompt_template": "ask something"}]
+    pack = make_pack(tmp_path, user_turn)
+    with pytest.raises(ConfigError, match="role 'user'"):
+        Simulator("scripted").check(pack)
+    assert len(Simulator("scripted", user_model="scripted").check(pack)) == 3

@@ -55,7 +55,7 @@ def test_table_has_the_expected_shape() -> None:
     # Sanity anchors, so the parametrized tests below cannot pass on an empty table.
     assert TRANSITIONS[S.PENDING] >= {S.USER_TURN, S.DONE, S.CANCELLED}
     assert TRANSITIONS[S.USER_TURN] >= {S.ASSISTANT_TURN, S.SCORING}
-    assert TRANSITIONS[S.ASSISTANT_TURN] == {S.SCORING, S.TIMED_OUT, S.CANCELLED}
+    assert TRANSITIONS[S.ASSISTANT_TURN] == {S.SCORING, S.FAILED, S.TIMED_OUT, S.CANCELLED}
     assert TRANSITIONS[S.SCORING] >= {S.USER_TURN, S.DONE, S.FAILED}
     assert len(ALLOWED) > 10 and len(DISALLOWED) > 30
 
@@ -204,7 +204,8 @@ def drive(
     for step in planner.steps():
         steps.append(step)
         if isinstance(step, Run):
-            planner.record(step.turn, outcomes.get(step.turn.turn_id, TurnStatus.COMPLETED))
+            status = outcomes.get(step.turn.turn_id, TurnStatus.COMPLETED)
+            planner.record(step.turn, status, failure=TerminationReason.MODEL_ERROR)
     return steps
 
 
@@ -241,7 +242,7 @@ def test_planner_runs_every_turn_when_all_succeed(tmp_path: Path) -> None:
         "b": TurnStatus.COMPLETED,
         "c": TurnStatus.COMPLETED,
     }
-    assert planner.failed_turn is None
+    assert steps[-1].failed_turn is None
 
 
 def test_depends_on_a_failed_optional_turn_is_skipped(tmp_path: Path) -> None:
@@ -265,7 +266,7 @@ def test_depends_on_a_failed_optional_turn_is_skipped(tmp_path: Path) -> None:
     ]
     reason = skip_reasons(steps)["after"]
     assert "'opt'" in reason and "failed" in reason
-    assert planner.failed_turn is None  # an optional failure does not end the walk
+    assert steps[-1].failed_turn is None  # an optional failure does not end the walk
     assert planner.outcomes["after"] is TurnStatus.SKIPPED
 
 
@@ -378,8 +379,8 @@ def test_a_failed_required_turn_ends_the_walk(tmp_path: Path) -> None:
     steps = drive(planner, {"b": TurnStatus.FAILED})
     assert summary(steps)[:-1] == [("run", "a"), ("run", "b"), ("skip", "c"), ("skip", "d")]
     assert isinstance(steps[-1], Finish)
-    assert steps[-1].reason is TerminationReason.INFRASTRUCTURE_ERROR  # the actor refines it
-    assert planner.failed_turn == "b"
+    assert steps[-1].reason is TerminationReason.MODEL_ERROR  # the reason given to record()
+    assert steps[-1].failed_turn == "b"
     for reason in skip_reasons(steps).values():
         assert reason.startswith("conversation ended")
         assert "'b'" in reason and "failed" in reason
@@ -389,8 +390,8 @@ def test_a_failed_required_last_turn_still_finishes_once(tmp_path: Path) -> None
     conv = conversation(tmp_path, [{"turn_id": "a", "prompt_template": "A"}])
     planner = TurnPlanner(conv)
     steps = drive(planner, {"a": TurnStatus.FAILED})
-    assert summary(steps) == [("run", "a"), ("finish", "infrastructure_error")]
-    assert planner.failed_turn == "a"
+    assert summary(steps) == [("run", "a"), ("finish", "model_error")]
+    assert steps[-1].failed_turn == "a"
 
 
 def test_unrecorded_dependency_reads_has_not_run(tmp_path: Path) -> None:
@@ -459,7 +460,7 @@ def test_every_turn_is_yielded_once_then_one_finish(
     for step in planner.steps():
         steps.append(step)
         if isinstance(step, Run):
-            planner.record(step.turn, next(feed))
+            planner.record(step.turn, next(feed), failure=TerminationReason.MODEL_ERROR)
     flow_ids = [t.turn_id for t in conv.flow.turns]
 
     # Shape: one Run/Skip per turn in flow order, then exactly one Finish, last.
@@ -468,7 +469,7 @@ def test_every_turn_is_yielded_once_then_one_finish(
     assert isinstance(steps[-1], Finish)
     assert sum(isinstance(s, Finish) for s in steps) == 1
 
-    limit = override or conv.flow.flow.max_turns
+    limit = override or conv.flow.flow.max_turns or len(conv.flow.turns)
     runs = [s for s in steps if isinstance(s, Run)]
     assert len(runs) <= limit
     assert set(planner.outcomes) == set(flow_ids)
@@ -502,8 +503,8 @@ def test_every_turn_is_yielded_once_then_one_finish(
 
     finish = steps[-1]
     if failed_required is not None:
-        assert planner.failed_turn == failed_required
-        assert finish.reason is TerminationReason.INFRASTRUCTURE_ERROR
+        assert finish.failed_turn == failed_required
+        assert finish.reason is TerminationReason.MODEL_ERROR
     elif any(isinstance(s, Skip) and s.reason.startswith("max_turns") for s in steps):
         assert finish.reason is TerminationReason.MAX_TURNS
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,12 +70,17 @@ def load_pack(
     name_or_path: str | Path,
     *,
     num_fewshot: int = 0,
+    context_mode: str | None = None,
     metric_names: Container[str] | None = None,
 ) -> Pack:
     """Load and validate a bundled pack by name, or a pack folder by path.
 
     Args:
         name_or_path: a bundled pack's name (see ``convsim list``) or a folder.
+        context_mode: single-turn packs only: ``no_context`` (drop each problem's
+            context), ``minimal_context`` (its first sentence) or ``full_context``; one of
+            the pack's ``evaluation_config.context_modes``. Default: full_context if the
+            pack lists it, else its first mode.
         num_fewshot: single-turn packs only: use the ``with_examples`` template with
             this many other problems as examples.
         metric_names: the metric names to accept; the default metric registry if None.
@@ -96,13 +102,13 @@ def load_pack(
             f"({', '.join(MULTI_TURN_FILES)}) or single-turn ({', '.join(SINGLE_TURN_FILES)})"
         )
     if has_multi:
-        if num_fewshot:
-            raise ConfigError("--num-fewshot applies to single-turn packs only")
+        if num_fewshot or context_mode is not None:
+            raise ConfigError("--num-fewshot and --context-mode apply to single-turn packs only")
         return _MultiTurnLoader(folder, metric_names).load()
     if has_single:
         if num_fewshot < 0:
             raise ConfigError("--num-fewshot must be >= 0")
-        return _SingleTurnLoader(folder, metric_names, num_fewshot).load()
+        return _SingleTurnLoader(folder, metric_names, num_fewshot, context_mode).load()
     raise ConfigError(
         f"{folder}: not a scenario pack: expected {' + '.join(MULTI_TURN_FILES)} (multi-turn) "
         f"or {' + '.join(SINGLE_TURN_FILES)} (single-turn)"
@@ -252,6 +258,15 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+def _context(text: str, mode: str) -> str:
+    """A problem's context as the context mode asks for it."""
+    if mode == "no_context":
+        return ""
+    if mode == "minimal_context":
+        return re.split(r"(?<=[.!?])\s+", text.strip(), maxsplit=1)[0]
+    return text
 
 
 def _yaml_line(node: yaml.Node | None, loc: tuple) -> int | None:
@@ -500,9 +515,16 @@ class _MultiTurnLoader(_Loader):
 class _SingleTurnLoader(_Loader):
     CONFIG = "config.yml"
 
-    def __init__(self, folder: Path, metric_names: Container[str], num_fewshot: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        metric_names: Container[str],
+        num_fewshot: int,
+        context_mode: str | None,
+    ) -> None:
         super().__init__(folder, metric_names)
         self.num_fewshot = num_fewshot
+        self.context_mode = context_mode
         self.digest.update(f"num_fewshot={num_fewshot}\0".encode())
 
     def load(self) -> Pack:
@@ -527,6 +549,14 @@ class _SingleTurnLoader(_Loader):
             line_of(("metrics", "secondary")),
             "metrics.secondary",
         )
+        modes = config.evaluation_config.context_modes
+        mode = self.context_mode or ("full_context" if "full_context" in modes else modes[0])
+        if mode not in modes:
+            raise ConfigError(
+                f"{self.folder.name}: context mode {mode!r} is not one of the pack's "
+                f"evaluation_config.context_modes ({', '.join(modes)})"
+            )
+        self.digest.update(f"context_mode={mode}\0".encode())
         template = self._template(config, line_of)
         problems = self._problems(config)
         if template is None or self.problems:
@@ -550,7 +580,7 @@ class _SingleTurnLoader(_Loader):
         for i, (lineno, problem) in enumerate(problems):
             variables: dict[str, Any] = {
                 "question": problem.question,
-                "context": problem.context,
+                "context": _context(problem.context, mode),
                 "difficulty": problem.difficulty or "",
                 "domain": problem.domain or "",
                 "examples": self._examples(problems, i),

@@ -191,8 +191,10 @@ def _full_context() -> list[ContextMode]:
 
 
 class EvaluationConfig(_Input):
-    context_modes: list[ContextMode] = Field(default_factory=_full_context)
+    context_modes: list[ContextMode] = Field(default_factory=_full_context, min_length=1)
+    """The context modes the pack supports; a run picks one (``--context-mode``)."""
     languages: list[str] = Field(default_factory=lambda: ["en"])
+    """The languages the problems are written in (descriptive)."""
     difficulty_levels: list[str] = Field(default_factory=list)
     """When given, every problem's difficulty must be one of these."""
 

@@ -183,6 +183,12 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     help="Single-turn packs: examples in the with_examples template.",
 )
 @click.option(
+    "--context-mode",
+    type=click.Choice(["no_context", "minimal_context", "full_context"]),
+    default=None,
+    help="Single-turn packs: how much of each problem's context the prompt gets.",
+)
+@click.option(
     "--grace-period",
     type=click.FloatRange(min=0),
     default=5.0,
@@ -209,6 +215,7 @@ def run(
     conversation_timeout: float | None,
     max_turns: int | None,
     num_fewshot: int,
+    context_mode: str | None,
     grace_period: float,
     progress: bool | None,
 ) -> None:
@@ -224,7 +231,7 @@ def run(
         raise click.UsageError("--user-model-arg needs --user-model")
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
-    loaded = load_pack(pack, num_fewshot=num_fewshot)
+    loaded = load_pack(pack, num_fewshot=num_fewshot, context_mode=context_mode)
     simulator = Simulator(
         model_spec,
         model_args=parse_model_args(model_args),

@@ -1029,3 +1029,33 @@ def test_duplicate_flow_name_in_yaml_is_reported(tmp_path: Path) -> None:
     folder = write_multi(tmp_path, flows)
     problems = pack_problems(folder)
     assert [(p.file, p.line) for p in problems] == [(TURNS, len(FLOW.splitlines()) + 1)]
+
+
+# -- single-turn context modes --------------------------------------------------------
+
+
+def _with_long_context(pack: Pack) -> Any:
+    return next(c for c in pack.conversations if ". " in c.scenario.variables["context"])
+
+
+def test_context_modes_shape_the_problem_context() -> None:
+    full = load_pack("single_turn_qa")
+    conv = _with_long_context(full)  # more than one sentence, so the modes differ
+    text = conv.scenario.variables["context"]
+    minimal = load_pack("single_turn_qa", context_mode="minimal_context")
+    none = load_pack("single_turn_qa", context_mode="no_context")
+    by_id = lambda p: {c.conversation_id: c for c in p.conversations}  # noqa: E731
+    short = by_id(minimal)[conv.conversation_id].scenario.variables["context"]
+    assert text.startswith(short) and len(short) < len(text)
+    assert by_id(none)[conv.conversation_id].scenario.variables["context"] == ""
+    rendered = none.conversations[0].render(none.conversations[0].flow.turns[0], [])
+    assert "Question:" in rendered
+    assert len({full.pack_hash, minimal.pack_hash, none.pack_hash}) == 3
+
+
+def test_context_mode_must_be_one_the_pack_supports(tmp_path: Path) -> None:
+    folder = write_single(tmp_path)
+    with pytest.raises(ConfigError, match="not one of the pack's"):
+        load_pack(folder, context_mode="no_context")
+    with pytest.raises(ConfigError, match="single-turn packs only"):
+        load_pack(GUIDE, context_mode="no_context")

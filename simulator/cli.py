@@ -53,6 +53,22 @@ def _clear_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _single_turn_options(func: F) -> F:
+    """--num-fewshot and --context-mode, shared by the commands that load packs."""
+    func = click.option(
+        "--context-mode",
+        type=click.Choice(["no_context", "minimal_context", "full_context"]),
+        default=None,
+        help="Single-turn packs: how much of each problem's context the prompt gets.",
+    )(func)
+    return click.option(
+        "--num-fewshot",
+        type=click.IntRange(min=0),
+        default=0,
+        help="Single-turn packs: examples in the with_examples template.",
+    )(func)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="convsim")
 @click.option(
@@ -89,18 +105,13 @@ def list_command() -> None:
 
 @main.command()
 @click.argument("pack")
-@click.option(
-    "--num-fewshot",
-    type=click.IntRange(min=0),
-    default=0,
-    help="Single-turn packs: examples in the with_examples template.",
-)
+@_single_turn_options
 @_clear_errors
-def validate(pack: str, num_fewshot: int) -> None:
+def validate(pack: str, num_fewshot: int, context_mode: str | None) -> None:
     """Validate PACK (a bundled pack's name or a folder) without running it."""
     from .scenarios import load_pack
 
-    loaded = load_pack(pack, num_fewshot=num_fewshot)
+    loaded = load_pack(pack, num_fewshot=num_fewshot, context_mode=context_mode)
     flows = sorted({c.flow.scenario_type for c in loaded.conversations})
     out = _stdout()
     out.print(
@@ -176,18 +187,7 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     help="Seconds per conversation (overrides the pack).",
 )
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Overrides the pack.")
-@click.option(
-    "--num-fewshot",
-    type=click.IntRange(min=0),
-    default=0,
-    help="Single-turn packs: examples in the with_examples template.",
-)
-@click.option(
-    "--context-mode",
-    type=click.Choice(["no_context", "minimal_context", "full_context"]),
-    default=None,
-    help="Single-turn packs: how much of each problem's context the prompt gets.",
-)
+@_single_turn_options
 @click.option(
     "--grace-period",
     type=click.FloatRange(min=0),

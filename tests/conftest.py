@@ -1,15 +1,30 @@
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
+import yaml
 
 from convsim.adapters import Completion, GenerationParams, Message, ModelInfo, RateLimits, Usage
 
 DATA = Path(__file__).parent / "data"
+
+
+def write_pack(folder: Path, flows: dict[str, Any], scenarios: list[dict[str, Any]]) -> Path:
+    """A multi-turn pack folder from flows and scenario dicts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "turn_configs.yml").write_text(
+        yaml.safe_dump(flows, sort_keys=False), encoding="utf-8"
+    )
+    (folder / "scenarios.jsonl").write_text(
+        "".join(json.dumps(s) + "\n" for s in scenarios), encoding="utf-8"
+    )
+    return folder
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-import yaml
+from conftest import write_pack
 
 import convsim
 from convsim import (
@@ -37,17 +37,6 @@ pytestmark = pytest.mark.anyio
 
 
 # -- helpers ------------------------------------------------------------------------
-
-
-def write_pack(folder: Path, flows: dict[str, Any], scenarios: list[dict[str, Any]]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "turn_configs.yml").write_text(
-        yaml.safe_dump(flows, sort_keys=False), encoding="utf-8"
-    )
-    (folder / "scenarios.jsonl").write_text(
-        "".join(json.dumps(s) + "\n" for s in scenarios), encoding="utf-8"
-    )
-    return folder
 
 
 def make_pack(

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from conftest import write_pack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -165,17 +164,6 @@ def test_status_refused_in_live_states(state: ConversationState) -> None:
 
 
 # -- the planner, driven with conversations from a pack on disk ---------------------
-
-
-def write_pack(folder: Path, flows: dict[str, Any], scenarios: list[dict[str, Any]]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "turn_configs.yml").write_text(
-        yaml.safe_dump(flows, sort_keys=False), encoding="utf-8"
-    )
-    (folder / "scenarios.jsonl").write_text(
-        "".join(json.dumps(s) + "\n" for s in scenarios), encoding="utf-8"
-    )
-    return folder
 
 
 def conversation(

@@ -24,6 +24,10 @@ __all__ = [
 ADAPTERS: Registry[ModelAdapter] = Registry("model type", group="convsim.adapters")
 """The default adapter registry; third parties add types via entry points."""
 ADAPTERS.register("scripted", "convsim.adapters._scripted:ScriptedAdapter")
+ADAPTERS.register("openai", "convsim.adapters._openai:OpenAIAdapter")
+ADAPTERS.register("openai-compatible", "convsim.adapters._openai:OpenAICompatibleAdapter")
+ADAPTERS.register("anthropic", "convsim.adapters._anthropic:AnthropicAdapter")
+ADAPTERS.register("http", "convsim.adapters._custom_http:CustomHttpAdapter")
 
 _SPEC = re.compile(r"^(?P<type>[A-Za-z][A-Za-z0-9_\-]*)(?::(?P<model>.+))?$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

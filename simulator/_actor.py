@@ -447,11 +447,23 @@ class ConversationActor:
             turn_scores=self._turn_scores,
             usage=self._usage,
             user_usage=self._user_usage,
+            cost_usd=_cost(self.model, self._usage),
+            user_cost_usd=_cost(self.user_model, self._user_usage),
             error=self._failure if self.machine.status.value != "DONE" else None,
             timings=ConversationTimings(
                 started_at=started_at, finished_at=started_at + duration, duration_s=duration
             ),
         )
+
+
+def _cost(adapter: ModelAdapter | None, usage: Usage | None) -> float | None:
+    if adapter is None or usage is None:
+        return None
+    try:
+        cost = adapter.estimate_cost(usage)
+    except Exception:  # pricing is advisory; never fail a conversation over it
+        return None
+    return None if cost is None else cost.total_cost
 
 
 def _checked(completion: object) -> Completion:

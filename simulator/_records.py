@@ -182,5 +182,9 @@ class ConversationResult(BaseModel):
     """Scores of each turn's ``evaluation_metrics``, by turn_id."""
     usage: Usage = Field(default_factory=Usage)
     user_usage: Usage | None = None
+    cost_usd: float | None = None
+    """The model under test's usage priced by its adapter; None without a price."""
+    user_cost_usd: float | None = None
+    """The simulated user's, kept apart."""
     error: ErrorInfo | None = None
     timings: ConversationTimings

@@ -46,6 +46,8 @@ class RunReport(BaseModel):
     latency_s: dict[str, float] = Field(default_factory=dict)
     """Model-call latency over all completed turns: mean, p50, p95, p99, max."""
     usage: dict[str, int]
+    cost_usd: float | None = None
+    """Summed over conversations with a price (the model under test)."""
     errors: dict[str, int]
     """Failure causes by error type."""
     duration_s: float | None = None
@@ -219,6 +221,11 @@ def summarize(results: Iterable[ConversationResult]) -> RunReport:
         },
         latency_s=latency,
         usage=dict(usage),
+        cost_usd=(
+            sum(r.cost_usd for r in results if r.cost_usd is not None)
+            if any(r.cost_usd is not None for r in results)
+            else None
+        ),
         errors=dict(errors.most_common()),
         duration_s=duration,
     )

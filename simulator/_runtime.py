@@ -17,6 +17,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from convsim.adapters._budget import Budgets
 from convsim.adapters._protocol import ModelAdapter
 from convsim.adapters._registry import ADAPTERS, create_adapter
 from convsim.adapters._types import GenerationParams
@@ -60,6 +61,8 @@ class RunStatistics:
     cancelled: int
     turns: int
     """Turns completed by the model under test."""
+    retrying: int
+    """Model calls waiting to retry after a failed attempt (all of the simulator's)."""
     elapsed_s: float
 
     @property
@@ -127,7 +130,7 @@ class RunHandle:
     simulator's task group whether or not you iterate.
     """
 
-    def __init__(self, run_id: str, pack: Pack, grace_period: float) -> None:
+    def __init__(self, run_id: str, pack: Pack, grace_period: float, budgets: Budgets) -> None:
         self.run_id = run_id
         self.pack = pack
         self._send, self._receive = anyio.create_memory_object_stream[ConversationResult](math.inf)
@@ -136,6 +139,7 @@ class RunHandle:
         self._error: BaseException | None = None
         self._finished = anyio.Event()
         self._stopping = _Stopping(grace_period)
+        self._budgets = budgets
         self.manifest: RunManifest | None = None
 
     def __aiter__(self) -> RunHandle:
@@ -185,6 +189,7 @@ class RunHandle:
             timed_out=by[Status.TIMED_OUT],
             cancelled=by[Status.CANCELLED],
             turns=c.turns,
+            retrying=sum(b.retrying for b in self._budgets.statistics()),
             elapsed_s=time.perf_counter() - self._started,
         )
 
@@ -245,6 +250,8 @@ class Simulator:
         if grace_period < 0:
             raise ConfigError(f"grace_period must be >= 0, not {grace_period!r}")
         self._owned: list[ModelAdapter] = []
+        self.budgets = Budgets()
+        """Rate budgets by provider key, shared by this simulator's adapters."""
         self.model_args = dict(model_args or {})
         self.user_model_args = dict(user_model_args or {})
         self.model, self.model_name = self._adapter(model, model_args, adapter_registry)
@@ -275,10 +282,15 @@ class Simulator:
         if isinstance(model, str):
             adapter = create_adapter(model, args, registry=registry)
             self._owned.append(adapter)
-            return adapter, model
-        if args:
+            name = model
+        elif args:
             raise ConfigError("model arguments only apply when the model is given as a spec")
-        return model, model.model_info().model_id
+        else:
+            adapter, name = model, model.model_info().model_id
+        bind = getattr(adapter, "bind_budgets", None)
+        if bind is not None:  # adapters with the same connection key share one budget
+            bind(self.budgets)
+        return adapter, name
 
     async def __aenter__(self) -> Simulator:
         # one cap for every run of this simulator: concurrent runs share it
@@ -327,7 +339,7 @@ class Simulator:
         if self._tg is None:
             raise ConfigError("Simulator.run() needs 'async with Simulator(...) as sim:' first")
         pack, plan = self._plan(pack, sink, limit, only)
-        handle = RunHandle(uuid.uuid4().hex[:12], pack, self.grace_period)
+        handle = RunHandle(uuid.uuid4().hex[:12], pack, self.grace_period, self.budgets)
         handle.manifest = RunManifest(
             run_id=handle.run_id,
             pack=pack.name,

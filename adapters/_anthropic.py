@@ -1,0 +1,113 @@
+"""The Anthropic Messages API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from convsim._errors import RateLimited, ServerError
+
+from ._http import SSEEvent
+from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
+from ._types import GenerationParams, Message, Usage
+
+__all__ = ["AnthropicConfig", "AnthropicAdapter"]
+
+
+class AnthropicConfig(HttpAdapterConfig):
+    anthropic_version: str = "2023-06-01"
+    default_max_tokens: int = 1024
+    """The API requires max_tokens; used when a turn sets none."""
+
+
+def _usage(data: Any) -> Usage | None:
+    if not isinstance(data, dict) or ("input_tokens" not in data and "output_tokens" not in data):
+        return None
+    prompt = int(data.get("input_tokens") or 0)
+    completion = int(data.get("output_tokens") or 0)
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+class AnthropicAdapter(HttpModelAdapter):
+    """``anthropic:MODEL``: POST /v1/messages with x-api-key (ANTHROPIC_API_KEY).
+
+    System messages go to the top-level ``system`` field; consecutive messages of one
+    role are merged, as the API wants user and assistant to alternate.
+    """
+
+    model_type: ClassVar[str] = "anthropic"
+    provider: ClassVar[str] = "anthropic"
+    default_base_url: ClassVar[str | None] = "https://api.anthropic.com"
+    default_key_env: ClassVar[str | None] = "ANTHROPIC_API_KEY"
+    requires_key: ClassVar[bool] = True
+    Config: ClassVar[type[HttpAdapterConfig]] = AnthropicConfig
+    config: AnthropicConfig
+
+    def auth_headers(self) -> dict[str, str]:
+        headers = {"anthropic-version": self.config.anthropic_version}
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
+        return headers
+
+    def request(
+        self, messages: Sequence[Message], params: GenerationParams, stream: bool
+    ) -> tuple[str, dict[str, Any]]:
+        system = "\n\n".join(m.content for m in messages if m.role == "system")
+        turns: list[dict[str, str]] = []
+        for m in messages:
+            if m.role == "system":
+                continue
+            if turns and turns[-1]["role"] == m.role:
+                turns[-1]["content"] += "\n\n" + m.content
+            else:
+                turns.append({"role": m.role, "content": m.content})
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "max_tokens": params.max_tokens or self.config.default_max_tokens,
+            "messages": turns,
+        }
+        if system:
+            body["system"] = system
+        if params.temperature is not None:
+            body["temperature"] = min(params.temperature, 1.0)  # the API's range is 0-1
+        if params.top_p is not None:
+            body["top_p"] = params.top_p
+        if params.stop:
+            body["stop_sequences"] = list(params.stop)
+        if stream:
+            body["stream"] = True
+        return "/v1/messages", body
+
+    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+        if data.get("type") == "error":
+            raise ValueError(f"the API reported an error: {data.get('error')}")
+        text = "".join(block["text"] for block in data["content"] if block.get("type") == "text")
+        return text, data.get("stop_reason"), _usage(data.get("usage"))
+
+    def parse_event(self, event: SSEEvent) -> Delta:
+        data = json.loads(event.data)
+        kind = data.get("type", event.event)
+        if kind == "content_block_delta":
+            delta = data["delta"]
+            return Delta(text=delta.get("text") if delta.get("type") == "text_delta" else None)
+        if kind == "message_start":
+            return Delta(usage=_usage(data["message"].get("usage")))
+        if kind == "message_delta":
+            return Delta(
+                finish_reason=data.get("delta", {}).get("stop_reason"),
+                usage=_usage(data.get("usage")),
+            )
+        if kind == "message_stop":
+            return Delta(done=True)
+        if kind == "error":
+            error = data.get("error", {})
+            message = f"the stream reported {error.get('type')}: {error.get('message')}"
+            if error.get("type") == "rate_limit_error":
+                raise RateLimited(message, model=self.config.model, status_code=429)
+            if error.get("type") in ("overloaded_error", "api_error"):
+                raise ServerError(message, model=self.config.model, status_code=529)
+            raise ValueError(message)
+        return Delta()  # ping, content_block_start, content_block_stop

@@ -1,0 +1,193 @@
+"""Rate budgets that belong to a provider key, shared by every adapter that uses it.
+
+A :class:`ProviderBudget` paces requests per minute (smoothed: a budget of R/min admits
+at most R/60 requests in any second, never R at once) and tokens per minute (acquired
+as the estimated prompt + max_tokens, then corrected to the real usage). Concurrency is
+capped per adapter (per role), not here. A 429 pauses the key for its Retry-After and
+halves its pace, which recovers by 5% per successful call. :class:`Budgets` hands out one budget per key, so the model
+under test, the simulated user and a judge that share an API key share its limits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+from aiolimiter import AsyncLimiter
+
+__all__ = ["BudgetLimits", "Budgets", "ProviderBudget", "BudgetStatistics", "Permit"]
+
+
+class _RefundableLimiter(AsyncLimiter):
+    """aiolimiter's leaky bucket, plus giving back what an estimate over-claimed."""
+
+    def refund(self, amount: float) -> None:
+        self._leak()
+        self._level = max(0.0, self._level - amount)
+        self._wake_next()
+
+
+def _pacer(per_minute: float, burst_seconds: float) -> _RefundableLimiter:
+    """A bucket that holds ``burst_seconds`` worth of the rate (at least one unit)."""
+    capacity = max(1.0, per_minute * burst_seconds / 60.0)
+    return _RefundableLimiter(capacity, capacity * 60.0 / per_minute)
+
+
+@dataclass(frozen=True)
+class BudgetLimits:
+    """Limits of one provider key; None is unlimited."""
+
+    rpm: float | None = None
+    tpm: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetStatistics:
+    key: str
+    in_flight: int
+    waiting: int
+    """Calls waiting for the budget (rate, tokens, concurrency or a 429 pause)."""
+    retrying: int
+    """Calls waiting to retry after a failed attempt."""
+    requests: int
+    rate_limited: int
+    """429 answers received."""
+    pace: float
+    """1.0 at full rate; lower after 429s."""
+
+
+@dataclass
+class Permit:
+    """One admitted call: what it claimed and how long it waited."""
+
+    tokens: float
+    queue_wait_s: float
+
+
+@dataclass
+class ProviderBudget:
+    key: str
+    limits: BudgetLimits
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = anyio.sleep
+    _requests: _RefundableLimiter | None = None
+    _tokens: _RefundableLimiter | None = None
+    _paused_until: float = 0.0
+    _pace: float = 1.0
+    _stats: dict[str, int] = field(
+        default_factory=lambda: {
+            "in_flight": 0,
+            "waiting": 0,
+            "retrying": 0,
+            "requests": 0,
+            "rate_limited": 0,
+        }
+    )
+
+    def __post_init__(self) -> None:
+        self._build()
+
+    def _build(self) -> None:
+        rpm, tpm = self.limits.rpm, self.limits.tpm
+        self._requests = _pacer(rpm, burst_seconds=1.0) if rpm else None
+        self._tokens = _pacer(tpm, burst_seconds=10.0) if tpm else None
+
+    def tighten(self, limits: BudgetLimits) -> None:
+        """Adopt the stricter of the current and the given limits (before calls start)."""
+        stricter = BudgetLimits(
+            rpm=_min(self.limits.rpm, limits.rpm), tpm=_min(self.limits.tpm, limits.tpm)
+        )
+        if stricter != self.limits:
+            self.limits = stricter
+            self._build()
+
+    async def acquire(self, tokens: float) -> Permit:
+        """Wait until the key may send a call claiming ``tokens``; return the permit."""
+        started = self.clock()
+        self._stats["waiting"] += 1
+        try:
+            await self._wait_for_pause()
+            if self._requests is not None:
+                await self._requests.acquire()
+                if self._pace < 1.0:
+                    assert self.limits.rpm
+                    await self.sleep((1.0 / self._pace - 1.0) * 60.0 / self.limits.rpm)
+            if self._tokens is not None:
+                tokens = min(tokens, self._tokens.max_rate)
+                await self._tokens.acquire(tokens)
+        finally:
+            self._stats["waiting"] -= 1
+        self._stats["in_flight"] += 1
+        self._stats["requests"] += 1
+        return Permit(tokens, self.clock() - started)
+
+    async def _wait_for_pause(self) -> None:
+        while (delay := self._paused_until - self.clock()) > 0:
+            await self.sleep(delay)
+
+    def release(self, permit: Permit, used_tokens: float | None, *, ok: bool) -> None:
+        """End the call and correct its token claim to ``used_tokens``."""
+        self._stats["in_flight"] -= 1
+        if self._tokens is not None and used_tokens is not None:
+            difference = permit.tokens - used_tokens
+            if difference > 0:
+                self._tokens.refund(difference)
+            elif difference < 0:
+                # over budget: claim the rest now, without waiting (the tokens are spent)
+                self._tokens._level += -difference
+        if ok and self._pace < 1.0:
+            self._pace = min(1.0, self._pace * 1.05)
+
+    def rate_limited(self, retry_after: float | None) -> None:
+        """A 429: pause the key for Retry-After (or 1 s) and halve its pace."""
+        self._stats["rate_limited"] += 1
+        self._paused_until = max(self._paused_until, self.clock() + (retry_after or 1.0))
+        self._pace = max(0.05, self._pace / 2)
+
+    def retrying(self, delta: int) -> None:
+        self._stats["retrying"] += delta
+
+    def statistics(self) -> BudgetStatistics:
+        s = self._stats
+        return BudgetStatistics(
+            self.key,
+            s["in_flight"],
+            s["waiting"],
+            s["retrying"],
+            s["requests"],
+            s["rate_limited"],
+            self._pace,
+        )
+
+
+class Budgets:
+    """One :class:`ProviderBudget` per provider key.
+
+    Adapters asking for the same key share one budget with the stricter of their
+    limits. Create one per application (a :class:`~convsim.Simulator`
+    owns one); nothing is shared between two instances.
+    """
+
+    def __init__(self) -> None:
+        self._budgets: dict[str, ProviderBudget] = {}
+
+    def get(self, key: str, limits: BudgetLimits) -> ProviderBudget:
+        budget = self._budgets.get(key)
+        if budget is None:
+            budget = self._budgets[key] = ProviderBudget(key, limits)
+        else:
+            budget.tighten(limits)
+        return budget
+
+    def statistics(self) -> list[BudgetStatistics]:
+        return [b.statistics() for b in self._budgets.values()]
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

@@ -1,0 +1,86 @@
+"""The custom HTTP backend of the original developer guide: POST {api_endpoint}/generate."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pydantic import model_validator
+
+from ._http import SSEEvent
+from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
+from ._openai import render_prompt
+from ._types import GenerationParams, Message, Usage
+
+__all__ = ["CustomHttpConfig", "CustomHttpAdapter"]
+
+
+class CustomHttpConfig(HttpAdapterConfig):
+    """The guide's fields (``api_endpoint``, ``model_name``) are accepted as well."""
+
+    api_endpoint: str | None = None
+    model_name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guide_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            if data.get("model_name") and not data.get("model"):
+                data["model"] = data["model_name"]
+            if data.get("api_endpoint") and not data.get("base_url"):
+                data["base_url"] = data["api_endpoint"]
+        return data
+
+
+class CustomHttpAdapter(HttpModelAdapter):
+    """``http:MODEL``: the guide's request {model, prompt, max_tokens, temperature,
+    top_p, stop} with a Bearer key (CONVSIM_HTTP_API_KEY), answered by
+    ``choices[0].text``, ``usage`` and ``finish_reason``. It does not stream."""
+
+    model_type: ClassVar[str] = "http"
+    provider: ClassVar[str] = "custom_provider"
+    default_key_env: ClassVar[str | None] = "CONVSIM_HTTP_API_KEY"
+    supports_streaming: ClassVar[bool] = False
+    Config: ClassVar[type[HttpAdapterConfig]] = CustomHttpConfig
+
+    def model_info(self) -> Any:
+        info = super().model_info()
+        return info.model_copy(
+            update={
+                "model_id": f"custom/{self.config.model}",
+                "capabilities": ("text_generation", "code_generation"),
+            }
+        )
+
+    def request(
+        self, messages: Sequence[Message], params: GenerationParams, stream: bool
+    ) -> tuple[str, dict[str, Any]]:
+        return "/generate", {
+            "model": self.config.model,
+            "prompt": render_prompt(messages),
+            "max_tokens": params.max_tokens or 1024,
+            "temperature": 0.7 if params.temperature is None else params.temperature,
+            "top_p": 1.0 if params.top_p is None else params.top_p,
+            "stop": list(params.stop or ()),
+        }
+
+    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+        choice = data["choices"][0]
+        text = choice["text"]
+        if not isinstance(text, str):
+            raise TypeError(f"choices[0].text is {type(text).__name__}, not a string")
+        raw = data.get("usage")
+        usage = None
+        if isinstance(raw, dict):
+            prompt = int(raw.get("prompt_tokens") or 0)
+            completion = int(raw.get("completion_tokens") or 0)
+            usage = Usage(
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                total_tokens=int(raw.get("total_tokens") or prompt + completion),
+            )
+        return text, choice.get("finish_reason", "stop"), usage
+
+    def parse_event(self, event: SSEEvent) -> Delta:
+        raise ValueError("the custom backend does not stream")

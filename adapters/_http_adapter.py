@@ -1,0 +1,462 @@
+"""What every HTTP model adapter shares: config, keys, budgets, retries, streaming, cost.
+
+A backend subclass says how to build its request and read its answers
+(:meth:`HttpModelAdapter.request`, :meth:`parse_response`, :meth:`parse_event`); this
+base does the rest the same way for all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from convsim._errors import ConfigError, ProtocolError, ServerError, describe_validation_error
+
+from ._budget import BudgetLimits, Budgets, ProviderBudget
+from ._http import (
+    AiohttpTransport,
+    HttpTimeouts,
+    HttpTransport,
+    HttpxTransport,
+    SSEDecoder,
+    SSEEvent,
+)
+from ._pricing import price_of
+from ._retry import RetryPolicy, error_for_status
+from ._types import (
+    CallTimings,
+    Completion,
+    Cost,
+    GenerationParams,
+    Message,
+    ModelInfo,
+    RateLimits,
+    Usage,
+)
+
+__all__ = ["HttpAdapterConfig", "HttpModelAdapter", "Delta", "estimate_tokens"]
+
+
+class HttpAdapterConfig(BaseModel):
+    """Arguments every HTTP adapter takes (``--model-arg KEY=VALUE``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1)
+    base_url: str | None = None
+    """Where the API lives; each backend has a default where one exists."""
+    api_key: SecretStr | None = None
+    """The key itself; prefer ``api_key_env``. Never logged or written to results."""
+    api_key_env: str | None = None
+    """The environment variable that holds the key (each backend has a default)."""
+    rpm: float | None = Field(default=None, gt=0)
+    """Requests per minute for this provider key, shared by every role using it."""
+    tpm: float | None = Field(default=None, gt=0)
+    """Tokens per minute for this provider key."""
+    concurrency: int = Field(default=64, ge=1)
+    """Calls this adapter (this role) has in flight at most; also the pool size."""
+    stream: bool = False
+    """Stream responses (measures time to first token and inter-token gaps)."""
+    timeout: float = Field(default=60.0, gt=0)
+    """Seconds between two reads of a response."""
+    connect_timeout: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=3, ge=0, le=20)
+    max_retry_time: float = Field(default=120.0, gt=0)
+    """No retry starts after this many seconds since the first attempt."""
+    http: Literal["aiohttp", "httpx"] = "aiohttp"
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    input_price: float | None = Field(default=None, ge=0)
+    """USD per million prompt tokens (overrides the pricing file)."""
+    output_price: float | None = Field(default=None, ge=0)
+    """USD per million completion tokens."""
+    context_length: int | None = Field(default=None, gt=0)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one streamed event contributed."""
+
+    text: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    done: bool = False
+
+
+def estimate_tokens(text: str) -> int:
+    """A client-side token estimate (about four characters a token)."""
+    return max(1, (len(text) + 3) // 4)
+
+
+def _merge_usage(old: Usage | None, new: Usage | None) -> Usage | None:
+    """Streams report usage in parts (Anthropic: input first, output at the end)."""
+    if old is None or new is None:
+        return new or old
+    prompt = new.prompt_tokens or old.prompt_tokens
+    completion = new.completion_tokens or old.completion_tokens
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+def _prompt_tokens(messages: Sequence[Message]) -> int:
+    return sum(estimate_tokens(m.content) + 4 for m in messages)
+
+
+class HttpModelAdapter(ABC):
+    """Base of the HTTP adapters. Subclasses set the class attributes and the hooks."""
+
+    model_type: ClassVar[str]
+    provider: ClassVar[str]
+    default_base_url: ClassVar[str | None] = None
+    default_key_env: ClassVar[str | None] = None
+    requires_key: ClassVar[bool] = False
+    supports_streaming: ClassVar[bool] = True
+    Config: ClassVar[type[HttpAdapterConfig]] = HttpAdapterConfig
+
+    def __init__(
+        self,
+        config: HttpAdapterConfig | Mapping[str, Any],
+        *,
+        transport: HttpTransport | None = None,
+        budgets: Budgets | None = None,
+        env: Mapping[str, str] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+    ) -> None:
+        if not isinstance(config, HttpAdapterConfig):
+            try:
+                config = self.Config.model_validate(dict(config))
+            except ValidationError as exc:
+                raise ConfigError(
+                    describe_validation_error(exc, f"{self.model_type} model")
+                ) from exc
+        self.config = config
+        base_url = config.base_url or self.default_base_url
+        if not base_url:
+            raise ConfigError(
+                f"{self.model_type}:{config.model} needs a base_url "
+                f"(--model-arg base_url=http://HOST:PORT/v1)"
+            )
+        self.base_url = base_url.rstrip("/")
+        self._api_key = self._resolve_key(env if env is not None else os.environ)
+        if config.stream and not self.supports_streaming:
+            raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
+        self._transport = transport or (
+            AiohttpTransport(pool_size=config.concurrency)
+            if config.http == "aiohttp"
+            else HttpxTransport(pool_size=config.concurrency)
+        )
+        self._timeouts = HttpTimeouts(connect=config.connect_timeout, read=config.timeout)
+        self.retry_policy = RetryPolicy(
+            max_retries=config.max_retries, max_elapsed_s=config.max_retry_time
+        )
+        self._budgets = budgets or Budgets()
+        self._budget: ProviderBudget | None = None
+        self._slots: anyio.Semaphore | None = None
+        self._sleep = sleep
+
+    # -- identity, keys and budgets -------------------------------------------------
+
+    def _resolve_key(self, env: Mapping[str, str]) -> str | None:
+        if self.config.api_key is not None:
+            return self.config.api_key.get_secret_value()
+        name = self.config.api_key_env or self.default_key_env
+        key = env.get(name) if name else None
+        if key is None and (self.requires_key or self.config.api_key_env):
+            raise ConfigError(
+                f"{self.model_type}:{self.config.model} needs an API key: set the environment "
+                f"variable {name} (or choose another with --model-arg api_key_env=NAME)"
+            )
+        return key
+
+    def connection_key(self) -> str:
+        """Adapters with the same key share one rate budget (same API, same key)."""
+        key_id = hashlib.sha256(self._api_key.encode()).hexdigest()[:12] if self._api_key else "-"
+        return f"{self.model_type}|{self.base_url}|{key_id}"
+
+    def bind_budgets(self, budgets: Budgets) -> None:
+        """Share rate budgets with the other adapters of an application."""
+        self._budgets = budgets
+        self._budget = None
+
+    def budget(self) -> ProviderBudget:
+        if self._budget is None:
+            limits = BudgetLimits(rpm=self.config.rpm, tpm=self.config.tpm)
+            self._budget = self._budgets.get(self.connection_key(), limits)
+        return self._budget
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    # -- the adapter protocol -------------------------------------------------------
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(
+            model_id=f"{self.provider}/{self.config.model}",
+            model_type=self.model_type,
+            provider=self.provider,
+            capabilities=("text_generation", "chat"),
+            context_length=self.config.context_length,
+            supports_streaming=self.supports_streaming,
+        )
+
+    def default_config(self) -> GenerationParams:
+        c = self.config
+        return GenerationParams(temperature=c.temperature, max_tokens=c.max_tokens, top_p=c.top_p)
+
+    def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
+        try:
+            return GenerationParams.model_validate(dict(config))
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, "generation config")) from exc
+
+    def rate_limits(self) -> RateLimits:
+        return RateLimits(
+            requests_per_minute=self.config.rpm,
+            tokens_per_minute=self.config.tpm,
+            concurrency=self.config.concurrency,
+        )
+
+    def estimate_cost(self, usage: Usage) -> Cost | None:
+        prices = price_of(self.provider, self.config.model)
+        input_price = (
+            self.config.input_price
+            if self.config.input_price is not None
+            else (prices[0] if prices else None)
+        )
+        output_price = (
+            self.config.output_price
+            if self.config.output_price is not None
+            else (prices[1] if prices else None)
+        )
+        if input_price is None or output_price is None:
+            return None
+        prompt = usage.prompt_tokens * input_price / 1e6
+        completion = usage.completion_tokens * output_price / 1e6
+        return Cost(prompt_cost=prompt, completion_cost=completion, total_cost=prompt + completion)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
+        """One model call: wait for the budget, send, retry what may be retried."""
+        return await self._call(messages, params, on_text=None)
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams,
+        on_text: Callable[[str], None],
+    ) -> Completion:
+        """Like :meth:`generate`, streaming: ``on_text`` gets each piece as it arrives.
+
+        Failures before the first piece are retried as usual; once text has been
+        delivered a failure is final (the pieces cannot be taken back).
+        """
+        if not self.supports_streaming:
+            raise ConfigError(f"{self.model_type} models do not stream")
+        return await self._call(messages, params, on_text=on_text)
+
+    # -- one call -------------------------------------------------------------------
+
+    async def _call(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams,
+        on_text: Callable[[str], None] | None,
+    ) -> Completion:
+        if self._slots is None:
+            self._slots = anyio.Semaphore(self.config.concurrency)
+        budget = self.budget()
+        stream = on_text is not None or self.config.stream
+        claim = _prompt_tokens(messages) + (params.max_tokens or self.config.max_tokens or 256)
+        started = time.perf_counter()
+        delivered = False
+
+        def deliver(text: str) -> None:
+            nonlocal delivered
+            delivered = True
+            assert on_text is not None
+            on_text(text)
+
+        async def attempt(number: int) -> Completion:
+            if delivered:
+                raise ServerError("the stream failed after text was delivered")
+            permit = await budget.acquire(claim)
+            used: int | None = None
+            ok = False
+            try:
+                completion = await self._attempt(
+                    messages, params, stream, deliver if on_text is not None else None
+                )
+                used, ok = completion.usage.total_tokens, True
+                return completion
+            except Exception as exc:
+                retry_after = getattr(exc, "retry_after", None)
+                if getattr(exc, "status_code", None) == 429:
+                    budget.rate_limited(retry_after)
+                raise
+            finally:
+                budget.release(permit, used, ok=ok)
+
+        async def counted_sleep(seconds: float) -> None:
+            budget.retrying(+1)
+            try:
+                await self._sleep(seconds)
+            finally:
+                budget.retrying(-1)
+
+        async with self._slots:
+            completion, attempts = await self.retry_policy.call(attempt, sleep=counted_sleep)
+        waited = time.perf_counter() - started - completion.timings.total_s
+        return completion.model_copy(
+            update={
+                "attempts": attempts,
+                "timings": completion.timings.model_copy(update={"queue_wait_s": max(0.0, waited)}),
+            }
+        )
+
+    async def _attempt(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams,
+        stream: bool,
+        on_text: Callable[[str], None] | None,
+    ) -> Completion:
+        path, payload = self.request(messages, params, stream)
+        url = self.base_url + path
+        headers = self.auth_headers()
+        t0 = time.perf_counter()
+        if not stream:
+            response = await self._transport.post_json(url, payload, headers, self._timeouts)
+            if response.status >= 300:
+                raise error_for_status(
+                    response.status,
+                    response.headers,
+                    response.body,
+                    model=self.config.model,
+                    url=url,
+                )
+            try:
+                data = json.loads(response.body)
+                text, finish_reason, usage = self.parse_response(data)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                raise ProtocolError(
+                    f"unreadable response from {url}: {exc}",
+                    snippet=response.body[:200].decode("utf-8", "replace"),
+                    model=self.config.model,
+                ) from exc
+            total = time.perf_counter() - t0
+            return Completion(
+                text=text,
+                finish_reason=finish_reason,
+                usage=usage or self._estimated(messages, text),
+                timings=CallTimings(total_s=total),
+                model=self.config.model,
+            )
+        async with self._transport.stream(url, payload, headers, self._timeouts) as streamed:
+            if streamed.status >= 300:
+                body = await streamed.read()
+                raise error_for_status(
+                    streamed.status, streamed.headers, body, model=self.config.model, url=url
+                )
+            return await self._read_stream(streamed, messages, url, t0, on_text)
+
+    async def _read_stream(
+        self,
+        response: Any,
+        messages: Sequence[Message],
+        url: str,
+        t0: float,
+        on_text: Callable[[str], None] | None,
+    ) -> Completion:
+        decoder = SSEDecoder()
+        pieces: list[str] = []
+        gaps: list[float] = []
+        first = last = None
+        finish_reason: str | None = None
+        usage: Usage | None = None
+        done = False
+
+        def take(event: SSEEvent) -> None:
+            nonlocal first, last, finish_reason, usage, done
+            try:
+                delta = self.parse_event(event)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                raise ProtocolError(
+                    f"unreadable stream event from {url}: {exc}",
+                    snippet=event.data[:200],
+                    model=self.config.model,
+                ) from exc
+            if delta.text:
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)  # type: ignore[operator]
+                last = now
+                pieces.append(delta.text)
+                if on_text is not None:
+                    on_text(delta.text)
+            finish_reason = delta.finish_reason or finish_reason
+            usage = _merge_usage(usage, delta.usage)
+            done = done or delta.done
+
+        async for chunk in response.chunks():
+            for event in decoder.feed(chunk):
+                take(event)
+        for event in decoder.flush():
+            take(event)
+        if not done:
+            raise ServerError(
+                f"the stream from {url} ended before it was complete", model=self.config.model
+            )
+        text = "".join(pieces)
+        end = time.perf_counter()
+        return Completion(
+            text=text,
+            finish_reason=finish_reason,
+            usage=usage or self._estimated(messages, text),
+            timings=CallTimings(
+                ttft_s=(first - t0) if first is not None else None,
+                total_s=end - t0,
+                inter_token_s=tuple(gaps),
+            ),
+            model=self.config.model,
+        )
+
+    @staticmethod
+    def _estimated(messages: Sequence[Message], text: str) -> Usage:
+        prompt, completion = _prompt_tokens(messages), estimate_tokens(text) if text else 0
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            estimated=True,
+        )
+
+    # -- what a backend defines -----------------------------------------------------
+
+    @abstractmethod
+    def request(
+        self, messages: Sequence[Message], params: GenerationParams, stream: bool
+    ) -> tuple[str, dict[str, Any]]:
+        """The path (after base_url) and JSON body of a call."""
+
+    @abstractmethod
+    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+        """Text, finish reason and usage (None if the server sent none) of an answer."""
+
+    @abstractmethod
+    def parse_event(self, event: SSEEvent) -> Delta:
+        """What one streamed event adds."""

@@ -1,0 +1,178 @@
+"""Bounded, classified retries (tenacity) and the HTTP status -> error mapping."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, TypeVar
+
+import anyio
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from convsim._errors import (
+    AdapterError,
+    AuthError,
+    BadRequest,
+    RateLimited,
+    ServerError,
+    Timeout,
+)
+
+__all__ = ["RetryPolicy", "error_for_status", "retry_after_seconds"]
+
+log = structlog.get_logger("convsim.adapters")
+T = TypeVar("T")
+
+RETRY_STATUSES = frozenset({408, 409, 429})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which failures to retry and how long to keep trying; never unbounded.
+
+    Retried: 408, 409, 429, 5xx, connection errors and timeouts. Never retried: 400,
+    401, 403, 404, 422 and unparsable responses. Waits grow exponentially with jitter up
+    to ``max_backoff_s``, and are at least the server's Retry-After.
+    """
+
+    max_retries: int = 3
+    """Retries after the first attempt."""
+    max_elapsed_s: float = 120.0
+    """No new attempt starts after this long since the first."""
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 20.0
+    jitter_s: float = 0.5
+
+    def should_retry(self, exc: BaseException) -> bool:
+        if isinstance(exc, (RateLimited, Timeout)):
+            return True
+        if isinstance(exc, ServerError):
+            return (
+                exc.status_code is None
+                or exc.status_code >= 500
+                or exc.status_code in RETRY_STATUSES
+            )
+        return False
+
+    async def call(
+        self,
+        attempt: Callable[[int], Awaitable[T]],
+        *,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        on_retry: Callable[[BaseException, float], Awaitable[None] | None] | None = None,
+    ) -> tuple[T, int]:
+        """Run ``attempt(n)`` until it succeeds or the policy gives up.
+
+        Returns the result and the number of attempts. The last error is re-raised
+        with its ``attempts`` set.
+        """
+        backoff = wait_exponential_jitter(
+            initial=self.initial_backoff_s, max=self.max_backoff_s, jitter=self.jitter_s
+        )
+
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            floor = exc.retry_after if isinstance(exc, RateLimited) and exc.retry_after else 0.0
+            return max(floor, backoff(state))
+
+        async def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            delay = state.upcoming_sleep
+            log.info(
+                "model_call_retry",
+                attempt=state.attempt_number,
+                wait_s=round(delay, 3),
+                error_type=type(exc).__name__,
+                error=str(exc),
+            )
+            if on_retry is not None and exc is not None:
+                result = on_retry(exc, delay)
+                if result is not None:
+                    await result
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1) | stop_after_delay(self.max_elapsed_s),
+            wait=wait,
+            retry=retry_if_exception(self.should_retry),
+            before_sleep=before_sleep,
+            sleep=sleep,
+            reraise=True,
+        )
+        number = 0
+        try:
+            async for attempt_state in retrying:
+                number = attempt_state.retry_state.attempt_number
+                with attempt_state:
+                    result = await attempt(number)
+        except AdapterError as exc:
+            exc.attempts = number
+            raise
+        return result, number
+
+
+def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Retry-After as seconds (delta-seconds or an HTTP date); None if absent or bad."""
+    value = headers.get("retry-after")
+    if value is None:
+        ms = headers.get("retry-after-ms")
+        try:
+            return float(ms) / 1000 if ms is not None else None
+        except ValueError:
+            return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    import time
+
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def _message(body: bytes) -> str:
+    """The error message of an API error body, or a short snippet of it."""
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body[:200].decode("utf-8", errors="replace")
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+    return json.dumps(data)[:200]
+
+
+def error_for_status(
+    status: int, headers: Mapping[str, str], body: bytes, *, model: str, url: str
+) -> AdapterError:
+    """The typed error for a non-2xx answer."""
+    detail = f"{status} from {url}: {_message(body)}"
+    if status == 429:
+        return RateLimited(
+            f"rate limited: {detail}",
+            retry_after=retry_after_seconds(headers),
+            model=model,
+            status_code=status,
+        )
+    if status in (401, 403):
+        return AuthError(f"authentication failed: {detail}", model=model, status_code=status)
+    if status == 408:
+        return Timeout(f"request timed out: {detail}", model=model, status_code=status)
+    if status >= 500 or status == 409:
+        return ServerError(f"server error: {detail}", model=model, status_code=status)
+    return BadRequest(f"request rejected: {detail}", model=model, status_code=status)

@@ -440,8 +440,26 @@ class _MultiTurnLoader(_Loader):
                 f"depends_on forms a cycle through {', '.join(cycle)}",
             )
             return None
-        turns = tuple(PreparedTurn(flow.turns[i], i, templates[i]) for i in order)  # type: ignore[arg-type]
-        return PreparedFlow(name, flow, turns)
+        turns: list[PreparedTurn] = []
+        for i in order:
+            turn, template = flow.turns[i], templates[i]
+            assert template is not None
+            turns.append(PreparedTurn(turn, i, template))
+            previous = turn.turn_id
+            for k in range(2, turn.repeat + 1):
+                copy_id = f"{turn.turn_id}.{k}"
+                if copy_id in ids:
+                    self.problem(
+                        self.CONFIG,
+                        line_of((name, "turns", i, "repeat")),
+                        f"{name}.turns.{i}.repeat",
+                        f"repeat {k} would be named {copy_id!r}, which another turn has",
+                    )
+                    return None
+                copy = turn.model_copy(update={"turn_id": copy_id, "depends_on": [previous]})
+                turns.append(PreparedTurn(copy, i, template))
+                previous = copy_id
+        return PreparedFlow(name, flow, tuple(turns))
 
     def _check_scenario(self, conv: Conversation, lineno: int) -> None:
         sc, turn_ids = conv.scenario, {t.turn_id for t in conv.flow.turns}

@@ -22,6 +22,7 @@ __all__ = [
     "Probe",
     "Criterion",
     "Goal",
+    "UserProfile",
     "Scenario",
     "Problem",
     "DatasetConfig",
@@ -73,6 +74,9 @@ class TurnConfig(_Input):
     """Metrics scored on this turn alone (names from the metric registry)."""
     config: TurnSettings = Field(default_factory=TurnSettings)
     description: str | None = None
+    repeat: int = Field(default=1, ge=1, le=200)
+    """Run this turn up to this many times in a row (ids ``ID``, ``ID.2``, ...): with
+    ``role: user``, a stretch of simulated conversation that its stop conditions end."""
 
 
 class Flow(_Input):
@@ -127,6 +131,21 @@ class Goal(_Input):
     any_of: list[Criterion] = Field(default_factory=list)
 
 
+class UserProfile(_Input):
+    """Who the simulated user is and when they stop."""
+
+    persona: str = ""
+    """Who they are, e.g. "a busy nurse who ordered a blood-pressure monitor"."""
+    goal: str | None = None
+    """What they want; defaults to the scenario goal's description."""
+    style: str | None = None
+    """How they write, e.g. "short, informal, a little impatient"."""
+    stop_marker: str = Field(default="[DONE]", min_length=1)
+    """The simulated user says this to end the conversation."""
+    stop_on_goal: bool = True
+    """End the conversation as soon as the scenario goal's criteria hold."""
+
+
 class Scenario(_Input):
     """One conversation to simulate (a line of scenarios.jsonl)."""
 
@@ -139,6 +158,8 @@ class Scenario(_Input):
     facts: list[Fact] = Field(default_factory=list)
     probes: list[Probe] = Field(default_factory=list)
     goal: Goal | None = None
+    user: UserProfile | None = None
+    """The simulated user of ``role: user`` turns."""
     required_keywords: list[str] = Field(default_factory=list)
     reference_responses: dict[str, str] = Field(default_factory=dict)
     """Reference answers by turn_id; the scripted model replays them."""

@@ -15,8 +15,10 @@ import structlog
 from convsim._errors import AdapterError, ProtocolError, TemplateError, Timeout
 from convsim.adapters._protocol import ModelAdapter
 from convsim.adapters._types import Completion, GenerationParams, Message, Usage
+from convsim.metrics._goal import goal_met
 from convsim.metrics._protocol import ConversationScorer, Metric
 from convsim.scenarios._pack import Conversation, PreparedTurn
+from convsim.scenarios._schema import UserProfile
 
 from ._records import (
     ConversationResult,
@@ -30,20 +32,13 @@ from ._records import (
 )
 from ._state import ConversationState, Finish, Skip, StateMachine, TurnPlanner
 
-__all__ = ["ConversationActor", "ActorSettings", "conversation_seed", "USER_SIMULATOR_PROMPT"]
+__all__ = ["ConversationActor", "ActorSettings", "conversation_seed"]
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 log = structlog.get_logger("convsim.actor")
 _S = ConversationState
-
-USER_SIMULATOR_PROMPT = (
-    "You are playing the user in a conversation with an AI assistant.\n"
-    "Scenario: {scenario}\n"
-    "Your instruction for this message: {instruction}\n"
-    "Write only the user's next message, in the first person, with no preamble."
-)
 
 
 def conversation_seed(run_seed: int, conversation_id: str) -> int:
@@ -127,6 +122,8 @@ class ConversationActor:
         self._inflight: _InFlight | None = None
         self._failure: ErrorInfo | None = None
         self._reason: TerminationReason | None = None
+        self._responses: dict[str, str] = {}
+        self._profile = conversation.scenario.user or UserProfile()
 
     # -- the actor loop -------------------------------------------------------------
 
@@ -194,15 +191,24 @@ class ConversationActor:
                 self.machine.advance(_S.DONE if step.failed_turn is None else _S.FAILED)
                 return step.reason
             else:
-                error = await self._run_turn(step.turn)
-                if error is None:
+                outcome = await self._run_turn(step.turn)
+                if isinstance(outcome, TerminationReason):  # the conversation ends here
+                    self._skip_rest(_ENDED_BY[outcome])
+                    self.machine.advance(_S.DONE)
+                    return outcome
+                if outcome is None:
                     planner.record(step.turn, TurnStatus.COMPLETED)
                 else:
-                    planner.record(step.turn, TurnStatus.FAILED, failure=_classify(error))
+                    planner.record(step.turn, TurnStatus.FAILED, failure=_classify(outcome))
         raise AssertionError("TurnPlanner.steps() ends with Finish")  # pragma: no cover
 
-    async def _run_turn(self, turn: PreparedTurn) -> Exception | None:
-        """Run one turn; return None when it completed, else what made it fail."""
+    async def _run_turn(self, turn: PreparedTurn) -> Exception | TerminationReason | None:
+        """Run one turn.
+
+        Returns None when it completed, the error when it failed, or a termination
+        reason when the simulated user ends the conversation here (its stop marker, or
+        the scenario goal reached).
+        """
         self.machine.advance(_S.USER_TURN)
         inflight = self._inflight = _InFlight(turn, time.time(), time.perf_counter())
         user_latency: float | None = None
@@ -218,6 +224,17 @@ class ConversationActor:
                 self._user_usage = (
                     user.usage if self._user_usage is None else self._user_usage + user.usage
                 )
+                if self._profile.stop_marker in user.text:
+                    self._inflight = None
+                    self._emit(
+                        self._skipped(
+                            turn,
+                            _ENDED_BY[TerminationReason.USER_STOP],
+                            inflight=inflight,
+                            user_usage=user_usage,
+                        )
+                    )
+                    return TerminationReason.USER_STOP
         except Exception as exc:
             return self._fail(turn, exc, user_usage=user_usage)
         inflight.messages = (*self.transcript, Message(role="user", content=inflight.user_message))
@@ -257,6 +274,16 @@ class ConversationActor:
         )
         self.machine.advance(_S.SCORING)
         self._emit(record)
+        self._responses[turn.turn_id] = completion.text
+        goal = self.conversation.scenario.goal
+        simulated = self.conversation.scenario.user is not None
+        if (
+            simulated
+            and self._profile.stop_on_goal
+            and goal is not None
+            and goal_met(goal, self._responses, completion.text)
+        ):
+            return TerminationReason.GOAL_REACHED
         return None
 
     async def _ask_user(self, turn: PreparedTurn, instruction: str) -> Completion:
@@ -264,8 +291,22 @@ class ConversationActor:
             raise TemplateError(
                 f"turn {turn.turn_id!r} has role 'user' but no user model is configured"
             )
-        system = USER_SIMULATOR_PROMPT.format(
-            scenario=self.conversation.scenario.scenario_description, instruction=instruction
+        scenario, profile = self.conversation.scenario, self._profile
+        goal = profile.goal or (scenario.goal.description if scenario.goal else None)
+        system = "\n".join(
+            line
+            for line in (
+                "You are playing the user in a conversation with an AI assistant. Stay in "
+                "character and never say that you are an AI.",
+                f"Scenario: {scenario.scenario_description}",
+                f"Who you are: {profile.persona}" if profile.persona else "",
+                f"What you want: {goal}" if goal else "",
+                f"How you write: {profile.style}" if profile.style else "",
+                f"Your instruction for this message: {instruction}",
+                "Write only the user's next message. When what you want has been done, or "
+                f"there is nothing more to say, reply with exactly {profile.stop_marker}",
+            )
+            if line
         )
         flipped = [
             Message(role="user" if m.role == "assistant" else "assistant", content=m.content)
@@ -327,6 +368,13 @@ class ConversationActor:
         self._emit(self._failed(inflight, error, user_usage=user_usage))
         return exc
 
+    def _skip_rest(self, reason: str) -> None:
+        """Record every turn not recorded yet as skipped for ``reason``."""
+        done = {r.turn_id for r in self.records}
+        for turn in self.conversation.flow.turns:
+            if turn.turn_id not in done:
+                self._emit(self._skipped(turn, reason))
+
     def _interrupt(self, exc: BaseException | None, reason: str) -> None:
         """Record the in-flight turn as failed and every unrecorded turn as skipped."""
         if self._inflight is not None:
@@ -339,10 +387,7 @@ class ConversationActor:
             self._emit(self._failed(self._inflight, error))
             self._failure = self._failure or error
             self._inflight = None
-        done = {r.turn_id for r in self.records}
-        for turn in self.conversation.flow.turns:
-            if turn.turn_id not in done:
-                self._emit(self._skipped(turn, reason))
+        self._skip_rest(reason)
 
     # -- records and scoring --------------------------------------------------------
 
@@ -384,7 +429,14 @@ class ConversationActor:
                     else Score(value=None, reason=f"metric failed: {name!r} was not provided")
                 )
 
-    def _skipped(self, turn: PreparedTurn, reason: str) -> TurnRecord:
+    def _skipped(
+        self,
+        turn: PreparedTurn,
+        reason: str,
+        *,
+        inflight: _InFlight | None = None,
+        user_usage: Usage | None = None,
+    ) -> TurnRecord:
         return TurnRecord(
             conversation_id=self.conversation.conversation_id,
             turn_index=turn.index,
@@ -392,6 +444,9 @@ class ConversationActor:
             role=turn.config.role,
             status=TurnStatus.SKIPPED,
             skip_reason=reason,
+            prompt=inflight.prompt if inflight else None,
+            user_message=inflight.user_message if inflight else None,
+            user_usage=user_usage,
         )
 
     def _failed(
@@ -454,6 +509,12 @@ class ConversationActor:
                 started_at=started_at, finished_at=started_at + duration, duration_s=duration
             ),
         )
+
+
+_ENDED_BY = {
+    TerminationReason.USER_STOP: "the simulated user ended the conversation",
+    TerminationReason.GOAL_REACHED: "the scenario goal was reached",
+}
 
 
 def _cost(adapter: ModelAdapter | None, usage: Usage | None) -> float | None:

@@ -1,0 +1,835 @@
+"""An OpenAI-compatible mock model server with controllable latency, limits and faults.
+
+The server speaks the wire format of the OpenAI chat and legacy completions APIs (and the
+``/generate`` backend of the developer guide) and answers with the deterministic
+rule-based model of :mod:`convsim.adapters._recall`. It runs inside the caller's asyncio
+event loop (aiohttp), so tests and benchmarks can point real HTTP clients at it.
+
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``POST /generate``. Per request, in this order: the API key (401), the ``rpm`` window
+(429), the body (400), an injected fault (``fault_rate``), then the answer after the
+configured time to first token and inter-token latency.
+
+The hot path is plain ``json`` and string templates; replies are cached per
+conversation (validated ``Message`` objects are built only on a cache miss), and a zero
+delay never reaches the sleep function. One core answers well over 10,000 small chat
+completions per second (``tests/bench/bench_mock_server.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import json
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from types import TracebackType
+from typing import Any, Literal, get_args
+
+import structlog
+from aiohttp import web
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import core_schema
+
+from convsim._errors import ConfigError, describe_validation_error
+
+from ._recall import recall_reply
+from ._types import Message
+
+__all__ = ["Delay", "FaultKind", "MockServerConfig", "MockServerStatistics", "MockModelServer"]
+
+log = structlog.get_logger(__name__)
+
+FaultKind = Literal["429", "500", "drop", "malformed", "truncated_sse"]
+FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
+
+ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/generate")
+
+# Words appended after the model's reply when ``output_tokens`` asks for a longer answer.
+_FILLER = tuple(
+    "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
+    "incididunt ut labore et dolore magna aliqua".split()
+)
+
+
+# --------------------------------------------------------------------------- delays
+
+
+def _number(text: str, spec: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"delay {spec!r}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"delay {spec!r}: {text!r} is not a finite number")
+    return value
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+_DELAY_FORMS = '"MS", "fixed:MS", "uniform:LO:HI", "exp:MEAN" or "normal:MEAN:SD"'
+
+
+@dataclass(frozen=True, slots=True)
+class Delay:
+    """A delay in milliseconds, fixed or drawn from a distribution.
+
+    Build one with :meth:`parse` from a number (fixed milliseconds) or a string:
+    ``"fixed:MS"``, ``"uniform:LO:HI"``, ``"exp:MEAN"`` (exponential) or
+    ``"normal:MEAN:SD"`` (draws below zero count as zero). Draws come from the
+    ``random.Random`` passed to :meth:`sample`, so a seeded server repeats its timings.
+    """
+
+    kind: Literal["fixed", "uniform", "exp", "normal"] = "fixed"
+    params: tuple[float, ...] = (0.0,)
+
+    @classmethod
+    def parse(cls, value: Delay | float | str) -> Delay:
+        """A delay from a number of milliseconds or one of the string forms.
+
+        Raises:
+            ValueError: the value is not one of the forms, or a bound is negative.
+        """
+        if isinstance(value, Delay):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"a delay is a number of milliseconds or {_DELAY_FORMS}")
+        if not isinstance(value, str):
+            spec = str(value)
+            if not math.isfinite(value):
+                raise ValueError(f"delay {spec!r} is not a finite number")
+            return cls._checked("fixed", (float(value),), spec)
+        spec = value.strip()
+        kind, _, rest = spec.partition(":")
+        if not rest:
+            try:
+                ms = float(spec)
+            except ValueError:
+                raise ValueError(f"delay {value!r}: expected {_DELAY_FORMS}") from None
+            return cls._checked("fixed", (ms,), value)
+        arity = {"fixed": 1, "uniform": 2, "exp": 1, "normal": 2}
+        if kind not in arity:
+            raise ValueError(f"delay {value!r}: unknown kind {kind!r}; expected {_DELAY_FORMS}")
+        parts = rest.split(":")
+        if len(parts) != arity[kind]:
+            raise ValueError(f"delay {value!r}: {kind} takes {arity[kind]} number(s)")
+        return cls._checked(kind, tuple(_number(p, value) for p in parts), value)  # type: ignore[arg-type]
+
+    @classmethod
+    def _checked(
+        cls,
+        kind: Literal["fixed", "uniform", "exp", "normal"],
+        params: tuple[float, ...],
+        spec: str,
+    ) -> Delay:
+        if not all(math.isfinite(p) for p in params):
+            raise ValueError(f"delay {spec!r} is not a finite number")
+        if kind in ("fixed", "exp") and params[0] < 0:
+            raise ValueError(f"delay {spec!r} is negative")
+        if kind == "uniform" and not 0 <= params[0] <= params[1]:
+            raise ValueError(f"delay {spec!r}: uniform needs 0 <= LO <= HI")
+        if kind == "normal" and params[1] < 0:
+            raise ValueError(f"delay {spec!r}: the standard deviation is negative")
+        return cls(kind, params)
+
+    @property
+    def is_zero(self) -> bool:
+        """True when every draw is zero (then the server never sleeps for it)."""
+        if self.kind == "uniform":
+            return self.params[1] == 0
+        if self.kind == "normal":
+            return self.params[0] <= 0 and self.params[1] == 0
+        return self.params[0] == 0
+
+    @property
+    def is_fixed(self) -> bool:
+        """True when every draw is the same."""
+        return self.kind == "fixed" or self.is_zero
+
+    def sample(self, rng: random.Random) -> float:
+        """One draw in milliseconds (never negative)."""
+        p = self.params
+        if self.kind == "fixed":
+            return p[0]
+        if self.kind == "uniform":
+            return rng.uniform(p[0], p[1])
+        if self.kind == "exp":
+            return rng.expovariate(1.0 / p[0]) if p[0] > 0 else 0.0
+        return max(0.0, rng.gauss(p[0], p[1]))
+
+    def __str__(self) -> str:
+        return ":".join([self.kind, *map(_fmt, self.params)])
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, _source: Any, _handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            cls.parse, serialization=core_schema.plain_serializer_function_ser_schema(str)
+        )
+
+
+# --------------------------------------------------------------------------- config
+
+
+class MockServerConfig(BaseModel):
+    """How the mock server listens, answers, waits and fails."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    """Interface to listen on."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """TCP port; 0 picks a free one (read it from ``MockModelServer.url``)."""
+    ttft_ms: Delay = Delay()
+    """Time to the first token: a number of ms or a Delay form such as ``"uniform:20:80"``."""
+    itl_ms: Delay = Delay()
+    """Inter-token latency: the gap between streamed tokens (same forms as ``ttft_ms``)."""
+    output_tokens: int | None = Field(default=None, gt=0)
+    """Every answer has exactly this many words: the reply, then filler (None: the reply)."""
+    fault_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Fraction of generation requests that get an injected fault (decided by the seed)."""
+    faults: dict[FaultKind, float] = Field(default_factory=lambda: dict.fromkeys(FAULT_KINDS, 1.0))
+    """Relative weight of each fault kind; kinds left out never happen."""
+    retry_after_s: float = Field(default=1.0, ge=0.0)
+    """Retry-After of an injected 429, in seconds."""
+    rpm: int | None = Field(default=None, ge=1)
+    """Generation requests allowed per sliding 60 s window; more get 429 (None: no limit)."""
+    memory_turns: int | None = Field(default=None, ge=1)
+    """The model sees only the last K user messages, so it forgets older facts."""
+    seed: int = 0
+    """Seeds the delays, the faults, and answers of requests that give no seed."""
+    model: str = "mock-model"
+    """The model id listed by ``/v1/models`` (answers echo the requested model)."""
+    api_key: str | None = Field(default=None, repr=False)
+    """When set, requests need ``Authorization: Bearer <api_key>`` or get 401."""
+
+    @field_validator("faults")
+    @classmethod
+    def _some_fault_weight(cls, value: dict[FaultKind, float]) -> dict[FaultKind, float]:
+        if any(w < 0 or not math.isfinite(w) for w in value.values()):
+            raise ValueError("fault weights must be finite and >= 0")
+        if not any(value.values()):
+            raise ValueError(f"give at least one fault kind a positive weight: {FAULT_KINDS}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class MockServerStatistics:
+    """A snapshot of what a :class:`MockModelServer` has served."""
+
+    requests: int
+    """Every request received, including refused ones and unknown paths."""
+    by_endpoint: dict[str, int]
+    """Requests per known endpoint path."""
+    faults_injected: dict[str, int]
+    """Injected faults by kind (``truncated_sse`` of a non-streaming call counts as
+    ``malformed``, which is what it got)."""
+    rate_limited: int
+    """429s from the ``rpm`` limit (injected 429s are under ``faults_injected``)."""
+    unauthorized: int
+    """401s for a missing or wrong API key."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _BadRequest(Exception):
+    """The request body is invalid; the message goes back in a 400."""
+
+
+def _error_body(message: str, type_: str, code: str | None = None) -> bytes:
+    payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return json.dumps(payload).encode()
+
+
+def _error(status: int, message: str, type_: str, code: str | None = None) -> web.Response:
+    return web.Response(
+        status=status, body=_error_body(message, type_, code), content_type="application/json"
+    )
+
+
+def _bad_request(message: str) -> web.Response:
+    return _error(400, message, "invalid_request_error")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class _Params:
+    """The generation settings of one request, checked."""
+
+    model: str
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    seed: int | None
+    stream: bool
+    include_usage: bool
+
+
+def _params(body: dict[str, Any], default_model: str, *, legacy_max: bool = False) -> _Params:
+    model = body.get("model", default_model)
+    if not isinstance(model, str):
+        raise _BadRequest("'model' must be a string")
+    max_tokens = body.get("max_tokens")
+    if not legacy_max and max_tokens is None:
+        max_tokens = body.get("max_completion_tokens")
+    if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
+        raise _BadRequest("'max_tokens' must be an integer >= 1")
+    for name, high in (("temperature", 2.0), ("top_p", 1.0)):
+        value = body.get(name)
+        if value is not None and not (_is_number(value) and 0 <= value <= high):
+            raise _BadRequest(f"'{name}' must be a number between 0 and {_fmt(high)}")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise _BadRequest("'n' must be 1: the mock server returns one choice")
+    stop_value = body.get("stop")
+    if stop_value is None:
+        stop: tuple[str, ...] = ()
+    elif isinstance(stop_value, str):
+        stop = (stop_value,) if stop_value else ()
+    elif isinstance(stop_value, list) and all(isinstance(s, str) for s in stop_value):
+        stop = tuple(s for s in stop_value if s)
+    else:
+        raise _BadRequest("'stop' must be a string or a list of strings")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _BadRequest("'seed' must be an integer")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _BadRequest("'stream' must be a boolean")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _BadRequest("'stream_options' must be an object")
+        if not stream:
+            raise _BadRequest("'stream_options' is only allowed when 'stream' is true")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise _BadRequest("'stream_options.include_usage' must be a boolean")
+    return _Params(model, max_tokens, stop, seed, stream, include_usage)
+
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_OTHER_ROLES = frozenset({"tool", "function"})
+
+
+def _content_text(content: object, index: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise _BadRequest(f"messages[{index}].content: each part needs a 'type'")
+            if part["type"] == "text":
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise _BadRequest(f"messages[{index}].content: a text part needs 'text'")
+                texts.append(text)
+        return "\n".join(texts)
+    raise _BadRequest(f"messages[{index}].content must be a string or a list of parts")
+
+
+def _chat_messages(body: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The (role, text) pairs the model reads; tool messages count only as prompt."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("'messages' must be a non-empty list")
+    pairs = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _BadRequest(f"messages[{i}] must be an object")
+        role = message.get("role")
+        text = _content_text(message.get("content"), i)
+        if role in _ROLES:
+            pairs.append((_ROLES[role], text))
+        elif role in _OTHER_ROLES:
+            pairs.append(("", text))
+        else:
+            raise _BadRequest(
+                f"messages[{i}].role must be one of system, developer, user, assistant, tool"
+            )
+    return tuple(pairs)
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise _BadRequest("'prompt' must be a string (or a list of one string)")
+    return prompt
+
+
+@lru_cache(maxsize=2048)
+def _answer(
+    pairs: tuple[tuple[str, str], ...], memory_turns: int | None, seed: int, length: int | None
+) -> tuple[tuple[str, ...], int]:
+    """The reply's words and the prompt's token count; conversations repeat, so cached."""
+    messages = [Message(role=role, content=text) for role, text in pairs if role]  # type: ignore[arg-type]
+    words = recall_reply(messages, memory_turns=memory_turns, seed=seed).split()
+    if length is not None:
+        words = [
+            *words[:length],
+            *itertools.islice(itertools.cycle(_FILLER), max(0, length - len(words))),
+        ]
+    prompt_tokens = sum(len(text.split()) for _, text in pairs)
+    return tuple(words), prompt_tokens
+
+
+def _cut(words: tuple[str, ...], params: _Params) -> tuple[tuple[str, ...], str]:
+    """Apply stop strings (cut at the first) and max_tokens (then ``length``)."""
+    if params.stop:
+        text = " ".join(words)
+        cut = min((i for i in map(text.find, params.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            words = tuple(text[:cut].split())
+    if params.max_tokens is not None and len(words) > params.max_tokens:
+        return words[: params.max_tokens], "length"
+    return words, "stop"
+
+
+def _pieces(words: tuple[str, ...]) -> list[str]:
+    """One streamed piece per word; each but the first carries its leading space."""
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+# --------------------------------------------------------------------------- server
+
+Sleep = Callable[[float], Awaitable[Any]]
+Clock = Callable[[], float]
+
+_SSE_HEADERS = {"Cache-Control": "no-cache"}
+_DONE = "data: [DONE]\n\n"
+
+
+class MockModelServer:
+    """An OpenAI-compatible HTTP server answering with a deterministic model.
+
+    ``async with MockModelServer(config) as server:`` listens in the running asyncio
+    loop until the block ends; point clients at ``server.base_url``.
+
+    Args:
+        config: A :class:`MockServerConfig` or a mapping of its fields.
+        clock: Monotonic seconds for the ``rpm`` window (injectable for tests).
+        sleep: Awaited with seconds for every non-zero delay (injectable for tests).
+        shutdown_timeout: Seconds in-flight requests get when the server stops.
+
+    Raises:
+        ConfigError: ``config`` is a mapping with invalid fields.
+    """
+
+    def __init__(
+        self,
+        config: MockServerConfig | Mapping[str, Any] | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+        shutdown_timeout: float = 1.0,
+    ) -> None:
+        if config is None:
+            config = MockServerConfig()
+        elif not isinstance(config, MockServerConfig):
+            try:
+                config = MockServerConfig.model_validate(dict(config))
+            except ValidationError as exc:
+                raise ConfigError(describe_validation_error(exc, "mock server config")) from exc
+        self.config = config
+        self._clock = clock
+        self._sleep = sleep
+        self._shutdown_timeout = shutdown_timeout
+        self._delay_rng = random.Random(f"{config.seed}:delays")
+        self._fault_rng = random.Random(f"{config.seed}:faults")
+        self._fault_kinds = [k for k, w in config.faults.items() if w > 0]
+        self._fault_weights = [config.faults[k] for k in self._fault_kinds]
+        self._auth = None if config.api_key is None else f"Bearer {config.api_key}".encode()
+        self._window: deque[float] = deque()
+        self._ids = itertools.count(1)
+        self._model_json = json.dumps(config.model)
+        self._models_body = json.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": config.model, "object": "model", "created": 0, "owned_by": "convsim"}
+                ],
+            }
+        ).encode()
+        self._requests = 0
+        self._by_endpoint: dict[str, int] = dict.fromkeys(ENDPOINTS, 0)
+        self._faults: dict[str, int] = dict.fromkeys(FAULT_KINDS, 0)
+        self._rate_limited = 0
+        self._unauthorized = 0
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        """``http://HOST:PORT`` once started."""
+        self.base_url = ""
+        """``url + "/v1"``: the base URL OpenAI clients take."""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Listen on the configured address in the running asyncio event loop.
+
+        Raises:
+            RuntimeError: no asyncio loop is running, or the server was started already.
+            OSError: the address cannot be bound.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "MockModelServer runs in an asyncio event loop (aiohttp); start it from "
+                "asyncio code or anyio with the asyncio backend"
+            ) from None
+        if self._runner is not None:
+            raise RuntimeError("this MockModelServer is already started")
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=self._shutdown_timeout
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.config.host, self.config.port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        host, port = runner.addresses[0][:2]
+        host = f"[{host}]" if ":" in host else host
+        self.url = f"http://{host}:{port}"
+        self.base_url = self.url + "/v1"
+        log.info("mock_server_started", url=self.url, model=self.config.model)
+
+    async def stop(self) -> None:
+        """Stop listening; in-flight requests get ``shutdown_timeout`` to finish."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+            log.info("mock_server_stopped", url=self.url, requests=self._requests)
+
+    async def __aenter__(self) -> MockModelServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def statistics(self) -> MockServerStatistics:
+        """What the server has served so far."""
+        return MockServerStatistics(
+            requests=self._requests,
+            by_endpoint=dict(self._by_endpoint),
+            faults_injected=dict(self._faults),
+            rate_limited=self._rate_limited,
+            unauthorized=self._unauthorized,
+        )
+
+    # ------------------------------------------------------------------ checks
+
+    def _refuse(self, request: web.Request, path: str) -> web.Response | None:
+        """Count the request and check the key (all endpoints)."""
+        self._requests += 1
+        self._by_endpoint[path] += 1
+        if self._auth is not None:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, self._auth):
+                self._unauthorized += 1
+                return _error(
+                    401,
+                    "Incorrect API key provided. Send 'Authorization: Bearer <key>'.",
+                    "invalid_request_error",
+                    "invalid_api_key",
+                )
+        return None
+
+    def _over_limit(self) -> web.Response | None:
+        """Admit the request into the sliding 60 s window, or answer 429."""
+        limit = self.config.rpm
+        if limit is None:
+            return None
+        now = self._clock()
+        window = self._window
+        while window and window[0] <= now - 60.0:
+            window.popleft()
+        if len(window) < limit:
+            window.append(now)
+            return None
+        self._rate_limited += 1
+        wait = max(1, math.ceil(window[0] + 60.0 - now))
+        response = _error(
+            429,
+            f"Rate limit reached: {limit} requests per minute. Retry in {wait} s.",
+            "requests",
+            "rate_limit_exceeded",
+        )
+        response.headers["Retry-After"] = str(wait)
+        return response
+
+    def _draw_fault(self) -> FaultKind | None:
+        if not self.config.fault_rate or self._fault_rng.random() >= self.config.fault_rate:
+            return None
+        if len(self._fault_kinds) == 1:
+            return self._fault_kinds[0]
+        return self._fault_rng.choices(self._fault_kinds, self._fault_weights)[0]
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            raise _BadRequest("the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _BadRequest("the request body must be a JSON object")
+        return body
+
+    async def _delay(self, delay: Delay, times: int = 1) -> None:
+        """Sleep for ``times`` draws of ``delay``; a zero delay never sleeps."""
+        if times <= 0 or delay.is_zero:
+            return
+        if delay.is_fixed:
+            ms = delay.params[0] * times
+        else:
+            ms = sum(delay.sample(self._delay_rng) for _ in range(times))
+        if ms > 0:
+            await self._sleep(ms / 1000.0)
+
+    # ------------------------------------------------------------------ faults
+
+    def _fault_response(
+        self, request: web.Request, kind: FaultKind, stream: bool
+    ) -> web.StreamResponse | None:
+        """The response of a fault, or None when the fault is streamed by the caller."""
+        if kind == "truncated_sse" and not stream:
+            kind = "malformed"
+        self._faults[kind] += 1
+        if kind == "429":
+            response = _error(
+                429, "Rate limit reached (injected fault).", "requests", "rate_limit_exceeded"
+            )
+            response.headers["Retry-After"] = _fmt(self.config.retry_after_s)
+            response.headers["retry-after-ms"] = _fmt(round(self.config.retry_after_s * 1000))
+            return response
+        if kind == "500":
+            return _error(
+                500,
+                "The server had an error while processing your request (injected fault).",
+                "server_error",
+            )
+        if kind == "drop":
+            return _Dropped(request)
+        if kind == "malformed" and not stream:
+            return web.Response(
+                body=b'{"id": "malformed", "choices": [{"index": 0, "mess',
+                content_type="application/json",
+            )
+        return None
+
+    # ------------------------------------------------------------------ handlers
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refuse(request, "/v1/models")
+        if refused is not None:
+            return refused
+        return web.Response(body=self._models_body, content_type="application/json")
+
+    async def _not_found(self, request: web.Request) -> web.StreamResponse:
+        self._requests += 1
+        if request.path in ENDPOINTS:
+            return _error(
+                405, f"{request.method} is not allowed on {request.path}", "invalid_request_error"
+            )
+        return _error(404, f"Unknown path {request.path}", "invalid_request_error", "unknown_url")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "/v1/chat/completions")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "/v1/completions")
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "/generate")
+
+    async def _serve(self, request: web.Request, path: str) -> web.StreamResponse:
+        refused = self._refuse(request, path) or self._over_limit()
+        if refused is not None:
+            return refused
+        cfg = self.config
+        try:
+            body = await self._body(request)
+            if path == "/v1/chat/completions":
+                pairs = _chat_messages(body)
+                params = _params(body, cfg.model)
+            else:
+                pairs = (("user", _prompt_text(body)),)
+                params = _params(body, cfg.model, legacy_max=True)
+                if path == "/generate" and params.stream:
+                    raise _BadRequest("/generate does not stream")
+        except _BadRequest as exc:
+            return _bad_request(str(exc))
+        fault = self._draw_fault() if cfg.fault_rate else None
+        if fault is not None:
+            response = self._fault_response(request, fault, params.stream)
+            if response is not None:
+                return response
+        seed = cfg.seed if params.seed is None else params.seed
+        words, prompt_tokens = _answer(pairs, cfg.memory_turns, seed, cfg.output_tokens)
+        words, finish = _cut(words, params)
+        n = len(words)
+        usage = (
+            f'{{"prompt_tokens":{prompt_tokens},"completion_tokens":{n},'
+            f'"total_tokens":{prompt_tokens + n}}}'
+        )
+        model = self._model_json if params.model == cfg.model else json.dumps(params.model)
+        if params.stream:
+            chat = path == "/v1/chat/completions"
+            return await self._stream(request, chat, words, finish, usage, model, params, fault)
+        await self._delay(cfg.ttft_ms)
+        await self._delay(cfg.itl_ms, n - 1)
+        text = json.dumps(" ".join(words))
+        if path == "/v1/chat/completions":
+            body_text = (
+                f'{{"id":"chatcmpl-mock{next(self._ids):x}","object":"chat.completion",'
+                f'"created":{int(time.time())},"model":{model},"choices":[{{"index":0,'
+                f'"message":{{"role":"assistant","content":{text}}},"logprobs":null,'
+                f'"finish_reason":"{finish}"}}],"usage":{usage}}}'
+            )
+        elif path == "/v1/completions":
+            body_text = (
+                f'{{"id":"cmpl-mock{next(self._ids):x}","object":"text_completion",'
+                f'"created":{int(time.time())},"model":{model},"choices":[{{"index":0,'
+                f'"text":{text},"logprobs":null,"finish_reason":"{finish}"}}],"usage":{usage}}}'
+            )
+        else:
+            body_text = (
+                f'{{"choices":[{{"index":0,"text":{text},"finish_reason":"{finish}"}}],'
+                f'"usage":{usage},"model":{model}}}'
+            )
+        return web.Response(body=body_text.encode(), content_type="application/json")
+
+    async def _stream(
+        self,
+        request: web.Request,
+        chat: bool,
+        words: tuple[str, ...],
+        finish: str,
+        usage: str,
+        model: str,
+        params: _Params,
+        fault: FaultKind | None,
+    ) -> web.StreamResponse:
+        """Send the answer as server-sent events, one event per word."""
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time())
+        cid = f"{'chatcmpl' if chat else 'cmpl'}-mock{next(self._ids):x}"
+        head = (
+            f'data: {{"id":"{cid}","object":"{kind}","created":{created},"model":{model},'
+            '"choices":[{"index":0,'
+        )
+        more = ',"usage":null}' if params.include_usage else "}"
+        if chat:
+            role = f'{head}"delta":{{"role":"assistant"}},"logprobs":null,"finish_reason":null}}]'
+            events = [
+                f'{head}"delta":{{"content":{json.dumps(p)}}},"logprobs":null,'
+                f'"finish_reason":null}}]{more}\n\n'
+                for p in _pieces(words)
+            ]
+            end = f'{head}"delta":{{}},"logprobs":null,"finish_reason":"{finish}"}}]{more}\n\n'
+        else:
+            role = ""
+            events = [
+                f'{head}"text":{json.dumps(p)},"logprobs":null,"finish_reason":null}}]{more}\n\n'
+                for p in _pieces(words)
+            ]
+            end = f'{head}"text":"","logprobs":null,"finish_reason":"{finish}"}}]{more}\n\n'
+        if fault == "truncated_sse":
+            events = events[:2]  # a couple of words, then the stream ends: no finish, no [DONE]
+        elif fault == "malformed":
+            events = [f'{head}"delta":{{"content":"oops"}},"finish_reas\n\n{_DONE}']
+        else:
+            if params.include_usage:
+                end += (
+                    f'data: {{"id":"{cid}","object":"{kind}","created":{created},'
+                    f'"model":{model},"choices":[],"usage":{usage}}}\n\n'
+                )
+            # The finish event follows the last word at once.
+            if events:
+                events[-1] += end + _DONE
+            else:
+                events = [end + _DONE]
+        if role:
+            role += more + "\n\n"
+            events = [role + events[0], *events[1:]] if events else [role]
+        cfg = self.config
+        await self._delay(cfg.ttft_ms)
+        if cfg.itl_ms.is_zero or len(events) == 1:
+            return web.Response(
+                body="".join(events).encode(),
+                content_type="text/event-stream",
+                headers=_SSE_HEADERS,
+            )
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        response.content_type = "text/event-stream"
+        try:
+            await response.prepare(request)
+            for i, event in enumerate(events):
+                if i:
+                    await self._delay(cfg.itl_ms)
+                await response.write(event.encode())
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client went away; nothing to tell it
+        return response
+
+
+class _Dropped(web.StreamResponse):
+    """A "response" that closes the connection instead of answering.
+
+    aiohttp treats a connection that fails while the response is prepared as a client
+    that went away: it writes nothing and logs nothing.
+    """
+
+    def __init__(self, request: web.Request) -> None:
+        super().__init__()
+        transport = request.transport
+        if transport is not None:
+            transport.close()
+
+    async def prepare(self, request: web.BaseRequest) -> Any:
+        raise ConnectionResetError("connection dropped (injected fault)")

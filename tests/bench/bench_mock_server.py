@@ -1,0 +1,158 @@
+"""Mock server benchmark: requests/s it sustains, and its time to first token under load.
+
+Run: python tests/bench/bench_mock_server.py [--seconds S] [--concurrency N]
+
+Each part starts ``python -m convsim mock-server`` in its own process, so the server and
+the client do not share a core or an event loop, then drives it from one bare aiohttp
+``ClientSession`` (``TCPConnector(limit=N)``) with N workers sending requests back to
+back for S seconds:
+
+1. non-streaming chat completions, no delays: prints requests/s;
+2. streaming chat completions with ``--ttft-ms 50``: prints requests/s and the median
+   time to the first content chunk, next to the configured 50 ms.
+
+The client is a separate process; on a machine with few cores it competes with the
+server for CPU, so the figures are a lower bound of what the server itself can do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiohttp
+
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful support agent."},
+    {"role": "user", "content": "Hi, I'm Dana and my order A-1042 for 59 dollars is late."},
+    {"role": "assistant", "content": "Sorry to hear that. Let me check order A-1042."},
+    {"role": "user", "content": "Which order number and amount are we talking about?"},
+]
+
+
+@contextmanager
+def mock_server(*args: str) -> Iterator[str]:
+    """Run ``convsim mock-server ARGS`` in a subprocess; yield its URL; SIGINT it after."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "convsim", "mock-server", "--port", "0", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 30
+        url = None
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                raise RuntimeError(f"mock server exited with {proc.wait()}")
+            found = re.search(r"listening on (http://\S+)", line)
+            url = found.group(1) if found else None
+        if url is None:
+            raise RuntimeError("mock server did not print its address")
+        # Keep reading its stderr so that a chatty server never blocks on a full pipe.
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        if code != 0:
+            raise RuntimeError(f"mock server exited with {code}")
+
+
+async def drive(url: str, *, seconds: float, concurrency: int, stream: bool) -> dict[str, float]:
+    """``concurrency`` workers send chat completions back to back for ``seconds``."""
+    body = json.dumps({"model": "mock-model", "messages": MESSAGES, "stream": stream}).encode()
+    headers = {"Content-Type": "application/json"}
+    endpoint = url + "/v1/chat/completions"
+    ttfts: list[float] = []
+    done = errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one() -> None:
+            nonlocal done, errors
+            started = time.perf_counter()
+            async with session.post(endpoint, data=body, headers=headers) as resp:
+                if resp.status != 200:
+                    errors += 1
+                    await resp.read()
+                    return
+                if not stream:
+                    json.loads(await resp.read())
+                    done += 1
+                    return
+                first = None
+                finished = False
+                async for line in resp.content:
+                    if first is None and line.startswith(b"data: ") and b'"content"' in line:
+                        first = time.perf_counter() - started
+                    if line.startswith(b"data: [DONE]"):
+                        finished = True
+                if first is not None and finished:
+                    ttfts.append(first)
+                    done += 1
+                else:
+                    errors += 1
+
+        async def worker(stop_at: float) -> None:
+            while time.perf_counter() < stop_at:
+                await one()
+
+        # Warm up the connections and caches, then measure.
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        done = errors = 0
+        ttfts.clear()
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(started + seconds) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    result = {"requests": done, "errors": errors, "elapsed_s": elapsed, "rps": done / elapsed}
+    if ttfts:
+        result["ttft_median_ms"] = statistics.median(ttfts) * 1000
+        result["ttft_p99_ms"] = statistics.quantiles(ttfts, n=100)[98] * 1000
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=256)
+    args = parser.parse_args()
+    print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}")
+
+    with mock_server() as url:
+        r = asyncio.run(
+            drive(url, seconds=args.seconds, concurrency=args.concurrency, stream=False)
+        )
+    print(
+        f"non-streaming chat, concurrency {args.concurrency}: {r['rps']:,.0f} req/s "
+        f"({r['requests']:,} in {r['elapsed_s']:.1f} s, {r['errors']} errors)"
+    )
+
+    with mock_server("--ttft-ms", "50") as url:
+        r = asyncio.run(drive(url, seconds=args.seconds, concurrency=args.concurrency, stream=True))
+    print(
+        f"streaming chat (--ttft-ms 50), concurrency {args.concurrency}: {r['rps']:,.0f} req/s "
+        f"({r['requests']:,} in {r['elapsed_s']:.1f} s, {r['errors']} errors), "
+        f"TTFT median {r.get('ttft_median_ms', float('nan')):.1f} ms "
+        f"(p99 {r.get('ttft_p99_ms', float('nan')):.1f} ms) vs 50 ms configured"
+    )
+
+
+if __name__ == "__main__":
+    main()

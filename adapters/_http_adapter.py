@@ -279,7 +279,12 @@ class HttpModelAdapter(ABC):
             self._slots = anyio.Semaphore(self.config.concurrency)
         budget = self.budget()
         stream = on_text is not None or self.config.stream
-        claim = _prompt_tokens(messages) + (params.max_tokens or self.config.max_tokens or 256)
+        # only a token budget needs the estimate of what the call will use
+        claim = (
+            _prompt_tokens(messages) + (params.max_tokens or self.config.max_tokens or 256)
+            if budget.limits.tpm
+            else 0
+        )
         started = time.perf_counter()
         delivered = False
 
@@ -318,12 +323,21 @@ class HttpModelAdapter(ABC):
 
         async with self._slots:
             completion, attempts = await self.retry_policy.call(attempt, sleep=counted_sleep)
-        waited = time.perf_counter() - started - completion.timings.total_s
-        return completion.model_copy(
-            update={
-                "attempts": attempts,
-                "timings": completion.timings.model_copy(update={"queue_wait_s": max(0.0, waited)}),
-            }
+        timings = completion.timings
+        waited = time.perf_counter() - started - timings.total_s
+        # built from validated parts: no need to validate again on this hot path
+        return Completion.model_construct(
+            text=completion.text,
+            finish_reason=completion.finish_reason,
+            usage=completion.usage,
+            timings=CallTimings.model_construct(
+                queue_wait_s=max(0.0, waited),
+                ttft_s=timings.ttft_s,
+                total_s=timings.total_s,
+                inter_token_s=timings.inter_token_s,
+            ),
+            attempts=attempts,
+            model=completion.model,
         )
 
     async def _attempt(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -16,7 +18,6 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
 )
 
 from convsim._errors import (
@@ -53,6 +54,14 @@ class RetryPolicy:
     max_backoff_s: float = 20.0
     jitter_s: float = 0.5
 
+    def backoff(self, failed_attempt: int, exc: BaseException | None) -> float:
+        """Seconds to wait after attempt ``failed_attempt`` failed with ``exc``:
+        exponential with jitter, capped, and never less than a 429's Retry-After."""
+        exponential = self.initial_backoff_s * 2 ** (failed_attempt - 1)
+        delay = min(exponential + random.uniform(0, self.jitter_s), self.max_backoff_s)
+        floor = exc.retry_after if isinstance(exc, RateLimited) and exc.retry_after else 0.0
+        return max(floor, delay)
+
     def should_retry(self, exc: BaseException) -> bool:
         if isinstance(exc, (RateLimited, Timeout)):
             return True
@@ -76,21 +85,38 @@ class RetryPolicy:
         Returns the result and the number of attempts. The last error is re-raised
         with its ``attempts`` set.
         """
-        backoff = wait_exponential_jitter(
-            initial=self.initial_backoff_s, max=self.max_backoff_s, jitter=self.jitter_s
-        )
+        # The first attempt runs outside tenacity: most calls succeed at once, and
+        # tenacity's per-attempt bookkeeping costs more than a fast local request.
+        started = time.monotonic()
+        try:
+            return await attempt(1), 1
+        except AdapterError as exc:
+            if self.max_retries == 0 or not self.should_retry(exc):
+                exc.attempts = 1
+                raise
+            first_failure = exc
+        return await self._retry(attempt, first_failure, started, sleep, on_retry)
+
+    async def _retry(
+        self,
+        attempt: Callable[[int], Awaitable[T]],
+        first_failure: AdapterError,
+        started: float,
+        sleep: Callable[[float], Awaitable[None]],
+        on_retry: Callable[[BaseException, float], Awaitable[None] | None] | None,
+    ) -> tuple[T, int]:
+        """Attempts 2 and later, under tenacity (it numbers them from 1, we from 2)."""
 
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
-            floor = exc.retry_after if isinstance(exc, RateLimited) and exc.retry_after else 0.0
-            return max(floor, backoff(state))
+            return self.backoff(state.attempt_number + 1, exc)
 
         async def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             delay = state.upcoming_sleep
             log.info(
                 "model_call_retry",
-                attempt=state.attempt_number,
+                attempt=state.attempt_number + 1,
                 wait_s=round(delay, 3),
                 error_type=type(exc).__name__,
                 error=str(exc),
@@ -100,24 +126,41 @@ class RetryPolicy:
                 if result is not None:
                     await result
 
+        remaining = self.max_elapsed_s - (time.monotonic() - started)
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1) | stop_after_delay(self.max_elapsed_s),
+            stop=stop_after_attempt(self.max_retries) | stop_after_delay(max(0.0, remaining)),
             wait=wait,
             retry=retry_if_exception(self.should_retry),
             before_sleep=before_sleep,
             sleep=sleep,
             reraise=True,
         )
-        number = 0
+        delay = self.backoff(1, first_failure)
+        log.info(
+            "model_call_retry",
+            attempt=1,
+            wait_s=round(delay, 3),
+            error_type=type(first_failure).__name__,
+            error=str(first_failure),
+        )
+        if on_retry is not None:
+            result = on_retry(first_failure, delay)
+            if result is not None:
+                await result
+        if remaining <= delay:
+            first_failure.attempts = 1
+            raise first_failure
+        await sleep(delay)
+        number = 1
         try:
             async for attempt_state in retrying:
-                number = attempt_state.retry_state.attempt_number
+                number = attempt_state.retry_state.attempt_number + 1
                 with attempt_state:
-                    result = await attempt(number)
+                    outcome = await attempt(number)
         except AdapterError as exc:
             exc.attempts = number
             raise
-        return result, number
+        return outcome, number
 
 
 def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:

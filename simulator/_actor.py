@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import anyio
 import structlog
+from anyio.streams.memory import MemoryObjectSendStream
 
 from convsim._errors import AdapterError, ProtocolError, TemplateError, Timeout
 from convsim.adapters._protocol import ModelAdapter
@@ -123,31 +124,26 @@ class ConversationActor:
         self._failure: ErrorInfo | None = None
         self._reason: TerminationReason | None = None
         self._responses: dict[str, str] = {}
-        self._profile = conversation.scenario.user or UserProfile()
+        self._profile = conversation.scenario.user or _NO_PROFILE
+        self._send: MemoryObjectSendStream[TurnRecord] | None = None
 
     # -- the actor loop -------------------------------------------------------------
 
     async def run(self) -> ConversationResult:
         started_at, t0 = time.time(), time.perf_counter()
         turns = self.conversation.flow.turns
-        send, receive = anyio.create_memory_object_stream[TurnRecord](max_buffer_size=len(turns))
-        self._send = send
-        timeout = (
-            self.settings.conversation_timeout or self.conversation.flow.flow.conversation_timeout
-        )
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._consume, receive)
-                with send:
-                    with anyio.move_on_after(timeout) as deadline:
-                        reason = self._reason = await self._walk()
-                    if deadline.cancelled_caught:
-                        self._interrupt(
-                            Timeout(f"conversation_timeout of {timeout:g}s exceeded"),
-                            "conversation timed out",
-                        )
-                        self.machine.advance(_S.TIMED_OUT)
-                        reason = self._reason = TerminationReason.CONVERSATION_TIMEOUT
+            if self._scorers or any(t.config.evaluation_metrics for t in turns):
+                send, receive = anyio.create_memory_object_stream[TurnRecord](
+                    max_buffer_size=len(turns)
+                )
+                self._send = send
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._consume, receive)
+                    with send:
+                        reason = await self._walk_within_deadline()
+            else:  # nothing to score: no stream, no scoring task
+                reason = await self._walk_within_deadline()
         except anyio.get_cancelled_exc_class():
             self._interrupt(None, "conversation cancelled")
             if not self.machine.finished:
@@ -180,6 +176,20 @@ class ConversationActor:
             self.machine.advance(_S.FAILED)
         self._score_remaining()
         self._reason = TerminationReason.INTERNAL_ERROR
+        return self._reason
+
+    async def _walk_within_deadline(self) -> TerminationReason:
+        timeout = (
+            self.settings.conversation_timeout or self.conversation.flow.flow.conversation_timeout
+        )
+        with anyio.move_on_after(timeout):  # falls through only when the deadline hit
+            self._reason = await self._walk()
+            return self._reason
+        self._interrupt(
+            Timeout(f"conversation_timeout of {timeout:g}s exceeded"), "conversation timed out"
+        )
+        self.machine.advance(_S.TIMED_OUT)
+        self._reason = TerminationReason.CONVERSATION_TIMEOUT
         return self._reason
 
     async def _walk(self) -> TerminationReason:
@@ -398,8 +408,9 @@ class ConversationActor:
         kept; ``_score_remaining`` scores them.
         """
         self.records.append(record)
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._send.send_nowait(record)
+        if self._send is not None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._send.send_nowait(record)
 
     async def _consume(self, receive: anyio.abc.ObjectReceiveStream[TurnRecord]) -> None:
         async with receive:
@@ -510,6 +521,8 @@ class ConversationActor:
             ),
         )
 
+
+_NO_PROFILE = UserProfile()
 
 _ENDED_BY = {
     TerminationReason.USER_STOP: "the simulated user ended the conversation",

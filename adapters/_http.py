@@ -29,6 +29,7 @@ __all__ = [
     "HttpTransport",
     "AiohttpTransport",
     "HttpxTransport",
+    "JSON_HEADERS",
 ]
 
 
@@ -110,7 +111,8 @@ class StreamResponse(Protocol):
 
 
 class HttpTransport(Protocol):
-    """What adapters need from HTTP."""
+    """What adapters need from HTTP. ``headers`` are the complete request headers
+    (Content-Type included: see :data:`JSON_HEADERS`)."""
 
     async def post_json(
         self, url: str, payload: Any, headers: Mapping[str, str], timeouts: HttpTimeouts
@@ -129,7 +131,7 @@ def _encode(payload: Any) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
-_JSON = {"Content-Type": "application/json"}
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class AiohttpTransport:
@@ -138,6 +140,7 @@ class AiohttpTransport:
     def __init__(self, *, pool_size: int = 100) -> None:
         self.pool_size = pool_size
         self._session: Any = None
+        self._timeouts: dict[HttpTimeouts, Any] = {}
 
     def _client(self) -> Any:
         if self._session is None or self._session.closed:
@@ -147,11 +150,15 @@ class AiohttpTransport:
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
         return self._session
 
-    @staticmethod
-    def _timeout(t: HttpTimeouts) -> Any:
-        import aiohttp
+    def _timeout(self, t: HttpTimeouts) -> Any:
+        timeout = self._timeouts.get(t)
+        if timeout is None:
+            import aiohttp
 
-        return aiohttp.ClientTimeout(total=None, connect=t.connect, sock_read=t.read)
+            timeout = self._timeouts[t] = aiohttp.ClientTimeout(
+                total=None, connect=t.connect, sock_read=t.read
+            )
+        return timeout
 
     async def post_json(
         self, url: str, payload: Any, headers: Mapping[str, str], timeouts: HttpTimeouts
@@ -162,7 +169,7 @@ class AiohttpTransport:
             async with self._client().post(
                 url,
                 data=_encode(payload),
-                headers={**_JSON, **headers},
+                headers=headers,
                 timeout=self._timeout(timeouts),
             ) as response:
                 body = await response.read()
@@ -182,7 +189,7 @@ class AiohttpTransport:
             async with self._client().post(
                 url,
                 data=_encode(payload),
-                headers={**_JSON, **headers},
+                headers=headers,
                 timeout=self._timeout(timeouts),
             ) as response:
                 yield _AiohttpStream(response, url)
@@ -247,7 +254,7 @@ class HttpxTransport:
             response = await self._client.post(
                 url,
                 content=_encode(payload),
-                headers={**_JSON, **headers},
+                headers=headers,
                 timeout=self._timeout(timeouts),
             )
         except httpx.TimeoutException as exc:
@@ -267,7 +274,7 @@ class HttpxTransport:
                 "POST",
                 url,
                 content=_encode(payload),
-                headers={**_JSON, **headers},
+                headers=headers,
                 timeout=self._timeout(timeouts),
             ) as response:
                 yield _HttpxStream(response)

@@ -23,6 +23,7 @@ from convsim._errors import ConfigError, ProtocolError, ServerError, describe_va
 
 from ._budget import BudgetLimits, Budgets, ProviderBudget
 from ._http import (
+    JSON_HEADERS,
     AiohttpTransport,
     HttpTimeouts,
     HttpTransport,
@@ -149,6 +150,7 @@ class HttpModelAdapter(ABC):
             )
         self.base_url = base_url.rstrip("/")
         self._api_key = self._resolve_key(env if env is not None else os.environ)
+        self._headers = {**JSON_HEADERS, **self.auth_headers()}
         if config.stream and not self.supports_streaming:
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
         self._transport = transport or (
@@ -349,7 +351,7 @@ class HttpModelAdapter(ABC):
     ) -> Completion:
         path, payload = self.request(messages, params, stream)
         url = self.base_url + path
-        headers = self.auth_headers()
+        headers = self._headers
         t0 = time.perf_counter()
         if not stream:
             response = await self._transport.post_json(url, payload, headers, self._timeouts)

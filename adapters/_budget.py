@@ -4,8 +4,9 @@ A :class:`ProviderBudget` paces requests per minute (smoothed: a budget of R/min
 at most R/60 requests in any second, never R at once) and tokens per minute (acquired
 as the estimated prompt + max_tokens, then corrected to the real usage). Concurrency is
 capped per adapter (per role), not here. A 429 pauses the key for its Retry-After and
-halves its pace, which recovers by 5% per successful call. :class:`Budgets` hands out one budget per key, so the model
-under test, the simulated user and a judge that share an API key share its limits.
+halves its pace, which recovers by 5% per successful call. :class:`Budgets` hands out one
+budget per key, so the model under test, the simulated user and a judge that share an
+API key share its limits.
 """
 
 from __future__ import annotations
@@ -103,17 +104,26 @@ class ProviderBudget:
             self.limits = stricter
             self._build()
 
-    async def acquire(self, tokens: float) -> Permit:
-        """Wait until the key may send a call claiming ``tokens``; return the permit."""
+    async def acquire(
+        self, tokens: float, *, sleep: Callable[[float], Awaitable[None]] | None = None
+    ) -> Permit:
+        """Wait until the key may send a call claiming ``tokens``; return the permit.
+
+        ``sleep`` is the caller's (adapters inject theirs in tests); the budget's own
+        otherwise.
+        """
+        sleep = sleep or self.sleep
         started = self.clock()
         self._stats["waiting"] += 1
         try:
-            await self._wait_for_pause()
+            delay = self._paused_until - self.clock()
+            if delay > 0:  # a 429 paused the key
+                await sleep(delay)
             if self._requests is not None:
                 await self._requests.acquire()
                 if self._pace < 1.0:
                     assert self.limits.rpm
-                    await self.sleep((1.0 / self._pace - 1.0) * 60.0 / self.limits.rpm)
+                    await sleep((1.0 / self._pace - 1.0) * 60.0 / self.limits.rpm)
             if self._tokens is not None:
                 tokens = min(tokens, self._tokens.max_rate)
                 await self._tokens.acquire(tokens)
@@ -122,10 +132,6 @@ class ProviderBudget:
         self._stats["in_flight"] += 1
         self._stats["requests"] += 1
         return Permit(tokens, self.clock() - started)
-
-    async def _wait_for_pause(self) -> None:
-        while (delay := self._paused_until - self.clock()) > 0:
-            await self.sleep(delay)
 
     def release(self, permit: Permit, used_tokens: float | None, *, ok: bool) -> None:
         """End the call and correct its token claim to ``used_tokens``."""
@@ -143,7 +149,8 @@ class ProviderBudget:
     def rate_limited(self, retry_after: float | None) -> None:
         """A 429: pause the key for Retry-After (or 1 s) and halve its pace."""
         self._stats["rate_limited"] += 1
-        self._paused_until = max(self._paused_until, self.clock() + (retry_after or 1.0))
+        pause = 1.0 if retry_after is None else retry_after
+        self._paused_until = max(self._paused_until, self.clock() + pause)
         self._pace = max(0.05, self._pace / 2)
 
     def retrying(self, delta: int) -> None:

@@ -297,9 +297,7 @@ class HttpModelAdapter(ABC):
             on_text(text)
 
         async def attempt(number: int) -> Completion:
-            if delivered:
-                raise ServerError("the stream failed after text was delivered")
-            permit = await budget.acquire(claim)
+            permit = await budget.acquire(claim, sleep=self._sleep)
             used: int | None = None
             ok = False
             try:
@@ -309,9 +307,10 @@ class HttpModelAdapter(ABC):
                 used, ok = completion.usage.total_tokens, True
                 return completion
             except Exception as exc:
-                retry_after = getattr(exc, "retry_after", None)
                 if getattr(exc, "status_code", None) == 429:
-                    budget.rate_limited(retry_after)
+                    budget.rate_limited(getattr(exc, "retry_after", None))
+                if delivered:  # text already reached the caller: it cannot be taken back
+                    exc.retryable = False  # type: ignore[attr-defined]
                 raise
             finally:
                 budget.release(permit, used, ok=ok)
@@ -362,6 +361,7 @@ class HttpModelAdapter(ABC):
                     response.body,
                     model=self.config.model,
                     url=url,
+                    secret=self._api_key,
                 )
             try:
                 data = json.loads(response.body)
@@ -369,7 +369,7 @@ class HttpModelAdapter(ABC):
             except (ValueError, KeyError, IndexError, TypeError) as exc:
                 raise ProtocolError(
                     f"unreadable response from {url}: {exc}",
-                    snippet=response.body[:200].decode("utf-8", "replace"),
+                    snippet=self._scrub(response.body[:200].decode("utf-8", "replace")),
                     model=self.config.model,
                 ) from exc
             total = time.perf_counter() - t0
@@ -384,7 +384,12 @@ class HttpModelAdapter(ABC):
             if streamed.status >= 300:
                 body = await streamed.read()
                 raise error_for_status(
-                    streamed.status, streamed.headers, body, model=self.config.model, url=url
+                    streamed.status,
+                    streamed.headers,
+                    body,
+                    model=self.config.model,
+                    url=url,
+                    secret=self._api_key,
                 )
             return await self._read_stream(streamed, messages, url, t0, on_text)
 
@@ -411,7 +416,7 @@ class HttpModelAdapter(ABC):
             except (ValueError, KeyError, IndexError, TypeError) as exc:
                 raise ProtocolError(
                     f"unreadable stream event from {url}: {exc}",
-                    snippet=event.data[:200],
+                    snippet=self._scrub(event.data[:200]),
                     model=self.config.model,
                 ) from exc
             if delta.text:
@@ -450,6 +455,10 @@ class HttpModelAdapter(ABC):
             ),
             model=self.config.model,
         )
+
+    def _scrub(self, text: str) -> str:
+        """``text`` with the API key blanked out, should a server echo it."""
+        return text.replace(self._api_key, "***") if self._api_key else text
 
     @staticmethod
     def _estimated(messages: Sequence[Message], text: str) -> Usage:

@@ -17,7 +17,7 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    stop_after_delay,
+    stop_before_delay,
 )
 
 from convsim._errors import (
@@ -63,6 +63,8 @@ class RetryPolicy:
         return max(floor, delay)
 
     def should_retry(self, exc: BaseException) -> bool:
+        if getattr(exc, "retryable", True) is False:
+            return False
         if isinstance(exc, (RateLimited, Timeout)):
             return True
         if isinstance(exc, ServerError):
@@ -128,7 +130,8 @@ class RetryPolicy:
 
         remaining = self.max_elapsed_s - (time.monotonic() - started)
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries) | stop_after_delay(max(0.0, remaining)),
+            # stop_before_delay: no wait may end past the time budget
+            stop=stop_after_attempt(self.max_retries) | stop_before_delay(max(0.0, remaining)),
             wait=wait,
             retry=retry_if_exception(self.should_retry),
             before_sleep=before_sleep,
@@ -136,6 +139,9 @@ class RetryPolicy:
             reraise=True,
         )
         delay = self.backoff(1, first_failure)
+        if remaining <= delay:
+            first_failure.attempts = 1
+            raise first_failure
         log.info(
             "model_call_retry",
             attempt=1,
@@ -147,9 +153,6 @@ class RetryPolicy:
             result = on_retry(first_failure, delay)
             if result is not None:
                 await result
-        if remaining <= delay:
-            first_failure.attempts = 1
-            raise first_failure
         await sleep(delay)
         number = 1
         try:
@@ -201,10 +204,19 @@ def _message(body: bytes) -> str:
 
 
 def error_for_status(
-    status: int, headers: Mapping[str, str], body: bytes, *, model: str, url: str
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    model: str,
+    url: str,
+    secret: str | None = None,
 ) -> AdapterError:
-    """The typed error for a non-2xx answer."""
+    """The typed error for a non-2xx answer (``secret``, e.g. the API key, blanked out
+    should the server echo it)."""
     detail = f"{status} from {url}: {_message(body)}"
+    if secret:
+        detail = detail.replace(secret, "***")
     if status == 429:
         return RateLimited(
             f"rate limited: {detail}",

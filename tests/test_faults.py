@@ -9,9 +9,9 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import write_pack
 
 import convsim
-from conftest import write_pack
 from convsim import Status, TurnStatus
 from convsim.adapters import create_adapter
 from convsim.adapters.mock import MockModelServer, MockServerConfig

@@ -416,9 +416,11 @@ def _cut(words: tuple[str, ...], params: _Params) -> tuple[tuple[str, ...], str]
     return words, "stop"
 
 
-def _pieces(words: tuple[str, ...]) -> list[str]:
-    """One streamed piece per word; each but the first carries its leading space."""
-    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+@lru_cache(maxsize=2048)
+def _json_pieces(words: tuple[str, ...]) -> tuple[str, ...]:
+    """One streamed piece per word as a JSON string; each but the first has its leading
+    space. Cached: encoding every word dominated the cost of a streamed answer."""
+    return tuple(json.dumps(w if i == 0 else " " + w) for i, w in enumerate(words))
 
 
 # --------------------------------------------------------------------------- server
@@ -765,18 +767,15 @@ class MockModelServer:
         more = ',"usage":null}' if params.include_usage else "}"
         if chat:
             role = f'{head}"delta":{{"role":"assistant"}},"logprobs":null,"finish_reason":null}}]'
-            events = [
-                f'{head}"delta":{{"content":{json.dumps(p)}}},"logprobs":null,'
-                f'"finish_reason":null}}]{more}\n\n'
-                for p in _pieces(words)
-            ]
+            before = head + '"delta":{"content":'
+            after = '},"logprobs":null,"finish_reason":null}]' + more + "\n\n"
+            events = [before + p + after for p in _json_pieces(words)]
             end = f'{head}"delta":{{}},"logprobs":null,"finish_reason":"{finish}"}}]{more}\n\n'
         else:
             role = ""
-            events = [
-                f'{head}"text":{json.dumps(p)},"logprobs":null,"finish_reason":null}}]{more}\n\n'
-                for p in _pieces(words)
-            ]
+            before = head + '"text":'
+            after = ',"logprobs":null,"finish_reason":null}]' + more + "\n\n"
+            events = [before + p + after for p in _json_pieces(words)]
             end = f'{head}"text":"","logprobs":null,"finish_reason":"{finish}"}}]{more}\n\n'
         if fault == "truncated_sse":
             events = events[:2]  # a couple of words, then the stream ends: no finish, no [DONE]

@@ -11,8 +11,9 @@ back for S seconds:
 2. streaming chat completions with ``--ttft-ms 50``: prints requests/s and the median
    time to the first content chunk, next to the configured 50 ms.
 
-The client is a separate process; on a machine with few cores it competes with the
-server for CPU, so the figures are a lower bound of what the server itself can do.
+Each part also prints the CPU time both processes used while measuring (Linux, from
+``/proc``): when the client is near 1.00 core and the server well below, the client is
+the bottleneck and the figures are a lower bound of what the server can do.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import aiohttp
 
@@ -41,9 +43,24 @@ MESSAGES = [
 ]
 
 
+class Server(NamedTuple):
+    url: str
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (None where /proc is missing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def mock_server(*args: str) -> Iterator[str]:
-    """Run ``convsim mock-server ARGS`` in a subprocess; yield its URL; SIGINT it after."""
+def mock_server(*args: str) -> Iterator[Server]:
+    """Run ``convsim mock-server ARGS`` in a subprocess; yield it; SIGINT it after."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "convsim", "mock-server", "--port", "0", *args],
         stderr=subprocess.PIPE,
@@ -63,7 +80,7 @@ def mock_server(*args: str) -> Iterator[str]:
             raise RuntimeError("mock server did not print its address")
         # Keep reading its stderr so that a chatty server never blocks on a full pipe.
         threading.Thread(target=proc.stderr.read, daemon=True).start()
-        yield url
+        yield Server(url, proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -75,11 +92,13 @@ def mock_server(*args: str) -> Iterator[str]:
             raise RuntimeError(f"mock server exited with {code}")
 
 
-async def drive(url: str, *, seconds: float, concurrency: int, stream: bool) -> dict[str, float]:
+async def drive(
+    server: Server, *, seconds: float, concurrency: int, stream: bool
+) -> dict[str, float]:
     """``concurrency`` workers send chat completions back to back for ``seconds``."""
     body = json.dumps({"model": "mock-model", "messages": MESSAGES, "stream": stream}).encode()
     headers = {"Content-Type": "application/json"}
-    endpoint = url + "/v1/chat/completions"
+    endpoint = server.url + "/v1/chat/completions"
     ttfts: list[float] = []
     done = errors = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -118,14 +137,30 @@ async def drive(url: str, *, seconds: float, concurrency: int, stream: bool) -> 
         await asyncio.gather(*(one() for _ in range(concurrency)))
         done = errors = 0
         ttfts.clear()
+        server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(worker(started + seconds) for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+        server_after, client_after = cpu_seconds(server.pid), time.process_time()
     result = {"requests": done, "errors": errors, "elapsed_s": elapsed, "rps": done / elapsed}
+    result["client_cores"] = (client_after - client_cpu) / elapsed
+    if server_cpu is not None and server_after is not None:
+        result["server_cores"] = (server_after - server_cpu) / elapsed
+        result["server_us_per_request"] = (server_after - server_cpu) / max(done, 1) * 1e6
     if ttfts:
         result["ttft_median_ms"] = statistics.median(ttfts) * 1000
         result["ttft_p99_ms"] = statistics.quantiles(ttfts, n=100)[98] * 1000
     return result
+
+
+def cpu_line(r: dict[str, float]) -> str:
+    line = f"client CPU {r['client_cores']:.2f} cores"
+    if "server_cores" in r:
+        line += (
+            f", server CPU {r['server_cores']:.2f} cores "
+            f"({r['server_us_per_request']:.0f} us per request)"
+        )
+    return line
 
 
 def main() -> None:
@@ -134,23 +169,22 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     args = parser.parse_args()
     print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}")
+    run = {"seconds": args.seconds, "concurrency": args.concurrency}
 
-    with mock_server() as url:
-        r = asyncio.run(
-            drive(url, seconds=args.seconds, concurrency=args.concurrency, stream=False)
-        )
+    with mock_server() as server:
+        r = asyncio.run(drive(server, stream=False, **run))
     print(
         f"non-streaming chat, concurrency {args.concurrency}: {r['rps']:,.0f} req/s "
-        f"({r['requests']:,} in {r['elapsed_s']:.1f} s, {r['errors']} errors)"
+        f"({r['requests']:,} in {r['elapsed_s']:.1f} s, {r['errors']} errors); {cpu_line(r)}"
     )
 
-    with mock_server("--ttft-ms", "50") as url:
-        r = asyncio.run(drive(url, seconds=args.seconds, concurrency=args.concurrency, stream=True))
+    with mock_server("--ttft-ms", "50") as server:
+        r = asyncio.run(drive(server, stream=True, **run))
     print(
         f"streaming chat (--ttft-ms 50), concurrency {args.concurrency}: {r['rps']:,.0f} req/s "
         f"({r['requests']:,} in {r['elapsed_s']:.1f} s, {r['errors']} errors), "
         f"TTFT median {r.get('ttft_median_ms', float('nan')):.1f} ms "
-        f"(p99 {r.get('ttft_p99_ms', float('nan')):.1f} ms) vs 50 ms configured"
+        f"(p99 {r.get('ttft_p99_ms', float('nan')):.1f} ms) vs 50 ms configured; {cpu_line(r)}"
     )
 
 

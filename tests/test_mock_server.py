@@ -8,6 +8,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -765,6 +766,16 @@ def test_cli_bad_values_are_usage_errors(args: list[str]) -> None:
     result = CliRunner().invoke(main, ["mock-server", *args])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
+
+
+def test_cli_port_in_use_exits_2() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["mock-server", "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
 def test_cli_serves_until_sigint() -> None:

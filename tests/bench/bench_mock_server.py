@@ -10,7 +10,7 @@ back for S seconds:
 1. non-streaming chat completions, no delays: prints requests/s;
 2. streaming chat completions with ``--ttft-ms 50``: prints requests/s and the median
    time to the first content chunk, next to the configured 50 ms;
-3. the same at a low concurrency (``--calm-concurrency``, default 16), where the client
+3. the same at a low concurrency (``--calm-concurrency``, default 1), where the client
    is not busy, so the measured time to first token shows the server's own accuracy.
 
 Each part also prints the CPU time both processes used while measuring (Linux, from
@@ -169,7 +169,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--calm-concurrency", type=int, default=16)
+    parser.add_argument("--calm-concurrency", type=int, default=1)
     args = parser.parse_args()
     print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}")
     run = {"seconds": args.seconds, "concurrency": args.concurrency}

@@ -1,7 +1,7 @@
 """Rate budgets that belong to a provider key, shared by every adapter that uses it.
 
-A :class:`ProviderBudget` paces requests per minute (smoothed: a budget of R/min admits
-at most R/60 requests in any second, never R at once) and tokens per minute (acquired
+A :class:`ProviderBudget` paces requests per minute (smoothed: evenly spaced at 99% of
+the rate, so no 60 s window ever sees more than R) and tokens per minute (acquired
 as the estimated prompt + max_tokens, then corrected to the real usage). Concurrency is
 capped per adapter (per role), not here. A 429 pauses the key for its Retry-After and
 halves its pace, which recovers by 5% per successful call. :class:`Budgets` hands out one
@@ -30,10 +30,13 @@ class _RefundableLimiter(AsyncLimiter):
         self._wake_next()
 
 
-def _pacer(per_minute: float, burst_seconds: float) -> _RefundableLimiter:
-    """A bucket that holds ``burst_seconds`` worth of the rate (at least one unit)."""
-    capacity = max(1.0, per_minute * burst_seconds / 60.0)
-    return _RefundableLimiter(capacity, capacity * 60.0 / per_minute)
+def _pacer(per_minute: float, capacity: float) -> _RefundableLimiter:
+    """A leaky bucket of ``capacity`` draining at 99% of ``per_minute``.
+
+    Any 60 s window then admits at most capacity + 0.99 x per_minute, which stays
+    within a server's sliding-window limit when capacity <= 1% of it.
+    """
+    return _RefundableLimiter(capacity, capacity * 60.0 / (0.99 * per_minute))
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,10 @@ class ProviderBudget:
 
     def _build(self) -> None:
         rpm, tpm = self.limits.rpm, self.limits.tpm
-        self._requests = _pacer(rpm, burst_seconds=1.0) if rpm else None
-        self._tokens = _pacer(tpm, burst_seconds=10.0) if tpm else None
+        # requests one at a time (no burst at all); tokens may burst up to 1% of the
+        # minute's budget, or one call's worth, so a long prompt still fits
+        self._requests = _pacer(rpm, capacity=1.0) if rpm else None
+        self._tokens = _pacer(tpm, capacity=max(tpm / 100, 8192.0)) if tpm else None
 
     def tighten(self, limits: BudgetLimits) -> None:
         """Adopt the stricter of the current and the given limits (before calls start)."""

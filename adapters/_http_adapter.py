@@ -19,7 +19,13 @@ from typing import Any, ClassVar, Literal
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from convsim._errors import ConfigError, ProtocolError, ServerError, describe_validation_error
+from convsim._errors import (
+    AdapterError,
+    ConfigError,
+    ProtocolError,
+    ServerError,
+    describe_validation_error,
+)
 
 from ._budget import BudgetLimits, Budgets, ProviderBudget
 from ._http import (
@@ -298,7 +304,7 @@ class HttpModelAdapter(ABC):
 
         async def attempt(number: int) -> Completion:
             permit = await budget.acquire(claim, sleep=self._sleep)
-            used: int | None = None
+            used = 0  # a failed call gives its whole token claim back
             ok = False
             try:
                 completion = await self._attempt(
@@ -306,11 +312,12 @@ class HttpModelAdapter(ABC):
                 )
                 used, ok = completion.usage.total_tokens, True
                 return completion
-            except Exception as exc:
-                if getattr(exc, "status_code", None) == 429:
+            except AdapterError as exc:
+                if exc.status_code == 429:
                     budget.rate_limited(getattr(exc, "retry_after", None))
                 if delivered:  # text already reached the caller: it cannot be taken back
                     exc.retryable = False  # type: ignore[attr-defined]
+                self._scrub_error(exc)
                 raise
             finally:
                 budget.release(permit, used, ok=ok)
@@ -455,6 +462,14 @@ class HttpModelAdapter(ABC):
             ),
             model=self.config.model,
         )
+
+    def _scrub_error(self, exc: AdapterError) -> None:
+        """Blank the API key out of an error, should a server have echoed it anywhere."""
+        if self._api_key and self._api_key in str(exc):
+            exc.args = (self._scrub(str(exc)),)
+        snippet = getattr(exc, "snippet", None)
+        if snippet:
+            exc.snippet = self._scrub(snippet)  # type: ignore[attr-defined]
 
     def _scrub(self, text: str) -> str:
         """``text`` with the API key blanked out, should a server echo it."""

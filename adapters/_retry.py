@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -176,9 +177,11 @@ def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None)
         except ValueError:
             return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError):

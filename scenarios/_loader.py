@@ -19,6 +19,7 @@ from convsim._errors import ConfigError, PackError, PackProblem, TemplateError
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
 from ._schema import (
     BUILTIN_VARIABLES,
+    Criterion,
     Flow,
     Problem,
     Scenario,
@@ -258,6 +259,21 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+def _criterion_problem(criterion: Criterion) -> str | None:
+    """What is wrong with a criterion's value for its kind, if anything."""
+    if criterion.kind == "regex":
+        try:
+            re.compile(str(criterion.value))
+        except re.error as exc:
+            return f"not a valid regular expression: {exc}"
+    elif criterion.kind == "number":
+        try:
+            float(criterion.value)
+        except (TypeError, ValueError):
+            return f"a number criterion needs a number, not {criterion.value!r}"
+    return None
 
 
 def _context(text: str, mode: str) -> str:
@@ -505,6 +521,9 @@ class _MultiTurnLoader(_Loader):
                             f"goal.{group}.{i}.turn_id",
                             f"unknown turn {crit.turn_id!r}",
                         )
+                    wrong = _criterion_problem(crit)
+                    if wrong:
+                        self.problem(self.DATA, lineno, f"goal.{group}.{i}.value", wrong)
 
     def _flow_notes(self, flows: dict[str, PreparedFlow]) -> Iterator[str]:
         for name, prepared in flows.items():

@@ -91,7 +91,7 @@ class ConversationActor:
         turn_metrics: Mapping[str, Metric] | None = None,
         user_model: ModelAdapter | None = None,
         defaults: GenerationParams | None = None,
-        params_cache: dict[int, GenerationParams] | None = None,
+        params_cache: dict[tuple[int, str], GenerationParams] | None = None,
     ) -> None:
         self.conversation = conversation
         self.model = model
@@ -330,10 +330,15 @@ class ConversationActor:
         )
 
     def _params(self, turn: PreparedTurn, side: str) -> GenerationParams:
-        base = self._turn_params.get(id(turn))
+        """The call's settings: the side's own adapter defaults, then the turn's."""
+        key = (id(turn), side)
+        base = self._turn_params.get(key)
         if base is None:
             cfg = turn.config.config
-            base = self._turn_params[id(turn)] = self.defaults.merged(
+            defaults = self.defaults
+            if side == "user" and self.user_model is not None:
+                defaults = self.user_model.default_config()
+            base = self._turn_params[key] = defaults.merged(
                 {
                     "temperature": cfg.temperature,
                     "max_tokens": cfg.max_tokens,

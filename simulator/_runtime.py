@@ -445,7 +445,7 @@ class Simulator:
             max_turns=self.max_turns,
         )
         defaults = self.model.default_config()
-        params_cache: dict[int, GenerationParams] = {}
+        params_cache: dict[tuple[int, str], GenerationParams] = {}
         slots = self._slots
         log.info(
             "run_started",

@@ -435,12 +435,13 @@ async def test_simulator_binds_one_budget_to_model_and_user_model(tmp_path: Path
         await user.aclose()
 
 
-async def test_rpm_is_smoothed_to_one_second_of_requests() -> None:
+async def test_rpm_is_smoothed_to_evenly_spaced_requests() -> None:
     budget = ProviderBudget("k", BudgetLimits(rpm=600))
-    assert budget._requests is not None and budget._requests.max_rate == 10
-    for _ in range(10):
-        await budget.acquire(1)
-    assert not budget._requests.has_capacity()  # not 600 at once: 10 per second
+    assert budget._requests is not None and budget._requests.max_rate == 1
+    await budget.acquire(1)
+    assert not budget._requests.has_capacity()  # not 600 at once: one at a time
+    # drained at 99% of the rate, so no 60 s window of a server sees more than 600
+    assert budget._requests.time_period == pytest.approx(60 / (0.99 * 600))
 
     slow = ProviderBudget("k", BudgetLimits(rpm=30))
     assert slow._requests is not None and slow._requests.max_rate == 1
@@ -453,35 +454,43 @@ async def test_rpm_is_smoothed_to_one_second_of_requests() -> None:
     assert unlimited.statistics().requests == 1000
 
 
+TPM = 1_000_000  # the token bucket holds 1% of the minute's budget: 10,000 tokens
+
+
 async def test_tokens_over_claimed_are_given_back() -> None:
-    budget = ProviderBudget("k", BudgetLimits(tpm=6000))  # 10 s worth: 1000 tokens
+    budget = ProviderBudget("k", BudgetLimits(tpm=TPM))
     tokens = budget._tokens
-    assert tokens is not None and tokens.max_rate == 1000
-    permit = await budget.acquire(900)
-    assert permit.tokens == 900
-    assert not tokens.has_capacity(500)
-    budget.release(permit, used_tokens=100, ok=True)
-    assert tokens.has_capacity(500)  # 800 of the 900 claimed came back
-    assert not tokens.has_capacity(950)
+    assert tokens is not None and tokens.max_rate == 10_000
+    permit = await budget.acquire(9000)
+    assert permit.tokens == 9000
+    assert not tokens.has_capacity(5000)
+    budget.release(permit, used_tokens=1000, ok=True)
+    assert tokens.has_capacity(5000)  # 8000 of the 9000 claimed came back
+    assert not tokens.has_capacity(9500)
+
+
+async def test_a_small_token_budget_still_fits_one_long_call() -> None:
+    budget = ProviderBudget("k", BudgetLimits(tpm=6000))
+    assert budget._tokens is not None and budget._tokens.max_rate == 8192
 
 
 async def test_a_claim_larger_than_the_bucket_is_capped() -> None:
-    budget = ProviderBudget("k", BudgetLimits(tpm=6000))
-    big = await budget.acquire(50_000)  # more than the bucket holds: capped, not refused
-    assert big.tokens == 1000
+    budget = ProviderBudget("k", BudgetLimits(tpm=TPM))
+    big = await budget.acquire(500_000)  # more than the bucket holds: capped, not refused
+    assert big.tokens == 10_000
     assert budget._tokens is not None and not budget._tokens.has_capacity(100)
-    budget.release(big, used_tokens=1000, ok=True)
+    budget.release(big, used_tokens=10_000, ok=True)
     assert not budget._tokens.has_capacity(100)
 
 
 async def test_tokens_used_beyond_the_claim_are_charged() -> None:
-    budget = ProviderBudget("k", BudgetLimits(tpm=6000))
+    budget = ProviderBudget("k", BudgetLimits(tpm=TPM))
     tokens = budget._tokens
     assert tokens is not None
-    permit = await budget.acquire(100)
-    budget.release(permit, used_tokens=700, ok=True)
-    assert not tokens.has_capacity(400)
-    assert tokens.has_capacity(250)
+    permit = await budget.acquire(1000)
+    budget.release(permit, used_tokens=7000, ok=True)
+    assert not tokens.has_capacity(4000)
+    assert tokens.has_capacity(2500)
 
 
 async def test_a_429_pauses_the_key_and_halves_its_pace() -> None:

@@ -833,13 +833,6 @@ async def test_a_429_pause_uses_the_adapters_sleep(http: Seam) -> None:
     assert sum(http.sleeps) >= 2  # every wait went through the injected sleep
 
 
-@pytest.mark.xfail(
-    reason="BUG: d6cf6de blanks the key out of error_for_status messages and ProtocolError "
-    "snippets, but not out of errors raised for stream events: an OpenAI `data: "
-    '{"error": ...}` event becomes a ProtocolError whose message repeats the event, and an '
-    "Anthropic `event: error` a ServerError/RateLimited whose message repeats error.message",
-    strict=True,
-)
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 async def test_a_key_echoed_in_a_stream_error_is_scrubbed(http: Seam, api: str) -> None:
     echo = f"invalid key {SECRET}"

@@ -167,12 +167,6 @@ async def test_the_goal_defaults_to_the_scenarios_and_no_profile_lines_are_empty
     assert sent[1:] == (Message(role="user", content="(Write your next message.)"),)
 
 
-@pytest.mark.xfail(
-    reason="BUG: ConversationActor._params builds the user side's settings on the model "
-    "under test's default_config(), so the user model's own defaults (e.g. "
-    "--user-model-arg temperature=1.0) are replaced by the assistant's",
-    strict=True,
-)
 async def test_the_user_model_keeps_its_own_default_settings(tmp_path: Path) -> None:
     class Configured(FakeAdapter):
         def __init__(self, defaults: GenerationParams, name: str) -> None:
@@ -408,12 +402,6 @@ async def test_a_goal_on_a_named_turn(tmp_path: Path) -> None:
     assert [t.turn_id for t in result.turns if t.status is TurnStatus.COMPLETED] == ["ask", "push"]
 
 
-@pytest.mark.xfail(
-    reason="BUG: goal criteria are not checked when the pack loads: a regex that does not "
-    "compile (or a number criterion whose value is not a number) passes load_pack and "
-    "then crashes every conversation in goal_met with INTERNAL_ERROR",
-    strict=True,
-)
 def test_a_broken_goal_criterion_is_a_pack_error(tmp_path: Path) -> None:
     goal = {
         "description": "d",

@@ -34,20 +34,33 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import convsim  # noqa: E402
-from bench_runtime import write_pack  # noqa: E402
-from convsim._gc import tune_gc_for_throughput  # noqa: E402
-from convsim.adapters import create_adapter  # noqa: E402
+from bench_runtime import write_pack
 
-BODY = {"model": "mock-model", "messages": [{"role": "user", "content": "Hello there, how are you?"}],
-        "max_tokens": 32}
+import convsim
+from convsim._gc import tune_gc_for_throughput
+from convsim.adapters import create_adapter
+
+BODY = {
+    "model": "mock-model",
+    "messages": [{"role": "user", "content": "Hello there, how are you?"}],
+    "max_tokens": 32,
+}
 
 
 def write_one_turn_pack(folder: Path, conversations: int) -> Path:
     """Conversations of one turn whose request is the bare loop's request."""
     message = BODY["messages"][0]["content"]  # type: ignore[index]
-    flows = {"default": {"turns": [{"turn_id": "ask", "prompt_template": message,
-                                    "config": {"max_tokens": BODY["max_tokens"]}}]}}
+    flows = {
+        "default": {
+            "turns": [
+                {
+                    "turn_id": "ask",
+                    "prompt_template": message,
+                    "config": {"max_tokens": BODY["max_tokens"]},
+                }
+            ]
+        }
+    }
     (folder / "turn_configs.yml").write_text(json.dumps(flows))
     with open(folder / "scenarios.jsonl", "w") as fh:
         for i in range(conversations):
@@ -66,7 +79,9 @@ def mock_server(*args: str) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "convsim", "mock-server", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 20
@@ -84,8 +99,9 @@ def mock_server(*args: str) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-async def bare_loop(base_url: str, requests: int, concurrency: int, stream: bool = False
-                    ) -> tuple[float, list[float]]:
+async def bare_loop(
+    base_url: str, requests: int, concurrency: int, stream: bool = False
+) -> tuple[float, list[float]]:
     """Wall time for ``requests`` chat completions; TTFTs when streaming."""
     body = dict(BODY, stream=True) if stream else BODY
     data = json.dumps(body).encode()
@@ -99,8 +115,11 @@ async def bare_loop(base_url: str, requests: int, concurrency: int, stream: bool
             while left > 0:
                 left -= 1
                 t0 = time.perf_counter()
-                async with session.post(base_url + "/chat/completions", data=data,
-                                        headers={"Content-Type": "application/json"}) as r:
+                async with session.post(
+                    base_url + "/chat/completions",
+                    data=data,
+                    headers={"Content-Type": "application/json"},
+                ) as r:
                     if stream:
                         first = True
                         async for chunk in r.content.iter_any():
@@ -117,12 +136,19 @@ async def bare_loop(base_url: str, requests: int, concurrency: int, stream: bool
     return time.perf_counter() - started, ttfts
 
 
-async def through_convsim(pack: convsim.Pack, base_url: str, concurrency: int, *, stream: bool = False,
-                          measure_lag: bool = False) -> tuple[float, int, list[float], list[float]]:
+async def through_convsim(
+    pack: convsim.Pack,
+    base_url: str,
+    concurrency: int,
+    *,
+    stream: bool = False,
+    measure_lag: bool = False,
+) -> tuple[float, int, list[float], list[float]]:
     """Wall time, model calls, adapter TTFTs, event-loop lags."""
-    adapter = create_adapter("openai-compatible:mock-model",
-                             {"base_url": base_url, "concurrency": concurrency, "stream": stream,
-                              "max_tokens": 32})
+    adapter = create_adapter(
+        "openai-compatible:mock-model",
+        {"base_url": base_url, "concurrency": concurrency, "stream": stream, "max_tokens": 32},
+    )
     lags: list[float] = []
     ttfts: list[float] = []
     calls = 0
@@ -155,9 +181,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def rpm_run(base_url: str, seconds: float) -> tuple[int, int]:
-    adapter = create_adapter("openai-compatible:mock-model",
-                             {"base_url": base_url, "rpm": 600, "concurrency": 50, "max_tokens": 16,
-                              "max_retries": 0})
+    adapter = create_adapter(
+        "openai-compatible:mock-model",
+        {"base_url": base_url, "rpm": 600, "concurrency": 50, "max_tokens": 16, "max_retries": 0},
+    )
     with tempfile.TemporaryDirectory() as tmp:
         pack = convsim.load_pack(write_pack(Path(tmp), 200))
         done = 0
@@ -186,8 +213,10 @@ def main() -> None:
     single = convsim.load_pack(write_one_turn_pack(tmp / "one", args.requests))
     multi = convsim.load_pack(write_pack(tmp / "ten", args.requests // turns))
 
-    print(f"python {sys.version.split()[0]}, convsim {convsim.__version__}, "
-          f"aiohttp {aiohttp.__version__}")
+    print(
+        f"python {sys.version.split()[0]}, convsim {convsim.__version__}, "
+        f"aiohttp {aiohttp.__version__}"
+    )
     with mock_server() as url:
         bare_s, _ = anyio.run(bare_loop, url, args.requests, 256)
         run_s, calls, _, _ = anyio.run(through_convsim, single, url, 256)
@@ -195,33 +224,45 @@ def main() -> None:
     bare_rate, run_rate, multi_rate = args.requests / bare_s, calls / run_s, multi_calls / multi_s
     print("[1] zero latency, non-streaming, concurrency 256")
     print(f"  bare aiohttp loop              : {bare_rate:8,.0f} requests/s")
-    print(f"  convsim, one-turn conversations: {run_rate:8,.0f} requests/s  "
-          f"({run_rate / bare_rate:.2f}x; the same request as the bare loop)")
-    print(f"  convsim, ten-turn conversations: {multi_rate:8,.0f} requests/s  "
-          f"({multi_rate / bare_rate:.2f}x; growing histories, more work per request)")
+    print(
+        f"  convsim, one-turn conversations: {run_rate:8,.0f} requests/s  "
+        f"({run_rate / bare_rate:.2f}x; the same request as the bare loop)"
+    )
+    print(
+        f"  convsim, ten-turn conversations: {multi_rate:8,.0f} requests/s  "
+        f"({multi_rate / bare_rate:.2f}x; growing histories, more work per request)"
+    )
 
     n = min(args.requests, 20_000)
     with tempfile.TemporaryDirectory() as tmp2, mock_server("--ttft-ms", "100") as url:
         pack2 = convsim.load_pack(write_one_turn_pack(Path(tmp2), n))
         bare_s, _ = anyio.run(bare_loop, url, n, 1000)
         run_s, calls, _, lags = anyio.run(
-            lambda: through_convsim(pack2, url, 1000, measure_lag=True))
+            lambda: through_convsim(pack2, url, 1000, measure_lag=True)
+        )
     bare_rate, run_rate = n / bare_s, calls / run_s
     print("[2] 100 ms server latency, concurrency 1,000")
     print(f"  bare aiohttp loop      : {bare_rate:8,.0f} requests/s")
     print(f"  convsim + openai adapter: {run_rate:8,.0f} requests/s  ({run_rate / bare_rate:.2f}x)")
-    print(f"  event-loop lag         : p50 {pct(lags, 50) * 1e3:.1f} ms, p99 {pct(lags, 99) * 1e3:.1f} ms")
+    print(
+        f"  event-loop lag         : p50 {pct(lags, 50) * 1e3:.1f} ms, "
+        f"p99 {pct(lags, 99) * 1e3:.1f} ms"
+    )
 
     n = 2_000
-    with tempfile.TemporaryDirectory() as tmp3, mock_server(
-            "--ttft-ms", "50", "--itl-ms", "5", "--output-tokens", "20") as url:
+    with (
+        tempfile.TemporaryDirectory() as tmp3,
+        mock_server("--ttft-ms", "50", "--itl-ms", "5", "--output-tokens", "20") as url,
+    ):
         pack3 = convsim.load_pack(write_one_turn_pack(Path(tmp3), n))
         _, bare_ttfts = anyio.run(bare_loop, url, n, 64, True)
         _, calls, ttfts, _ = anyio.run(lambda: through_convsim(pack3, url, 64, stream=True))
     print("[3] streaming, 20 chunks, server TTFT 50 ms, concurrency 64")
     print(f"  bare aiohttp loop TTFT : median {statistics.median(bare_ttfts) * 1e3:.1f} ms")
-    print(f"  convsim adapter TTFT   : median {statistics.median(ttfts) * 1e3:.1f} ms "
-          f"({(statistics.median(ttfts) - 0.050) * 1e3:+.1f} ms vs the server's 50 ms)")
+    print(
+        f"  convsim adapter TTFT   : median {statistics.median(ttfts) * 1e3:.1f} ms "
+        f"({(statistics.median(ttfts) - 0.050) * 1e3:+.1f} ms vs the server's 50 ms)"
+    )
 
     if not args.skip_rpm:
         with mock_server("--rpm", "600") as url:

@@ -69,6 +69,9 @@ class HttpAdapterConfig(BaseModel):
     """Requests per minute for this provider key, shared by every role using it."""
     tpm: float | None = Field(default=None, gt=0)
     """Tokens per minute for this provider key."""
+    rpd: float | None = Field(default=None, gt=0)
+    """Requests per day, as the provider states it: reported by ``rate_limits()``, not
+    enforced (a run that long is better split)."""
     concurrency: int = Field(default=64, ge=1)
     """Calls this adapter (this role) has in flight at most; also the pool size."""
     stream: bool = False
@@ -232,6 +235,7 @@ class HttpModelAdapter(ABC):
         return RateLimits(
             requests_per_minute=self.config.rpm,
             tokens_per_minute=self.config.tpm,
+            requests_per_day=self.config.rpd,
             concurrency=self.config.concurrency,
         )
 

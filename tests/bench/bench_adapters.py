@@ -186,7 +186,8 @@ async def rpm_run(base_url: str, seconds: float) -> tuple[int, int]:
         {"base_url": base_url, "rpm": 600, "concurrency": 50, "max_tokens": 16, "max_retries": 0},
     )
     with tempfile.TemporaryDirectory() as tmp:
-        pack = convsim.load_pack(write_pack(Path(tmp), 200))
+        # one call per conversation, so finished conversations count every call
+        pack = convsim.load_pack(write_one_turn_pack(Path(tmp), 2000))
         done = 0
         async with convsim.Simulator(adapter, concurrency=50, metrics=[]) as sim:
             handle = sim.run(pack)

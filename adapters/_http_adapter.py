@@ -288,7 +288,8 @@ class HttpModelAdapter(ABC):
         on_text: Callable[[str], None] | None,
     ) -> Completion:
         if self._slots is None:
-            self._slots = anyio.Semaphore(self.config.concurrency)
+            # fast_acquire: a free slot is taken without a trip through the event loop
+            self._slots = anyio.Semaphore(self.config.concurrency, fast_acquire=True)
         budget = self.budget()
         stream = on_text is not None or self.config.stream
         # only a token budget needs the estimate of what the call will use

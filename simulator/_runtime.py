@@ -294,7 +294,7 @@ class Simulator:
 
     async def __aenter__(self) -> Simulator:
         # one cap for every run of this simulator: concurrent runs share it
-        self._slots = anyio.Semaphore(self.concurrency, fast_acquire=True)
+        self._slots = anyio.Semaphore(self.concurrency)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self

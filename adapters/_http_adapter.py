@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from convsim._errors import (
     AdapterError,
     ConfigError,
     ProtocolError,
     ServerError,
-    describe_validation_error,
+    parse_config,
 )
 
 from ._budget import BudgetLimits, Budgets, ProviderBudget
@@ -143,33 +143,26 @@ class HttpModelAdapter(ABC):
         env: Mapping[str, str] | None = None,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
-        if not isinstance(config, HttpAdapterConfig):
-            try:
-                config = self.Config.model_validate(dict(config))
-            except ValidationError as exc:
-                raise ConfigError(
-                    describe_validation_error(exc, f"{self.model_type} model")
-                ) from exc
-        self.config = config
-        base_url = config.base_url or self.default_base_url
+        cfg = self.config = parse_config(self.Config, config, f"{self.model_type} model")
+        base_url = cfg.base_url or self.default_base_url
         if not base_url:
             raise ConfigError(
-                f"{self.model_type}:{config.model} needs a base_url "
+                f"{self.model_type}:{cfg.model} needs a base_url "
                 f"(--model-arg base_url=http://HOST:PORT/v1)"
             )
         self.base_url = base_url.rstrip("/")
         self._api_key = self._resolve_key(env if env is not None else os.environ)
         self._headers = {**JSON_HEADERS, **self.auth_headers()}
-        if config.stream and not self.supports_streaming:
+        if cfg.stream and not self.supports_streaming:
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
         self._transport = transport or (
-            AiohttpTransport(pool_size=config.concurrency)
-            if config.http == "aiohttp"
-            else HttpxTransport(pool_size=config.concurrency)
+            AiohttpTransport(pool_size=cfg.concurrency)
+            if cfg.http == "aiohttp"
+            else HttpxTransport(pool_size=cfg.concurrency)
         )
-        self._timeouts = HttpTimeouts(connect=config.connect_timeout, read=config.timeout)
+        self._timeouts = HttpTimeouts(connect=cfg.connect_timeout, read=cfg.timeout)
         self.retry_policy = RetryPolicy(
-            max_retries=config.max_retries, max_elapsed_s=config.max_retry_time
+            max_retries=cfg.max_retries, max_elapsed_s=cfg.max_retry_time
         )
         self._budgets = budgets or Budgets()
         self._budget: ProviderBudget | None = None
@@ -226,10 +219,7 @@ class HttpModelAdapter(ABC):
         return GenerationParams(temperature=c.temperature, max_tokens=c.max_tokens, top_p=c.top_p)
 
     def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
-        try:
-            return GenerationParams.model_validate(dict(config))
-        except ValidationError as exc:
-            raise ConfigError(describe_validation_error(exc, "generation config")) from exc
+        return parse_config(GenerationParams, config, "generation config")
 
     def rate_limits(self) -> RateLimits:
         return RateLimits(

@@ -39,12 +39,11 @@ from pydantic import (
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
-    ValidationError,
     field_validator,
 )
 from pydantic_core import core_schema
 
-from convsim._errors import ConfigError, describe_validation_error
+from convsim._errors import parse_config
 
 from ._recall import recall_reply
 from ._types import Message
@@ -456,30 +455,23 @@ class MockModelServer:
         sleep: Sleep = asyncio.sleep,
         shutdown_timeout: float = 1.0,
     ) -> None:
-        if config is None:
-            config = MockServerConfig()
-        elif not isinstance(config, MockServerConfig):
-            try:
-                config = MockServerConfig.model_validate(dict(config))
-            except ValidationError as exc:
-                raise ConfigError(describe_validation_error(exc, "mock server config")) from exc
-        self.config = config
+        cfg = self.config = parse_config(MockServerConfig, config, "mock server config")
         self._clock = clock
         self._sleep = sleep
         self._shutdown_timeout = shutdown_timeout
-        self._delay_rng = random.Random(f"{config.seed}:delays")
-        self._fault_rng = random.Random(f"{config.seed}:faults")
-        self._fault_kinds = [k for k, w in config.faults.items() if w > 0]
-        self._fault_weights = [config.faults[k] for k in self._fault_kinds]
-        self._auth = None if config.api_key is None else f"Bearer {config.api_key}".encode()
+        self._delay_rng = random.Random(f"{cfg.seed}:delays")
+        self._fault_rng = random.Random(f"{cfg.seed}:faults")
+        self._fault_kinds = [k for k, w in cfg.faults.items() if w > 0]
+        self._fault_weights = [cfg.faults[k] for k in self._fault_kinds]
+        self._auth = None if cfg.api_key is None else f"Bearer {cfg.api_key}".encode()
         self._window: deque[float] = deque()
         self._ids = itertools.count(1)
-        self._model_json = json.dumps(config.model)
+        self._model_json = json.dumps(cfg.model)
         self._models_body = json.dumps(
             {
                 "object": "list",
                 "data": [
-                    {"id": config.model, "object": "model", "created": 0, "owned_by": "convsim"}
+                    {"id": cfg.model, "object": "model", "created": 0, "owned_by": "convsim"}
                 ],
             }
         ).encode()

@@ -9,9 +9,9 @@ from functools import lru_cache
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from convsim._errors import ConfigError, ServerError, describe_validation_error
+from convsim._errors import ServerError, parse_config
 
 from ._recall import recall_reply
 from ._types import (
@@ -60,14 +60,7 @@ class ScriptedAdapter:
     """
 
     def __init__(self, config: ScriptedConfig | Mapping[str, Any] | None = None) -> None:
-        if config is None:
-            config = ScriptedConfig()
-        elif not isinstance(config, ScriptedConfig):
-            try:
-                config = ScriptedConfig.model_validate(dict(config))
-            except ValidationError as exc:
-                raise ConfigError(describe_validation_error(exc, "scripted")) from exc
-        self.config = config
+        self.config = parse_config(ScriptedConfig, config, "scripted")
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(
@@ -83,10 +76,7 @@ class ScriptedAdapter:
         return GenerationParams(temperature=0.0, max_tokens=512)
 
     def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
-        try:
-            return GenerationParams.model_validate(dict(config))
-        except ValidationError as exc:
-            raise ConfigError(describe_validation_error(exc, "generation config")) from exc
+        return parse_config(GenerationParams, config, "generation config")
 
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
         started = time.perf_counter()

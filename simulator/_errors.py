@@ -23,12 +23,13 @@ failures of the request or of the model so results can tell them apart.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
     "ConvsimError",
@@ -47,6 +48,7 @@ __all__ = [
     "AuthError",
     "ProtocolError",
     "describe_validation_error",
+    "parse_config",
 ]
 
 
@@ -182,3 +184,16 @@ def describe_validation_error(exc: ValidationError, what: str) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         parts.append(f"{loc}: {err['msg']}")
     return f"invalid {what}: " + "; ".join(parts)
+
+
+def parse_config(model: type[M], config: M | Mapping[str, Any] | None, what: str) -> M:
+    """``config`` as a ``model``: itself, validated from a mapping, or the defaults.
+
+    Raises ConfigError naming every invalid field.
+    """
+    if isinstance(config, model):
+        return config
+    try:
+        return model.model_validate(dict(config or {}))
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, what)) from exc

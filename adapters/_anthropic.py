@@ -46,6 +46,9 @@ class AnthropicAdapter(HttpModelAdapter):
     Config: ClassVar[type[HttpAdapterConfig]] = AnthropicConfig
     config: AnthropicConfig
 
+    def default_max_tokens(self) -> int:
+        return self.config.max_tokens or self.config.default_max_tokens
+
     def auth_headers(self) -> dict[str, str]:
         headers = {"anthropic-version": self.config.anthropic_version}
         if self._api_key:

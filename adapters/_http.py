@@ -67,8 +67,12 @@ class SSEDecoder:
         self._buffer = b""
         self._event: str | None = None
         self._data: list[str] = []
+        self._started = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if not self._started:
+            self._started = True
+            chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark may open the stream
         self._buffer += chunk
         events: list[SSEEvent] = []
         while True:
@@ -92,9 +96,10 @@ class SSEDecoder:
                     self._event = value
 
     def flush(self) -> list[SSEEvent]:
-        """Events left when the stream ends without a final blank line."""
-        events = self.feed(b"\n\n") if self._buffer or self._data else []
-        return events
+        """At the end of the stream: an unfinished event is discarded, as the SSE
+        specification says (a stream cut mid-event then reads as incomplete)."""
+        self._buffer, self._event, self._data = b"", None, []
+        return []
 
 
 class StreamResponse(Protocol):

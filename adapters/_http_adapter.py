@@ -199,6 +199,10 @@ class HttpModelAdapter(ABC):
             self._budget = self._budgets.get(self.connection_key(), limits)
         return self._budget
 
+    def default_max_tokens(self) -> int:
+        """What a call may produce when a turn sets no max_tokens (for token budgets)."""
+        return self.config.max_tokens or 256
+
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
@@ -284,12 +288,12 @@ class HttpModelAdapter(ABC):
         stream = on_text is not None or self.config.stream
         # only a token budget needs the estimate of what the call will use
         claim = (
-            _prompt_tokens(messages) + (params.max_tokens or self.config.max_tokens or 256)
+            _prompt_tokens(messages) + (params.max_tokens or self.default_max_tokens())
             if budget.limits.tpm
             else 0
         )
-        started = time.perf_counter()
         delivered = False
+        budget_wait = 0.0
 
         def deliver(text: str) -> None:
             nonlocal delivered
@@ -298,7 +302,9 @@ class HttpModelAdapter(ABC):
             on_text(text)
 
         async def attempt(number: int) -> Completion:
+            nonlocal budget_wait
             permit = await budget.acquire(claim, sleep=self._sleep)
+            budget_wait += permit.queue_wait_s
             used = 0  # a failed call gives its whole token claim back
             ok = False
             try:
@@ -324,17 +330,20 @@ class HttpModelAdapter(ABC):
             finally:
                 budget.retrying(-1)
 
+        queued = time.perf_counter()
         async with self._slots:
+            started = time.perf_counter()
             completion, attempts = await self.retry_policy.call(attempt, sleep=counted_sleep)
         timings = completion.timings
-        waited = time.perf_counter() - started - timings.total_s
+        spent = time.perf_counter() - started
         # built from validated parts: no need to validate again on this hot path
         return Completion.model_construct(
             text=completion.text,
             finish_reason=completion.finish_reason,
             usage=completion.usage,
             timings=CallTimings.model_construct(
-                queue_wait_s=max(0.0, waited),
+                queue_wait_s=(started - queued) + budget_wait,
+                retry_wait_s=max(0.0, spent - budget_wait - timings.total_s),
                 ttft_s=timings.ttft_s,
                 total_s=timings.total_s,
                 inter_token_s=timings.inter_token_s,
@@ -368,10 +377,12 @@ class HttpModelAdapter(ABC):
             try:
                 data = json.loads(response.body)
                 text, finish_reason, usage = self.parse_response(data)
-            except (ValueError, KeyError, IndexError, TypeError) as exc:
+            except AdapterError:
+                raise
+            except Exception as exc:  # any misshapen answer, whatever the parser tripped on
                 raise ProtocolError(
                     f"unreadable response from {url}: {exc}",
-                    snippet=self._scrub(response.body[:200].decode("utf-8", "replace")),
+                    snippet=self._scrub(response.body.decode("utf-8", "replace"))[:200],
                     model=self.config.model,
                 ) from exc
             total = time.perf_counter() - t0
@@ -415,10 +426,12 @@ class HttpModelAdapter(ABC):
             nonlocal first, last, finish_reason, usage, done
             try:
                 delta = self.parse_event(event)
-            except (ValueError, KeyError, IndexError, TypeError) as exc:
+            except AdapterError:
+                raise
+            except Exception as exc:  # any misshapen answer, whatever the parser tripped on
                 raise ProtocolError(
                     f"unreadable stream event from {url}: {exc}",
-                    snippet=self._scrub(event.data[:200]),
+                    snippet=self._scrub(event.data)[:200],
                     model=self.config.model,
                 ) from exc
             if delta.text:

@@ -470,9 +470,7 @@ class MockModelServer:
         self._models_body = json.dumps(
             {
                 "object": "list",
-                "data": [
-                    {"id": cfg.model, "object": "model", "created": 0, "owned_by": "convsim"}
-                ],
+                "data": [{"id": cfg.model, "object": "model", "created": 0, "owned_by": "convsim"}],
             }
         ).encode()
         self._requests = 0

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
+
+from convsim._errors import ServerError
 
 from ._http import SSEEvent
 from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
@@ -16,6 +19,9 @@ __all__ = ["OpenAIConfig", "OpenAIAdapter", "OpenAICompatibleAdapter", "render_p
 class OpenAIConfig(HttpAdapterConfig):
     endpoint: Literal["chat", "completions"] = "chat"
     """``chat`` for /chat/completions, ``completions`` for the legacy /completions."""
+    stream_usage: bool = True
+    """Ask a stream for its usage (``stream_options.include_usage``); turn off for
+    servers that reject the option (usage is then estimated)."""
 
 
 def render_prompt(messages: Sequence[Message]) -> str:
@@ -68,16 +74,23 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
         else:
             path = "/completions"
             body["prompt"] = render_prompt(messages)
-        for name in ("temperature", "max_tokens", "top_p", "seed"):
+        for name in self._sampling_fields:
             value = getattr(params, name)
             if value is not None:
                 body[name] = value
+        if params.max_tokens is not None:
+            body[self._max_tokens_field] = params.max_tokens
         if params.stop:
             body["stop"] = list(params.stop)
         if stream:
             body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
+            if self.config.stream_usage:
+                body["stream_options"] = {"include_usage": True}
         return path, body
+
+    #: OpenAI's reasoning models (o1, o3, o4, ...) take only the default sampling.
+    _sampling_fields: tuple[str, ...] = ("temperature", "top_p", "seed")
+    _max_tokens_field = "max_tokens"
 
     def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
         choice = data["choices"][0]
@@ -93,8 +106,10 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
         if event.data.strip() == "[DONE]":
             return Delta(done=True)
         data = json.loads(event.data)
-        if "error" in data:
-            raise ValueError(f"the stream reported an error: {data['error']}")
+        if "error" in data:  # vLLM and others report failures mid-stream this way
+            raise ServerError(
+                f"the stream reported an error: {data['error']}", model=self.config.model
+            )
         usage = _usage(data.get("usage"))
         choices = data.get("choices") or []
         if not choices:
@@ -114,6 +129,14 @@ class OpenAIAdapter(OpenAICompatibleAdapter):
     provider: ClassVar[str] = "openai"
     default_base_url: ClassVar[str | None] = "https://api.openai.com/v1"
     requires_key: ClassVar[bool] = True
+
+    # api.openai.com: max_completion_tokens (max_tokens is refused by reasoning models)
+    _max_tokens_field = "max_completion_tokens"
+
+    def __init__(self, config: Any, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        if re.match(r"o\d", self.config.model):
+            self._sampling_fields = ("seed",)
 
     def _resolve_key(self, env: Any) -> str | None:
         return HttpModelAdapter._resolve_key(self, env)

@@ -191,12 +191,16 @@ def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None)
     return max(0.0, when - (time.time() if now is None else now))
 
 
-def _message(body: bytes) -> str:
-    """The error message of an API error body, or a short snippet of it."""
+def _message(body: bytes, secret: str | None) -> str:
+    """The error message of an API error body, or a short snippet of it (``secret``
+    blanked out before anything is cut, so no part of it survives)."""
+    text = body.decode("utf-8", errors="replace")
+    if secret:
+        text = text.replace(secret, "***")
     try:
-        data: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return body[:200].decode("utf-8", errors="replace")
+        data: Any = json.loads(text)
+    except ValueError:
+        return text[:200]
     if isinstance(data, dict):
         error = data.get("error", data)
         if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -217,9 +221,7 @@ def error_for_status(
 ) -> AdapterError:
     """The typed error for a non-2xx answer (``secret``, e.g. the API key, blanked out
     should the server echo it)."""
-    detail = f"{status} from {url}: {_message(body)}"
-    if secret:
-        detail = detail.replace(secret, "***")
+    detail = f"{status} from {url}: {_message(body, secret)}"
     if status == 429:
         return RateLimited(
             f"rate limited: {detail}",

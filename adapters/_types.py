@@ -61,7 +61,9 @@ class CallTimings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     queue_wait_s: float = 0.0
-    """Time spent waiting for a rate limiter or concurrency slot."""
+    """Time spent waiting for a rate budget or a concurrency slot."""
+    retry_wait_s: float = 0.0
+    """Time spent on failed attempts and the back-off between them."""
     ttft_s: float | None = None
     """Time to the first content byte; None when the call did not stream."""
     total_s: float = 0.0

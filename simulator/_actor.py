@@ -70,6 +70,7 @@ class _InFlight:
     t0: float
     prompt: str | None = None
     user_message: str | None = None
+    user_attempts: int = 0
     messages: tuple[Message, ...] = ()
 
 
@@ -230,6 +231,7 @@ class ConversationActor:
             if turn.config.role == "user":
                 user = _checked(await self._ask_user(turn, inflight.prompt))
                 inflight.user_message = user.text
+                inflight.user_attempts = user.attempts
                 user_latency, user_usage = user.timings.total_s, user.usage
                 self._user_usage = (
                     user.usage if self._user_usage is None else self._user_usage + user.usage
@@ -246,7 +248,8 @@ class ConversationActor:
                     )
                     return TerminationReason.USER_STOP
         except Exception as exc:
-            return self._fail(turn, exc, user_usage=user_usage)
+            side = "user" if turn.config.role == "user" else None
+            return self._fail(turn, exc, side=side, user_usage=user_usage)
         inflight.messages = (*self.transcript, Message(role="user", content=inflight.user_message))
         self.machine.advance(_S.ASSISTANT_TURN)
         try:
@@ -254,7 +257,7 @@ class ConversationActor:
                 await self.model.generate(inflight.messages, self._params(turn, "assistant"))
             )
         except Exception as exc:
-            return self._fail(turn, exc, user_usage=user_usage)
+            return self._fail(turn, exc, side="assistant", user_usage=user_usage)
         self._inflight = None
         self.transcript = [*inflight.messages, Message(role="assistant", content=completion.text)]
         self._usage = self._usage + completion.usage
@@ -276,10 +279,12 @@ class ConversationActor:
                 duration_s=time.perf_counter() - inflight.t0,
                 latency_s=completion.timings.total_s,
                 queue_wait_s=completion.timings.queue_wait_s,
+                retry_wait_s=completion.timings.retry_wait_s,
                 ttft_s=completion.timings.ttft_s,
                 user_latency_s=user_latency,
             ),
             attempts=completion.attempts,
+            user_attempts=inflight.user_attempts,
             evaluation_metrics=tuple(turn.config.evaluation_metrics),
         )
         self.machine.advance(_S.SCORING)
@@ -365,12 +370,17 @@ class ConversationActor:
     # -- failures and interruptions -------------------------------------------------
 
     def _fail(
-        self, turn: PreparedTurn, exc: Exception, *, user_usage: Usage | None = None
+        self,
+        turn: PreparedTurn,
+        exc: Exception,
+        *,
+        side: str | None,
+        user_usage: Usage | None = None,
     ) -> Exception:
         inflight = self._inflight
         assert inflight is not None
         self._inflight = None
-        error = ErrorInfo.from_exception(exc, turn_id=turn.turn_id)
+        error = ErrorInfo.from_exception(exc, turn_id=turn.turn_id, side=side)
         if not turn.config.optional and self._failure is None:
             self._failure = error
         log.debug(

@@ -68,22 +68,37 @@ class ErrorInfo(BaseModel):
     type: str
     message: str
     turn_id: str | None = None
+    side: str | None = None
+    """``assistant`` (the model under test) or ``user`` (the simulated user)."""
     attempts: int | None = None
     status_code: int | None = None
     infrastructure: bool | None = None
+    retry_after: float | None = None
+    snippet: str | None = None
+    """The start of what a server sent that could not be understood."""
 
     @classmethod
-    def from_exception(cls, exc: BaseException, *, turn_id: str | None = None) -> ErrorInfo:
+    def from_exception(
+        cls, exc: BaseException, *, turn_id: str | None = None, side: str | None = None
+    ) -> ErrorInfo:
         if isinstance(exc, AdapterError):
             return cls(
                 type=type(exc).__name__,
                 message=str(exc),
                 turn_id=turn_id,
+                side=side,
                 attempts=exc.attempts,
                 status_code=exc.status_code,
                 infrastructure=exc.infrastructure,
+                retry_after=getattr(exc, "retry_after", None),
+                snippet=getattr(exc, "snippet", None) or None,
             )
-        return cls(type=type(exc).__name__, message=str(exc) or type(exc).__name__, turn_id=turn_id)
+        return cls(
+            type=type(exc).__name__,
+            message=str(exc) or type(exc).__name__,
+            turn_id=turn_id,
+            side=side,
+        )
 
 
 class Score(BaseModel):
@@ -120,6 +135,7 @@ class TurnTimings:
     latency_s: float | None = None
     """The model under test's call, from request to last byte."""
     queue_wait_s: float | None = None
+    retry_wait_s: float | None = None
     ttft_s: float | None = None
     user_latency_s: float | None = None
     """The simulated user's call, for ``user`` turns."""
@@ -148,6 +164,9 @@ class TurnRecord:
     user_usage: Usage | None = None
     timings: TurnTimings | None = None
     attempts: int = 0
+    """Calls to the model under test, retries included."""
+    user_attempts: int = 0
+    """Calls to the simulated user, retries included."""
     error: ErrorInfo | None = None
     evaluation_metrics: tuple[str, ...] = ()
 

@@ -3,10 +3,10 @@
 A :class:`ProviderBudget` paces requests per minute (smoothed: evenly spaced at 99% of
 the rate, so no 60 s window ever sees more than R) and tokens per minute (acquired
 as the estimated prompt + max_tokens, then corrected to the real usage). Concurrency is
-capped per adapter (per role), not here. A 429 pauses the key for its Retry-After and
-halves its pace, which recovers by 5% per successful call. :class:`Budgets` hands out one
-budget per key, so the model under test, the simulated user and a judge that share an
-API key share its limits.
+capped per adapter (per role). A 429 pauses the key for its Retry-After and halves the
+calls it may have in flight; each success adds back about one call per cap's worth of
+successes, until the cap is gone. :class:`Budgets` hands out one budget per key, so the
+model under test, the simulated user and a judge that share an API key share its limits.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class BudgetStatistics:
     requests: int
     rate_limited: int
     """429 answers received."""
-    pace: float
-    """1.0 at full rate; lower after 429s."""
+    in_flight_cap: float | None
+    """Calls the key may have in flight after 429s; None when uncapped."""
 
 
 @dataclass
@@ -79,7 +79,9 @@ class ProviderBudget:
     _requests: _RefundableLimiter | None = None
     _tokens: _RefundableLimiter | None = None
     _paused_until: float = 0.0
-    _pace: float = 1.0
+    _cap: float | None = None
+    """Calls the key may have in flight since a 429 (None: no cap); see rate_limited."""
+    _freed: anyio.Event | None = None
     _stats: dict[str, int] = field(
         default_factory=lambda: {
             "in_flight": 0,
@@ -95,10 +97,10 @@ class ProviderBudget:
 
     def _build(self) -> None:
         rpm, tpm = self.limits.rpm, self.limits.tpm
-        # requests one at a time (no burst at all); tokens may burst up to 1% of the
-        # minute's budget, or one call's worth, so a long prompt still fits
+        # requests one at a time (no burst at all); tokens up to 1% of the minute's
+        # budget at once (a larger claim is capped to it, so it still gets through)
         self._requests = _pacer(rpm, capacity=1.0) if rpm else None
-        self._tokens = _pacer(tpm, capacity=max(tpm / 100, 8192.0)) if tpm else None
+        self._tokens = _pacer(tpm, capacity=max(1.0, tpm / 100)) if tpm else None
 
     def tighten(self, limits: BudgetLimits) -> None:
         """Adopt the stricter of the current and the given limits (before calls start)."""
@@ -124,11 +126,12 @@ class ProviderBudget:
             delay = self._paused_until - self.clock()
             if delay > 0:  # a 429 paused the key
                 await sleep(delay)
+            while self._cap is not None and self._stats["in_flight"] >= self._cap:
+                if self._freed is None:
+                    self._freed = anyio.Event()
+                await self._freed.wait()
             if self._requests is not None:
                 await self._requests.acquire()
-                if self._pace < 1.0:
-                    assert self.limits.rpm
-                    await sleep((1.0 / self._pace - 1.0) * 60.0 / self.limits.rpm)
             if self._tokens is not None:
                 tokens = min(tokens, self._tokens.max_rate)
                 await self._tokens.acquire(tokens)
@@ -141,6 +144,9 @@ class ProviderBudget:
     def release(self, permit: Permit, used_tokens: float | None, *, ok: bool) -> None:
         """End the call and correct its token claim to ``used_tokens``."""
         self._stats["in_flight"] -= 1
+        if self._freed is not None:
+            self._freed.set()
+            self._freed = None
         if self._tokens is not None and used_tokens is not None:
             difference = permit.tokens - used_tokens
             if difference > 0:
@@ -148,15 +154,24 @@ class ProviderBudget:
             elif difference < 0:
                 # over budget: claim the rest now, without waiting (the tokens are spent)
                 self._tokens._level += -difference
-        if ok and self._pace < 1.0:
-            self._pace = min(1.0, self._pace * 1.05)
+        if ok and self._cap is not None:
+            # additive increase: about one more call in flight per cap's worth of successes
+            self._cap += 1.0 / self._cap
+            if self._cap >= self._uncapped_at:
+                self._cap = None
 
     def rate_limited(self, retry_after: float | None) -> None:
-        """A 429: pause the key for Retry-After (or 1 s) and halve its pace."""
+        """A 429: pause the key for Retry-After (or 1 s) and halve the calls it may
+        have in flight; successes raise that cap again gradually."""
         self._stats["rate_limited"] += 1
         pause = 1.0 if retry_after is None else retry_after
         self._paused_until = max(self._paused_until, self.clock() + pause)
-        self._pace = max(0.05, self._pace / 2)
+        in_flight = self._stats["in_flight"]
+        current = self._cap if self._cap is not None else float(in_flight)
+        self._cap = max(1.0, current / 2)
+        self._uncapped_at = max(2.0, 2 * in_flight)
+
+    _uncapped_at: float = 2.0
 
     def retrying(self, delta: int) -> None:
         self._stats["retrying"] += delta
@@ -170,7 +185,7 @@ class ProviderBudget:
             s["retrying"],
             s["requests"],
             s["rate_limited"],
-            self._pace,
+            self._cap,
         )
 
 

@@ -18,7 +18,6 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    stop_before_delay,
 )
 
 from convsim._errors import (
@@ -81,16 +80,18 @@ class RetryPolicy:
         attempt: Callable[[int], Awaitable[T]],
         *,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        clock: Callable[[], float] = time.monotonic,
         on_retry: Callable[[BaseException, float], Awaitable[None] | None] | None = None,
     ) -> tuple[T, int]:
         """Run ``attempt(n)`` until it succeeds or the policy gives up.
 
         Returns the result and the number of attempts. The last error is re-raised
-        with its ``attempts`` set.
+        with its ``attempts`` set. ``sleep`` and ``clock`` are injectable together, so
+        tests neither wait nor lose the time limit.
         """
         # The first attempt runs outside tenacity: most calls succeed at once, and
         # tenacity's per-attempt bookkeeping costs more than a fast local request.
-        started = time.monotonic()
+        started = clock()
         try:
             return await attempt(1), 1
         except AdapterError as exc:
@@ -98,63 +99,52 @@ class RetryPolicy:
                 exc.attempts = 1
                 raise
             first_failure = exc
-        return await self._retry(attempt, first_failure, started, sleep, on_retry)
 
-    async def _retry(
-        self,
-        attempt: Callable[[int], Awaitable[T]],
-        first_failure: AdapterError,
-        started: float,
-        sleep: Callable[[float], Awaitable[None]],
-        on_retry: Callable[[BaseException, float], Awaitable[None] | None] | None,
-    ) -> tuple[T, int]:
-        """Attempts 2 and later, under tenacity (it numbers them from 1, we from 2)."""
+        def out_of_time(delay: float) -> bool:
+            """No wait may end past the time budget."""
+            return clock() - started + delay >= self.max_elapsed_s
 
-        def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            return self.backoff(state.attempt_number + 1, exc)
-
-        async def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            delay = state.upcoming_sleep
+        async def wait_and_report(exc: BaseException, failed_attempt: int, delay: float) -> None:
             log.info(
                 "model_call_retry",
-                attempt=state.attempt_number + 1,
+                attempt=failed_attempt,
                 wait_s=round(delay, 3),
                 error_type=type(exc).__name__,
                 error=str(exc),
             )
-            if on_retry is not None and exc is not None:
+            if on_retry is not None:
                 result = on_retry(exc, delay)
                 if result is not None:
                     await result
 
-        remaining = self.max_elapsed_s - (time.monotonic() - started)
+        delay = self.backoff(1, first_failure)
+        if out_of_time(delay):
+            first_failure.attempts = 1
+            raise first_failure
+        await wait_and_report(first_failure, 1, delay)
+        await sleep(delay)
+
+        # Attempts 2 and later, under tenacity (it numbers them from 1, we from 2).
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            return self.backoff(state.attempt_number + 1, exc)
+
+        def stop_in_time(state: RetryCallState) -> bool:
+            return out_of_time(state.upcoming_sleep)
+
+        async def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            if exc is not None:
+                await wait_and_report(exc, state.attempt_number + 1, state.upcoming_sleep)
+
         retrying = AsyncRetrying(
-            # stop_before_delay: no wait may end past the time budget
-            stop=stop_after_attempt(self.max_retries) | stop_before_delay(max(0.0, remaining)),
+            stop=stop_after_attempt(self.max_retries) | stop_in_time,  # type: ignore[operator]
             wait=wait,
             retry=retry_if_exception(self.should_retry),
             before_sleep=before_sleep,
             sleep=sleep,
             reraise=True,
         )
-        delay = self.backoff(1, first_failure)
-        if remaining <= delay:
-            first_failure.attempts = 1
-            raise first_failure
-        log.info(
-            "model_call_retry",
-            attempt=1,
-            wait_s=round(delay, 3),
-            error_type=type(first_failure).__name__,
-            error=str(first_failure),
-        )
-        if on_retry is not None:
-            result = on_retry(first_failure, delay)
-            if result is not None:
-                await result
-        await sleep(delay)
         number = 1
         try:
             async for attempt_state in retrying:

@@ -27,7 +27,7 @@ from convsim import (
     Timeout,
 )
 from convsim.adapters import GenerationParams, Message
-from convsim.adapters._budget import BudgetLimits, Budgets, ProviderBudget
+from convsim.adapters._budget import BudgetLimits, Budgets, Permit, ProviderBudget
 from convsim.adapters._http import HttpxTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters._retry import RetryPolicy, retry_after_seconds
@@ -469,9 +469,11 @@ async def test_tokens_over_claimed_are_given_back() -> None:
     assert not tokens.has_capacity(9500)
 
 
-async def test_a_small_token_budget_still_fits_one_long_call() -> None:
-    budget = ProviderBudget("k", BudgetLimits(tpm=6000))
-    assert budget._tokens is not None and budget._tokens.max_rate == 8192
+async def test_a_small_token_budget_caps_a_long_claim_to_its_bucket() -> None:
+    budget = ProviderBudget("k", BudgetLimits(tpm=6000))  # 1%: 60 tokens at once
+    assert budget._tokens is not None and budget._tokens.max_rate == 60
+    permit = await budget.acquire(5000)  # admitted, paced as one full bucket
+    assert permit.tokens == 60
 
 
 async def test_a_claim_larger_than_the_bucket_is_capped() -> None:
@@ -493,18 +495,29 @@ async def test_tokens_used_beyond_the_claim_are_charged() -> None:
     assert tokens.has_capacity(2500)
 
 
-async def test_a_429_pauses_the_key_and_halves_its_pace() -> None:
-    budget, clock = clocked(BudgetLimits(rpm=6000))
+async def test_a_429_pauses_the_key_and_halves_the_calls_in_flight() -> None:
+    budget, clock = clocked(BudgetLimits())
+    permits = [await budget.acquire(1) for _ in range(8)]
     budget.rate_limited(2.0)
     stats = budget.statistics()
-    assert stats.rate_limited == 1 and stats.pace == 0.5
+    assert stats.rate_limited == 1 and stats.in_flight_cap == 4
 
-    permit = await budget.acquire(1)
-    # the pause (Retry-After), then the pacing delay of a halved pace
-    assert clock.sleeps[0] == pytest.approx(2.0)
-    assert clock.sleeps[1:] == [pytest.approx((1 / 0.5 - 1) * 60 / 6000)]
-    budget.release(permit, used_tokens=None, ok=True)
-    assert budget.statistics().pace == pytest.approx(0.525)
+    admitted: list[Permit] = []
+
+    async def one_more() -> None:
+        admitted.append(await budget.acquire(1))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one_more)
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleeps == [pytest.approx(2.0)]  # the pause (Retry-After) was waited
+        assert admitted == []  # 8 in flight, cap 4: it must wait for calls to end
+        for permit in permits[:4]:
+            budget.release(permit, used_tokens=None, ok=False)
+        await anyio.wait_all_tasks_blocked()
+        assert admitted == []  # 4 in flight is still at the cap
+        budget.release(permits[4], used_tokens=None, ok=False)
+    assert len(admitted) == 1 and budget.statistics().in_flight == 4
 
 
 async def test_a_429_without_retry_after_pauses_a_second() -> None:
@@ -521,27 +534,29 @@ async def test_retry_after_zero_does_not_pause() -> None:
     assert clock.sleeps == []
 
 
-async def test_pace_recovers_gradually_and_only_on_success() -> None:
+async def test_the_cap_recovers_gradually_and_only_on_success() -> None:
     budget, _ = clocked(BudgetLimits())
-    for _ in range(3):
-        budget.rate_limited(0.5)
-    assert budget.statistics().pace == pytest.approx(0.125)
-    permit = await budget.acquire(1)
-    budget.release(permit, used_tokens=None, ok=False)
-    assert budget.statistics().pace == pytest.approx(0.125)  # a failure does not help
+    permits = [await budget.acquire(1) for _ in range(8)]
+    budget.rate_limited(0.0)
+    for permit in permits:
+        budget.release(permit, used_tokens=None, ok=False)
+    assert budget.statistics().in_flight_cap == 4  # failures do not raise it
 
-    paces = []
-    for _ in range(60):
+    caps = []
+    for _ in range(200):  # about +1 per cap's worth of successes: 4 -> 16 takes ~120
         permit = await budget.acquire(1)
         budget.release(permit, used_tokens=1, ok=True)
-        paces.append(budget.statistics().pace)
-    assert paces[0] == pytest.approx(0.125 * 1.05)
-    assert paces == sorted(paces)  # only up
-    assert paces[-1] == 1.0 and paces[10] < 1.0  # back to full pace, but not at once
+        caps.append(budget.statistics().in_flight_cap)
+    grown = [c for c in caps if c is not None]
+    assert grown == sorted(grown) and grown[0] == pytest.approx(4.25)  # +1/cap a success
+    assert caps[-1] is None  # past twice the calls in flight at the 429: no cap at all
 
-    for _ in range(20):
-        budget.rate_limited(None)
-    assert budget.statistics().pace == pytest.approx(0.05)  # a floor, never zero
+    permits = [await budget.acquire(1) for _ in range(3)]
+    budget.rate_limited(0.0)
+    budget.rate_limited(0.0)  # a second 429 halves the cap again
+    assert budget.statistics().in_flight_cap == pytest.approx(1.0)
+    for permit in permits:
+        budget.release(permit, used_tokens=None, ok=False)
 
 
 async def test_statistics_count_waiting_in_flight_and_retrying() -> None:
@@ -553,9 +568,9 @@ async def test_statistics_count_waiting_in_flight_and_retrying() -> None:
         now[0] += seconds
 
     budget = ProviderBudget("k", BudgetLimits(), clock=lambda: now[0], sleep=blocked_sleep)
-    first = await budget.acquire(1)
-    assert budget.statistics().in_flight == 1
-    budget.rate_limited(5.0)
+    first, other = await budget.acquire(1), await budget.acquire(1)
+    assert budget.statistics().in_flight == 2
+    budget.rate_limited(5.0)  # 2 in flight: the cap becomes 1
     budget.retrying(+1)
     permits = []
 
@@ -566,13 +581,14 @@ async def test_statistics_count_waiting_in_flight_and_retrying() -> None:
         tg.start_soon(second)
         await anyio.wait_all_tasks_blocked()
         stats = budget.statistics()
-        assert (stats.in_flight, stats.waiting, stats.retrying) == (1, 1, 1)
+        assert (stats.in_flight, stats.waiting, stats.retrying) == (2, 1, 1)
         budget.retrying(-1)
         release_pause.set()
+        budget.release(other, used_tokens=None, ok=False)
+        budget.release(first, used_tokens=None, ok=True)
     stats = budget.statistics()
-    assert (stats.in_flight, stats.waiting, stats.retrying) == (2, 0, 0)
-    assert stats.requests == 2 and stats.key == "k"
-    budget.release(first, used_tokens=None, ok=True)
+    assert (stats.in_flight, stats.waiting, stats.retrying) == (1, 0, 0)
+    assert stats.requests == 3 and stats.key == "k"
     budget.release(permits[0], used_tokens=None, ok=False)
     assert budget.statistics().in_flight == 0
 

@@ -806,7 +806,7 @@ async def test_429_waits_at_least_retry_after(http: Seam) -> None:
     assert completion.text == "ok" and completion.attempts == 2
     assert len(http.sleeps) == 1 and http.sleeps[0] >= 2
     stats = adapter.budget().statistics()
-    assert stats.rate_limited == 1 and stats.pace < 1.0
+    assert stats.rate_limited == 1
 
 
 async def test_429_every_time_is_rate_limited_with_retry_after(http: Seam) -> None:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from convsim._errors import RateLimited, ServerError
+from convsim._errors import ConfigError, RateLimited, ServerError
 
 from ._http import SSEEvent
 from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
@@ -46,6 +46,15 @@ class AnthropicAdapter(HttpModelAdapter):
     Config: ClassVar[type[HttpAdapterConfig]] = AnthropicConfig
     config: AnthropicConfig
 
+    def validate_config(self, config: Any) -> GenerationParams:
+        params = super().validate_config(config)
+        if params.temperature is not None and params.temperature > 1.0:
+            raise ConfigError(
+                f"anthropic:{self.config.model}: temperature {params.temperature} is out of "
+                "the API's range 0-1"
+            )
+        return params
+
     def default_max_tokens(self) -> int:
         return self.config.max_tokens or self.config.default_max_tokens
 
@@ -63,10 +72,12 @@ class AnthropicAdapter(HttpModelAdapter):
         for m in messages:
             if m.role == "system":
                 continue
+            # the API refuses empty text, so an empty earlier reply is marked as such
+            content = m.content if m.content.strip() else "(no reply)"
             if turns and turns[-1]["role"] == m.role:
-                turns[-1]["content"] += "\n\n" + m.content
+                turns[-1]["content"] += "\n\n" + content
             else:
-                turns.append({"role": m.role, "content": m.content})
+                turns.append({"role": m.role, "content": content})
         body: dict[str, Any] = {
             "model": self.config.model,
             "max_tokens": params.max_tokens or self.config.default_max_tokens,
@@ -75,7 +86,7 @@ class AnthropicAdapter(HttpModelAdapter):
         if system:
             body["system"] = system
         if params.temperature is not None:
-            body["temperature"] = min(params.temperature, 1.0)  # the API's range is 0-1
+            body["temperature"] = params.temperature
         if params.top_p is not None:
             body["top_p"] = params.top_p
         if params.stop:

@@ -152,7 +152,10 @@ class AiohttpTransport:
             import aiohttp
 
             connector = aiohttp.TCPConnector(limit=self.pool_size, limit_per_host=self.pool_size)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
+            # trust_env: honour HTTP(S)_PROXY and NO_PROXY, as httpx does by default
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=True, trust_env=True
+            )
         return self._session
 
     def _timeout(self, t: HttpTimeouts) -> Any:

@@ -189,9 +189,14 @@ class HttpModelAdapter(ABC):
         return f"{self.model_type}|{self.base_url}|{key_id}"
 
     def bind_budgets(self, budgets: Budgets) -> None:
-        """Share rate budgets with the other adapters of an application."""
+        """Share rate budgets with the other adapters of an application.
+
+        The budget is resolved now, before any call, so the stricter limits of two
+        adapters sharing a key are settled before either starts using them.
+        """
         self._budgets = budgets
         self._budget = None
+        self.budget()
 
     def budget(self) -> ProviderBudget:
         if self._budget is None:

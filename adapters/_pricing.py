@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -21,11 +22,16 @@ def _table() -> dict[str, dict[str, tuple[float, float]]]:
     }
 
 
+# what may follow a listed name and still be the same model: a date or "-latest"
+_SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
+
+
 def price_of(provider: str, model: str) -> tuple[float, float] | None:
-    """(input, output) USD per million tokens; the longest listed prefix of ``model``
-    wins, so dated snapshots (``gpt-4o-2024-08-06``) take their family's price."""
+    """(input, output) USD per million tokens for a listed model or a dated snapshot
+    of one (``gpt-4o-2024-08-06``, ``claude-3-5-haiku-20241022``); None otherwise, so
+    an unlisted variant (``o1-pro``) is never priced as its family."""
     models = _table().get(provider, {})
     if model in models:
         return models[model]
-    matches = [name for name in models if model.startswith(name)]
-    return models[max(matches, key=len)] if matches else None
+    base = _SNAPSHOT.sub("", model)
+    return models.get(base)

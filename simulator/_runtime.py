@@ -395,6 +395,7 @@ class Simulator:
                 f"pack {pack.name!r} has turns with role 'user': they need a simulated "
                 "user model (user_model=..., or --user-model SPEC)"
             )
+        self._check_turn_settings(pack)
         # each flow scores the run's metrics, the pack's, and its own
         base = [*self.metric_names, *pack.metrics]
         names_by_flow = {
@@ -409,6 +410,28 @@ class Simulator:
             raise ConfigError(f"pack {pack.name!r}: {exc}") from None
         metrics = {flow: [instances[n] for n in names] for flow, names in names_by_flow.items()}
         return pack, _RunPlan(sink, limit, only, metric_names, metrics, turn_metrics)
+
+    def _check_turn_settings(self, pack: Pack) -> None:
+        """Every turn's sampling settings, as the adapter that will answer it sees them."""
+        seen: set[tuple[str, str]] = set()
+        for conv in pack.conversations:
+            for turn in conv.flow.turns:
+                key = (conv.flow.scenario_type, turn.turn_id)
+                if key in seen:
+                    continue
+                seen.add(key)
+                settings = turn.config.config.model_dump(exclude_none=True)
+                adapters = [self.model]
+                if turn.config.role == "user" and self.user_model is not None:
+                    adapters.append(self.user_model)
+                for adapter in adapters:
+                    try:
+                        adapter.validate_config(settings)
+                    except ConfigError as exc:
+                        raise ConfigError(
+                            f"pack {pack.name!r}, flow {conv.flow.scenario_type!r}, turn "
+                            f"{turn.turn_id!r}: {exc}"
+                        ) from None
 
     async def _produce(self, handle: RunHandle, plan: _RunPlan) -> None:
         try:

@@ -1,0 +1,146 @@
+"""Adapter rules: pricing names, settings checked before a run, wire-format details."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import write_pack
+
+import convsim
+from convsim import ConfigError
+from convsim.adapters import GenerationParams, Message, Usage
+from convsim.adapters._anthropic import AnthropicAdapter
+from convsim.adapters._budget import Budgets
+from convsim.adapters._http import HttpxTransport, SSEDecoder
+from convsim.adapters._openai import OpenAIAdapter, OpenAICompatibleAdapter
+from convsim.adapters._pricing import price_of
+
+ENV = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "expected"),
+    [
+        ("openai", "gpt-4o-mini", (0.15, 0.6)),
+        ("openai", "gpt-4o-2024-08-06", (2.5, 10.0)),  # a dated snapshot of a listed model
+        ("openai", "gpt-4o-mini-2024-07-18", (0.15, 0.6)),
+        ("anthropic", "claude-3-5-haiku-20241022", (0.8, 4.0)),
+        ("anthropic", "claude-3-5-haiku-latest", (0.8, 4.0)),
+        ("openai", "o1-pro", None),  # an unlisted variant is not priced as its family
+        ("anthropic", "claude-opus-4-5", None),
+        ("openai", "no-such-model", None),
+    ],
+)
+def test_prices_only_for_listed_models_and_their_snapshots(
+    provider: str, model: str, expected: tuple[float, float] | None
+) -> None:
+    assert price_of(provider, model) == expected
+
+
+def recorder(reply: dict) -> tuple[list[dict], HttpxTransport]:
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=reply)
+
+    return seen, HttpxTransport(transport=httpx.MockTransport(handler))
+
+
+CHAT = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+
+
+@pytest.mark.anyio
+async def test_openai_sends_max_completion_tokens_and_no_sampling_to_reasoning_models() -> None:
+    seen, transport = recorder(CHAT)
+    params = GenerationParams(max_tokens=50, temperature=0.2, top_p=0.9, seed=3)
+    for model in ("gpt-4o-mini", "o3-mini"):
+        adapter = OpenAIAdapter({"model": model}, transport=transport, env=ENV)
+        await adapter.generate([Message(role="user", content="hi")], params)
+    regular, reasoning = seen
+    assert regular["max_completion_tokens"] == 50 and "max_tokens" not in regular
+    assert regular["temperature"] == 0.2 and regular["top_p"] == 0.9
+    assert reasoning["max_completion_tokens"] == 50
+    assert "temperature" not in reasoning and "top_p" not in reasoning and reasoning["seed"] == 3
+
+
+@pytest.mark.anyio
+async def test_compatible_servers_get_max_tokens_and_can_skip_stream_options() -> None:
+    seen, transport = recorder(CHAT)
+    adapter = OpenAICompatibleAdapter(
+        {"model": "m", "base_url": "http://x/v1", "stream_usage": False}, transport=transport
+    )
+    assert adapter.request(
+        [Message(role="user", content="hi")], GenerationParams(max_tokens=5), stream=True
+    )[1] == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "stream": True,
+    }
+
+
+@pytest.mark.anyio
+async def test_anthropic_marks_empty_replies_so_the_api_accepts_the_history() -> None:
+    adapter = AnthropicAdapter({"model": "claude-3-5-haiku-latest"}, env=ENV)
+    _, body = adapter.request(
+        [
+            Message(role="user", content="hi"),
+            Message(role="assistant", content="  "),
+            Message(role="user", content="again"),
+        ],
+        GenerationParams(),
+        stream=False,
+    )
+    assert [m["content"] for m in body["messages"]] == ["hi", "(no reply)", "again"]
+
+
+def test_settings_a_model_cannot_take_fail_before_the_run(tmp_path: Path) -> None:
+    pack = write_pack(
+        tmp_path / "p",
+        {
+            "default": {
+                "turns": [
+                    {"turn_id": "hot", "prompt_template": "hi", "config": {"temperature": 1.5}}
+                ]
+            }
+        },
+        [{"scenario_id": "s", "scenario_description": "x"}],
+    )
+    anthropic = AnthropicAdapter({"model": "claude-3-5-haiku-latest"}, env=ENV)
+    with pytest.raises(ConfigError, match=r"turn 'hot'.*temperature 1.5 is out of the API's range"):
+        convsim.Simulator(anthropic).check(pack)
+    openai_like = OpenAICompatibleAdapter({"model": "m", "base_url": "http://x/v1"})
+    assert len(convsim.Simulator(openai_like).check(pack)) == 1  # 0-2 is fine there
+
+
+def test_adapters_sharing_a_key_settle_their_limits_when_bound() -> None:
+    budgets = Budgets()
+    loose = OpenAICompatibleAdapter({"model": "a", "base_url": "http://x/v1", "rpm": 600})
+    strict = OpenAICompatibleAdapter({"model": "b", "base_url": "http://x/v1", "rpm": 60})
+    loose.bind_budgets(budgets)
+    before = loose.budget()
+    strict.bind_budgets(budgets)
+    assert loose.budget() is strict.budget() is before
+    assert before.limits.rpm == 60  # tightened at binding, before any call
+
+
+def test_sse_decoder_drops_an_unfinished_event_and_a_byte_order_mark() -> None:
+    decoder = SSEDecoder()
+    events = decoder.feed(b'\xef\xbb\xbfdata: one\n\ndata: {"cut')
+    assert [e.data for e in events] == ["one"]
+    assert decoder.flush() == []  # the unfinished event is not handed on half-read
+    split = SSEDecoder()
+    pieces = [b"da", b"ta: a", b"b\r", b"\n", b"data: c\n", b"\n"]
+    got = [e.data for chunk in pieces for e in split.feed(chunk)]
+    assert got == ["ab\nc"]  # one event: two data lines, split anywhere, CRLF or LF
+    assert SSEDecoder().feed(b"data: x\r\n\r\n")[0].data == "x"
+
+
+def test_usage_cost_uses_snapshot_prices() -> None:
+    adapter = OpenAIAdapter({"model": "gpt-4o-mini-2024-07-18"}, env=ENV)
+    cost = adapter.estimate_cost(Usage(prompt_tokens=1_000_000, completion_tokens=1_000_000))
+    assert cost is not None and cost.total_cost == pytest.approx(0.75)

@@ -69,7 +69,7 @@ async def test_openai_sends_max_completion_tokens_and_no_sampling_to_reasoning_m
 
 @pytest.mark.anyio
 async def test_compatible_servers_get_max_tokens_and_can_skip_stream_options() -> None:
-    seen, transport = recorder(CHAT)
+    _, transport = recorder(CHAT)
     adapter = OpenAICompatibleAdapter(
         {"model": "m", "base_url": "http://x/v1", "stream_usage": False}, transport=transport
     )

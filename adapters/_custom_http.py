@@ -9,6 +9,7 @@ from pydantic import model_validator
 
 from ._http import SSEEvent
 from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
+from ._openai import _usage as openai_usage
 from ._openai import render_prompt
 from ._types import GenerationParams, Message, Usage
 
@@ -70,17 +71,7 @@ class CustomHttpAdapter(HttpModelAdapter):
         text = choice["text"]
         if not isinstance(text, str):
             raise TypeError(f"choices[0].text is {type(text).__name__}, not a string")
-        raw = data.get("usage")
-        usage = None
-        if isinstance(raw, dict):
-            prompt = int(raw.get("prompt_tokens") or 0)
-            completion = int(raw.get("completion_tokens") or 0)
-            usage = Usage(
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-                total_tokens=int(raw.get("total_tokens") or prompt + completion),
-            )
-        return text, choice.get("finish_reason", "stop"), usage
+        return text, choice.get("finish_reason", "stop"), openai_usage(data.get("usage"))
 
     def parse_event(self, event: SSEEvent) -> Delta:
         raise ValueError("the custom backend does not stream")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -132,6 +132,19 @@ class HttpTransport(Protocol):
     async def aclose(self) -> None: ...
 
 
+@contextmanager
+def _translated(
+    url: str, timeouts: type[BaseException], failures: type[BaseException]
+) -> Iterator[None]:
+    """A library's timeout becomes Timeout, its connection failure ServerError."""
+    try:
+        yield
+    except timeouts as exc:  # checked first: some libraries' timeouts are failures too
+        raise Timeout(f"no response from {url} in time") from exc
+    except failures as exc:
+        raise ServerError(f"connection to {url} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def _encode(payload: Any) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
@@ -173,7 +186,7 @@ class AiohttpTransport:
     ) -> HttpResponse:
         import aiohttp
 
-        try:
+        with _translated(url, asyncio.TimeoutError, aiohttp.ClientError):
             async with self._client().post(
                 url,
                 data=_encode(payload),
@@ -182,10 +195,6 @@ class AiohttpTransport:
             ) as response:
                 body = await response.read()
                 return HttpResponse(response.status, response.headers, body)
-        except asyncio.TimeoutError as exc:
-            raise Timeout(f"no response from {url} in time") from exc
-        except aiohttp.ClientError as exc:
-            raise ServerError(f"connection to {url} failed: {type(exc).__name__}: {exc}") from exc
 
     @asynccontextmanager
     async def stream(
@@ -193,18 +202,14 @@ class AiohttpTransport:
     ) -> AsyncIterator[StreamResponse]:
         import aiohttp
 
-        try:
+        with _translated(url, asyncio.TimeoutError, aiohttp.ClientError):
             async with self._client().post(
                 url,
                 data=_encode(payload),
                 headers=headers,
                 timeout=self._timeout(timeouts),
             ) as response:
-                yield _AiohttpStream(response, url)
-        except asyncio.TimeoutError as exc:
-            raise Timeout(f"no response from {url} in time") from exc
-        except aiohttp.ClientError as exc:
-            raise ServerError(f"connection to {url} failed: {type(exc).__name__}: {exc}") from exc
+                yield _AiohttpStream(response)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -213,7 +218,7 @@ class AiohttpTransport:
 
 
 class _AiohttpStream:
-    def __init__(self, response: Any, url: str) -> None:
+    def __init__(self, response: Any) -> None:
         self._response = response
         self.status: int = response.status
         self.headers: Mapping[str, str] = response.headers
@@ -258,17 +263,13 @@ class HttpxTransport:
     ) -> HttpResponse:
         import httpx
 
-        try:
+        with _translated(url, httpx.TimeoutException, httpx.TransportError):
             response = await self._client.post(
                 url,
                 content=_encode(payload),
                 headers=headers,
                 timeout=self._timeout(timeouts),
             )
-        except httpx.TimeoutException as exc:
-            raise Timeout(f"no response from {url} in time") from exc
-        except httpx.TransportError as exc:
-            raise ServerError(f"connection to {url} failed: {type(exc).__name__}: {exc}") from exc
         return HttpResponse(response.status_code, response.headers, response.content)
 
     @asynccontextmanager
@@ -277,7 +278,7 @@ class HttpxTransport:
     ) -> AsyncIterator[StreamResponse]:
         import httpx
 
-        try:
+        with _translated(url, httpx.TimeoutException, httpx.TransportError):
             async with self._client.stream(
                 "POST",
                 url,
@@ -286,10 +287,6 @@ class HttpxTransport:
                 timeout=self._timeout(timeouts),
             ) as response:
                 yield _HttpxStream(response)
-        except httpx.TimeoutException as exc:
-            raise Timeout(f"no response from {url} in time") from exc
-        except httpx.TransportError as exc:
-            raise ServerError(f"connection to {url} failed: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
         if self._owned:

@@ -19,7 +19,7 @@ import structlog
 
 from convsim.adapters._budget import Budgets
 from convsim.adapters._protocol import ModelAdapter
-from convsim.adapters._registry import ADAPTERS, create_adapter
+from convsim.adapters._registry import ADAPTERS, create_adapter, parse_model_spec
 from convsim.adapters._types import GenerationParams
 from convsim.metrics._protocol import Metric
 from convsim.metrics._registry import DEFAULT_METRICS, METRICS
@@ -249,6 +249,7 @@ class Simulator:
             raise ConfigError(f"max_turns must be >= 1, not {max_turns!r}")
         if grace_period < 0:
             raise ConfigError(f"grace_period must be >= 0, not {grace_period!r}")
+        self.concurrency = concurrency
         self._owned: list[ModelAdapter] = []
         self.budgets = Budgets()
         """Rate budgets by provider key, shared by this simulator's adapters."""
@@ -261,7 +262,6 @@ class Simulator:
             self.user_model, self.user_model_name = self._adapter(
                 user_model, user_model_args, adapter_registry
             )
-        self.concurrency = concurrency
         self.metric_names = tuple(DEFAULT_METRICS if metrics is None else metrics)
         self.metric_registry = metric_registry
         for name in self.metric_names:
@@ -280,6 +280,11 @@ class Simulator:
         registry: Registry[ModelAdapter],
     ) -> tuple[ModelAdapter, str]:
         if isinstance(model, str):
+            args = dict(args or {})
+            factory = registry.get(parse_model_spec(model).type)
+            fields = getattr(getattr(factory, "Config", None), "model_fields", {})
+            if "concurrency" in fields and "concurrency" not in args:
+                args["concurrency"] = self.concurrency  # the connection pool fits the run
             adapter = create_adapter(model, args, registry=registry)
             self._owned.append(adapter)
             name = model

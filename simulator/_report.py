@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel, Field
 
+from convsim.metrics._aggregate import aggregate
 from convsim.metrics._stats import mean, percentile
 
 from ._records import ConversationResult, Score, Status, TurnStatus
@@ -21,6 +22,11 @@ class MetricSummary(BaseModel):
     not_applicable: int
     """Conversations where the metric did not apply or failed."""
     higher_is_better: bool | None = None
+    std: float | None = None
+    stderr: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    """The 95% confidence interval of the mean (bootstrap)."""
 
 
 class GroupSummary(BaseModel):
@@ -43,6 +49,8 @@ class RunReport(BaseModel):
     turn_metrics: dict[str, MetricSummary] = Field(default_factory=dict)
     """Turn-level ``evaluation_metrics``, over the turns that asked for them."""
     by_scenario_type: dict[str, GroupSummary]
+    by_difficulty: dict[str, GroupSummary] = Field(default_factory=dict)
+    by_model: dict[str, GroupSummary] = Field(default_factory=dict)
     latency_s: dict[str, float] = Field(default_factory=dict)
     """Model-call latency over all completed turns: mean, p50, p95, p99, max."""
     usage: dict[str, int]
@@ -65,11 +73,14 @@ class RunReport(BaseModel):
             "",
             "## Metrics",
             "",
-            "| metric | mean | n | not applicable |",
-            "|---|---:|---:|---:|",
+            "| metric | mean | 95% CI | std | n | not applicable |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for name, m in self.metrics.items():
-            lines.append(f"| {name} | {_fmt(m.mean)} | {m.n} | {m.not_applicable} |")
+            ci = "" if m.ci_low is None else f"{_fmt(m.ci_low)} - {_fmt(m.ci_high)}"
+            lines.append(
+                f"| {name} | {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.n} | {m.not_applicable} |"
+            )
         if self.turn_metrics:
             lines += ["", "## Turn metrics", "", "| metric | mean | turns | not applicable |"]
             lines.append("|---|---:|---:|---:|")
@@ -119,15 +130,23 @@ def _summarise(
             else:
                 values[name].append(score.value)
     names = list(dict.fromkeys([*values, *missing]))
-    return {
-        n: MetricSummary(
-            mean=mean(values[n]) if values[n] else None,
-            n=len(values[n]),
-            not_applicable=missing[n],
-            higher_is_better=hib.get(n),
-        )
-        for n in names
-    }
+    return {n: _summary(values[n], missing[n], hib.get(n)) for n in names}
+
+
+def _summary(values: list[float], missing: int, hib: bool | None) -> MetricSummary:
+    if not values:
+        return MetricSummary(mean=None, n=0, not_applicable=missing, higher_is_better=hib)
+    agg = aggregate(values)
+    return MetricSummary(
+        mean=agg.mean,
+        n=agg.n,
+        not_applicable=missing,
+        higher_is_better=hib,
+        std=agg.std,
+        stderr=agg.stderr,
+        ci_low=agg.ci_low,
+        ci_high=agg.ci_high,
+    )
 
 
 def _metric_summaries(
@@ -155,6 +174,24 @@ def _higher_is_better(names: Iterable[str]) -> dict[str, bool | None]:
     return found
 
 
+def _groups(
+    results: list[ConversationResult],
+    key: Callable[[ConversationResult], str],
+    hib: dict[str, bool | None],
+) -> dict[str, GroupSummary]:
+    groups: dict[str, list[ConversationResult]] = defaultdict(list)
+    for r in results:
+        groups[key(r)].append(r)
+    return {
+        name: GroupSummary(
+            conversations=len(group),
+            statuses=dict(Counter(r.status.value for r in group)),
+            metrics=_metric_summaries(group, hib),
+        )
+        for name, group in sorted(groups.items())
+    }
+
+
 def summarize(results: Iterable[ConversationResult]) -> RunReport:
     """Summarise results (e.g. from :func:`convsim.read_results`)."""
     results = list(results)
@@ -167,9 +204,7 @@ def summarize(results: Iterable[ConversationResult]) -> RunReport:
     latencies: list[float] = []
     usage: Counter[str] = Counter()
     errors: Counter[str] = Counter()
-    groups: dict[str, list[ConversationResult]] = defaultdict(list)
     for r in results:
-        groups[r.scenario_type].append(r)
         usage.update(
             prompt_tokens=r.usage.prompt_tokens,
             completion_tokens=r.usage.completion_tokens,
@@ -211,14 +246,9 @@ def summarize(results: Iterable[ConversationResult]) -> RunReport:
         turns={s.value: turns.get(s.value, 0) for s in TurnStatus},
         metrics=_metric_summaries(results, hib),
         turn_metrics=_turn_metric_summaries(results, hib),
-        by_scenario_type={
-            name: GroupSummary(
-                conversations=len(group),
-                statuses=dict(Counter(r.status.value for r in group)),
-                metrics=_metric_summaries(group, hib),
-            )
-            for name, group in sorted(groups.items())
-        },
+        by_scenario_type=_groups(results, lambda r: r.scenario_type, hib),
+        by_difficulty=_groups(results, lambda r: r.difficulty or "unspecified", hib),
+        by_model=_groups(results, lambda r: r.model, hib),
         latency_s=latency,
         usage=dict(usage),
         cost_usd=(

@@ -360,12 +360,13 @@ def _mean(summary: MetricSummary | None) -> str:
 def _metric_table(title: str, unit: str, summaries: dict[str, MetricSummary]) -> Table:
     table = Table(title=title)
     table.add_column("metric")
-    for col in ("mean", unit, "n/a"):
+    for col in ("mean", "95% CI", unit, "n/a"):
         table.add_column(col, justify="right")
     table.add_column("better")
     for name, m in summaries.items():
         better = {True: "higher", False: "lower", None: ""}[m.higher_is_better]
-        table.add_row(name, _mean(m), str(m.n), str(m.not_applicable), better)
+        ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
+        table.add_row(name, _mean(m), ci, str(m.n), str(m.not_applicable), better)
     return table
 
 

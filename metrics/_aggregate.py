@@ -1,0 +1,74 @@
+"""Run-level aggregation of per-conversation scores: mean, spread, confidence interval."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+__all__ = ["Aggregate", "aggregate", "bootstrap_ci"]
+
+BOOTSTRAP_RESAMPLES = 2000
+#: Above this many values the bootstrap gives way to the normal approximation, which
+#: is as good there and keeps reports fast.
+BOOTSTRAP_MAX_N = 5000
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """How a metric came out over many conversations."""
+
+    n: int
+    mean: float
+    std: float
+    """Sample standard deviation (n - 1); 0 for a single value."""
+    stderr: float
+    ci_low: float
+    ci_high: float
+    """The 95% confidence interval of the mean (percentile bootstrap)."""
+
+
+def bootstrap_ci(
+    values: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean; deterministic for a seed."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("a confidence interval of no values")
+    if n == 1:
+        return float(values[0]), float(values[0])
+    alpha = (1 - confidence) / 2
+    if n > BOOTSTRAP_MAX_N:
+        mean = math.fsum(values) / n
+        half = NormalDist().inv_cdf(1 - alpha) * _std(values, mean) / math.sqrt(n)
+        return mean - half, mean + half
+    rng = random.Random(seed)
+    data = list(values)
+    means = sorted(math.fsum(rng.choices(data, k=n)) / n for _ in range(resamples))
+    low = means[max(0, math.floor(alpha * resamples))]
+    high = means[min(resamples - 1, math.ceil((1 - alpha) * resamples) - 1)]
+    return low, high
+
+
+def aggregate(values: Sequence[float], *, seed: int = 0) -> Aggregate:
+    """Mean, standard deviation, standard error and bootstrap 95% CI of ``values``."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("an aggregate of no values")
+    mean = math.fsum(values) / n
+    std = _std(values, mean)
+    low, high = bootstrap_ci(values, seed=seed)
+    return Aggregate(n=n, mean=mean, std=std, stderr=std / math.sqrt(n), ci_low=low, ci_high=high)
+
+
+def _std(values: Sequence[float], mean: float) -> float:
+    n = len(values)
+    if n < 2:
+        return 0.0
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))

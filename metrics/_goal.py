@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import re
 from collections.abc import Mapping
+from typing import Any
 
+from convsim._records import Score
 from convsim.scenarios._schema import Criterion, Goal
 
-__all__ = ["check_criterion", "goal_met", "DETERMINISTIC_KINDS"]
+__all__ = [
+    "check_criterion",
+    "criterion_credit",
+    "goal_met",
+    "GoalAchievementMetric",
+    "DETERMINISTIC_KINDS",
+]
 
 #: Criterion kinds that can be checked without a model or user code.
 DETERMINISTIC_KINDS = frozenset({"contains", "regex", "number"})
@@ -49,3 +59,111 @@ def goal_met(goal: Goal, responses: Mapping[str, str], final: str | None) -> boo
     return all(holds(c) for c in goal.all_of) and (
         not goal.any_of or any(holds(c) for c in goal.any_of)
     )
+
+
+def _json_in(text: str) -> Any:
+    """The first JSON value in ``text``: a fenced ```json block, or the outermost braces."""
+    fenced = re.search(r"```(?:json)?\s*\n(.*?)```", text, re.DOTALL)
+    candidates = [fenced.group(1)] if fenced else []
+    for opener, closer in (("{", "}"), ("[", "]")):
+        start, end = text.find(opener), text.rfind(closer)
+        if 0 <= start < end:
+            candidates.append(text[start : end + 1])
+    for candidate in candidates:
+        try:
+            return json.loads(candidate)
+        except ValueError:
+            continue
+    raise ValueError("no JSON in the response")
+
+
+def criterion_credit(criterion: Criterion, text: str, scenario: Any) -> float | None:
+    """Credit in [0, 1] for one criterion, or None where it cannot be decided here."""
+    decided = check_criterion(criterion, text)
+    if decided is not None:
+        return 1.0 if decided else 0.0
+    if criterion.kind == "json_schema":
+        import jsonschema
+
+        try:
+            jsonschema.validate(_json_in(text), criterion.value)
+        except (ValueError, jsonschema.ValidationError):
+            return 0.0
+        return 1.0
+    if criterion.kind == "python":
+        module_name, _, attr = str(criterion.value).partition(":")
+        checker = getattr(importlib.import_module(module_name), attr)
+        outcome = checker(text, scenario)
+        return max(0.0, min(1.0, float(outcome)))
+    return None  # judge: needs a judge model
+
+
+class GoalAchievementMetric:
+    """How much of the scenario goal the conversation achieved, and when."""
+
+    name = "goal_achievement"
+    higher_is_better = True
+    description = (
+        "Partial credit over the scenario goal's criteria on the final state: the share of "
+        "all_of criteria met, and whether any any_of criterion is, averaged; plus "
+        "turns_to_goal, the first completed turn after which every criterion held. "
+        "Criteria: contains, regex, number (with tolerance), json_schema, a Python "
+        "checker (module:function); judge criteria need a judge model."
+    )
+
+    def scorer(self, conversation: Any) -> _GoalScorer:
+        return _GoalScorer(conversation.scenario)
+
+
+class _GoalScorer:
+    def __init__(self, scenario: Any) -> None:
+        self.scenario = scenario
+        self.goal: Goal | None = scenario.goal
+        self.responses: dict[str, str] = {}
+        self.final: str | None = None
+        self.completed = 0
+        self.turns_to_goal: int | None = None
+
+    def update(self, turn: Any) -> None:
+        if turn.status.value != "completed" or turn.response is None or self.goal is None:
+            return
+        self.responses[turn.turn_id] = turn.response
+        self.final = turn.response
+        self.completed += 1
+        if self.turns_to_goal is None and self._credit()[0] == 1.0:
+            self.turns_to_goal = self.completed
+
+    def _credit(self) -> tuple[float | None, list[dict[str, Any]]]:
+        assert self.goal is not None
+        rows: list[dict[str, Any]] = []
+        parts: list[float] = []
+        for group in ("all_of", "any_of"):
+            credits = []
+            for i, criterion in enumerate(getattr(self.goal, group)):
+                text = self.responses.get(criterion.turn_id) if criterion.turn_id else self.final
+                credit = None if text is None else criterion_credit(criterion, text, self.scenario)
+                if criterion.kind == "judge":
+                    credit = None
+                rows.append({"group": group, "index": i, "kind": criterion.kind, "credit": credit})
+                if credit is not None or text is None:
+                    credits.append(credit or 0.0)
+            if credits:
+                parts.append(sum(credits) / len(credits) if group == "all_of" else max(credits))
+        return (sum(parts) / len(parts) if parts else None), rows
+
+    def result(self) -> Score:
+        if self.goal is None or not (self.goal.all_of or self.goal.any_of):
+            return Score.not_applicable("the scenario declares no goal criteria")
+        if self.final is None:
+            return Score.not_applicable("no turn completed")
+        value, rows = self._credit()
+        if value is None:
+            return Score.not_applicable("every goal criterion needs a judge model")
+        return Score(
+            value=value,
+            details={
+                "criteria": rows,
+                "turns_to_goal": self.turns_to_goal,
+                "turns": self.completed,
+            },
+        )

@@ -28,6 +28,9 @@ for _name, _cls in [
 ]:
     METRICS.register(_name, _B + _cls)
 
+METRICS.register("context_retention", "convsim.metrics._retention:ContextRetentionMetric")
+METRICS.register("goal_achievement", "convsim.metrics._goal:GoalAchievementMetric")
+
 
 def _rubric(name: str) -> Metric:
     from ._builtin import GUIDE_RUBRICS, JudgeRubricMetric

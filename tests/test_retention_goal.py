@@ -1,0 +1,221 @@
+"""Context retention and goal achievement move with what they measure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import write_pack
+
+import convsim
+from convsim import TurnRecord, TurnStatus
+from convsim.metrics import METRICS
+from convsim.metrics._retention import fact_recalled, stated_values
+from convsim.scenarios import Fact, load_pack
+
+
+def retention(model_args: dict[str, Any]) -> float:
+    results = convsim.run_sync(
+        "multi_session_memory", "scripted", model_args=model_args, metrics=["context_retention"]
+    )
+    values = [r.scores["context_retention"].value for r in results]
+    assert all(v is not None for v in values)
+    return sum(values) / len(values)  # type: ignore[arg-type]
+
+
+def test_retention_rises_monotonically_with_the_models_memory() -> None:
+    window = [retention({"use_references": "false", "memory_turns": k}) for k in (1, 2, 3, 5)]
+    full = retention({"use_references": "false"})
+    curve = [*window, full]
+    assert curve == sorted(curve), curve
+    assert curve[0] < 0.1 and full > 0.9 and curve[-1] > curve[0] + 0.5
+
+
+def test_retention_curve_shows_that_far_facts_are_forgotten_first() -> None:
+    results = convsim.run_sync(
+        "multi_session_memory",
+        "scripted",
+        model_args={"use_references": "false", "memory_turns": 2},
+        metrics=["context_retention"],
+    )
+    curves = [r.scores["context_retention"].details["curve"] for r in results]
+    near_mean = [c[d] for c in curves for d in c if d <= 1]
+    far_mean = [c[d] for c in curves for d in c if d >= 4]
+    assert sum(near_mean) / len(near_mean) > sum(far_mean) / len(far_mean)
+
+
+FACT = Fact(key="order_id", value="A-1042", aliases=["order 1042"], introduced_in="t0")
+
+
+@pytest.mark.parametrize(
+    ("fact", "text", "recalled"),
+    [
+        (FACT, "Your order A-1042 has shipped.", True),
+        (FACT, "About order 1042: it has shipped.", True),  # an alias
+        (FACT, "Your order A-10420 has shipped.", False),  # whole words only
+        (Fact(key="amount", value=89, introduced_in="t0"), "You paid $89.00 for it.", True),
+        (Fact(key="amount", value=89, introduced_in="t0"), "You paid $98.00.", False),
+        (
+            Fact(key="price", value=1250.5, tolerance=0.01, introduced_in="t0"),
+            "It cost 1,250.50 euros.",
+            True,
+        ),
+        (
+            Fact(key="birthday", value="2026-03-14", introduced_in="t0"),
+            "Your birthday is on March 14th.",
+            True,
+        ),
+        (
+            Fact(key="birthday", value="March 14, 2026", introduced_in="t0"),
+            "So 14/03... no, 03/14/2026 it is.",
+            True,
+        ),
+        (Fact(key="birthday", value="March 14", introduced_in="t0"), "It is March 15.", False),
+    ],
+)
+def test_fact_matching(fact: Fact, text: str, recalled: bool) -> None:
+    assert fact_recalled(fact, text) is recalled
+
+
+def test_a_different_value_for_a_tracked_fact_is_a_contradiction() -> None:
+    assert stated_values(FACT, "Your order id is B-2231, I believe.") == ["B-2231"]
+    assert stated_values(FACT, "Your order id is A-1042.") == []
+    assert stated_values(FACT, "Nothing about it here.") == []
+
+
+def record(
+    turn_id: str, response: str | None, status: TurnStatus = TurnStatus.COMPLETED
+) -> TurnRecord:
+    return TurnRecord(
+        conversation_id="c",
+        turn_index=0,
+        turn_id=turn_id,
+        role="assistant",
+        status=status,
+        response=response,
+    )
+
+
+def conversation_with(tmp_path: Path, **scenario: Any) -> Any:
+    turns = [{"turn_id": t, "prompt_template": t} for t in ("t0", "t1", "t2", "t3")]
+    folder = write_pack(
+        tmp_path / "p",
+        {"default": {"turns": turns}},
+        [{"scenario_id": "s", "scenario_description": "x", **scenario}],
+    )
+    return load_pack(folder).conversations[0]
+
+
+def retention_of(conv: Any, responses: list[str]) -> Any:
+    scorer = METRICS.get("context_retention")().scorer(conv)
+    for i, text in enumerate(responses):
+        scorer.update(record(f"t{i}", text))
+    return scorer.result()
+
+
+def test_retention_scores_probes_and_flags_contradictions(tmp_path: Path) -> None:
+    conv = conversation_with(
+        tmp_path,
+        facts=[{"key": "order_id", "value": "A-1042", "introduced_in": "t0"}],
+        probes=[{"turn_id": "t2", "facts": ["order_id"]}, {"turn_id": "t3", "facts": ["order_id"]}],
+    )
+    good = retention_of(conv, ["Noted.", "Ok.", "Order A-1042.", "It is A-1042."])
+    assert good.value == 1.0 and good.details["curve"] == {2: 1.0, 3: 1.0}
+    wrong = retention_of(conv, ["Noted.", "Ok.", "Order A-1042.", "Your order id is B-7."])
+    assert wrong.value == 0.5
+    assert wrong.details["contradictions"] == [
+        {"fact": "order_id", "turn_id": "t3", "stated": "B-7"}
+    ]
+    assert retention_of(conv, ["Noted.", "Ok.", "No idea.", "No idea."]).value == 0.0
+
+
+def test_retention_is_not_applicable_without_facts_or_completed_probes(tmp_path: Path) -> None:
+    plain = conversation_with(tmp_path)
+    assert (
+        retention_of(plain, ["a", "b"]).reason
+        == "not applicable: the scenario declares no facts and probes"
+    )
+    (tmp_path / "p").rename(tmp_path / "old")
+    conv = conversation_with(
+        tmp_path,
+        facts=[{"key": "k", "value": "v1", "introduced_in": "t0"}],
+        probes=[{"turn_id": "t3", "facts": ["k"]}],
+    )
+    assert retention_of(conv, ["x", "y"]).value is None  # the probe never ran
+
+
+def goal_of(conv: Any, responses: list[str]) -> Any:
+    scorer = METRICS.get("goal_achievement")().scorer(conv)
+    for i, text in enumerate(responses):
+        scorer.update(record(f"t{i}", text))
+    return scorer.result()
+
+
+def test_a_conversation_that_reaches_its_goal_outscores_one_that_does_not(tmp_path: Path) -> None:
+    goal = {
+        "description": "refund approved and the amount stated",
+        "all_of": [
+            {"kind": "contains", "value": "refund approved"},
+            {"kind": "number", "value": 89, "tolerance": 0.5},
+        ],
+        "any_of": [{"kind": "regex", "value": r"\bREF-\d{4}\b"}],
+    }
+    conv = conversation_with(tmp_path, goal=goal)
+    reached = goal_of(conv, ["Let me check.", "Refund approved: 89 dollars, ref REF-1234."])
+    halfway = goal_of(conv, ["Let me check.", "Refund approved, details to follow."])
+    missed = goal_of(conv, ["Let me check.", "I cannot help with that."])
+    assert reached.value == 1.0 and reached.details["turns_to_goal"] == 2
+    assert missed.value == 0.0 and missed.details["turns_to_goal"] is None
+    assert reached.value > halfway.value > missed.value
+    assert halfway.value == pytest.approx(0.25)  # all_of half met, any_of not: (0.5 + 0) / 2
+
+
+def has_ticket(text: str, scenario: Any) -> float:
+    """A goal checker given by import path: (response, scenario) -> credit."""
+    return 1.0 if "ticket" in text else 0.0
+
+
+def test_goal_json_schema_python_and_judge_criteria(tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"enum": ["open", "closed"]}},
+    }
+    goal = {
+        "description": "structured answer",
+        "all_of": [
+            {"kind": "json_schema", "value": schema},
+            {"kind": "python", "value": "test_retention_goal:has_ticket"},
+            {"kind": "judge", "value": "polite?"},
+        ],
+    }
+    conv = conversation_with(tmp_path, goal=goal)
+    ok = goal_of(conv, ["Opened ticket 7."])
+    assert ok.value == 0.5  # no JSON for the schema; the checker says 1; judge not counted
+    kinds = {row["kind"]: row["credit"] for row in ok.details["criteria"]}
+    assert kinds == {"json_schema": 0.0, "python": 1.0, "judge": None}
+    structured = goal_of(conv, ['Done: ```json\n{"status": "open"}\n``` ticket 7'])
+    assert structured.value == 1.0
+    only_judge = conversation_with(
+        tmp_path / "j", goal={"description": "x", "all_of": [{"kind": "judge", "value": "polite?"}]}
+    )
+    assert (
+        goal_of(only_judge, ["hi"]).reason
+        == "not applicable: every goal criterion needs a judge model"
+    )
+
+
+def test_goal_achievement_through_a_run_uses_the_final_state() -> None:
+    results = convsim.run_sync("customer_support", "scripted", metrics=["goal_achievement"])
+    with_refs = [r.scores["goal_achievement"].value for r in results]
+    results = convsim.run_sync(
+        "customer_support",
+        "scripted",
+        model_args={"use_references": "false"},
+        metrics=["goal_achievement"],
+    )
+    without = [r.scores["goal_achievement"].value for r in results]
+    assert sum(v for v in with_refs if v is not None) > sum(v for v in without if v is not None)
+    assert json.dumps(results[0].scores["goal_achievement"].model_dump())  # serialisable

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import signal
 import sys
 import time
@@ -404,6 +405,80 @@ def _print_report(report: RunReport) -> None:
         out.print(
             "errors: " + ", ".join(f"{k} x{v}" for k, v in report.errors.items()), highlight=False
         )
+
+
+@main.command()
+@click.argument("transcripts", type=click.Path(path_type=Path))
+@click.option(
+    "--metrics",
+    "metric_names",
+    callback=_parse_metrics,
+    required=True,
+    help="Comma-separated metrics to score.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write one JSON line of scores per conversation here.",
+)
+@_clear_errors
+def score(transcripts: Path, metric_names: list[str], out: Path | None) -> None:
+    """Score recorded conversations (one JSON object per line) without running a model."""
+    from .metrics import METRICS
+    from .metrics._aggregate import aggregate
+    from .metrics._transcripts import read_transcripts, score_transcripts
+
+    for name in metric_names:
+        METRICS.get(name)  # unknown names fail before any work
+    scored = score_transcripts(read_transcripts(transcripts), metric_names)
+    table = Table(title=f"{transcripts.name}: {len(scored)} conversations")
+    table.add_column("conversation")
+    for name in metric_names:
+        table.add_column(name, justify="right")
+    for cid, scores in scored:
+        table.add_row(cid, *[_mean_of(scores[n].value) for n in metric_names])
+    out_console = _stdout()
+    out_console.print(table)
+    summary = Table(title="aggregate")
+    for col in ("metric", "mean", "95% CI", "n", "n/a"):
+        summary.add_column(col, justify="left" if col == "metric" else "right")
+    for name in metric_names:
+        values = [s[name].value for _, s in scored if s[name].value is not None]
+        if values:
+            agg = aggregate(values)
+            summary.add_row(
+                name,
+                f"{agg.mean:.4g}",
+                f"{agg.ci_low:.4g} - {agg.ci_high:.4g}",
+                str(agg.n),
+                str(len(scored) - agg.n),
+            )
+        else:
+            summary.add_row(name, "n/a", "", "0", str(len(scored)))
+    out_console.print(summary)
+    if out is not None:
+        try:
+            with open(out, "w", encoding="utf-8") as fh:
+                for cid, scores in scored:
+                    fh.write(
+                        json.dumps(
+                            {
+                                "conversation_id": cid,
+                                "scores": {n: s.model_dump() for n, s in scores.items()},
+                            }
+                        )
+                        + "\n"
+                    )
+        except OSError as exc:
+            from ._errors import ResultsError
+
+            raise ResultsError(f"{out}: cannot write scores: {exc.strerror}") from None
+        out_console.print(f"scores: {out}", highlight=False)
+
+
+def _mean_of(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
 
 
 @main.command()

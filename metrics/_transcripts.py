@@ -1,0 +1,218 @@
+"""Scoring recorded conversations, with no model in the loop.
+
+A transcript is a list of messages. Each assistant message closes a turn, named ``t1``,
+``t2``, ... in order; the user messages before it are that turn's prompt. A transcript
+file (``convsim score``) holds one conversation per line::
+
+    {"conversation_id": "c1", "messages": [{"role": "user", "content": "..."}, ...],
+     "facts": [...], "probes": [...], "goal": {...}}
+
+``facts``, ``probes`` and ``goal`` are optional and take the scenario format; a turn is
+named ``t3`` or given by its number, 3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from convsim._errors import PackError, PackProblem
+from convsim._records import Score, TurnRecord, TurnStatus
+from convsim._registry import Registry
+from convsim.adapters._types import Message
+from convsim.scenarios._pack import Conversation, PreparedFlow, PreparedTurn
+from convsim.scenarios._schema import Flow, Goal, Scenario, TurnConfig
+from convsim.scenarios._templates import Template
+
+from ._protocol import Metric
+from ._registry import METRICS
+
+__all__ = ["Transcript", "score_transcript", "read_transcripts", "score_transcripts"]
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """One recorded conversation, ready to score."""
+
+    conversation: Conversation
+    turns: tuple[TurnRecord, ...]
+
+
+def _turn_id(value: Any) -> Any:
+    return f"t{value}" if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def build_transcript(
+    conversation_id: str,
+    messages: Sequence[Message | Mapping[str, Any]],
+    *,
+    facts: Iterable[Mapping[str, Any]] = (),
+    probes: Iterable[Mapping[str, Any]] = (),
+    goal: Mapping[str, Any] | Goal | None = None,
+    source: str = "transcript",
+) -> Transcript:
+    """A transcript as a conversation with one completed turn per assistant message."""
+    msgs = [m if isinstance(m, Message) else Message(**m) for m in messages]
+    records: list[TurnRecord] = []
+    history: list[Message] = []
+    pending: list[str] = []
+    for m in msgs:
+        if m.role == "assistant":
+            turn_id = f"t{len(records) + 1}"
+            user = "\n\n".join(pending)
+            records.append(
+                TurnRecord(
+                    conversation_id=conversation_id,
+                    turn_index=len(records),
+                    turn_id=turn_id,
+                    role="assistant",
+                    status=TurnStatus.COMPLETED,
+                    prompt=user or None,
+                    user_message=user or None,
+                    messages=tuple(history),
+                    response=m.content,
+                )
+            )
+            pending = []
+        elif m.role == "user":
+            pending.append(m.content)
+        history.append(m)
+    if not records:
+        raise ValueError("the transcript has no assistant message to score")
+    facts = [{**f, "introduced_in": _turn_id(f.get("introduced_in"))} for f in facts]
+    probes = [{**p, "turn_id": _turn_id(p.get("turn_id"))} for p in probes]
+    if isinstance(goal, Mapping):
+        goal = {
+            **goal,
+            **{
+                group: [
+                    {**c, "turn_id": _turn_id(c.get("turn_id"))} if "turn_id" in c else c
+                    for c in goal.get(group, [])
+                ]
+                for group in ("all_of", "any_of")
+            },
+        }
+    scenario = Scenario.model_validate(
+        {
+            "scenario_id": conversation_id,
+            "scenario_description": "a recorded conversation",
+            "facts": facts,
+            "probes": probes,
+            "goal": goal,
+        }
+    )
+    turns = [TurnConfig(turn_id=r.turn_id, prompt_template="") for r in records]
+    flow = Flow(turns=turns)
+    prepared = PreparedFlow(
+        "transcript",
+        flow,
+        tuple(PreparedTurn(t, i, Template.parse("")) for i, t in enumerate(turns)),
+    )
+    return Transcript(Conversation(scenario, prepared, "multi_turn", source), tuple(records))
+
+
+def _score(transcript: Transcript, metrics: Sequence[Metric]) -> dict[str, Score]:
+    scores: dict[str, Score] = {}
+    for metric in metrics:
+        try:
+            scorer = metric.scorer(transcript.conversation)
+            for record in transcript.turns:
+                scorer.update(record)
+            scores[metric.name] = scorer.result()
+        except Exception as exc:  # a broken metric is reported, never fatal
+            scores[metric.name] = Score(
+                value=None, reason=f"metric failed: {type(exc).__name__}: {exc}"
+            )
+    return scores
+
+
+def score_transcript(
+    messages: Sequence[Message | Mapping[str, Any]],
+    metrics: Sequence[str],
+    *,
+    facts: Iterable[Mapping[str, Any]] = (),
+    probes: Iterable[Mapping[str, Any]] = (),
+    goal: Mapping[str, Any] | None = None,
+    registry: Registry[Metric] = METRICS,
+) -> dict[str, Score]:
+    """Score one recorded conversation with the named metrics."""
+    resolved = [registry.get(name)() for name in dict.fromkeys(metrics)]
+    transcript = build_transcript("transcript", messages, facts=facts, probes=probes, goal=goal)
+    return _score(transcript, resolved)
+
+
+def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
+    """Every conversation of a transcript file; PackError names each bad line and field."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PackError(
+            [PackProblem(str(path), None, None, f"cannot read: {exc.strerror}")]
+        ) from None
+    problems: list[PackProblem] = []
+    out: list[tuple[str, Transcript]] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path.name}:{lineno}"
+        try:
+            raw = json.loads(line)
+            if not isinstance(raw, dict):
+                raise ValueError("a line must be a JSON object")
+            unknown = set(raw) - {"conversation_id", "messages", "facts", "probes", "goal"}
+            if unknown:
+                problems.append(PackProblem(path.name, lineno, sorted(unknown)[0], "unknown field"))
+                continue
+            cid = str(raw.get("conversation_id") or f"line-{lineno}")
+            if cid in seen:
+                problems.append(
+                    PackProblem(path.name, lineno, "conversation_id", f"duplicate {cid!r}")
+                )
+                continue
+            seen.add(cid)
+            if not isinstance(raw.get("messages"), list):
+                problems.append(
+                    PackProblem(path.name, lineno, "messages", "a list of messages is required")
+                )
+                continue
+            transcript = build_transcript(
+                cid,
+                raw["messages"],
+                facts=raw.get("facts") or (),
+                probes=raw.get("probes") or (),
+                goal=raw.get("goal"),
+                source=where,
+            )
+            out.append((cid, transcript))
+        except json.JSONDecodeError as exc:
+            problems.append(PackProblem(path.name, lineno, None, f"invalid JSON: {exc.msg}"))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            problems.append(
+                PackProblem(path.name, lineno, ".".join(map(str, err["loc"])) or None, err["msg"])
+            )
+        except (TypeError, ValueError) as exc:
+            problems.append(PackProblem(path.name, lineno, None, str(exc)))
+    if problems:
+        raise PackError(problems)
+    if not out:
+        raise PackError([PackProblem(path.name, None, None, "holds no conversations")])
+    return out
+
+
+def score_transcripts(
+    transcripts: Sequence[tuple[str, Transcript]],
+    metrics: Sequence[str],
+    *,
+    registry: Registry[Metric] = METRICS,
+) -> list[tuple[str, dict[str, Score]]]:
+    """Score many recorded conversations with the named metrics."""
+    resolved = [registry.get(name)() for name in dict.fromkeys(metrics)]
+    return [(cid, _score(t, resolved)) for cid, t in transcripts]

@@ -114,5 +114,5 @@ def test_unknown_metric_and_duplicate_ids(tmp_path: Path) -> None:
     path.write_text(line("a", "x") + "\n" + line("a", "y") + "\n")
     result = CliRunner().invoke(main, ["score", str(path), "--metrics", "nope"])
     assert result.exit_code == 2 and "unknown metric 'nope'" in result.stderr
-    with pytest.raises(PackError, match="t.jsonl:2: conversation_id: duplicate 'a'"):
+    with pytest.raises(PackError, match=r"t\.jsonl:2: conversation_id: duplicate 'a'"):
         read_transcripts(path)

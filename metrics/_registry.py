@@ -30,6 +30,9 @@ for _name, _cls in [
 
 METRICS.register("context_retention", "convsim.metrics._retention:ContextRetentionMetric")
 METRICS.register("goal_achievement", "convsim.metrics._goal:GoalAchievementMetric")
+METRICS.register("coherence", "convsim.metrics._coherence:CoherenceMetric")
+METRICS.register("conversation_flow", "convsim.metrics._coherence:ConversationFlowMetric")
+METRICS.register("semantic_similarity", "convsim.metrics._coherence:SemanticSimilarityMetric")
 
 
 def _rubric(name: str) -> Metric:

@@ -117,6 +117,9 @@ class ConversationActor:
             except Exception as exc:  # a broken metric must not sink the conversation
                 self._scorer_errors[metric.name] = f"{type(exc).__name__}: {exc}"
         self._turn_metrics = dict(turn_metrics or {})
+        self._heavy = any(
+            getattr(m, "cpu_heavy", False) for m in [*metrics, *self._turn_metrics.values()]
+        )
         self._turn_scores: dict[str, dict[str, Score]] = {}
         self._scored = 0
         self._usage = Usage()
@@ -430,7 +433,10 @@ class ConversationActor:
     async def _consume(self, receive: anyio.abc.ObjectReceiveStream[TurnRecord]) -> None:
         async with receive:
             async for record in receive:
-                self._feed(record)
+                if self._heavy:  # CPU-heavy scorers must not stall the event loop
+                    await anyio.to_thread.run_sync(self._feed, record)
+                else:
+                    self._feed(record)
 
     def _score_remaining(self) -> None:
         for record in self.records[self._scored :]:

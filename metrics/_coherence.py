@@ -1,0 +1,260 @@
+"""Coherence, the guide's conversation flow, and semantic similarity to references.
+
+All three compare texts through an :class:`Embedder`. The default, :class:`TfidfEmbedder`,
+fits TF-IDF (scikit-learn) on the conversation's own texts, so similarity is lexical:
+shared content words, weighted by how rare they are in the conversation. A semantic
+model can be plugged in by passing any object with ``embed(texts) -> vectors``.
+
+Coherence of a conversation is a weighted mean of per-turn components:
+
+- relevance (0.4): the response against the user message it answers;
+- context (0.2): the response against everything said before it;
+- continuity (0.2): the response against the previous response (1 - topic drift);
+- consistency (0.2): the share of responses that state no value contradicting a tracked
+  fact (only when the scenario declares facts; the other weights are scaled up if not).
+
+Blind spots (TF-IDF): synonyms and paraphrases look unrelated; a response that parrots
+the question looks relevant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from convsim._records import Score, TurnRecord, TurnStatus
+
+from ._retention import stated_values
+from ._stats import mean
+
+if TYPE_CHECKING:
+    from convsim.scenarios import Conversation
+
+__all__ = [
+    "Embedder",
+    "TfidfEmbedder",
+    "CoherenceMetric",
+    "ConversationFlowMetric",
+    "SemanticSimilarityMetric",
+    "COHERENCE_WEIGHTS",
+]
+
+COHERENCE_WEIGHTS = {"relevance": 0.4, "context": 0.2, "continuity": 0.2, "consistency": 0.2}
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into vectors whose cosine similarity means relatedness."""
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        """An (n, d) array or sparse matrix for ``texts``, fitted on them if it learns."""
+        ...
+
+
+class TfidfEmbedder:
+    """TF-IDF fitted on the texts of each call (sublinear tf, English stop words)."""
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        for stop_words in ("english", None):  # texts of stop words only: keep them all
+            try:
+                return TfidfVectorizer(
+                    stop_words=stop_words, sublinear_tf=True, token_pattern=r"(?u)\b\w+\b"
+                ).fit_transform(texts)
+            except ValueError:  # no vocabulary
+                continue
+        return None
+
+
+def cosine(
+    embedder: Embedder, texts: Sequence[str], pairs: Sequence[tuple[int, int]]
+) -> list[float]:
+    """Cosine similarity of each (i, j) pair of ``texts``; 0 where a text is empty."""
+    vectors = embedder.embed(texts)
+    if vectors is None:
+        return [0.0 for _ in pairs]
+    from sklearn.metrics.pairwise import cosine_similarity
+
+    matrix = cosine_similarity(vectors)
+    return [float(max(0.0, min(1.0, matrix[i][j]))) for i, j in pairs]
+
+
+@dataclass
+class _Turns:
+    """The completed turns of a conversation, gathered as they arrive."""
+
+    users: list[str] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
+
+    def add(self, turn: TurnRecord) -> bool:
+        if turn.status is not TurnStatus.COMPLETED or turn.response is None:
+            return False
+        self.users.append(turn.user_message or "")
+        self.responses.append(turn.response)
+        return True
+
+
+class CoherenceMetric:
+    """Relevance, context fit, continuity and consistency of the responses."""
+
+    name = "coherence"
+    higher_is_better = True
+    cpu_heavy = True
+    description = (
+        "Weighted mean of per-turn relevance to the user turn (0.4), fit to the "
+        "conversation so far (0.2), continuity with the previous response (0.2) "
+        "and consistency with tracked facts (0.2); TF-IDF similarity by default."
+    )
+
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self.embedder = embedder or TfidfEmbedder()
+
+    def scorer(self, conversation: Conversation) -> _CoherenceScorer:
+        return _CoherenceScorer(self.embedder, list(conversation.scenario.facts))
+
+
+@dataclass
+class _CoherenceScorer:
+    embedder: Embedder
+    facts: list[Any]
+    turns: _Turns = field(default_factory=_Turns)
+    relevance: list[float] = field(default_factory=list)
+    context: list[float] = field(default_factory=list)
+    continuity: list[float] = field(default_factory=list)
+    consistent: list[float] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        if not self.turns.add(turn):
+            return
+        n = len(self.turns.responses)
+        texts = [*self.turns.users, *self.turns.responses]
+        earlier = " ".join(
+            [*self.turns.users[:-1], *self.turns.responses[:-1], self.turns.users[-1]]
+        )
+        texts.append(earlier)
+        response, user, history = n + n - 1, n - 1, len(texts) - 1
+        pairs = [(response, user), (response, history)]
+        if n > 1:
+            pairs.append((response, response - 1))
+        sims = cosine(self.embedder, texts, pairs)
+        self.relevance.append(sims[0])
+        self.context.append(sims[1])
+        if n > 1:
+            self.continuity.append(sims[2])
+        if self.facts:
+            text = self.turns.responses[-1]
+            self.consistent.append(0.0 if any(stated_values(f, text) for f in self.facts) else 1.0)
+
+    def result(self) -> Score:
+        if not self.relevance:
+            return Score.not_applicable("no completed turns")
+        parts = {"relevance": mean(self.relevance), "context": mean(self.context)}
+        if self.continuity:
+            parts["continuity"] = mean(self.continuity)
+        if self.consistent:
+            parts["consistency"] = mean(self.consistent)
+        weight = sum(COHERENCE_WEIGHTS[k] for k in parts)
+        value = sum(COHERENCE_WEIGHTS[k] * v for k, v in parts.items()) / weight
+        details: dict[str, Any] = {
+            **parts,
+            "turns": len(self.relevance),
+            "relevance_by_turn": self.relevance,
+        }
+        if self.continuity:
+            details["topic_drift"] = 1.0 - parts["continuity"]
+        return Score(value=value, details=details)
+
+
+class ConversationFlowMetric:
+    """The guide's conversation flow: topic consistency (0.4), response relevance (0.3)
+    and progression (0.3: responses that do not repeat earlier ones)."""
+
+    name = "conversation_flow"
+    higher_is_better = True
+    cpu_heavy = True
+    description = (
+        "0.4 x topic consistency (each response against the previous) + 0.3 x "
+        "relevance to the user turn + 0.3 x progression (1 - the highest "
+        "similarity to any earlier response); needs two or more turns."
+    )
+
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self.embedder = embedder or TfidfEmbedder()
+
+    def scorer(self, conversation: Conversation) -> _FlowScorer:
+        return _FlowScorer(self.embedder)
+
+
+@dataclass
+class _FlowScorer:
+    embedder: Embedder
+    turns: _Turns = field(default_factory=_Turns)
+    consistency: list[float] = field(default_factory=list)
+    relevance: list[float] = field(default_factory=list)
+    progression: list[float] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        if not self.turns.add(turn):
+            return
+        n = len(self.turns.responses)
+        texts = [*self.turns.users, *self.turns.responses]
+        response = 2 * n - 1
+        pairs = [(response, n - 1)] + [(response, n + k) for k in range(n - 1)]
+        sims = cosine(self.embedder, texts, pairs)
+        self.relevance.append(sims[0])
+        if n > 1:
+            self.consistency.append(sims[-1])  # the previous response
+            self.progression.append(1.0 - max(sims[1:]))
+
+    def result(self) -> Score:
+        if len(self.relevance) < 2:
+            return Score.not_applicable("conversation flow needs two or more completed turns")
+        parts = {
+            "topic_consistency": mean(self.consistency),
+            "relevance": mean(self.relevance),
+            "progression": mean(self.progression),
+        }
+        value = (
+            0.4 * parts["topic_consistency"] + 0.3 * parts["relevance"] + 0.3 * parts["progression"]
+        )
+        return Score(value=value, details=parts)
+
+
+class SemanticSimilarityMetric:
+    """Similarity of each response to the turn's reference response."""
+
+    name = "semantic_similarity"
+    higher_is_better = True
+    cpu_heavy = True
+    description = (
+        "Mean cosine similarity of responses to the reference responses (TF-IDF "
+        "by default: lexical, not semantic, unless a semantic Embedder is given)."
+    )
+
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self.embedder = embedder or TfidfEmbedder()
+
+    def scorer(self, conversation: Conversation) -> _SimilarityScorer:
+        return _SimilarityScorer(self.embedder, dict(conversation.scenario.reference_responses))
+
+
+@dataclass
+class _SimilarityScorer:
+    embedder: Embedder
+    references: dict[str, str]
+    values: list[float] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        reference = self.references.get(turn.turn_id)
+        if reference is None or turn.status is not TurnStatus.COMPLETED or turn.response is None:
+            return
+        self.values.append(cosine(self.embedder, [turn.response, reference], [(0, 1)])[0])
+
+    def result(self) -> Score:
+        if not self.references:
+            return Score.not_applicable("the scenario gives no reference responses")
+        if not self.values:
+            return Score.not_applicable("no completed turn has a reference response")
+        return Score(value=mean(self.values), details={"n": len(self.values)})

@@ -1,0 +1,179 @@
+"""Coherence, conversation flow and semantic similarity respond to what they measure."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+
+import convsim
+from convsim.metrics import METRICS, score_transcript
+from convsim.metrics._coherence import CoherenceMetric, Embedder, TfidfEmbedder
+
+SUPPORT = [
+    (
+        "My package with the blue kettle never arrived.",
+        "I'm sorry the kettle package has not arrived; I will track the parcel.",
+    ),
+    (
+        "The tracking number is TRK-99812.",
+        "Tracking TRK-99812 shows the parcel stuck at the depot since Monday.",
+    ),
+    (
+        "Can you send a replacement kettle instead?",
+        "Yes, I have ordered a replacement kettle to ship today.",
+    ),
+    (
+        "When will the replacement arrive?",
+        "The replacement kettle should arrive within three working days.",
+    ),
+]
+COOKING = [
+    ("How long should I roast a chicken?", "Roast a whole chicken at 200C for about 80 minutes."),
+    ("Should I baste it?", "Baste the chicken every 20 minutes to keep it moist."),
+    (
+        "What sides go well with roast chicken?",
+        "Roast potatoes and green beans go well with chicken.",
+    ),
+    ("How do I make gravy?", "Make gravy from the roasting juices with flour and stock."),
+]
+
+
+def messages(pairs: list[tuple[str, str]]) -> list[dict[str, str]]:
+    out = []
+    for user, assistant in pairs:
+        out += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    return out
+
+
+def coherence(pairs: list[tuple[str, str]]) -> float:
+    value = score_transcript(messages(pairs), ["coherence"])["coherence"].value
+    assert value is not None
+    return value
+
+
+def test_off_topic_responses_lower_coherence() -> None:
+    on_topic = coherence(SUPPORT)
+    off_topic = coherence([(u, a) for (u, _), (_, a) in zip(SUPPORT, COOKING, strict=True)])
+    assert on_topic > off_topic + 0.2
+
+
+def test_shuffled_responses_lower_coherence() -> None:
+    rng = random.Random(3)
+    users = [u for u, _ in SUPPORT]
+    answers = [a for _, a in SUPPORT]
+    worse = 0
+    for _ in range(5):
+        shuffled = answers[:]
+        while shuffled == answers:
+            rng.shuffle(shuffled)
+        worse += coherence(list(zip(users, shuffled, strict=True))) < coherence(SUPPORT)
+    assert worse == 5
+
+
+def test_coherence_components_and_facts() -> None:
+    score = score_transcript(
+        messages(SUPPORT),
+        ["coherence"],
+        facts=[{"key": "tracking_number", "value": "TRK-99812", "introduced_in": 2}],
+    )["coherence"]
+    assert set(score.details) >= {
+        "relevance",
+        "context",
+        "continuity",
+        "consistency",
+        "topic_drift",
+    }
+    assert score.details["consistency"] == 1.0
+    contradicted = SUPPORT[:3] + [
+        ("When will it arrive?", "Tracking number TRK-11111 says Friday.")
+    ]
+    bad = score_transcript(
+        messages(contradicted),
+        ["coherence"],
+        facts=[{"key": "tracking_number", "value": "TRK-99812", "introduced_in": 2}],
+    )["coherence"]
+    assert bad.details["consistency"] == 0.75
+
+
+def test_conversation_flow_rewards_progress_and_punishes_repetition() -> None:
+    flowing = score_transcript(messages(SUPPORT), ["conversation_flow"])["conversation_flow"]
+    repeated = score_transcript(
+        messages([(u, SUPPORT[0][1]) for u, _ in SUPPORT]), ["conversation_flow"]
+    )["conversation_flow"]
+    assert flowing.value is not None and repeated.value is not None
+    assert flowing.details["progression"] > repeated.details["progression"] + 0.5
+    one_turn = score_transcript(messages(SUPPORT[:1]), ["conversation_flow"])["conversation_flow"]
+    assert one_turn.value is None and "two or more" in (one_turn.reason or "")
+
+
+def test_semantic_similarity_to_references() -> None:
+    results = convsim.run_sync(
+        "single_turn_qa", "scripted", metrics=["semantic_similarity"], limit=5
+    )
+    assert {r.scores["semantic_similarity"].value for r in results} == {1.0}
+    results = convsim.run_sync(
+        "single_turn_qa",
+        "scripted",
+        model_args={"use_references": "false"},
+        metrics=["semantic_similarity"],
+        limit=5,
+    )
+    assert all((r.scores["semantic_similarity"].value or 0) < 1.0 for r in results)
+
+
+def test_a_plugged_in_embedder_is_used() -> None:
+    class Constant:
+        def embed(self, texts: Any) -> Any:
+            return [[1.0, 0.0] for _ in texts]
+
+    assert isinstance(Constant(), Embedder) and isinstance(TfidfEmbedder(), Embedder)
+    metric = CoherenceMetric(embedder=Constant())
+    conv = convsim.load_pack("customer_support").conversations[0]
+    scorer = metric.scorer(conv)
+    from convsim import TurnRecord, TurnStatus
+
+    for i in range(3):
+        scorer.update(
+            TurnRecord(
+                conversation_id="c",
+                turn_index=i,
+                turn_id=f"t{i}",
+                role="assistant",
+                status=TurnStatus.COMPLETED,
+                user_message="x",
+                response="y",
+            )
+        )
+    assert scorer.result().value == pytest.approx(1.0)  # identical vectors everywhere
+
+
+def test_heavy_scorers_run_off_the_event_loop() -> None:
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    registry = METRICS.copy()
+
+    class Spy(CoherenceMetric):
+        name = "coherence"
+
+        def scorer(self, conversation: Any) -> Any:
+            inner = super().scorer(conversation)
+
+            class Wrapped:
+                def update(self, turn: Any) -> None:
+                    seen.append(threading.get_ident())
+                    inner.update(turn)
+
+                def result(self) -> Any:
+                    return inner.result()
+
+            return Wrapped()
+
+    registry.register("coherence", Spy, replace=True)
+    results = convsim.run_sync(
+        "customer_support", "scripted", metrics=["coherence"], metric_registry=registry, limit=2
+    )
+    assert seen and loop_thread not in seen
+    assert all(r.scores["coherence"].value is not None for r in results)

@@ -87,8 +87,9 @@ def test_coherence_components_and_facts() -> None:
         "topic_drift",
     }
     assert score.details["consistency"] == 1.0
-    contradicted = SUPPORT[:3] + [
-        ("When will it arrive?", "Tracking number TRK-11111 says Friday.")
+    contradicted = [
+        *SUPPORT[:3],
+        ("When will it arrive?", "Tracking number TRK-11111 says Friday."),
     ]
     bad = score_transcript(
         messages(contradicted),

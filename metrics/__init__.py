@@ -6,11 +6,12 @@ from convsim._records import Score as Score
 
 from ._builtin import CustomScoreMetric as CustomScoreMetric
 from ._builtin import ExactMatchMetric as ExactMatchMetric
-from ._builtin import JudgeRubricMetric as JudgeRubricMetric
 from ._builtin import LatencyMetric as LatencyMetric
 from ._builtin import ResponseLengthMetric as ResponseLengthMetric
 from ._builtin import TechnicalAccuracyMetric as TechnicalAccuracyMetric
 from ._builtin import normalize_answer as normalize_answer
+from ._judge import JudgeSettings as JudgeSettings
+from ._judge import RubricJudgeMetric as RubricJudgeMetric
 from ._protocol import ConversationScorer as ConversationScorer
 from ._protocol import Metric as Metric
 from ._registry import DEFAULT_METRICS as DEFAULT_METRICS
@@ -27,7 +28,8 @@ __all__ = [
     "Score",
     "CustomScoreMetric",
     "ExactMatchMetric",
-    "JudgeRubricMetric",
+    "JudgeSettings",
+    "RubricJudgeMetric",
     "LatencyMetric",
     "ResponseLengthMetric",
     "TechnicalAccuracyMetric",

@@ -1,5 +1,5 @@
-"""Built-in metrics: latency, response length, exact match, the guide's custom score,
-Python code validity, and the guide's judge rubrics."""
+"""Built-in metrics: latency, response length, exact match, the guide's custom score and
+Python code validity."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ __all__ = [
     "ExactMatchMetric",
     "CustomScoreMetric",
     "TechnicalAccuracyMetric",
-    "JudgeRubricMetric",
     "normalize_answer",
 ]
 
@@ -250,50 +249,3 @@ class _TechnicalScorer:
             value=self.valid / self.blocks,
             details={"blocks": self.blocks, "valid": self.valid, "errors": self.errors},
         )
-
-
-# -- judge rubrics ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JudgeRubricMetric:
-    """A metric only a judge model can score (the guide's rubric names).
-
-    No judge can be configured in this version, so it reports "not applicable" with
-    that reason instead of a number.
-    """
-
-    name: str
-    rubric: str
-    higher_is_better: bool = True
-
-    @property
-    def description(self) -> str:
-        return f"Judge rubric: {self.rubric}"
-
-    def scorer(self, conversation: Conversation) -> _NeedsJudge:
-        return _NeedsJudge(self.name)
-
-
-@dataclass
-class _NeedsJudge:
-    name: str
-
-    def update(self, turn: TurnRecord) -> None:
-        return None
-
-    def result(self) -> Score:
-        return Score.not_applicable(f"{self.name} needs a judge model, and none is configured")
-
-
-GUIDE_RUBRICS = {
-    "engagement_quality": (
-        "Does the response engage with the user's needs and invite the next step?"
-    ),
-    "clarity_score": "Is the response clear, well organised and easy to follow?",
-    "analysis_depth": "How deeply does the response analyse the user's input?",
-    "recommendation_quality": "Are the recommendations specific, justified and actionable?",
-    "detail_level": "Does the response give the level of detail the question needs?",
-    "accuracy": "Is every factual statement in the response correct?",
-    "depth_of_analysis": "How thorough and well reasoned is the analysis?",
-}

@@ -36,9 +36,9 @@ METRICS.register("semantic_similarity", "convsim.metrics._coherence:SemanticSimi
 
 
 def _rubric(name: str) -> Metric:
-    from ._builtin import GUIDE_RUBRICS, JudgeRubricMetric
+    from ._judge import rubric_metric
 
-    return JudgeRubricMetric(name, GUIDE_RUBRICS[name])
+    return rubric_metric(name)
 
 
 for _name in (
@@ -51,6 +51,7 @@ for _name in (
     "depth_of_analysis",
 ):
     METRICS.register(_name, partial(_rubric, _name))
+METRICS.register_prefix("judge:", _rubric)
 
 M = TypeVar("M", bound=Callable[..., Metric])
 

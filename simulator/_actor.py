@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import structlog
@@ -117,6 +119,9 @@ class ConversationActor:
             except Exception as exc:  # a broken metric must not sink the conversation
                 self._scorer_errors[metric.name] = f"{type(exc).__name__}: {exc}"
         self._turn_metrics = dict(turn_metrics or {})
+        self._async_names = {n for n, s in self._scorers.items() if _is_async(s)}
+        self._async_results: dict[str, Score] = {}
+        self._pending_turn_scores: list[tuple[str, Any]] = []
         self._heavy = any(
             getattr(m, "cpu_heavy", False) for m in [*metrics, *self._turn_metrics.values()]
         )
@@ -437,6 +442,29 @@ class ConversationActor:
                     await anyio.to_thread.run_sync(self._feed, record)
                 else:
                     self._feed(record)
+                await self._feed_async(record)
+        # the stream ended with the conversation: async scorers (judges) give results now
+        for name in self._async_names - self._scorer_errors.keys():
+            try:
+                self._async_results[name] = await self._scorers[name].result()  # type: ignore[misc]
+            except Exception as exc:
+                self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
+
+    async def _feed_async(self, record: TurnRecord) -> None:
+        """Scorers whose update is a coroutine (they call a model): awaited in turn."""
+        for name in self._async_names - self._scorer_errors.keys():
+            try:
+                await self._scorers[name].update(record)  # type: ignore[misc]
+            except Exception as exc:
+                self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
+        pending, self._pending_turn_scores = self._pending_turn_scores, []
+        for name, scorer in pending:
+            try:
+                await scorer.update(record)
+                score = await scorer.result()
+            except Exception as exc:
+                score = Score(value=None, reason=f"metric failed: {type(exc).__name__}: {exc}")
+            self._turn_scores.setdefault(record.turn_id, {})[name] = score
 
     def _score_remaining(self) -> None:
         for record in self.records[self._scored :]:
@@ -445,7 +473,7 @@ class ConversationActor:
     def _feed(self, record: TurnRecord) -> None:
         self._scored += 1
         for name, scorer in self._scorers.items():
-            if name in self._scorer_errors:
+            if name in self._scorer_errors or name in self._async_names:
                 continue
             try:
                 scorer.update(record)
@@ -455,11 +483,22 @@ class ConversationActor:
             scores = self._turn_scores.setdefault(record.turn_id, {})
             for name in record.evaluation_metrics:
                 metric = self._turn_metrics.get(name)
-                scores[name] = (
-                    _score_one(metric, self.conversation, record)
-                    if metric is not None
-                    else Score(value=None, reason=f"metric failed: {name!r} was not provided")
-                )
+                if metric is None:
+                    scores[name] = Score(
+                        value=None, reason=f"metric failed: {name!r} was not provided"
+                    )
+                    continue
+                try:
+                    scorer = metric.scorer(self.conversation)
+                except Exception as exc:
+                    scores[name] = Score(
+                        value=None, reason=f"metric failed: {type(exc).__name__}: {exc}"
+                    )
+                    continue
+                if _is_async(scorer):
+                    self._pending_turn_scores.append((name, scorer))
+                else:
+                    scores[name] = _score_one(scorer, record)
 
     def _skipped(
         self,
@@ -507,6 +546,11 @@ class ConversationActor:
         scores: dict[str, Score] = {}
         for name in self._metric_names:
             error = self._scorer_errors.get(name)
+            if error is None and name in self._async_names:
+                scores[name] = self._async_results.get(name) or Score.not_applicable(
+                    "the conversation ended before it was scored"
+                )
+                continue
             if error is None:
                 try:
                     scores[name] = self._scorers[name].result()
@@ -578,9 +622,12 @@ def _single(exc: BaseException) -> BaseException:
     return exc
 
 
-def _score_one(metric: Metric, conversation: Conversation, record: TurnRecord) -> Score:
+def _is_async(scorer: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(scorer, "update", None))
+
+
+def _score_one(scorer: ConversationScorer, record: TurnRecord) -> Score:
     try:
-        scorer = metric.scorer(conversation)
         scorer.update(record)
         return scorer.result()
     except Exception as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
@@ -28,6 +29,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self.group = group
         self._factories: dict[str, Callable[..., T] | str] = {}
+        self._prefixes: dict[str, Callable[[str], T]] = {}
         self._entry_points_loaded = group is None
 
     def register(
@@ -38,14 +40,22 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._factories[name] = factory
 
+    def register_prefix(self, prefix: str, factory: Callable[[str], T]) -> None:
+        """Names starting with ``prefix`` (e.g. ``judge:``) are built by ``factory(name)``."""
+        self._prefixes[prefix] = factory
+
     def get(self, name: str) -> Callable[..., T]:
         """The factory for ``name``; raises RegistryError listing the known names."""
+        for prefix, prefixed in self._prefixes.items():
+            if name.startswith(prefix) and len(name) > len(prefix):
+                return partial(prefixed, name)
         if name not in self._factories:
             self._load_entry_points()
         try:
             factory = self._factories[name]
         except KeyError:
-            raise RegistryError(self.kind, name, list(self._factories)) from None
+            known = [*self._factories, *(f"{p}<...>" for p in self._prefixes)]
+            raise RegistryError(self.kind, name, known) from None
         if isinstance(factory, str):
             module_name, _, attr = factory.partition(":")
             factory = getattr(importlib.import_module(module_name), attr)
@@ -58,6 +68,10 @@ class Registry(Generic[T]):
         return sorted(self._factories)
 
     def __contains__(self, name: object) -> bool:
+        if isinstance(name, str) and any(
+            name.startswith(p) and len(name) > len(p) for p in self._prefixes
+        ):
+            return True
         if name not in self._factories:
             self._load_entry_points()
         return name in self._factories
@@ -69,6 +83,7 @@ class Registry(Generic[T]):
         """An independent registry with the same names."""
         clone: Registry[T] = Registry(self.kind, self.group)
         clone._factories = dict(self._factories)
+        clone._prefixes = dict(self._prefixes)
         clone._entry_points_loaded = self._entry_points_loaded
         return clone
 

@@ -21,6 +21,7 @@ from convsim.adapters._budget import Budgets
 from convsim.adapters._protocol import ModelAdapter
 from convsim.adapters._registry import ADAPTERS, create_adapter, parse_model_spec
 from convsim.adapters._types import GenerationParams
+from convsim.metrics._judge import JudgeSettings, judged
 from convsim.metrics._protocol import Metric
 from convsim.metrics._registry import DEFAULT_METRICS, METRICS
 from convsim.scenarios._loader import load_pack
@@ -213,6 +214,9 @@ class Simulator:
         model_args: adapter arguments when ``model`` is a spec (``--model-arg``).
         user_model: the simulated user's adapter or spec, for turns with role ``user``.
         user_model_args: adapter arguments when ``user_model`` is a spec.
+        judge: the adapter or spec that grades judge metrics (rubrics, ``judge:<rubric>``).
+        judge_args: adapter arguments when ``judge`` is a spec.
+        judge_samples: grades per turn, averaged.
         concurrency: at most this many conversations run at once, across every run of
             this simulator.
         metrics: conversation metrics to score (default: latency, response_length);
@@ -238,6 +242,9 @@ class Simulator:
         conversation_timeout: float | None = None,
         max_turns: int | None = None,
         grace_period: float = 5.0,
+        judge: ModelAdapter | str | None = None,
+        judge_args: Mapping[str, Any] | None = None,
+        judge_samples: int = 1,
         metric_registry: Registry[Metric] = METRICS,
         adapter_registry: Registry[ModelAdapter] = ADAPTERS,
     ) -> None:
@@ -262,6 +269,13 @@ class Simulator:
             self.user_model, self.user_model_name = self._adapter(
                 user_model, user_model_args, adapter_registry
             )
+        self.judge: JudgeSettings | None = None
+        self.judge_name: str | None = None
+        if judge is not None:
+            if judge_samples < 1:
+                raise ConfigError(f"judge_samples must be >= 1, not {judge_samples!r}")
+            adapter, self.judge_name = self._adapter(judge, judge_args, adapter_registry)
+            self.judge = JudgeSettings(adapter, samples=judge_samples)
         self.metric_names = tuple(DEFAULT_METRICS if metrics is None else metrics)
         self.metric_registry = metric_registry
         for name in self.metric_names:
@@ -360,6 +374,7 @@ class Simulator:
                 "conversation_timeout": self.conversation_timeout,
                 "max_turns": self.max_turns,
                 "model_args": _redacted(self.model_args),
+                "judge": self.judge_name,
                 "user_model_args": _redacted(self.user_model_args),
                 "limit": limit,
                 "grace_period": self.grace_period,
@@ -409,8 +424,10 @@ class Simulator:
         }
         metric_names = list(dict.fromkeys(n for names in names_by_flow.values() for n in names))
         try:
-            instances = {n: self.metric_registry.get(n)() for n in metric_names}
-            turn_metrics = {n: self.metric_registry.get(n)() for n in pack.metric_names()}
+            instances = {n: judged(self.metric_registry.get(n)(), self.judge) for n in metric_names}
+            turn_metrics = {
+                n: judged(self.metric_registry.get(n)(), self.judge) for n in pack.metric_names()
+            }
         except RegistryError as exc:
             raise ConfigError(f"pack {pack.name!r}: {exc}") from None
         metrics = {flow: [instances[n] for n in names] for flow, names in names_by_flow.items()}

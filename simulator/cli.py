@@ -196,6 +196,15 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     show_default=True,
     help="Seconds in-flight conversations get after Ctrl-C.",
 )
+@click.option("--judge", "judge_spec", default=None, help="Model that grades judge metrics.")
+@click.option("--judge-arg", "judge_args", multiple=True, metavar="KEY=VALUE")
+@click.option(
+    "--judge-samples",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Grades per turn, averaged.",
+)
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
@@ -218,6 +227,9 @@ def run(
     num_fewshot: int,
     context_mode: str | None,
     grace_period: float,
+    judge_spec: str | None,
+    judge_args: tuple[str, ...],
+    judge_samples: int,
     progress: bool | None,
 ) -> None:
     """Run PACK (a bundled pack's name or a folder) against a model."""
@@ -244,6 +256,9 @@ def run(
         conversation_timeout=conversation_timeout,
         max_turns=max_turns,
         grace_period=grace_period,
+        judge=judge_spec,
+        judge_args=parse_model_args(judge_args) if judge_spec else None,
+        judge_samples=judge_samples,
     )
     simulator.check(loaded)
     if out is None:

@@ -1,0 +1,220 @@
+"""LLM-as-judge: any adapter grades responses against a rubric.
+
+The judge gets the conversation so far, the user's message, the response and the
+rubric, and must answer with JSON ``{"score": 1-5, "reason": "..."}``. Unparsable
+answers are re-asked (``max_reasks``); ``samples`` > 1 grades each turn several times
+and combines them by ``mean`` or ``majority``. Scores are mapped to 0-1 ((s - 1) / 4).
+The judge's calls go through its adapter like any model call (budgets, retries), and its
+usage and cost are recorded in the score's details.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from convsim._records import Score, TurnRecord, TurnStatus
+from convsim.adapters._types import GenerationParams, Message, Usage
+
+from ._stats import mean
+
+if TYPE_CHECKING:
+    from convsim.adapters._protocol import ModelAdapter
+    from convsim.scenarios import Conversation
+
+__all__ = ["JudgeSettings", "RubricJudgeMetric", "GUIDE_RUBRICS", "parse_grade", "JUDGE_PROMPT"]
+
+GUIDE_RUBRICS = {
+    "engagement_quality": (
+        "Does the response engage with the user's needs and invite the next step?"
+    ),
+    "clarity_score": "Is the response clear, well organised and easy to follow?",
+    "analysis_depth": "How deeply does the response analyse the user's input?",
+    "recommendation_quality": "Are the recommendations specific, justified and actionable?",
+    "detail_level": "Does the response give the level of detail the question needs?",
+    "accuracy": "Is every factual statement in the response correct?",
+    "depth_of_analysis": "How thorough and well reasoned is the analysis?",
+}
+
+JUDGE_PROMPT = """You are grading one reply of an AI assistant in a conversation.
+
+Rubric: {rubric}
+
+Conversation before the reply:
+{context}
+
+The user's message:
+{user}
+
+The assistant's reply:
+{response}
+
+Grade the reply against the rubric from 1 (very poor) to 5 (excellent). Answer with a
+JSON object only, for example {{"score": 4, "reason": "one short sentence"}}."""
+
+REASK = (
+    'That was not a JSON object with an integer "score" from 1 to 5. Answer again with '
+    'only the JSON object, e.g. {"score": 3, "reason": "..."}.'
+)
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    """Which model judges, and how."""
+
+    adapter: ModelAdapter
+    samples: int = 1
+    combine: Literal["mean", "majority"] = "mean"
+    max_reasks: int = 1
+    max_tokens: int = 200
+    temperature: float | None = 0.0
+
+
+def parse_grade(text: str) -> tuple[int, str]:
+    """The (score, reason) of a judge's answer; ValueError if it is not strict JSON."""
+    match = re.search(r"\{.*\}", text, re.DOTALL)
+    if match is None:
+        raise ValueError("no JSON object")
+    data = json.loads(match.group(0))
+    score = data.get("score") if isinstance(data, dict) else None
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or score != int(score):
+        raise ValueError("score is not an integer")
+    if not 1 <= score <= 5:
+        raise ValueError("score is outside 1-5")
+    return int(score), str(data.get("reason", ""))
+
+
+@dataclass(frozen=True)
+class RubricJudgeMetric:
+    """A metric graded by a judge model against a rubric (``judge:<rubric>`` or a guide
+    rubric name). Without a judge it reports "not applicable: needs a judge"."""
+
+    name: str
+    rubric: str
+    judge: JudgeSettings | None = None
+    higher_is_better: bool = True
+
+    @property
+    def description(self) -> str:
+        return f"Judge rubric, 1-5 mapped to 0-1: {self.rubric}"
+
+    def with_judge(self, judge: JudgeSettings) -> RubricJudgeMetric:
+        return replace(self, judge=judge)
+
+    def scorer(self, conversation: Conversation) -> Any:
+        if self.judge is None:
+            return _NeedsJudge(self.name)
+        return _JudgeScorer(self.rubric, self.judge)
+
+
+@dataclass
+class _NeedsJudge:
+    name: str
+
+    def update(self, turn: TurnRecord) -> None:
+        return None
+
+    def result(self) -> Score:
+        return Score.not_applicable(f"{self.name} needs a judge model (--judge SPEC)")
+
+
+@dataclass
+class _JudgeScorer:
+    rubric: str
+    judge: JudgeSettings
+    grades: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    calls: int = 0
+
+    async def update(self, turn: TurnRecord) -> None:
+        if turn.status is not TurnStatus.COMPLETED or turn.response is None:
+            return
+        context = (
+            "\n".join(f"{m.role}: {m.content}" for m in turn.messages[:-1] if m.role != "system")
+            or "(none)"
+        )
+        prompt = JUDGE_PROMPT.format(
+            rubric=self.rubric,
+            context=context,
+            user=turn.user_message or "",
+            response=turn.response,
+        )
+        samples: list[int] = []
+        for k in range(self.judge.samples):
+            grade = await self._grade(prompt, seed=k)
+            if grade is not None:
+                samples.append(grade)
+        if not samples:
+            self.failures.append(turn.turn_id)
+            return
+        if self.judge.combine == "majority":
+            counts = Counter(samples).most_common()
+            top = [s for s, c in counts if c == counts[0][1]]
+            value = mean(top)
+        else:
+            value = mean(samples)
+        self.grades.append((value - 1) / 4)
+
+    async def _grade(self, prompt: str, *, seed: int) -> int | None:
+        messages = [Message(role="user", content=prompt)]
+        params = GenerationParams(
+            max_tokens=self.judge.max_tokens, temperature=self.judge.temperature, seed=seed
+        )
+        for _ in range(self.judge.max_reasks + 1):
+            completion = await self.judge.adapter.generate(messages, params)
+            self.calls += 1
+            self.usage = self.usage + completion.usage
+            try:
+                score, reason = parse_grade(completion.text)
+            except (ValueError, TypeError):
+                messages = [
+                    *messages,
+                    Message(role="assistant", content=completion.text),
+                    Message(role="user", content=REASK),
+                ]
+                continue
+            if reason and len(self.reasons) < 5:
+                self.reasons.append(reason)
+            return score
+        return None
+
+    async def result(self) -> Score:
+        details: dict[str, Any] = {
+            "judge": self.judge.adapter.model_info().model_id,
+            "judge_calls": self.calls,
+            "judge_usage": {
+                "prompt_tokens": self.usage.prompt_tokens,
+                "completion_tokens": self.usage.completion_tokens,
+            },
+            "unparsable_turns": self.failures,
+            "reasons": self.reasons,
+        }
+        cost = self.judge.adapter.estimate_cost(self.usage) if self.calls else None
+        if cost is not None:
+            details["judge_cost_usd"] = cost.total_cost
+        if not self.grades:
+            reason = (
+                "the judge's answers could not be parsed"
+                if self.failures
+                else "no completed turns to judge"
+            )
+            return Score(value=None, reason=f"not applicable: {reason}", details=details)
+        return Score(value=mean(self.grades), details={**details, "turns": len(self.grades)})
+
+
+def rubric_metric(name: str) -> RubricJudgeMetric:
+    """A guide rubric by name, or ``judge:<rubric text or guide name>``."""
+    rubric = name.removeprefix("judge:")
+    return RubricJudgeMetric(name, GUIDE_RUBRICS.get(rubric, rubric))
+
+
+def judged(metric: Any, judge: JudgeSettings | None) -> Any:
+    """``metric`` with the judge given to it, if it uses one."""
+    if judge is None or not hasattr(metric, "with_judge"):
+        return metric
+    return metric.with_judge(judge)

@@ -3,6 +3,7 @@ Python code validity."""
 
 from __future__ import annotations
 
+import ast
 import re
 import string
 from dataclasses import dataclass, field
@@ -209,14 +210,37 @@ def python_blocks(text: str) -> list[str]:
     ]
 
 
+def practice_signals(code: str) -> dict[str, bool]:
+    """Best-practice signals of code that parses: docstrings and type hints on every
+    function (when there are functions), error handling, and tests."""
+    tree = ast.parse(code)
+    functions = [
+        n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    signals: dict[str, bool] = {
+        "error_handling": any(isinstance(n, (ast.Try, ast.Raise)) for n in ast.walk(tree)),
+        "tests": any(isinstance(n, ast.Assert) for n in ast.walk(tree))
+        or any(f.name.startswith("test") for f in functions),
+    }
+    if functions:
+        signals["docstrings"] = all(ast.get_docstring(f) for f in functions)
+        signals["type_hints"] = all(
+            f.returns is not None
+            and all(a.annotation is not None for a in f.args.args if a.arg not in ("self", "cls"))
+            for f in functions
+        )
+    return signals
+
+
 class TechnicalAccuracyMetric:
-    """Share of the Python code blocks in the responses that parse and compile."""
+    """Python code in the responses: does it compile, and does it follow good practice?"""
 
     name = "technical_accuracy"
     higher_is_better = True
     description = (
-        "Share of fenced Python code blocks that compile. Blind to whether the "
-        "code is correct, only that it is valid Python."
+        "Per fenced Python block: 0.6 if it compiles, plus 0.4 x the share of best-practice "
+        "signals present (docstrings and type hints on functions, error handling, tests); "
+        "0 if it does not compile. Blind to whether the code is correct."
     )
 
     def scorer(self, conversation: Conversation) -> _TechnicalScorer:
@@ -227,6 +251,8 @@ class TechnicalAccuracyMetric:
 class _TechnicalScorer:
     blocks: int = 0
     valid: int = 0
+    scores: list[float] = field(default_factory=list)
+    signals: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def update(self, turn: TurnRecord) -> None:
@@ -236,16 +262,26 @@ class _TechnicalScorer:
             self.blocks += 1
             try:
                 compile(code, f"<{turn.turn_id}>", "exec")
+                signals = practice_signals(code)
             except (SyntaxError, ValueError) as exc:
                 if len(self.errors) < 5:
                     self.errors.append(f"{turn.turn_id}: {exc}")
-            else:
-                self.valid += 1
+                self.scores.append(0.0)
+                continue
+            self.valid += 1
+            for name, present in signals.items():
+                self.signals[name] = self.signals.get(name, 0) + present
+            self.scores.append(0.6 + 0.4 * sum(signals.values()) / len(signals))
 
     def result(self) -> Score:
         if not self.blocks:
             return Score.not_applicable("no Python code blocks in the responses")
         return Score(
-            value=self.valid / self.blocks,
-            details={"blocks": self.blocks, "valid": self.valid, "errors": self.errors},
+            value=mean(self.scores),
+            details={
+                "blocks": self.blocks,
+                "valid": self.valid,
+                "signals": self.signals,
+                "errors": self.errors,
+            },
         )

@@ -33,6 +33,9 @@ METRICS.register("goal_achievement", "convsim.metrics._goal:GoalAchievementMetri
 METRICS.register("coherence", "convsim.metrics._coherence:CoherenceMetric")
 METRICS.register("conversation_flow", "convsim.metrics._coherence:ConversationFlowMetric")
 METRICS.register("semantic_similarity", "convsim.metrics._coherence:SemanticSimilarityMetric")
+METRICS.register("code_security_score", "convsim.metrics._security:CodeSecurityMetric")
+METRICS.register("domain_expertise", "convsim.metrics._domain:DomainExpertiseMetric")
+METRICS.register("financial_reasoning", "convsim.metrics._domain:FinancialReasoningMetric")
 
 
 def _rubric(name: str) -> Metric:

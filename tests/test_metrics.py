@@ -112,17 +112,78 @@ def test_custom_score_rewards_required_keywords(conversation) -> None:
     assert score("custom_score", conversation, [turn("x")]).value is None
 
 
-def test_technical_accuracy_compiles_python_blocks(conversation) -> None:
-    good = "Here:\n```python\ndef f(x):\n    return x + 1\n```\n"
-    bad = "Here:\n```python\ndef f(x)\n    return x +\n```\n"
-    assert score("technical_accuracy", conversation, [turn(good)]).value == 1.0
-    mixed = score("technical_accuracy", conversation, [turn(good), turn(bad)])
-    assert mixed.value == 0.5 and mixed.details["blocks"] == 2 and mixed.details["errors"]
+def test_technical_accuracy_rewards_valid_and_well_made_code(conversation) -> None:
+    bare = "Here:\n```python\ndef f(x):\n    return x + 1\n```\n"
+    careful = (
+        '```python\ndef f(x: int) -> int:\n    """Add one."""\n    if x < 0:\n'
+        "        raise ValueError(x)\n    return x + 1\n\n\ndef test_f() -> None:\n"
+        '    """f adds one."""\n    assert f(1) == 2\n```'
+    )
+    broken = "Here:\n```python\ndef f(x)\n    return x +\n```\n"
+    assert score("technical_accuracy", conversation, [turn(careful)]).value == pytest.approx(1.0)
+    assert score("technical_accuracy", conversation, [turn(bare)]).value == pytest.approx(0.6)
+    mixed = score("technical_accuracy", conversation, [turn(bare), turn(broken)])
+    assert mixed.value == pytest.approx(0.3) and mixed.details["blocks"] == 2
+    assert mixed.details["valid"] == 1 and mixed.details["errors"]
     js = "```javascript\nconst x = ;\n```"
     assert score("technical_accuracy", conversation, [turn(js)]).value is None
     assert score("technical_accuracy", conversation, [turn("no code")]).reason.startswith(
         "not applicable"
     )
+
+
+def test_code_security_finds_the_guides_categories(conversation) -> None:
+    risky = (
+        '```python\nimport os, pickle\npassword = "hunter2"\n'
+        'def run(cmd, q, blob):\n    os.system("ls " + cmd)\n'
+        "    cur.execute(\"SELECT * FROM t WHERE a = '%s'\" % q)\n"
+        '    open("../../etc/passwd")\n    return pickle.loads(blob)\n```'
+    )
+    safe = "```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```"
+    bad = score("code_security_score", conversation, [turn(risky)])
+    good = score("code_security_score", conversation, [turn(safe)])
+    assert good.value == 1.0 and bad.value == 0.0
+    assert set(bad.details["categories"]) >= {
+        "command_injection",
+        "sql_injection",
+        "hardcoded_secrets",
+        "unsafe_deserialization",
+        "path_traversal",
+    }
+    assert score("code_security_score", conversation, [turn("no code")]).value is None
+
+
+def test_domain_expertise_needs_terms_in_real_sentences(conversation) -> None:
+    import dataclasses
+
+    conv = dataclasses.replace(
+        conversation,
+        scenario=conversation.scenario.model_copy(
+            update={"metadata": {"domain": "machine_learning"}}
+        ),
+    )
+    expert = (
+        "To avoid overfitting, hold out a validation set and tune each hyperparameter "
+        "there. Regularization trades a little bias for lower variance in the model. "
+        "Report precision and recall on the test set only once at the end."
+    )
+    keywords = "overfitting validation hyperparameter regularization bias variance precision"
+    assert score("domain_expertise", conv, [turn(expert)]).value == 1.0
+    assert score("domain_expertise", conv, [turn(keywords)]).value == 0.0  # a bare list
+    none = score("domain_expertise", conversation, [turn(expert)])
+    assert none.value is None and "names no known domain" in (none.reason or "")
+
+
+def test_financial_reasoning_signals(conversation) -> None:
+    thorough = (
+        "Diversification lowers portfolio risk: with a correlation of 0.3, volatility "
+        "falls compared to one fund, while the expected return is 6% per year.\n"
+        "1. Allocate 60% to a global index fund.\n2. Rebalance once a year.\n"
+        "Expect drawdowns of 20% in a bad year."
+    )
+    vague = "You should think about it carefully."
+    assert score("financial_reasoning", conversation, [turn(thorough)]).value == pytest.approx(1.0)
+    assert score("financial_reasoning", conversation, [turn(vague)]).value == 0.0
 
 
 @pytest.mark.parametrize(

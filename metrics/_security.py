@@ -1,0 +1,140 @@
+"""Code security: the Python in responses, analysed by bandit plus a path check.
+
+Each response's fenced Python blocks are written to a temporary file and run through
+bandit's analyser. Findings are grouped into the guide's categories (SQL injection,
+command injection, hard-coded secrets, unsafe deserialisation, path traversal; anything
+else is "other"); each costs its severity (high 0.3, medium 0.2, low 0.05) from a
+starting 1.0, floored at 0. Literal ``../`` paths count as path traversal (bandit has no
+such check). Blind spots: only Python; data flow is not traced, so a query built from
+trusted constants is flagged like one built from user input.
+"""
+
+from __future__ import annotations
+
+import ast
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from convsim._records import Score, TurnRecord, TurnStatus
+
+from ._builtin import python_blocks
+
+if TYPE_CHECKING:
+    from convsim.scenarios import Conversation
+
+__all__ = ["CodeSecurityMetric", "analyse_code", "CATEGORIES"]
+
+CATEGORIES = {
+    "sql_injection": {"B608", "B610", "B611"},
+    "command_injection": {"B102", "B307", "B602", "B604", "B605", "B606", "B607", "B609"},
+    "hardcoded_secrets": {"B105", "B106", "B107"},
+    "unsafe_deserialization": {"B301", "B302", "B403", "B506", "B614"},
+    "path_traversal": {"B202"},
+}
+SEVERITY_COST = {"HIGH": 0.3, "MEDIUM": 0.2, "LOW": 0.05}
+
+
+def _category(test_id: str) -> str:
+    return next((name for name, ids in CATEGORIES.items() if test_id in ids), "other")
+
+
+def _dotdot_paths(code: str) -> list[int]:
+    """Lines of string constants that climb directories (``../``)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and ("../" in node.value or "..\\" in node.value)
+    ]
+
+
+def analyse_code(code: str) -> list[dict[str, Any]]:
+    """Security findings in a piece of Python: category, bandit id, severity, line."""
+    from bandit.core import config, manager
+
+    findings: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "snippet.py"
+        path.write_text(code, encoding="utf-8")
+        mgr = manager.BanditManager(config.BanditConfig(), "file", quiet=True)
+        mgr.discover_files([str(path)])
+        mgr.run_tests()
+        for issue in mgr.get_issue_list():
+            findings.append(
+                {
+                    "category": _category(issue.test_id),
+                    "test_id": issue.test_id,
+                    "severity": str(issue.severity),
+                    "line": issue.lineno,
+                    "message": issue.text,
+                }
+            )
+    for line in _dotdot_paths(code):
+        findings.append(
+            {
+                "category": "path_traversal",
+                "test_id": "dotdot",
+                "severity": "MEDIUM",
+                "line": line,
+                "message": "a path that climbs out of its directory",
+            }
+        )
+    return findings
+
+
+class CodeSecurityMetric:
+    """1 minus the severity of security findings in the responses' Python code."""
+
+    name = "code_security_score"
+    higher_is_better = True
+    cpu_heavy = True
+    description = (
+        "1 - severity of bandit findings (SQL and command injection, hard-coded "
+        "secrets, unsafe deserialisation, path traversal) in the responses' Python, "
+        "mean over responses with code."
+    )
+
+    def scorer(self, conversation: Conversation) -> _SecurityScorer:
+        return _SecurityScorer()
+
+
+@dataclass
+class _SecurityScorer:
+    scores: list[float] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        if turn.status is not TurnStatus.COMPLETED or not turn.response:
+            return
+        blocks = python_blocks(turn.response)
+        if not blocks:
+            return
+        found = [f for block in blocks for f in analyse_code(block)]
+        for finding in found:
+            finding["turn_id"] = turn.turn_id
+        self.findings.extend(found)
+        self.scores.append(
+            max(0.0, 1.0 - sum(SEVERITY_COST.get(f["severity"], 0.1) for f in found))
+        )
+
+    def result(self) -> Score:
+        if not self.scores:
+            return Score.not_applicable("no Python code blocks in the responses")
+        categories: dict[str, int] = {}
+        for f in self.findings:
+            categories[f["category"]] = categories.get(f["category"], 0) + 1
+        return Score(
+            value=sum(self.scores) / len(self.scores),
+            details={
+                "responses": len(self.scores),
+                "categories": categories,
+                "findings": self.findings[:20],
+            },
+        )

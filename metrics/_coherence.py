@@ -120,49 +120,32 @@ class _CoherenceScorer:
     embedder: Embedder
     facts: list[Any]
     turns: _Turns = field(default_factory=_Turns)
-    relevance: list[float] = field(default_factory=list)
-    context: list[float] = field(default_factory=list)
-    continuity: list[float] = field(default_factory=list)
-    consistent: list[float] = field(default_factory=list)
 
     def update(self, turn: TurnRecord) -> None:
-        if not self.turns.add(turn):
-            return
-        n = len(self.turns.responses)
-        texts = [*self.turns.users, *self.turns.responses]
-        earlier = " ".join(
-            [*self.turns.users[:-1], *self.turns.responses[:-1], self.turns.users[-1]]
-        )
-        texts.append(earlier)
-        response, user, history = n + n - 1, n - 1, len(texts) - 1
-        pairs = [(response, user), (response, history)]
-        if n > 1:
-            pairs.append((response, response - 1))
-        sims = cosine(self.embedder, texts, pairs)
-        self.relevance.append(sims[0])
-        self.context.append(sims[1])
-        if n > 1:
-            self.continuity.append(sims[2])
-        if self.facts:
-            text = self.turns.responses[-1]
-            self.consistent.append(0.0 if any(stated_values(f, text) for f in self.facts) else 1.0)
+        self.turns.add(turn)  # cheap: the work is done once, in result()
 
     def result(self) -> Score:
-        if not self.relevance:
+        users, responses = self.turns.users, self.turns.responses
+        n = len(responses)
+        if not n:
             return Score.not_applicable("no completed turns")
-        parts = {"relevance": mean(self.relevance), "context": mean(self.context)}
-        if self.continuity:
-            parts["continuity"] = mean(self.continuity)
-        if self.consistent:
-            parts["consistency"] = mean(self.consistent)
+        histories = [" ".join([*users[:i], *responses[:i], users[i]]) for i in range(n)]
+        texts = [*users, *responses, *histories]
+        pairs = [(n + i, i) for i in range(n)]  # response -> its user turn
+        pairs += [(n + i, 2 * n + i) for i in range(n)]  # response -> everything before it
+        pairs += [(n + i, n + i - 1) for i in range(1, n)]  # response -> previous response
+        sims = cosine(self.embedder, texts, pairs)
+        relevance, context, continuity = sims[:n], sims[n : 2 * n], sims[2 * n :]
+        parts = {"relevance": mean(relevance), "context": mean(context)}
+        if continuity:
+            parts["continuity"] = mean(continuity)
+        if self.facts:
+            contradicted = [any(stated_values(f, r) for f in self.facts) for r in responses]
+            parts["consistency"] = 1.0 - sum(contradicted) / n
         weight = sum(COHERENCE_WEIGHTS[k] for k in parts)
         value = sum(COHERENCE_WEIGHTS[k] * v for k, v in parts.items()) / weight
-        details: dict[str, Any] = {
-            **parts,
-            "turns": len(self.relevance),
-            "relevance_by_turn": self.relevance,
-        }
-        if self.continuity:
+        details: dict[str, Any] = {**parts, "turns": n, "relevance_by_turn": relevance}
+        if continuity:
             details["topic_drift"] = 1.0 - parts["continuity"]
         return Score(value=value, details=details)
 
@@ -191,30 +174,27 @@ class ConversationFlowMetric:
 class _FlowScorer:
     embedder: Embedder
     turns: _Turns = field(default_factory=_Turns)
-    consistency: list[float] = field(default_factory=list)
-    relevance: list[float] = field(default_factory=list)
-    progression: list[float] = field(default_factory=list)
 
     def update(self, turn: TurnRecord) -> None:
-        if not self.turns.add(turn):
-            return
-        n = len(self.turns.responses)
-        texts = [*self.turns.users, *self.turns.responses]
-        response = 2 * n - 1
-        pairs = [(response, n - 1)] + [(response, n + k) for k in range(n - 1)]
-        sims = cosine(self.embedder, texts, pairs)
-        self.relevance.append(sims[0])
-        if n > 1:
-            self.consistency.append(sims[-1])  # the previous response
-            self.progression.append(1.0 - max(sims[1:]))
+        self.turns.add(turn)
 
     def result(self) -> Score:
-        if len(self.relevance) < 2:
+        users, responses = self.turns.users, self.turns.responses
+        n = len(responses)
+        if n < 2:
             return Score.not_applicable("conversation flow needs two or more completed turns")
+        texts = [*users, *responses]
+        pairs = [(n + i, i) for i in range(n)]
+        pairs += [(n + i, n + j) for i in range(1, n) for j in range(i)]
+        sims = cosine(self.embedder, texts, pairs)
+        relevance = sims[:n]
+        earlier = dict(zip(pairs[n:], sims[n:], strict=True))
+        consistency = [earlier[(n + i, n + i - 1)] for i in range(1, n)]
+        progression = [1.0 - max(earlier[(n + i, n + j)] for j in range(i)) for i in range(1, n)]
         parts = {
-            "topic_consistency": mean(self.consistency),
-            "relevance": mean(self.relevance),
-            "progression": mean(self.progression),
+            "topic_consistency": mean(consistency),
+            "relevance": mean(relevance),
+            "progression": mean(progression),
         }
         value = (
             0.4 * parts["topic_consistency"] + 0.3 * parts["relevance"] + 0.3 * parts["progression"]
@@ -244,17 +224,18 @@ class SemanticSimilarityMetric:
 class _SimilarityScorer:
     embedder: Embedder
     references: dict[str, str]
-    values: list[float] = field(default_factory=list)
+    pairs: list[tuple[str, str]] = field(default_factory=list)
 
     def update(self, turn: TurnRecord) -> None:
         reference = self.references.get(turn.turn_id)
-        if reference is None or turn.status is not TurnStatus.COMPLETED or turn.response is None:
-            return
-        self.values.append(cosine(self.embedder, [turn.response, reference], [(0, 1)])[0])
+        if reference is not None and turn.status is TurnStatus.COMPLETED and turn.response:
+            self.pairs.append((turn.response, reference))
 
     def result(self) -> Score:
         if not self.references:
             return Score.not_applicable("the scenario gives no reference responses")
-        if not self.values:
+        if not self.pairs:
             return Score.not_applicable("no completed turn has a reference response")
-        return Score(value=mean(self.values), details={"n": len(self.values)})
+        texts = [t for pair in self.pairs for t in pair]
+        sims = cosine(self.embedder, texts, [(2 * i, 2 * i + 1) for i in range(len(self.pairs))])
+        return Score(value=mean(sims), details={"n": len(sims)})

@@ -107,34 +107,29 @@ class CodeSecurityMetric:
 
 @dataclass
 class _SecurityScorer:
-    scores: list[float] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    blocks: list[tuple[str, list[str]]] = field(default_factory=list)
 
     def update(self, turn: TurnRecord) -> None:
-        if turn.status is not TurnStatus.COMPLETED or not turn.response:
-            return
-        blocks = python_blocks(turn.response)
-        if not blocks:
-            return
-        found = [f for block in blocks for f in analyse_code(block)]
-        for finding in found:
-            finding["turn_id"] = turn.turn_id
-        self.findings.extend(found)
-        self.scores.append(
-            max(0.0, 1.0 - sum(SEVERITY_COST.get(f["severity"], 0.1) for f in found))
-        )
+        if turn.status is TurnStatus.COMPLETED and turn.response:
+            found = python_blocks(turn.response)
+            if found:
+                self.blocks.append((turn.turn_id, found))
 
     def result(self) -> Score:
-        if not self.scores:
+        if not self.blocks:
             return Score.not_applicable("no Python code blocks in the responses")
+        scores: list[float] = []
+        findings: list[dict[str, Any]] = []
+        for turn_id, blocks in self.blocks:
+            found = [f for block in blocks for f in analyse_code(block)]
+            for finding in found:
+                finding["turn_id"] = turn_id
+            findings.extend(found)
+            scores.append(max(0.0, 1.0 - sum(SEVERITY_COST.get(f["severity"], 0.1) for f in found)))
         categories: dict[str, int] = {}
-        for f in self.findings:
+        for f in findings:
             categories[f["category"]] = categories.get(f["category"], 0) + 1
         return Score(
-            value=sum(self.scores) / len(self.scores),
-            details={
-                "responses": len(self.scores),
-                "categories": categories,
-                "findings": self.findings[:20],
-            },
+            value=sum(scores) / len(scores),
+            details={"responses": len(scores), "categories": categories, "findings": findings[:20]},
         )

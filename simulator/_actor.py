@@ -122,9 +122,9 @@ class ConversationActor:
         self._async_names = {n for n, s in self._scorers.items() if _is_async(s)}
         self._async_results: dict[str, Score] = {}
         self._pending_turn_scores: list[tuple[str, Any]] = []
-        self._heavy = any(
-            getattr(m, "cpu_heavy", False) for m in [*metrics, *self._turn_metrics.values()]
-        )
+        self._heavy_names = {
+            m.name for m in metrics if getattr(m, "cpu_heavy", False) and m.name in self._scorers
+        }
         self._turn_scores: dict[str, dict[str, Score]] = {}
         self._scored = 0
         self._usage = Usage()
@@ -438,15 +438,21 @@ class ConversationActor:
     async def _consume(self, receive: anyio.abc.ObjectReceiveStream[TurnRecord]) -> None:
         async with receive:
             async for record in receive:
-                if self._heavy:  # CPU-heavy scorers must not stall the event loop
-                    await anyio.to_thread.run_sync(self._feed, record)
-                else:
-                    self._feed(record)
+                self._feed(record)
                 await self._feed_async(record)
-        # the stream ended with the conversation: async scorers (judges) give results now
+        # The stream ended with the conversation. Async scorers (judges) give their
+        # results now, and CPU-heavy ones compute theirs in a worker thread, so the event
+        # loop never waits on them.
         for name in self._async_names - self._scorer_errors.keys():
             try:
                 self._async_results[name] = await self._scorers[name].result()  # type: ignore[misc]
+            except Exception as exc:
+                self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
+        for name in self._heavy_names - self._scorer_errors.keys():
+            try:
+                self._async_results[name] = await anyio.to_thread.run_sync(
+                    self._scorers[name].result
+                )
             except Exception as exc:
                 self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
 
@@ -546,7 +552,7 @@ class ConversationActor:
         scores: dict[str, Score] = {}
         for name in self._metric_names:
             error = self._scorer_errors.get(name)
-            if error is None and name in self._async_names:
+            if error is None and (name in self._async_names or name in self._heavy_names):
                 scores[name] = self._async_results.get(name) or Score.not_applicable(
                     "the conversation ended before it was scored"
                 )

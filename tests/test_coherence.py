@@ -164,10 +164,10 @@ def test_heavy_scorers_run_off_the_event_loop() -> None:
 
             class Wrapped:
                 def update(self, turn: Any) -> None:
-                    seen.append(threading.get_ident())
-                    inner.update(turn)
+                    inner.update(turn)  # cheap: gathers texts
 
                 def result(self) -> Any:
+                    seen.append(threading.get_ident())  # the TF-IDF work happens here
                     return inner.result()
 
             return Wrapped()

@@ -15,8 +15,10 @@ __all__ = ["METRICS", "register_metric", "resolve_metrics", "DEFAULT_METRICS"]
 METRICS: Registry[Metric] = Registry("metric", group="convsim.metrics")
 """Name -> factory of a :class:`Metric`. Entry points in ``convsim.metrics`` add names."""
 
-DEFAULT_METRICS = ("latency", "response_length")
-"""Metrics every run scores unless told otherwise."""
+DEFAULT_METRICS = ("latency", "response_length", "context_retention", "goal_achievement")
+"""Metrics every run scores unless told otherwise: cheap ones, which report "not
+applicable" where a scenario declares no facts or goal. CPU-heavy metrics (coherence,
+conversation_flow, code_security_score, ...) are asked for by packs or ``--metrics``."""
 
 _B = "convsim.metrics._builtin:"
 for _name, _cls in [

@@ -51,6 +51,8 @@ class RunReport(BaseModel):
     by_scenario_type: dict[str, GroupSummary]
     by_difficulty: dict[str, GroupSummary] = Field(default_factory=dict)
     by_model: dict[str, GroupSummary] = Field(default_factory=dict)
+    retention_curve: dict[int, MetricSummary] = Field(default_factory=dict)
+    """context_retention by distance in turns between a fact and its probe."""
     latency_s: dict[str, float] = Field(default_factory=dict)
     """Model-call latency over all completed turns: mean, p50, p95, p99, max."""
     usage: dict[str, int]
@@ -98,6 +100,18 @@ class RunReport(BaseModel):
             cells = [str(g.statuses.get(s.value, 0)) for s in Status]
             cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
             lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
+        if self.retention_curve:
+            lines += [
+                "",
+                "## Retention by distance (turns between fact and probe)",
+                "",
+                "| distance | recalled | 95% CI | checks |",
+                "|---:|---:|---:|---:|",
+            ]
+            for d, m in self.retention_curve.items():
+                lines.append(
+                    f"| {d} | {_fmt(m.mean)} | {_fmt(m.ci_low)} - {_fmt(m.ci_high)} | {m.n} |"
+                )
         if self.latency_s:
             lines += [
                 "",
@@ -192,6 +206,21 @@ def _groups(
     }
 
 
+def _retention_curve(results: list[ConversationResult]) -> dict[int, MetricSummary]:
+    """Pooled over conversations: per distance, the share of checks recalled."""
+    checks: dict[int, list[float]] = defaultdict(list)
+    for r in results:
+        score = r.scores.get("context_retention")
+        if score is None or score.value is None:
+            continue
+        curve, counts = score.details.get("curve", {}), score.details.get("curve_n", {})
+        for distance, share in curve.items():
+            n = int(counts.get(distance, 1))
+            recalled = round(share * n)
+            checks[int(distance)] += [1.0] * recalled + [0.0] * (n - recalled)
+    return {d: _summary(v, 0, True) for d, v in sorted(checks.items())}
+
+
 def summarize(results: Iterable[ConversationResult]) -> RunReport:
     """Summarise results (e.g. from :func:`convsim.read_results`)."""
     results = list(results)
@@ -249,6 +278,7 @@ def summarize(results: Iterable[ConversationResult]) -> RunReport:
         by_scenario_type=_groups(results, lambda r: r.scenario_type, hib),
         by_difficulty=_groups(results, lambda r: r.difficulty or "unspecified", hib),
         by_model=_groups(results, lambda r: r.model, hib),
+        retention_curve=_retention_curve(results),
         latency_s=latency,
         usage=dict(usage),
         cost_usd=(

@@ -411,6 +411,13 @@ def _print_report(report: RunReport) -> None:
             *[_mean(g.metrics.get(n)) for n in names],
         )
     out.print(groups)
+    if report.retention_curve:
+        curve = Table(title="context_retention by distance (turns between fact and probe)")
+        for col in ("distance", "recalled", "95% CI", "checks"):
+            curve.add_column(col, justify="right")
+        for d, m in report.retention_curve.items():
+            curve.add_row(str(d), _mean(m), f"{m.ci_low:.3g} - {m.ci_high:.3g}", str(m.n))
+        out.print(curve)
     if report.latency_s:
         out.print(
             "latency (s): " + ", ".join(f"{k} {v:.4g}" for k, v in report.latency_s.items()),

@@ -26,6 +26,7 @@ from convsim import (
     read_results,
     run_sync,
 )
+from convsim.metrics import DEFAULT_METRICS
 
 
 def write_pack(folder: Path, n: int, *, turns: int = 1, extra: str = "") -> Path:
@@ -142,7 +143,7 @@ async def test_manifest_beside_the_results(tmp_path: Path) -> None:
     assert manifest.model == "scripted" and manifest.user_model is None
     assert manifest.settings["seed"] == 11 and manifest.settings["concurrency"] == 2
     assert manifest.settings["max_turns"] == 3
-    assert manifest.settings["metrics"] == ["latency", "response_length"]
+    assert manifest.settings["metrics"] == list(DEFAULT_METRICS)
     assert manifest.versions["convsim"] == convsim.__version__
     assert manifest.versions["python"] == ".".join(map(str, sys.version_info[:3]))
     assert {"anyio", "pydantic"} <= manifest.versions.keys()

@@ -29,6 +29,7 @@ import structlog
 import convsim
 from convsim._gc import tune_gc_for_throughput
 from convsim.adapters import GenerationParams, Message, ScriptedAdapter
+from convsim.metrics import DEFAULT_METRICS
 
 TURNS = 10
 USER_LINES = [
@@ -77,10 +78,12 @@ def write_pack(folder: Path, conversations: int) -> Path:
     return folder
 
 
-async def runtime_throughput(pack: convsim.Pack, concurrency: int) -> tuple[float, int]:
+async def runtime_throughput(
+    pack: convsim.Pack, concurrency: int, metrics: list[str] | None = None
+) -> tuple[float, int]:
     started = time.perf_counter()
     turns = 0
-    async with convsim.Simulator("scripted", concurrency=concurrency) as sim:
+    async with convsim.Simulator("scripted", concurrency=concurrency, metrics=metrics) as sim:
         async for result in sim.run(pack):
             turns += sum(1 for t in result.turns if t.status is convsim.TurnStatus.COMPLETED)
     return time.perf_counter() - started, turns
@@ -138,14 +141,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pack = convsim.load_pack(write_pack(Path(tmp), args.conversations))
         raw_s, raw_turns = anyio.run(raw_throughput, pack)
-        run_s, run_turns = anyio.run(runtime_throughput, pack, args.concurrency)
+        run_s, run_turns = anyio.run(runtime_throughput, pack, args.concurrency, [])
+        with_s, with_turns = anyio.run(runtime_throughput, pack, args.concurrency, None)
         gc.collect()
         thresholds = gc.get_threshold()
         tune_gc_for_throughput()
-        tuned_s, tuned_turns = anyio.run(runtime_throughput, pack, args.concurrency)
+        tuned_s, tuned_turns = anyio.run(runtime_throughput, pack, args.concurrency, [])
         gc.unfreeze()
         gc.set_threshold(*thresholds)
     raw_rate, run_rate, tuned_rate = raw_turns / raw_s, run_turns / run_s, tuned_turns / tuned_s
+    with_rate = with_turns / with_s
     print(f"python {sys.version.split()[0]}, convsim {convsim.__version__}")
     print(
         f"[throughput] {args.conversations} conversations x {TURNS} turns, "
@@ -153,15 +158,19 @@ def main() -> None:
     )
     print(f"  raw adapter loop          : {raw_rate:10,.0f} turns/s ({raw_turns} turns)")
     print(
-        f"  convsim runtime           : {run_rate:10,.0f} turns/s ({run_rate / raw_rate:.2f}x raw)"
+        f"  convsim runtime, no metrics: {run_rate:10,.0f} turns/s ({run_rate / raw_rate:.2f}x raw)"
     )
     print(
-        f"  convsim runtime, CLI's GC : {tuned_rate:10,.0f} turns/s "
+        f"  ... with default metrics   : {with_rate:10,.0f} turns/s "
+        f"({with_rate / run_rate:.2f}x no metrics; {', '.join(DEFAULT_METRICS)})"
+    )
+    print(
+        f"  ... no metrics, CLI's GC   : {tuned_rate:10,.0f} turns/s "
         f"({tuned_rate / raw_rate:.2f}x raw)"
     )
     print(
-        f"  runtime overhead          : {(run_s - raw_s) / run_turns * 1e6:.1f} us per turn "
-        "(state machine, records, scorers, results, scheduling)"
+        f"  runtime overhead           : {(run_s - raw_s) / run_turns * 1e6:.1f} us per turn "
+        "(state machine, records, results, scheduling)"
     )
 
     base = rss_mb()

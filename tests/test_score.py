@@ -37,11 +37,9 @@ def test_score_transcript_from_python() -> None:
     assert scores["context_retention"].value == 1.0
     assert scores["context_retention"].details["curve"] == {1: 1.0}
     assert scores["response_length"].value == pytest.approx(3.5)
-    plain = score_transcript(MESSAGES, ["context_retention"])
-    assert (
-        plain["context_retention"].reason
-        == "not applicable: the scenario declares no facts and probes"
-    )
+    plain = score_transcript(MESSAGES, ["context_retention"])["context_retention"]
+    # no facts declared: the reference-free fallback follows "What was my order number?"
+    assert plain.value == 1.0 and plain.details["mode"] == "reference-free"
 
 
 def test_turns_are_closed_by_assistant_messages() -> None:

@@ -20,6 +20,7 @@ from ._registry import register_metric as register_metric
 from ._registry import resolve_metrics as resolve_metrics
 from ._stats import mean as mean
 from ._stats import percentile as percentile
+from ._transcripts import ascore_transcript as ascore_transcript
 from ._transcripts import read_transcripts as read_transcripts
 from ._transcripts import score_transcript as score_transcript
 from ._transcripts import score_transcripts as score_transcripts
@@ -42,6 +43,7 @@ __all__ = [
     "resolve_metrics",
     "mean",
     "percentile",
+    "ascore_transcript",
     "read_transcripts",
     "score_transcript",
     "score_transcripts",

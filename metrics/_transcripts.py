@@ -13,12 +13,15 @@ named ``t3`` or given by its number, 3.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
 from pydantic import ValidationError
 
 from convsim._errors import PackError, PackProblem
@@ -29,10 +32,17 @@ from convsim.scenarios._pack import Conversation, PreparedFlow, PreparedTurn
 from convsim.scenarios._schema import Flow, Goal, Scenario, TurnConfig
 from convsim.scenarios._templates import Template
 
+from ._judge import JudgeSettings, judged
 from ._protocol import Metric
 from ._registry import METRICS
 
-__all__ = ["Transcript", "score_transcript", "read_transcripts", "score_transcripts"]
+__all__ = [
+    "Transcript",
+    "score_transcript",
+    "ascore_transcript",
+    "read_transcripts",
+    "score_transcripts",
+]
 
 
 @dataclass(frozen=True)
@@ -116,14 +126,24 @@ def build_transcript(
     return Transcript(Conversation(scenario, prepared, "multi_turn", source), tuple(records))
 
 
-def _score(transcript: Transcript, metrics: Sequence[Metric]) -> dict[str, Score]:
+async def _score(transcript: Transcript, metrics: Sequence[Metric]) -> dict[str, Score]:
+    """Every metric over the transcript; judge scorers (async) are awaited, and
+    CPU-heavy results are computed in a worker thread."""
     scores: dict[str, Score] = {}
     for metric in metrics:
         try:
-            scorer = metric.scorer(transcript.conversation)
+            scorer: Any = metric.scorer(transcript.conversation)
+            if inspect.iscoroutinefunction(scorer.update):
+                for record in transcript.turns:
+                    await scorer.update(record)
+                scores[metric.name] = await scorer.result()
+                continue
             for record in transcript.turns:
                 scorer.update(record)
-            scores[metric.name] = scorer.result()
+            if getattr(metric, "cpu_heavy", False):
+                scores[metric.name] = await anyio.to_thread.run_sync(scorer.result)
+            else:
+                scores[metric.name] = scorer.result()
         except Exception as exc:  # a broken metric is reported, never fatal
             scores[metric.name] = Score(
                 value=None, reason=f"metric failed: {type(exc).__name__}: {exc}"
@@ -138,12 +158,39 @@ def score_transcript(
     facts: Iterable[Mapping[str, Any]] = (),
     probes: Iterable[Mapping[str, Any]] = (),
     goal: Mapping[str, Any] | None = None,
+    judge: JudgeSettings | None = None,
+    registry: Registry[Metric] = METRICS,
+) -> dict[str, Score]:
+    """Score one recorded conversation with the named metrics (from sync code; inside an
+    event loop use :func:`ascore_transcript`)."""
+    return anyio.run(
+        partial(
+            ascore_transcript,
+            messages,
+            metrics,
+            facts=facts,
+            probes=probes,
+            goal=goal,
+            judge=judge,
+            registry=registry,
+        )
+    )
+
+
+async def ascore_transcript(
+    messages: Sequence[Message | Mapping[str, Any]],
+    metrics: Sequence[str],
+    *,
+    facts: Iterable[Mapping[str, Any]] = (),
+    probes: Iterable[Mapping[str, Any]] = (),
+    goal: Mapping[str, Any] | None = None,
+    judge: JudgeSettings | None = None,
     registry: Registry[Metric] = METRICS,
 ) -> dict[str, Score]:
     """Score one recorded conversation with the named metrics."""
-    resolved = [registry.get(name)() for name in dict.fromkeys(metrics)]
+    resolved = [judged(registry.get(name)(), judge) for name in dict.fromkeys(metrics)]
     transcript = build_transcript("transcript", messages, facts=facts, probes=probes, goal=goal)
-    return _score(transcript, resolved)
+    return await _score(transcript, resolved)
 
 
 def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
@@ -207,12 +254,24 @@ def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
     return out
 
 
-def score_transcripts(
+async def score_transcripts(
     transcripts: Sequence[tuple[str, Transcript]],
     metrics: Sequence[str],
     *,
+    judge: JudgeSettings | None = None,
+    concurrency: int = 16,
     registry: Registry[Metric] = METRICS,
 ) -> list[tuple[str, dict[str, Score]]]:
-    """Score many recorded conversations with the named metrics."""
-    resolved = [registry.get(name)() for name in dict.fromkeys(metrics)]
-    return [(cid, _score(t, resolved)) for cid, t in transcripts]
+    """Score many recorded conversations, ``concurrency`` at a time (judges call models)."""
+    resolved = [judged(registry.get(name)(), judge) for name in dict.fromkeys(metrics)]
+    results: list[dict[str, Score]] = [{} for _ in transcripts]
+    slots = anyio.Semaphore(concurrency)
+
+    async def one(i: int, transcript: Transcript) -> None:
+        async with slots:
+            results[i] = await _score(transcript, resolved)
+
+    async with anyio.create_task_group() as tg:
+        for i, (_, transcript) in enumerate(transcripts):
+            tg.start_soon(one, i, transcript)
+    return [(cid, r) for (cid, _), r in zip(transcripts, results, strict=True)]

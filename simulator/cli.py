@@ -444,16 +444,38 @@ def _print_report(report: RunReport) -> None:
     default=None,
     help="Write one JSON line of scores per conversation here.",
 )
+@click.option("--judge", "judge_spec", default=None, help="Model that grades judge metrics.")
+@click.option("--judge-arg", "judge_args", multiple=True, metavar="KEY=VALUE")
 @_clear_errors
-def score(transcripts: Path, metric_names: list[str], out: Path | None) -> None:
+def score(
+    transcripts: Path,
+    metric_names: list[str],
+    out: Path | None,
+    judge_spec: str | None,
+    judge_args: tuple[str, ...],
+) -> None:
     """Score recorded conversations (one JSON object per line) without running a model."""
+    from .adapters import create_adapter, parse_model_args
     from .metrics import METRICS
     from .metrics._aggregate import aggregate
+    from .metrics._judge import JudgeSettings
     from .metrics._transcripts import read_transcripts, score_transcripts
 
     for name in metric_names:
         METRICS.get(name)  # unknown names fail before any work
-    scored = score_transcripts(read_transcripts(transcripts), metric_names)
+    loaded = read_transcripts(transcripts)
+    judge = None
+    if judge_spec is not None:
+        judge = JudgeSettings(create_adapter(judge_spec, parse_model_args(judge_args)))
+
+    async def scoring() -> Any:
+        try:
+            return await score_transcripts(loaded, metric_names, judge=judge)
+        finally:
+            if judge is not None:
+                await judge.adapter.aclose()
+
+    scored = anyio.run(scoring)
     table = Table(title=f"{transcripts.name}: {len(scored)} conversations")
     table.add_column("conversation")
     for name in metric_names:

@@ -114,3 +114,27 @@ def test_unknown_metric_and_duplicate_ids(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "unknown metric 'nope'" in result.stderr
     with pytest.raises(PackError, match=r"t\.jsonl:2: conversation_id: duplicate 'a'"):
         read_transcripts(path)
+
+
+def test_score_with_a_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import FakeAdapter
+    from convsim.adapters import ADAPTERS
+
+    monkeypatch.setitem(
+        ADAPTERS._factories,
+        "fakejudge",
+        lambda config: FakeAdapter(lambda m, p: '{"score": 5, "reason": "ok"}'),
+    )
+    path = tmp_path / "t.jsonl"
+    path.write_text(line("a", "Your order A-1042.") + "\n")
+    out = tmp_path / "s.jsonl"
+    args = ["score", str(path), "--metrics", "judge:Is it polite?", "--out", str(out)]
+    without = CliRunner().invoke(main, args)
+    assert without.exit_code == 0
+    row = json.loads(out.read_text())
+    assert "needs a judge" in row["scores"]["judge:Is it polite?"]["reason"]
+    judged = CliRunner().invoke(main, [*args, "--judge", "fakejudge"])
+    assert judged.exit_code == 0, judged.output
+    row = json.loads(out.read_text())
+    assert row["scores"]["judge:Is it polite?"]["value"] == 1.0
+    assert row["scores"]["judge:Is it polite?"]["details"]["judge_calls"] == 2

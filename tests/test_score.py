@@ -118,6 +118,7 @@ def test_unknown_metric_and_duplicate_ids(tmp_path: Path) -> None:
 
 def test_score_with_a_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from conftest import FakeAdapter
+
     from convsim.adapters import ADAPTERS
 
     monkeypatch.setitem(

@@ -196,12 +196,31 @@ class ContextRetentionMetric:
         "with a curve by turn distance. Needs scenario facts and probes."
     )
 
+    def __init__(self, embedder: Any = None, semantic_threshold: float = 0.6) -> None:
+        self.embedder = embedder
+        """Optional semantic match: a probe that names no value still counts as recalled
+        when a sentence of it is this similar to the fact (value and aliases)."""
+        self.semantic_threshold = semantic_threshold
+
     def scorer(self, conversation: Conversation) -> _RetentionScorer:
         scenario = conversation.scenario
         return _RetentionScorer(
             facts={f.key: f for f in scenario.facts},
             probes={p.turn_id: list(p.facts) for p in scenario.probes},
+            semantic=self._semantic if self.embedder is not None else None,
         )
+
+    def _semantic(self, fact: Fact, text: str) -> bool:
+        from ._coherence import cosine
+
+        sentences = [s for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+        if not sentences:
+            return False
+        statement = " ".join([str(fact.value), *fact.aliases])
+        sims = cosine(
+            self.embedder, [statement, *sentences], [(0, i) for i in range(1, len(sentences) + 1)]
+        )
+        return max(sims) >= self.semantic_threshold
 
 
 @dataclass
@@ -211,6 +230,8 @@ class _RetentionScorer:
     completed: list[str] = field(default_factory=list)
     items: list[tuple[str, str, int]] = field(default_factory=list)
     """Reference-free mode: (item, its sentence, position it was introduced at)."""
+    semantic: Any = None
+    """fact, text -> bool: the optional semantic match."""
     checks: list[dict[str, Any]] = field(default_factory=list)
     contradictions: list[dict[str, Any]] = field(default_factory=list)
     unintroduced: int = 0
@@ -243,7 +264,11 @@ class _RetentionScorer:
                     "fact": key,
                     "turn_id": turn.turn_id,
                     "distance": position - introduced[key],
-                    "recalled": fact_recalled(fact, text) and not contradicted,
+                    "recalled": not contradicted
+                    and (
+                        fact_recalled(fact, text)
+                        or (self.semantic is not None and self.semantic(fact, text))
+                    ),
                     "contradicted": contradicted,
                 }
             )

@@ -216,7 +216,8 @@ class Simulator:
         user_model_args: adapter arguments when ``user_model`` is a spec.
         judge: the adapter or spec that grades judge metrics (rubrics, ``judge:<rubric>``).
         judge_args: adapter arguments when ``judge`` is a spec.
-        judge_samples: grades per turn, averaged.
+        judge_samples: grades per turn.
+        judge_combine: how several grades of a turn combine: ``mean`` or ``majority``.
         concurrency: at most this many conversations run at once, across every run of
             this simulator.
         metrics: conversation metrics to score (default: latency, response_length);
@@ -245,6 +246,7 @@ class Simulator:
         judge: ModelAdapter | str | None = None,
         judge_args: Mapping[str, Any] | None = None,
         judge_samples: int = 1,
+        judge_combine: str = "mean",
         metric_registry: Registry[Metric] = METRICS,
         adapter_registry: Registry[ModelAdapter] = ADAPTERS,
     ) -> None:
@@ -274,8 +276,14 @@ class Simulator:
         if judge is not None:
             if judge_samples < 1:
                 raise ConfigError(f"judge_samples must be >= 1, not {judge_samples!r}")
+            if judge_combine not in ("mean", "majority"):
+                raise ConfigError(f"judge_combine must be mean or majority, not {judge_combine!r}")
             adapter, self.judge_name = self._adapter(judge, judge_args, adapter_registry)
-            self.judge = JudgeSettings(adapter, samples=judge_samples)
+            self.judge = JudgeSettings(
+                adapter,
+                samples=judge_samples,
+                combine="majority" if judge_combine == "majority" else "mean",
+            )
         self.metric_names = tuple(DEFAULT_METRICS if metrics is None else metrics)
         self.metric_registry = metric_registry
         for name in self.metric_names:

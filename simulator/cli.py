@@ -203,7 +203,14 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Grades per turn, averaged.",
+    help="Grades per turn.",
+)
+@click.option(
+    "--judge-combine",
+    type=click.Choice(["mean", "majority"]),
+    default="mean",
+    show_default=True,
+    help="How several grades of a turn combine.",
 )
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
@@ -230,6 +237,7 @@ def run(
     judge_spec: str | None,
     judge_args: tuple[str, ...],
     judge_samples: int,
+    judge_combine: str,
     progress: bool | None,
 ) -> None:
     """Run PACK (a bundled pack's name or a folder) against a model."""
@@ -259,6 +267,7 @@ def run(
         judge=judge_spec,
         judge_args=parse_model_args(judge_args) if judge_spec else None,
         judge_samples=judge_samples,
+        judge_combine=judge_combine,
     )
     simulator.check(loaded)
     if out is None:

@@ -140,3 +140,11 @@ def test_judge_names_in_packs_and_the_registry() -> None:
     assert METRICS.get("judge:accuracy")().rubric.startswith("Is every factual statement")
     with pytest.raises(convsim.ConfigError, match="judge_samples"):
         convsim.Simulator("scripted", judge="scripted", judge_samples=0)
+
+
+def test_majority_of_samples() -> None:
+    judge = judge_answering('{"score": 1}', '{"score": 5}', '{"score": 5}')
+    score = judged_run(judge, [RUBRIC], judge_samples=3, judge_combine="majority").scores[RUBRIC]
+    assert score.value == 1.0  # 5 wins the first turn's vote; later turns all say 5
+    with pytest.raises(convsim.ConfigError, match="judge_combine"):
+        convsim.Simulator("scripted", judge="scripted", judge_combine="median")

@@ -241,3 +241,31 @@ def test_reference_free_retention_follows_back_references() -> None:
     assert remembered.details["curve"] == {2: 1.0}
     no_back_reference = score_transcript(said[:4], ["context_retention"])["context_retention"]
     assert no_back_reference.value is None
+
+
+def test_an_embedder_lets_a_paraphrase_count_as_recalled(tmp_path: Path) -> None:
+    from convsim.metrics._retention import ContextRetentionMetric
+
+    class Synonyms:
+        """A toy semantic model: 'canine' and 'dog' mean the same."""
+
+        def embed(self, texts: Any) -> Any:
+            return [
+                [1.0 if ("dog" in t.lower() or "canine" in t.lower()) else 0.0, 1.0] for t in texts
+            ]
+
+    conv = conversation_with(
+        tmp_path,
+        facts=[{"key": "pet", "value": "a dog", "introduced_in": "t0"}],
+        probes=[{"turn_id": "t2", "facts": ["pet"]}],
+    )
+    responses = ["Noted.", "Ok.", "You have a canine companion."]
+
+    def value(metric: Any) -> Any:
+        scorer = metric.scorer(conv)
+        for i, text in enumerate(responses):
+            scorer.update(record(f"t{i}", text))
+        return scorer.result().value
+
+    assert value(ContextRetentionMetric()) == 0.0  # no value named: forgotten
+    assert value(ContextRetentionMetric(embedder=Synonyms(), semantic_threshold=0.9)) == 1.0

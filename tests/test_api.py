@@ -36,7 +36,8 @@ def test_import_has_no_side_effects_on_logging_and_loads_nothing_heavy() -> None
     code = (
         "import sys, logging, convsim; "
         "assert not logging.getLogger().handlers; "
-        "heavy = {'click', 'httpx', 'aiohttp', 'lm_eval', 'torch', 'datasets', 'sklearn', 'numpy', 'bandit', 'jsonschema'} & set(sys.modules); "
+        "heavy = {'click', 'httpx', 'aiohttp', 'lm_eval', 'torch', 'datasets', 'sklearn', "
+        "'numpy', 'bandit', 'jsonschema'} & set(sys.modules); "
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

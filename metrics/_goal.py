@@ -6,6 +6,7 @@ import importlib
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from convsim._records import Score
@@ -98,20 +99,43 @@ def criterion_credit(criterion: Criterion, text: str, scenario: Any) -> float | 
     return None  # judge: needs a judge model
 
 
+GOAL_PROMPT = """You are checking whether an AI assistant's reply meets a goal.
+
+Goal: {goal}
+Criterion: {criterion}
+
+The reply:
+{response}
+
+Grade how fully the reply meets the criterion, from 1 (not at all) to 5 (completely).
+Answer with a JSON object only, for example {{"score": 4, "reason": "one short sentence"}}."""
+
+
+@dataclass(frozen=True)
 class GoalAchievementMetric:
     """How much of the scenario goal the conversation achieved, and when."""
 
-    name = "goal_achievement"
-    higher_is_better = True
-    description = (
+    judge: Any = None
+    name: str = "goal_achievement"
+    higher_is_better: bool = True
+    description: str = (
         "Partial credit over the scenario goal's criteria on the final state: the share of "
         "all_of criteria met, and whether any any_of criterion is, averaged; plus "
-        "turns_to_goal, the first completed turn after which every criterion held. "
-        "Criteria: contains, regex, number (with tolerance), json_schema, a Python "
-        "checker (module:function); judge criteria need a judge model."
+        "turns_to_goal, the first completed turn after which every deterministic criterion "
+        "held. Criteria: contains, regex, number (with tolerance), json_schema, a Python "
+        "checker (module:function), and judge rubrics (graded by --judge)."
     )
 
-    def scorer(self, conversation: Any) -> _GoalScorer:
+    def with_judge(self, judge: Any) -> GoalAchievementMetric:
+        return replace(self, judge=judge)
+
+    def scorer(self, conversation: Any) -> Any:
+        goal = conversation.scenario.goal
+        has_judge_criteria = goal is not None and any(
+            c.kind == "judge" for c in [*goal.all_of, *goal.any_of]
+        )
+        if self.judge is not None and has_judge_criteria:
+            return _JudgedGoalScorer(conversation.scenario, self.judge)
         return _GoalScorer(conversation.scenario)
 
 
@@ -133,7 +157,9 @@ class _GoalScorer:
         if self.turns_to_goal is None and self._credit()[0] == 1.0:
             self.turns_to_goal = self.completed
 
-    def _credit(self) -> tuple[float | None, list[dict[str, Any]]]:
+    def _credit(
+        self, judged: dict[tuple[str, int], float] | None = None
+    ) -> tuple[float | None, list[dict[str, Any]]]:
         assert self.goal is not None
         rows: list[dict[str, Any]] = []
         parts: list[float] = []
@@ -143,7 +169,7 @@ class _GoalScorer:
                 text = self.responses.get(criterion.turn_id) if criterion.turn_id else self.final
                 credit = None if text is None else criterion_credit(criterion, text, self.scenario)
                 if criterion.kind == "judge":
-                    credit = None
+                    credit = (judged or {}).get((group, i))
                 rows.append({"group": group, "index": i, "kind": criterion.kind, "credit": credit})
                 if credit is not None or text is None:
                     credits.append(credit or 0.0)
@@ -151,12 +177,12 @@ class _GoalScorer:
                 parts.append(sum(credits) / len(credits) if group == "all_of" else max(credits))
         return (sum(parts) / len(parts) if parts else None), rows
 
-    def result(self) -> Score:
+    def result(self, judged: dict[tuple[str, int], float] | None = None) -> Score:
         if self.goal is None or not (self.goal.all_of or self.goal.any_of):
             return Score.not_applicable("the scenario declares no goal criteria")
         if self.final is None:
             return Score.not_applicable("no turn completed")
-        value, rows = self._credit()
+        value, rows = self._credit(judged)
         if value is None:
             return Score.not_applicable("every goal criterion needs a judge model")
         return Score(
@@ -167,3 +193,38 @@ class _GoalScorer:
                 "turns": self.completed,
             },
         )
+
+
+class _JudgedGoalScorer:
+    """Goal achievement whose judge criteria a judge model grades on the final state."""
+
+    def __init__(self, scenario: Any, judge: Any) -> None:
+        self.inner = _GoalScorer(scenario)
+        self.judge = judge
+
+    async def update(self, turn: Any) -> None:
+        self.inner.update(turn)
+
+    async def result(self) -> Score:
+        from ._judge import ask_judge
+
+        inner, judged, calls = self.inner, {}, 0
+        if inner.goal is not None:
+            for group in ("all_of", "any_of"):
+                for i, criterion in enumerate(getattr(inner.goal, group)):
+                    text = (
+                        inner.responses.get(criterion.turn_id) if criterion.turn_id else inner.final
+                    )
+                    if criterion.kind != "judge" or text is None:
+                        continue
+                    prompt = GOAL_PROMPT.format(
+                        goal=inner.goal.description, criterion=criterion.value, response=text
+                    )
+                    grade, _, n = await ask_judge(self.judge, prompt)
+                    calls += n
+                    if grade is not None:
+                        judged[(group, i)] = (grade[0] - 1) / 4
+        score = inner.result(judged)
+        if score.value is None:
+            return score
+        return score.model_copy(update={"details": {**score.details, "judge_calls": calls}})

@@ -73,6 +73,28 @@ class JudgeSettings:
     temperature: float | None = 0.0
 
 
+async def ask_judge(
+    judge: JudgeSettings, prompt: str, *, seed: int = 0
+) -> tuple[tuple[int, str] | None, Usage, int]:
+    """Ask the judge, re-asking on an unparsable answer: (grade or None, usage, calls)."""
+    messages = [Message(role="user", content=prompt)]
+    params = GenerationParams(max_tokens=judge.max_tokens, temperature=judge.temperature, seed=seed)
+    usage, calls = Usage(), 0
+    for _ in range(judge.max_reasks + 1):
+        completion = await judge.adapter.generate(messages, params)
+        calls += 1
+        usage = usage + completion.usage
+        try:
+            return parse_grade(completion.text), usage, calls
+        except (ValueError, TypeError):
+            messages = [
+                *messages,
+                Message(role="assistant", content=completion.text),
+                Message(role="user", content=REASK),
+            ]
+    return None, usage, calls
+
+
 def parse_grade(text: str) -> tuple[int, str]:
     """The (score, reason) of a judge's answer; ValueError if it is not strict JSON."""
     match = re.search(r"\{.*\}", text, re.DOTALL)
@@ -161,27 +183,15 @@ class _JudgeScorer:
         self.grades.append((value - 1) / 4)
 
     async def _grade(self, prompt: str, *, seed: int) -> int | None:
-        messages = [Message(role="user", content=prompt)]
-        params = GenerationParams(
-            max_tokens=self.judge.max_tokens, temperature=self.judge.temperature, seed=seed
-        )
-        for _ in range(self.judge.max_reasks + 1):
-            completion = await self.judge.adapter.generate(messages, params)
-            self.calls += 1
-            self.usage = self.usage + completion.usage
-            try:
-                score, reason = parse_grade(completion.text)
-            except (ValueError, TypeError):
-                messages = [
-                    *messages,
-                    Message(role="assistant", content=completion.text),
-                    Message(role="user", content=REASK),
-                ]
-                continue
-            if reason and len(self.reasons) < 5:
-                self.reasons.append(reason)
-            return score
-        return None
+        grade, usage, calls = await ask_judge(self.judge, prompt, seed=seed)
+        self.calls += calls
+        self.usage = self.usage + usage
+        if grade is None:
+            return None
+        score, reason = grade
+        if reason and len(self.reasons) < 5:
+            self.reasons.append(reason)
+        return score
 
     async def result(self) -> Score:
         details: dict[str, Any] = {

@@ -269,3 +269,27 @@ def test_an_embedder_lets_a_paraphrase_count_as_recalled(tmp_path: Path) -> None
 
     assert value(ContextRetentionMetric()) == 0.0  # no value named: forgotten
     assert value(ContextRetentionMetric(embedder=Synonyms(), semantic_threshold=0.9)) == 1.0
+
+
+@pytest.mark.anyio
+async def test_judge_criteria_of_a_goal_are_graded_when_a_judge_is_given(
+    tmp_path: Path, fake_adapter: Any
+) -> None:
+    from convsim.metrics import JudgeSettings
+
+    goal = {
+        "description": "calm the customer",
+        "all_of": [
+            {"kind": "contains", "value": "refund"},
+            {"kind": "judge", "value": "The reply is apologetic and calm."},
+        ],
+    }
+    conv = conversation_with(tmp_path, goal=goal)
+    judge = fake_adapter(lambda messages, params: '{"score": 4, "reason": "fair"}')
+    metric = METRICS.get("goal_achievement")().with_judge(JudgeSettings(judge))
+    scorer = metric.scorer(conv)
+    await scorer.update(record("t0", "So sorry: your refund is on its way."))
+    score = await scorer.result()
+    assert score.value == pytest.approx((1.0 + 0.75) / 2)  # contains met; judge said 4
+    assert score.details["judge_calls"] == 1
+    assert "The reply is apologetic and calm." in judge.calls[0][0][0].content

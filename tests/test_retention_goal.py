@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -31,7 +32,7 @@ def test_retention_rises_monotonically_with_the_models_memory() -> None:
     window = [retention({"use_references": "false", "memory_turns": k}) for k in (1, 2, 3, 5)]
     full = retention({"use_references": "false"})
     curve = [*window, full]
-    assert all(b >= a - 1e-12 for a, b in zip(curve, curve[1:])), curve  # never falls
+    assert all(b >= a - 1e-12 for a, b in itertools.pairwise(curve)), curve  # never falls
     assert curve[0] < 0.1 and full > 0.9 and curve[-1] > curve[0] + 0.5
 
 

@@ -131,11 +131,18 @@ class _CoherenceScorer:
             return Score.not_applicable("no completed turns")
         histories = [" ".join([*users[:i], *responses[:i], users[i]]) for i in range(n)]
         texts = [*users, *responses, *histories]
-        pairs = [(n + i, i) for i in range(n)]  # response -> its user turn
-        pairs += [(n + i, 2 * n + i) for i in range(n)]  # response -> everything before it
+        # a turn with no user message (an assistant opening) has nothing to be relevant to
+        asked = [i for i in range(n) if users[i].strip()]
+        framed = [i for i in range(n) if histories[i].strip()]
+        pairs = [(n + i, i) for i in asked]  # response -> its user turn
+        pairs += [(n + i, 2 * n + i) for i in framed]  # response -> everything before it
         pairs += [(n + i, n + i - 1) for i in range(1, n)]  # response -> previous response
         sims = cosine(self.embedder, texts, pairs)
-        relevance, context, continuity = sims[:n], sims[n : 2 * n], sims[2 * n :]
+        relevance = sims[: len(asked)]
+        context = sims[len(asked) : len(asked) + len(framed)]
+        continuity = sims[len(asked) + len(framed) :]
+        if not relevance or not context:
+            return Score.not_applicable("no turn answers a user message")
         parts = {"relevance": mean(relevance), "context": mean(context)}
         if continuity:
             parts["continuity"] = mean(continuity)
@@ -144,7 +151,12 @@ class _CoherenceScorer:
             parts["consistency"] = 1.0 - sum(contradicted) / n
         weight = sum(COHERENCE_WEIGHTS[k] for k in parts)
         value = sum(COHERENCE_WEIGHTS[k] * v for k, v in parts.items()) / weight
-        details: dict[str, Any] = {**parts, "turns": n, "relevance_by_turn": relevance}
+        details: dict[str, Any] = {
+            **parts,
+            "turns": n,
+            "relevance_by_turn": relevance,
+            "context_by_turn": context,
+        }
         if continuity:
             details["topic_drift"] = 1.0 - parts["continuity"]
         return Score(value=value, details=details)

@@ -148,9 +148,9 @@ def stated_values(fact: Fact, text: str) -> list[str]:
 
 
 _BACK_REFERENCE = re.compile(
-    r"\b(?:remember|remind me|earlier|before|again|what was|what were|what's my|what is my|"
+    r"\b(?:remember|remind me|what was|what were|what's my|what is my|"
     r"which \w+ did i|did i (?:say|tell|mention)|as i said|i told you|i mentioned|"
-    r"going by what i said|do you recall|confirm)\b",
+    r"going by what i said|do you recall)\b",
     re.I,
 )
 _ITEM = re.compile(
@@ -163,7 +163,7 @@ _STOP = frozenset(
     """a an and are as at be but by can could did do does for from had has have how i i'm in
     is it its me my of on or our please so that the their them then there these this to was
     we were what when where which who why will with would you your again remind earlier
-    before remember said say tell told mentioned going""".split()
+    before remember said say tell told mentioned going ve ll re s t d m""".split()
 )
 
 

@@ -178,3 +178,13 @@ def test_heavy_scorers_run_off_the_event_loop() -> None:
     )
     assert seen and loop_thread not in seen
     assert all(r.scores["coherence"].value is not None for r in results)
+
+
+def test_an_assistant_opening_is_not_scored_for_relevance() -> None:
+    opening = [{"role": "assistant", "content": "Hello! How can I help today?"}]
+    score = score_transcript([*opening, *messages(SUPPORT)], ["coherence"])["coherence"]
+    alone = score_transcript(messages(SUPPORT), ["coherence"])["coherence"]
+    assert len(score.details["relevance_by_turn"]) == len(SUPPORT)  # the opening answers no one
+    assert min(score.details["relevance_by_turn"]) > 0  # no zero for the opening
+    assert score.value == pytest.approx(alone.value, abs=0.05)  # only IDF weights shift
+    assert len(score.details["context_by_turn"]) == len(SUPPORT)

@@ -296,3 +296,12 @@ async def test_judge_criteria_of_a_goal_are_graded_when_a_judge_is_given(
     assert score.value == pytest.approx((1.0 + 0.75) / 2)  # contains met; judge said 4
     assert score.details["judge_calls"] == 1
     assert "The reply is apologetic and calm." in judge.calls[0][0][0].content
+
+
+def test_ordinary_words_are_not_back_references() -> None:
+    from convsim.metrics._retention import _BACK_REFERENCE, _content
+
+    assert not _BACK_REFERENCE.search("Who is Loki? I've never heard that name before.")
+    assert not _BACK_REFERENCE.search("Can you confirm the weather again?")
+    assert _BACK_REFERENCE.search("Remind me, what was my flight number?")
+    assert _content("I've heard it, they'll stay") == {"heard", "they", "stay"}  # no "ve", "ll"

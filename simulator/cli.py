@@ -179,7 +179,8 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     "--metrics",
     callback=_parse_metrics,
     default=None,
-    help="Comma-separated conversation metrics (default: latency,response_length).",
+    help="Comma-separated conversation metrics (default: latency,response_length,"
+    "context_retention,goal_achievement); packs and flows add their own.",
 )
 @click.option(
     "--conversation-timeout",

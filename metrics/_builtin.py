@@ -263,9 +263,9 @@ class _TechnicalScorer:
             try:
                 compile(code, f"<{turn.turn_id}>", "exec")
                 signals = practice_signals(code)
-            except (SyntaxError, ValueError) as exc:
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
                 if len(self.errors) < 5:
-                    self.errors.append(f"{turn.turn_id}: {exc}")
+                    self.errors.append(f"{turn.turn_id}: {type(exc).__name__}: {exc}"[:300])
                 self.scores.append(0.0)
                 continue
             self.valid += 1

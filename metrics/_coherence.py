@@ -68,13 +68,17 @@ class TfidfEmbedder:
         return None
 
 
+NO_WORDS = "no comparable words in the texts"
+
+
 def cosine(
     embedder: Embedder, texts: Sequence[str], pairs: Sequence[tuple[int, int]]
-) -> list[float]:
-    """Cosine similarity of each (i, j) pair of ``texts``; 0 where a text is empty."""
+) -> list[float] | None:
+    """Cosine similarity of each (i, j) pair of ``texts``, 0 where one text is empty;
+    None when the texts hold nothing to compare (all empty, emoji only)."""
     vectors = embedder.embed(texts)
     if vectors is None:
-        return [0.0 for _ in pairs]
+        return None
     from sklearn.metrics.pairwise import cosine_similarity
 
     matrix = cosine_similarity(vectors)
@@ -138,6 +142,8 @@ class _CoherenceScorer:
         pairs += [(n + i, 2 * n + i) for i in framed]  # response -> everything before it
         pairs += [(n + i, n + i - 1) for i in range(1, n)]  # response -> previous response
         sims = cosine(self.embedder, texts, pairs)
+        if sims is None:
+            return Score.not_applicable(NO_WORDS)
         relevance = sims[: len(asked)]
         context = sims[len(asked) : len(asked) + len(framed)]
         continuity = sims[len(asked) + len(framed) :]
@@ -196,13 +202,23 @@ class _FlowScorer:
         if n < 2:
             return Score.not_applicable("conversation flow needs two or more completed turns")
         texts = [*users, *responses]
-        pairs = [(n + i, i) for i in range(n)]
+        # a turn with no user message (an assistant opening) has nothing to be relevant to
+        asked = [i for i in range(n) if users[i].strip()]
+        if not asked:
+            return Score.not_applicable("no turn answers a user message")
+        pairs = [(n + i, i) for i in asked]
         pairs += [(n + i, n + j) for i in range(1, n) for j in range(i)]
         sims = cosine(self.embedder, texts, pairs)
-        relevance = sims[:n]
-        earlier = dict(zip(pairs[n:], sims[n:], strict=True))
+        if sims is None:
+            return Score.not_applicable(NO_WORDS)
+        relevance = sims[: len(asked)]
+        earlier = dict(zip(pairs[len(asked) :], sims[len(asked) :], strict=True))
         consistency = [earlier[(n + i, n + i - 1)] for i in range(1, n)]
-        progression = [1.0 - max(earlier[(n + i, n + j)] for j in range(i)) for i in range(1, n)]
+        # a blank response does not move the conversation on, whatever came before it
+        progression = [
+            1.0 - max(earlier[(n + i, n + j)] for j in range(i)) if responses[i].strip() else 0.0
+            for i in range(1, n)
+        ]
         parts = {
             "topic_consistency": mean(consistency),
             "relevance": mean(relevance),
@@ -250,4 +266,6 @@ class _SimilarityScorer:
             return Score.not_applicable("no completed turn has a reference response")
         texts = [t for pair in self.pairs for t in pair]
         sims = cosine(self.embedder, texts, [(2 * i, 2 * i + 1) for i in range(len(self.pairs))])
+        if sims is None:
+            return Score.not_applicable(NO_WORDS)
         return Score(value=mean(sims), details={"n": len(sims)})

@@ -54,7 +54,10 @@ _DATE_PATTERNS = [
     re.compile(r"\b(\d{1,2})/(\d{1,2})/(\d{4})\b"),
 ]
 #: A token that could be a stated value: a number, or an identifier with a digit.
-_VALUE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-/.]*\d[A-Za-z0-9\-]*|\d+(?:[.,]\d+)*")
+_VALUE_TOKEN = r"[A-Za-z0-9][A-Za-z0-9\-/.]*\d[A-Za-z0-9\-]*|\d+(?:[.,]\d+)*"
+_STATED = re.compile(
+    rf"\s*(?:(?:is|was|of|now)\b|[:=#])?\s*(?:(?:still|now|actually)\s+)?({_VALUE_TOKEN})", re.I
+)
 
 
 def _normal(text: str) -> str:
@@ -133,17 +136,20 @@ def _label(fact: Fact) -> re.Pattern[str]:
 
 
 def stated_values(fact: Fact, text: str) -> list[str]:
-    """Values the text states for the fact: a value-like token right after its label
-    (the fact's key, e.g. ``order id`` for ``order_id``) when the fact's own value is
-    not beside the label. A heuristic: it misses rewordings of the label, and a number
-    that merely follows the label ("budget for 2 people") is taken for a value."""
+    """Values the text states for the fact: a value-like token directly after its label
+    (the fact's key, e.g. ``order id`` for ``order_id``), optionally joined by "is",
+    "was", "of", ``:``, ``=`` or ``#``, in a sentence that does not also state the fact's
+    own value ("86 guests", "your order id, which you gave me 3 turns ago, is A-1042").
+    A heuristic: it misses rewordings of the label and values placed further away."""
     stated = []
-    for m in _label(fact).finditer(text):
-        if fact_recalled(fact, text[max(0, m.start() - 30) : m.end() + 30]):
-            continue  # the fact's own value is right beside its label ("86 guests")
-        token = _VALUE_TOKEN.search(text[m.end() : m.end() + 30])
-        if token is not None:
-            stated.append(token.group(0).rstrip(".,"))
+    for sentence in re.split(r"(?<=[.!?])\s+", text):
+        matches = list(_label(fact).finditer(sentence))
+        if not matches or fact_recalled(fact, sentence):
+            continue
+        for m in matches:
+            token = _STATED.match(sentence, m.end())
+            if token is not None:
+                stated.append(token.group(1).rstrip(".,"))
     return stated
 
 
@@ -198,6 +204,8 @@ class ContextRetentionMetric:
 
     def __init__(self, embedder: Any = None, semantic_threshold: float = 0.6) -> None:
         self.embedder = embedder
+        self.cpu_heavy = embedder is not None
+        """With an embedder the semantic checks run in result(), off the event loop."""
         """Optional semantic match: a probe that names no value still counts as recalled
         when a sentence of it is this similar to the fact (value and aliases)."""
         self.semantic_threshold = semantic_threshold
@@ -220,7 +228,7 @@ class ContextRetentionMetric:
         sims = cosine(
             self.embedder, [statement, *sentences], [(0, i) for i in range(1, len(sentences) + 1)]
         )
-        return max(sims) >= self.semantic_threshold
+        return sims is not None and max(sims) >= self.semantic_threshold
 
 
 @dataclass
@@ -235,6 +243,8 @@ class _RetentionScorer:
     checks: list[dict[str, Any]] = field(default_factory=list)
     contradictions: list[dict[str, Any]] = field(default_factory=list)
     unintroduced: int = 0
+    semantic_pending: list[tuple[dict[str, Any], Fact, str]] = field(default_factory=list)
+    """Checks the lexical match missed, left for the semantic match in result()."""
 
     def update(self, turn: TurnRecord) -> None:
         if turn.status is not TurnStatus.COMPLETED or turn.response is None:
@@ -259,19 +269,17 @@ class _RetentionScorer:
                 self.unintroduced += 1  # never said (its turn failed or was skipped)
                 continue
             contradicted = bool(stated_values(fact, text))
-            self.checks.append(
-                {
-                    "fact": key,
-                    "turn_id": turn.turn_id,
-                    "distance": position - introduced[key],
-                    "recalled": not contradicted
-                    and (
-                        fact_recalled(fact, text)
-                        or (self.semantic is not None and self.semantic(fact, text))
-                    ),
-                    "contradicted": contradicted,
-                }
-            )
+            recalled = not contradicted and fact_recalled(fact, text)
+            check = {
+                "fact": key,
+                "turn_id": turn.turn_id,
+                "distance": position - introduced[key],
+                "recalled": recalled,
+                "contradicted": contradicted,
+            }
+            self.checks.append(check)
+            if not recalled and not contradicted and self.semantic is not None:
+                self.semantic_pending.append((check, fact, text))
 
     def _reference_free(self, user: str, response: str, position: int, turn_id: str) -> None:
         if _BACK_REFERENCE.search(user):
@@ -299,6 +307,9 @@ class _RetentionScorer:
                 known.add(item)
 
     def result(self) -> Score:
+        for check, fact, text in self.semantic_pending:
+            check["recalled"] = check["semantic"] = self.semantic(fact, text)
+        self.semantic_pending.clear()
         reference_free = not (self.facts and self.probes)
         if not self.checks:
             if reference_free:

@@ -188,3 +188,24 @@ def test_an_assistant_opening_is_not_scored_for_relevance() -> None:
     assert min(score.details["relevance_by_turn"]) > 0  # no zero for the opening
     assert score.value == pytest.approx(alone.value, abs=0.05)  # only IDF weights shift
     assert len(score.details["context_by_turn"]) == len(SUPPORT)
+
+
+@pytest.mark.parametrize("name", ["coherence", "conversation_flow"])
+@pytest.mark.parametrize("blank", ["", "   ", "\U0001f44d\U0001f389"])
+def test_texts_with_no_words_are_not_scored(name: str, blank: str) -> None:
+    pairs = [("\U0001f600", blank), ("\U0001f642", blank)]
+    score = score_transcript(messages(pairs), [name])[name]
+    assert score.value is None and "no comparable words" in (score.reason or "")
+
+
+def test_conversation_flow_skips_an_assistant_opening_and_blank_responses() -> None:
+    opening = [{"role": "assistant", "content": "Hello! How can I help today?"}]
+    with_opening = score_transcript([*opening, *messages(SUPPORT)], ["conversation_flow"])
+    alone = score_transcript(messages(SUPPORT), ["conversation_flow"])
+    assert with_opening["conversation_flow"].details["relevance"] == pytest.approx(
+        alone["conversation_flow"].details["relevance"], abs=0.05
+    )
+    blank_reply = [*SUPPORT[:2], (SUPPORT[2][0], "   ")]
+    flow = score_transcript(messages(blank_reply), ["conversation_flow"])["conversation_flow"]
+    full = score_transcript(messages(SUPPORT[:3]), ["conversation_flow"])["conversation_flow"]
+    assert flow.details["progression"] < full.details["progression"]

@@ -122,8 +122,11 @@ _CONCEPTS = (
     "portfolio",
     "hedge",
 )
+# each number is tried from its first digit only: linear on long runs of digits
 _QUANTITY = re.compile(
-    r"\d+(?:\.\d+)?\s?%|[$€£]\s?\d[\d,]*(?:\.\d+)?|\d[\d,]*(?:\.\d+)?\s?(?:usd|eur|gbp)\b", re.I
+    r"(?<![\d.,])\d+(?:\.\d+)?\s?%|[$€£]\s?\d[\d,]*(?:\.\d+)?|"
+    r"(?<![\d.,])\d[\d,]*(?:\.\d+)?\s?(?:usd|eur|gbp)\b",
+    re.I,
 )
 _COMPUTATION = re.compile(
     r"[=\u00d7x*/+\-]\s?\d|\b(?:times|divided by|per year|annualis|annualiz|"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -158,8 +159,14 @@ class _GoalScorer:
             self.turns_to_goal = self.completed
 
     def _credit(
-        self, judged: dict[tuple[str, int], float] | None = None
+        self,
+        judged: dict[tuple[str, int], float] | None = None,
+        ungraded: Collection[tuple[str, int]] = (),
+        fill: float = 0.0,
     ) -> tuple[float | None, list[dict[str, Any]]]:
+        """The goal's credit and one row per criterion. Judge criteria take their grade
+        from ``judged``; those in ``ungraded`` (the judge tried and failed) count as
+        ``fill``; any other judge criterion is left out."""
         assert self.goal is not None
         rows: list[dict[str, Any]] = []
         parts: list[float] = []
@@ -171,18 +178,35 @@ class _GoalScorer:
                 if criterion.kind == "judge":
                     credit = (judged or {}).get((group, i))
                 rows.append({"group": group, "index": i, "kind": criterion.kind, "credit": credit})
-                if credit is not None or text is None:
+                if (group, i) in ungraded:
+                    credits.append(fill)
+                elif credit is not None or text is None:
                     credits.append(credit or 0.0)
             if credits:
                 parts.append(sum(credits) / len(credits) if group == "all_of" else max(credits))
         return (sum(parts) / len(parts) if parts else None), rows
 
-    def result(self, judged: dict[tuple[str, int], float] | None = None) -> Score:
+    def result(
+        self,
+        judged: dict[tuple[str, int], float] | None = None,
+        ungraded: Collection[tuple[str, int]] = (),
+    ) -> Score:
         if self.goal is None or not (self.goal.all_of or self.goal.any_of):
             return Score.not_applicable("the scenario declares no goal criteria")
         if self.final is None:
             return Score.not_applicable("no turn completed")
-        value, rows = self._credit(judged)
+        value, rows = self._credit(judged, ungraded, fill=0.0)
+        if ungraded:
+            # decided only if the ungraded criteria could not move the score either way
+            best, _ = self._credit(judged, ungraded, fill=1.0)
+            if value is None or best is None or not math.isclose(value, best):
+                named = ", ".join(f"{group}[{i}]" for group, i in ungraded)
+                return Score.not_applicable(
+                    f"the judge could not grade goal criterion {named}",
+                    criteria=rows,
+                    turns_to_goal=self.turns_to_goal,
+                    turns=self.completed,
+                )
         if value is None:
             return Score.not_applicable("every goal criterion needs a judge model")
         return Score(
@@ -196,7 +220,16 @@ class _GoalScorer:
 
 
 class _JudgedGoalScorer:
-    """Goal achievement whose judge criteria a judge model grades on the final state."""
+    """Goal achievement whose judge criteria a judge model grades on the final state.
+
+    A judge criterion the judge cannot grade (its answers stay unparsable after the
+    re-asks, or the call fails) is "ungraded" and listed so in the details with the
+    error. The score then stands only if it is the same whatever grade that criterion
+    would have got (scored with it at 0 and at 1, both agree): e.g. an ``any_of`` with
+    another criterion fully met. Otherwise (e.g. ``all_of``, whose share of criteria met
+    it would change) the score is not applicable, the reason naming the criterion as
+    ``all_of[1]``. The judge's calls, usage and cost are in the details either way.
+    """
 
     def __init__(self, scenario: Any, judge: Any) -> None:
         self.inner = _GoalScorer(scenario)
@@ -206,9 +239,13 @@ class _JudgedGoalScorer:
         self.inner.update(turn)
 
     async def result(self) -> Score:
-        from ._judge import ask_judge
+        from convsim.adapters._types import Usage
 
-        inner, judged, calls = self.inner, {}, 0
+        from ._judge import ask_judge, judge_details
+
+        inner, calls, usage = self.inner, 0, Usage()
+        judged: dict[tuple[str, int], float] = {}
+        ungraded: list[dict[str, Any]] = []
         if inner.goal is not None:
             for group in ("all_of", "any_of"):
                 for i, criterion in enumerate(getattr(inner.goal, group)):
@@ -220,11 +257,16 @@ class _JudgedGoalScorer:
                     prompt = GOAL_PROMPT.format(
                         goal=inner.goal.description, criterion=criterion.value, response=text
                     )
-                    grade, _, n = await ask_judge(self.judge, prompt)
-                    calls += n
-                    if grade is not None:
-                        judged[(group, i)] = (grade[0] - 1) / 4
-        score = inner.result(judged)
-        if score.value is None:
+                    answer = await ask_judge(self.judge, prompt)
+                    calls += answer.calls
+                    usage = usage + answer.usage
+                    if answer.grade is not None:
+                        judged[(group, i)] = (answer.grade[0] - 1) / 4
+                    else:
+                        error = answer.error or "the judge's answers could not be parsed"
+                        ungraded.append({"group": group, "index": i, "error": error})
+        score = inner.result(judged, [(u["group"], u["index"]) for u in ungraded])
+        if not calls:
             return score
-        return score.model_copy(update={"details": {**score.details, "judge_calls": calls}})
+        details = {**score.details, **judge_details(self.judge, usage, calls)}
+        return score.model_copy(update={"details": {**details, "ungraded": ungraded}})

@@ -3,9 +3,14 @@
 The judge gets the conversation so far, the user's message, the response and the
 rubric, and must answer with JSON ``{"score": 1-5, "reason": "..."}``. Unparsable
 answers are re-asked (``max_reasks``); ``samples`` > 1 grades each turn several times
-and combines them by ``mean`` or ``majority``. Scores are mapped to 0-1 ((s - 1) / 4).
+and combines them by ``mean`` or ``majority`` (the most frequent grade; a tie goes to the
+lowest of the tied grades, so the judge is never credited with a grade nobody gave and
+doubt counts against the reply). Scores are mapped to 0-1 ((s - 1) / 4).
 The judge's calls go through its adapter like any model call (budgets, retries), and its
-usage and cost are recorded in the score's details.
+usage and cost are recorded in the score's details. A judge call that fails (the
+adapter raised, retries included) loses only its own sample: it is listed under
+``failures`` with the error, the other grades and the usage so far are kept, and the
+score is not applicable only when no grade at all survived. Cancellation is never caught.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim.adapters._types import GenerationParams, Message, Usage
@@ -73,26 +78,69 @@ class JudgeSettings:
     temperature: float | None = 0.0
 
 
-async def ask_judge(
-    judge: JudgeSettings, prompt: str, *, seed: int = 0
-) -> tuple[tuple[int, str] | None, Usage, int]:
-    """Ask the judge, re-asking on an unparsable answer: (grade or None, usage, calls)."""
+class JudgeAnswer(NamedTuple):
+    """What asking the judge gave: the (score, reason) or None, the usage and calls spent,
+    and the error (``"Type: message"``) if a call failed."""
+
+    grade: tuple[int, str] | None
+    usage: Usage
+    calls: int
+    error: str | None = None
+
+
+async def ask_judge(judge: JudgeSettings, prompt: str, *, seed: int = 0) -> JudgeAnswer:
+    """Ask the judge, re-asking on an unparsable answer.
+
+    A failing call (an AdapterError after the adapter's retries, or any other Exception
+    from a judge adapter) ends the asking: the answer carries the usage so far and the
+    error instead of raising. Cancellation (a BaseException under asyncio and trio alike)
+    is not caught and propagates.
+    """
     messages = [Message(role="user", content=prompt)]
     params = GenerationParams(max_tokens=judge.max_tokens, temperature=judge.temperature, seed=seed)
     usage, calls = Usage(), 0
     for _ in range(judge.max_reasks + 1):
-        completion = await judge.adapter.generate(messages, params)
         calls += 1
+        try:
+            completion = await judge.adapter.generate(messages, params)
+        except Exception as exc:  # never BaseException: cancellation must propagate
+            return JudgeAnswer(None, usage, calls, f"{type(exc).__name__}: {exc}")
         usage = usage + completion.usage
         try:
-            return parse_grade(completion.text), usage, calls
+            return JudgeAnswer(parse_grade(completion.text), usage, calls)
         except (ValueError, TypeError):
             messages = [
                 *messages,
                 Message(role="assistant", content=completion.text),
                 Message(role="user", content=REASK),
             ]
-    return None, usage, calls
+    return JudgeAnswer(None, usage, calls)
+
+
+def judge_details(judge: JudgeSettings, usage: Usage, calls: int) -> dict[str, Any]:
+    """The judge's model, calls, usage and (when it can be priced) cost, for details."""
+    details: dict[str, Any] = {
+        "judge": judge.adapter.model_info().model_id,
+        "judge_calls": calls,
+        "judge_usage": {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+        },
+    }
+    cost = judge.adapter.estimate_cost(usage) if calls else None
+    if cost is not None:
+        details["judge_cost_usd"] = cost.total_cost
+    return details
+
+
+def combine_grades(grades: list[int], how: Literal["mean", "majority"]) -> float:
+    """The samples' grades combined: their mean, or the most frequent grade with a tie
+    going to the lowest of the tied grades (conservative, and always a grade given)."""
+    if how == "majority":
+        counts = Counter(grades)
+        top = max(counts.values())
+        return float(min(g for g, c in counts.items() if c == top))
+    return mean(grades)
 
 
 def parse_grade(text: str) -> tuple[int, str]:
@@ -149,6 +197,9 @@ class _JudgeScorer:
     judge: JudgeSettings
     grades: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    """Turns no sample could grade."""
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    """Samples whose judge call failed: turn_id, sample and error."""
     reasons: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     calls: int = 0
@@ -168,51 +219,42 @@ class _JudgeScorer:
         )
         samples: list[int] = []
         for k in range(self.judge.samples):
-            grade = await self._grade(prompt, seed=k)
+            grade = await self._grade(prompt, seed=k, turn_id=turn.turn_id)
             if grade is not None:
                 samples.append(grade)
         if not samples:
             self.failures.append(turn.turn_id)
             return
-        if self.judge.combine == "majority":
-            counts = Counter(samples).most_common()
-            top = [s for s, c in counts if c == counts[0][1]]
-            value = mean(top)
-        else:
-            value = mean(samples)
-        self.grades.append((value - 1) / 4)
+        self.grades.append((combine_grades(samples, self.judge.combine) - 1) / 4)
 
-    async def _grade(self, prompt: str, *, seed: int) -> int | None:
-        grade, usage, calls = await ask_judge(self.judge, prompt, seed=seed)
-        self.calls += calls
-        self.usage = self.usage + usage
-        if grade is None:
+    async def _grade(self, prompt: str, *, seed: int, turn_id: str) -> int | None:
+        answer = await ask_judge(self.judge, prompt, seed=seed)
+        self.calls += answer.calls
+        self.usage = self.usage + answer.usage
+        if answer.error is not None:
+            self.errors.append({"turn_id": turn_id, "sample": seed, "error": answer.error})
+        if answer.grade is None:
             return None
-        score, reason = grade
+        score, reason = answer.grade
         if reason and len(self.reasons) < 5:
             self.reasons.append(reason)
         return score
 
     async def result(self) -> Score:
+        failed = {e["turn_id"] for e in self.errors}
         details: dict[str, Any] = {
-            "judge": self.judge.adapter.model_info().model_id,
-            "judge_calls": self.calls,
-            "judge_usage": {
-                "prompt_tokens": self.usage.prompt_tokens,
-                "completion_tokens": self.usage.completion_tokens,
-            },
-            "unparsable_turns": self.failures,
+            **judge_details(self.judge, self.usage, self.calls),
+            "unparsable_turns": [t for t in self.failures if t not in failed],
+            "failures": self.errors,
             "reasons": self.reasons,
         }
-        cost = self.judge.adapter.estimate_cost(self.usage) if self.calls else None
-        if cost is not None:
-            details["judge_cost_usd"] = cost.total_cost
         if not self.grades:
-            reason = (
-                "the judge's answers could not be parsed"
-                if self.failures
-                else "no completed turns to judge"
-            )
+            if self.errors:
+                reason = f"the judge call failed ({self.errors[0]['error']})"
+            elif self.failures:
+                reason = "the judge's answers could not be parsed"
+            else:
+                reason = "no completed turns to judge"
             return Score(value=None, reason=f"not applicable: {reason}", details=details)
         return Score(value=mean(self.grades), details={**details, "turns": len(self.grades)})
 

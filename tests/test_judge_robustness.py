@@ -1,0 +1,199 @@
+"""The judge under failure: adapter errors, cancellation, majority ties, ungraded goals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import FakeAdapter, write_pack
+
+from convsim import AdapterError, TurnRecord, TurnStatus
+from convsim.adapters import Cost
+from convsim.metrics import METRICS, JudgeSettings
+from convsim.metrics._judge import RubricJudgeMetric, ask_judge
+from convsim.scenarios import load_pack
+
+pytestmark = pytest.mark.anyio
+
+
+def scripted(*answers: Any) -> FakeAdapter:
+    """A judge giving ``answers`` in order (an exception is raised), then the last forever."""
+    queue = list(answers)
+
+    def behave(messages: Any, params: Any) -> Any:
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    return FakeAdapter(behave, name="judge-model")
+
+
+def grade(score: int) -> str:
+    return f'{{"score": {score}, "reason": "graded {score}"}}'
+
+
+def record(turn_id: str, response: str) -> TurnRecord:
+    return TurnRecord(
+        conversation_id="c",
+        turn_index=0,
+        turn_id=turn_id,
+        role="assistant",
+        status=TurnStatus.COMPLETED,
+        user_message="hello",
+        response=response,
+    )
+
+
+async def rubric_score(judge: FakeAdapter, turns: int = 1, **settings: Any) -> Any:
+    metric = RubricJudgeMetric("judge:polite?", "polite?", JudgeSettings(judge, **settings))
+    scorer = metric.scorer(None)  # type: ignore[arg-type]
+    for i in range(turns):
+        await scorer.update(record(f"t{i}", "Certainly, happy to help."))
+    return await scorer.result()
+
+
+# --- B: adapter errors --------------------------------------------------------------
+
+
+async def test_a_failed_sample_is_recorded_and_the_other_grades_kept() -> None:
+    judge = scripted(grade(5), RuntimeError("503 after retries"), grade(5))
+    score = await rubric_score(judge, samples=3)
+    assert score.value == 1.0
+    assert score.details["failures"] == [
+        {"turn_id": "t0", "sample": 1, "error": "RuntimeError: 503 after retries"}
+    ]
+    assert score.details["judge_calls"] == 3
+    # the two answered calls' usage survives the failed one
+    assert score.details["judge_usage"] == {"prompt_tokens": 2, "completion_tokens": 2}
+
+
+async def test_a_failed_turn_is_recorded_and_the_other_turns_kept() -> None:
+    judge = scripted(grade(3), AdapterError("server down", model="judge-model"), grade(5))
+    score = await rubric_score(judge, turns=3)
+    assert score.value == pytest.approx((0.5 + 1.0) / 2)
+    assert score.details["turns"] == 2
+    assert score.details["failures"] == [
+        {"turn_id": "t1", "sample": 0, "error": "AdapterError: server down"}
+    ]
+
+
+async def test_a_judge_that_always_fails_is_not_applicable_with_the_reason() -> None:
+    score = await rubric_score(scripted(RuntimeError("503 after retries")), turns=2)
+    assert score.value is None
+    assert "RuntimeError: 503 after retries" in (score.reason or "")
+    assert [f["turn_id"] for f in score.details["failures"]] == ["t0", "t1"]
+
+
+async def test_ask_judge_returns_the_usage_so_far_and_the_error() -> None:
+    judge = scripted("not json", RuntimeError("boom"))
+    answer = await ask_judge(JudgeSettings(judge, max_reasks=2), "grade this")
+    assert answer.grade is None and answer.error == "RuntimeError: boom"
+    assert answer.calls == 2 and answer.usage.prompt_tokens == 1
+
+
+async def test_cancellation_is_never_swallowed() -> None:
+    async def hang(messages: Any, params: Any) -> str:
+        await anyio.sleep(60)
+        return grade(5)
+
+    judge = FakeAdapter(hang, name="judge-model")
+    metric = RubricJudgeMetric("judge:polite?", "polite?", JudgeSettings(judge))
+    scorer = metric.scorer(None)  # type: ignore[arg-type]
+    finished = False
+    with anyio.move_on_after(0.05) as scope:
+        await scorer.update(record("t0", "hi"))
+        finished = True
+    assert scope.cancelled_caught and not finished
+    assert scorer.failures == [] and scorer.errors == []
+
+
+# --- C: majority ties ---------------------------------------------------------------
+
+
+async def test_a_majority_tie_takes_the_lower_grade() -> None:
+    score = await rubric_score(scripted(grade(1), grade(5)), samples=2, combine="majority")
+    assert score.value == 0.0  # 1 and 5 tie: 1, not 3 (a grade nobody gave)
+    three_way = await rubric_score(
+        scripted(grade(2), grade(4), grade(5)), samples=3, combine="majority"
+    )
+    assert three_way.value == 0.25  # all tie at one vote: 2
+    clear = await rubric_score(
+        scripted(grade(4), grade(2), grade(4)), samples=3, combine="majority"
+    )
+    assert clear.value == 0.75
+
+
+# --- A: ungraded judge criteria of a goal -------------------------------------------
+
+
+def conversation(tmp_path: Path, goal: dict[str, Any]) -> Any:
+    turns = [{"turn_id": "t0", "prompt_template": "t0"}]
+    folder = write_pack(
+        tmp_path / "p",
+        {"default": {"turns": turns}},
+        [{"scenario_id": "s", "scenario_description": "x", "goal": goal}],
+    )
+    return load_pack(folder).conversations[0]
+
+
+async def goal_score(tmp_path: Path, goal: dict[str, Any], judge: FakeAdapter) -> Any:
+    metric = METRICS.get("goal_achievement")().with_judge(JudgeSettings(judge))
+    scorer = metric.scorer(conversation(tmp_path, goal))
+    await scorer.update(record("t0", "Your table is booked for eight."))
+    return await scorer.result()
+
+
+POLITE = {"kind": "judge", "value": "The reply is polite."}
+BOOKED = {"kind": "contains", "value": "booked"}
+MISSING = {"kind": "contains", "value": "refund"}
+
+
+@pytest.mark.parametrize(
+    "judge",
+    [lambda: scripted("no idea"), lambda: scripted(RuntimeError("503 after retries"))],
+    ids=["unparsable", "adapter-error"],
+)
+async def test_an_ungraded_judge_criterion_makes_an_open_goal_not_applicable(
+    tmp_path: Path, judge: Any
+) -> None:
+    score = await goal_score(tmp_path, {"description": "book", "all_of": [BOOKED, POLITE]}, judge())
+    assert score.value is None  # not 1.0: the judge criterion was never graded
+    assert "all_of[1]" in (score.reason or "")
+    assert [(u["group"], u["index"]) for u in score.details["ungraded"]] == [("all_of", 1)]
+    assert score.details["judge_calls"] >= 1
+
+
+async def test_an_ungraded_criterion_that_cannot_change_the_score_is_ignored(
+    tmp_path: Path,
+) -> None:
+    goal = {"description": "book", "any_of": [BOOKED, POLITE]}
+    score = await goal_score(tmp_path, goal, scripted(RuntimeError("503 after retries")))
+    assert score.value == 1.0  # any_of already met: whatever the judge said, 1.0
+    assert score.details["ungraded"] == [
+        {"group": "any_of", "index": 1, "error": "RuntimeError: 503 after retries"}
+    ]
+
+
+async def test_an_ungraded_criterion_next_to_a_failed_one_still_moves_partial_credit(
+    tmp_path: Path,
+) -> None:
+    # all_of is partial credit: [0, ungraded] is 0 or 0.5 depending on the grade
+    goal = {"description": "refund", "all_of": [MISSING, POLITE]}
+    score = await goal_score(tmp_path, goal, scripted("no idea"))
+    assert score.value is None and "all_of[1]" in (score.reason or "")
+
+
+class PricedJudge(FakeAdapter):
+    def estimate_cost(self, usage: Any) -> Cost:
+        return Cost(total_cost=usage.prompt_tokens * 0.5 + usage.completion_tokens)
+
+
+async def test_goal_judge_usage_and_cost_are_recorded(tmp_path: Path) -> None:
+    judge = PricedJudge(lambda messages, params: grade(4), name="judge-model")
+    score = await goal_score(tmp_path, {"description": "book", "all_of": [BOOKED, POLITE]}, judge)
+    assert score.value == pytest.approx((1.0 + 0.75) / 2)
+    assert score.details["judge"] == "judge-model"
+    assert score.details["judge_calls"] == 1
+    assert score.details["judge_usage"] == {"prompt_tokens": 1, "completion_tokens": 1}
+    assert score.details["judge_cost_usd"] == 1.5
+    assert score.details["ungraded"] == []

@@ -7,8 +7,9 @@ file (``convsim score``) holds one conversation per line::
     {"conversation_id": "c1", "messages": [{"role": "user", "content": "..."}, ...],
      "facts": [...], "probes": [...], "goal": {...}}
 
-``facts``, ``probes`` and ``goal`` are optional and take the scenario format; a turn is
-named ``t3`` or given by its number, 3.
+``facts``, ``probes``, ``goal``, ``reference_responses`` (by turn), ``required_keywords``,
+``tags``, ``metadata``, ``scenario_type`` and ``difficulty`` are optional and take the
+scenario format; a turn is named ``t3`` or given by its number, 3 (or "3" as a key).
 """
 
 from __future__ import annotations
@@ -57,6 +58,22 @@ def _turn_id(value: Any) -> Any:
     return f"t{value}" if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+def _turn_key(key: Any) -> Any:
+    """A turn as a mapping key: "3" (JSON keys are strings) or 3 name turn ``t3``."""
+    return f"t{key}" if isinstance(key, str) and key.isdigit() else _turn_id(key)
+
+
+# Scenario fields a transcript may carry, besides facts, probes and goal.
+SCENARIO_FIELDS = (
+    "reference_responses",
+    "required_keywords",
+    "tags",
+    "metadata",
+    "scenario_type",
+    "difficulty",
+)
+
+
 def build_transcript(
     conversation_id: str,
     messages: Sequence[Message | Mapping[str, Any]],
@@ -65,8 +82,19 @@ def build_transcript(
     probes: Iterable[Mapping[str, Any]] = (),
     goal: Mapping[str, Any] | Goal | None = None,
     source: str = "transcript",
+    reference_responses: Mapping[Any, str] | None = None,
+    required_keywords: Sequence[str] = (),
+    tags: Sequence[str] = (),
+    metadata: Mapping[str, Any] | None = None,
+    scenario_type: str | None = None,
+    difficulty: str | None = None,
 ) -> Transcript:
-    """A transcript as a conversation with one completed turn per assistant message."""
+    """A transcript as a conversation with one completed turn per assistant message.
+
+    ``reference_responses`` (by turn: ``"t2"``, 2 or ``"2"``), ``required_keywords``,
+    ``tags``, ``metadata``, ``scenario_type`` and ``difficulty`` are the scenario's, for
+    the metrics that read them (exact_match, semantic_similarity, custom_score,
+    domain_expertise) and for breakdowns."""
     msgs = [m if isinstance(m, Message) else Message(**m) for m in messages]
     records: list[TurnRecord] = []
     history: list[Message] = []
@@ -107,6 +135,19 @@ def build_transcript(
                 for group in ("all_of", "any_of")
             },
         }
+    extra: dict[str, Any] = {
+        "required_keywords": required_keywords,
+        "tags": tags,
+        "metadata": {} if metadata is None else metadata,
+    }
+    if reference_responses is not None:
+        if isinstance(reference_responses, Mapping):
+            reference_responses = {_turn_key(k): v for k, v in reference_responses.items()}
+        extra["reference_responses"] = reference_responses
+    if scenario_type is not None:
+        extra["scenario_type"] = scenario_type
+    if difficulty is not None:
+        extra["difficulty"] = difficulty
     scenario = Scenario.model_validate(
         {
             "scenario_id": conversation_id,
@@ -114,16 +155,33 @@ def build_transcript(
             "facts": facts,
             "probes": probes,
             "goal": goal,
+            **extra,
         }
     )
+    turn_ids = {r.turn_id for r in records}
+    for turn_id in scenario.reference_responses:
+        if turn_id not in turn_ids:
+            raise _FieldError(
+                f"reference_responses.{turn_id}",
+                f"unknown turn (the transcript has {len(records)} assistant turns)",
+            )
     turns = [TurnConfig(turn_id=r.turn_id, prompt_template="") for r in records]
     flow = Flow(turns=turns)
     prepared = PreparedFlow(
-        "transcript",
+        scenario.scenario_type if scenario_type is not None else "transcript",
         flow,
         tuple(PreparedTurn(t, i, Template.parse("")) for i, t in enumerate(turns)),
     )
     return Transcript(Conversation(scenario, prepared, "multi_turn", source), tuple(records))
+
+
+class _FieldError(ValueError):
+    """A bad value of one field of a transcript."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
 
 
 async def _score(transcript: Transcript, metrics: Sequence[Metric]) -> dict[str, Score]:
@@ -145,9 +203,7 @@ async def _score(transcript: Transcript, metrics: Sequence[Metric]) -> dict[str,
             else:
                 scores[metric.name] = scorer.result()
         except Exception as exc:  # a broken metric is reported, never fatal
-            scores[metric.name] = Score(
-                value=None, reason=f"metric failed: {type(exc).__name__}: {exc}"
-            )
+            scores[metric.name] = Score.failed(f"{type(exc).__name__}: {exc}")
     return scores
 
 
@@ -160,9 +216,12 @@ def score_transcript(
     goal: Mapping[str, Any] | None = None,
     judge: JudgeSettings | None = None,
     registry: Registry[Metric] = METRICS,
+    **scenario: Any,
 ) -> dict[str, Score]:
     """Score one recorded conversation with the named metrics (from sync code; inside an
-    event loop use :func:`ascore_transcript`)."""
+    event loop use :func:`ascore_transcript`). ``scenario`` takes the other scenario
+    fields: reference_responses, required_keywords, tags, metadata, scenario_type,
+    difficulty."""
     return anyio.run(
         partial(
             ascore_transcript,
@@ -173,6 +232,7 @@ def score_transcript(
             goal=goal,
             judge=judge,
             registry=registry,
+            **scenario,
         )
     )
 
@@ -186,10 +246,17 @@ async def ascore_transcript(
     goal: Mapping[str, Any] | None = None,
     judge: JudgeSettings | None = None,
     registry: Registry[Metric] = METRICS,
+    **scenario: Any,
 ) -> dict[str, Score]:
-    """Score one recorded conversation with the named metrics."""
+    """Score one recorded conversation with the named metrics (``scenario``: as
+    :func:`score_transcript`)."""
+    unknown = sorted(set(scenario) - set(SCENARIO_FIELDS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
     resolved = [judged(registry.get(name)(), judge) for name in dict.fromkeys(metrics)]
-    transcript = build_transcript("transcript", messages, facts=facts, probes=probes, goal=goal)
+    transcript = build_transcript(
+        "transcript", messages, facts=facts, probes=probes, goal=goal, **scenario
+    )
     return await _score(transcript, resolved)
 
 
@@ -213,7 +280,8 @@ def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
             raw = json.loads(line)
             if not isinstance(raw, dict):
                 raise ValueError("a line must be a JSON object")
-            unknown = set(raw) - {"conversation_id", "messages", "facts", "probes", "goal"}
+            known = {"conversation_id", "messages", "facts", "probes", "goal", *SCENARIO_FIELDS}
+            unknown = set(raw) - known
             if unknown:
                 problems.append(PackProblem(path.name, lineno, sorted(unknown)[0], "unknown field"))
                 continue
@@ -236,6 +304,7 @@ def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
                 probes=raw.get("probes") or (),
                 goal=raw.get("goal"),
                 source=where,
+                **{k: raw[k] for k in SCENARIO_FIELDS if raw.get(k) is not None},
             )
             out.append((cid, transcript))
         except json.JSONDecodeError as exc:
@@ -245,6 +314,8 @@ def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
             problems.append(
                 PackProblem(path.name, lineno, ".".join(map(str, err["loc"])) or None, err["msg"])
             )
+        except _FieldError as exc:
+            problems.append(PackProblem(path.name, lineno, exc.field, exc.message))
         except (TypeError, ValueError) as exc:
             problems.append(PackProblem(path.name, lineno, None, str(exc)))
     if problems:

@@ -563,7 +563,7 @@ class ConversationActor:
                     continue
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-            scores[name] = Score(value=None, reason=f"metric failed: {error}")
+            scores[name] = Score.failed(error)
         scenario = self.conversation.scenario
         duration = time.perf_counter() - t0
         return ConversationResult(

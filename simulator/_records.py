@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from convsim._errors import AdapterError
@@ -110,10 +110,40 @@ class Score(BaseModel):
     reason: str | None = None
     """Why there is no value: not applicable, or the metric failed."""
     details: dict[str, Any] = Field(default_factory=dict)
+    status: Literal["ok", "not_applicable", "failed"] = "ok"
+    """``ok`` (a value), ``not_applicable`` (nothing to check) or ``failed`` (the
+    scorer or its judge broke). Inferred when not given, e.g. in results written
+    before it existed: a reason starting "metric failed" means ``failed``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_status(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("status") is None:
+            if data.get("value") is not None:
+                status = "ok"
+            elif str(data.get("reason") or "").startswith("metric failed"):
+                status = "failed"
+            else:
+                status = "not_applicable"
+            data = {**data, "status": status}
+        return data
+
+    @model_validator(mode="after")
+    def _status_matches_value(self) -> Score:
+        if (self.status == "ok") != (self.value is not None):
+            raise ValueError(f"status {self.status!r} does not fit value {self.value!r}")
+        return self
 
     @classmethod
     def not_applicable(cls, reason: str, **details: Any) -> Score:
-        return cls(value=None, reason=f"not applicable: {reason}", details=details)
+        return cls(
+            value=None, reason=f"not applicable: {reason}", details=details, status="not_applicable"
+        )
+
+    @classmethod
+    def failed(cls, reason: str, **details: Any) -> Score:
+        """The metric could not be computed (a crashing scorer, a judge outage)."""
+        return cls(value=None, reason=f"metric failed: {reason}", details=details, status="failed")
 
     @property
     def applicable(self) -> bool:

@@ -20,7 +20,9 @@ class MetricSummary(BaseModel):
     n: int
     """Conversations with a value."""
     not_applicable: int
-    """Conversations where the metric did not apply or failed."""
+    """Conversations where the metric did not apply (nothing to check)."""
+    failed: int = 0
+    """Conversations where the metric failed: a crashing scorer, a judge outage."""
     higher_is_better: bool | None = None
     std: float | None = None
     stderr: float | None = None
@@ -75,19 +77,27 @@ class RunReport(BaseModel):
             "",
             "## Metrics",
             "",
-            "| metric | mean | 95% CI | std | n | not applicable |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| metric | mean | 95% CI | std | n | not applicable | failed |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for name, m in self.metrics.items():
             ci = "" if m.ci_low is None else f"{_fmt(m.ci_low)} - {_fmt(m.ci_high)}"
             lines.append(
-                f"| {name} | {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.n} | {m.not_applicable} |"
+                f"| {name} | {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.n} | {m.not_applicable} "
+                f"| {m.failed} |"
             )
         if self.turn_metrics:
-            lines += ["", "## Turn metrics", "", "| metric | mean | turns | not applicable |"]
-            lines.append("|---|---:|---:|---:|")
+            lines += [
+                "",
+                "## Turn metrics",
+                "",
+                "| metric | mean | turns | not applicable | failed |",
+                "|---|---:|---:|---:|---:|",
+            ]
             for name, m in self.turn_metrics.items():
-                lines.append(f"| {name} | {_fmt(m.mean)} | {m.n} | {m.not_applicable} |")
+                lines.append(
+                    f"| {name} | {_fmt(m.mean)} | {m.n} | {m.not_applicable} | {m.failed} |"
+                )
         lines += ["", "## By scenario type", ""]
         names = list(self.metrics)
         lines.append(
@@ -137,24 +147,30 @@ def _summarise(
     """Mean and counts per metric over ``score_maps`` (one name -> Score map each)."""
     values: dict[str, list[float]] = defaultdict(list)
     missing: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
     for scores in score_maps:
         for name, score in scores.items():
-            if score.value is None:
-                missing[name] += 1
-            else:
+            if score.value is not None:
                 values[name].append(score.value)
-    names = list(dict.fromkeys([*values, *missing]))
-    return {n: _summary(values[n], missing[n], hib.get(n)) for n in names}
+            elif score.status == "failed":
+                failed[name] += 1
+            else:
+                missing[name] += 1
+    names = list(dict.fromkeys([*values, *missing, *failed]))
+    return {n: _summary(values[n], missing[n], hib.get(n), failed[n]) for n in names}
 
 
-def _summary(values: list[float], missing: int, hib: bool | None) -> MetricSummary:
+def _summary(values: list[float], missing: int, hib: bool | None, failed: int = 0) -> MetricSummary:
     if not values:
-        return MetricSummary(mean=None, n=0, not_applicable=missing, higher_is_better=hib)
+        return MetricSummary(
+            mean=None, n=0, not_applicable=missing, failed=failed, higher_is_better=hib
+        )
     agg = aggregate(values)
     return MetricSummary(
         mean=agg.mean,
         n=agg.n,
         not_applicable=missing,
+        failed=failed,
         higher_is_better=hib,
         std=agg.std,
         stderr=agg.stderr,

@@ -21,7 +21,8 @@ from rich.table import Table
 from ._errors import ConvsimError
 from ._gc import tune_gc_for_throughput
 from ._logging import configure_logging
-from ._report import MetricSummary, RunReport, summarize
+from ._records import Score
+from ._report import MetricSummary, RunReport, _summarise, summarize
 from ._runtime import RunHandle, Simulator
 from ._sinks import JsonlSink, read_results
 
@@ -385,14 +386,14 @@ def _mean(summary: MetricSummary | None) -> str:
 
 def _metric_table(title: str, unit: str, summaries: dict[str, MetricSummary]) -> Table:
     table = Table(title=title)
-    table.add_column("metric")
-    for col in ("mean", "95% CI", unit, "n/a"):
+    table.add_column("metric", no_wrap=True)  # other columns give way on a narrow terminal
+    for col in ("mean", "95% CI", unit, "n/a", "failed"):
         table.add_column(col, justify="right")
     table.add_column("better")
     for name, m in summaries.items():
         better = {True: "higher", False: "lower", None: ""}[m.higher_is_better]
         ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
-        table.add_row(name, _mean(m), ci, str(m.n), str(m.not_applicable), better)
+        table.add_row(name, _mean(m), ci, str(m.n), str(m.not_applicable), str(m.failed), better)
     return table
 
 
@@ -456,6 +457,20 @@ def _print_report(report: RunReport) -> None:
 )
 @click.option("--judge", "judge_spec", default=None, help="Model that grades judge metrics.")
 @click.option("--judge-arg", "judge_args", multiple=True, metavar="KEY=VALUE")
+@click.option(
+    "--judge-samples",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Grades per turn.",
+)
+@click.option(
+    "--judge-combine",
+    type=click.Choice(["mean", "majority"]),
+    default="mean",
+    show_default=True,
+    help="How several grades of a turn combine.",
+)
 @_clear_errors
 def score(
     transcripts: Path,
@@ -463,11 +478,13 @@ def score(
     out: Path | None,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
+    judge_samples: int,
+    judge_combine: str,
 ) -> None:
     """Score recorded conversations (one JSON object per line) without running a model."""
     from .adapters import create_adapter, parse_model_args
+    from .adapters._budget import Budgets
     from .metrics import METRICS
-    from .metrics._aggregate import aggregate
     from .metrics._judge import JudgeSettings
     from .metrics._transcripts import read_transcripts, score_transcripts
 
@@ -476,7 +493,15 @@ def score(
     loaded = read_transcripts(transcripts)
     judge = None
     if judge_spec is not None:
-        judge = JudgeSettings(create_adapter(judge_spec, parse_model_args(judge_args)))
+        adapter = create_adapter(judge_spec, parse_model_args(judge_args))
+        bind = getattr(adapter, "bind_budgets", None)
+        if bind is not None:  # as `convsim run`: one rate budget per provider key
+            bind(Budgets())
+        judge = JudgeSettings(
+            adapter,
+            samples=judge_samples,
+            combine="majority" if judge_combine == "majority" else "mean",
+        )
 
     async def scoring() -> Any:
         try:
@@ -491,39 +516,47 @@ def score(
     for name in metric_names:
         table.add_column(name, justify="right")
     for cid, scores in scored:
-        table.add_row(cid, *[_mean_of(scores[n].value) for n in metric_names])
+        table.add_row(cid, *[_score_cell(scores[n]) for n in metric_names])
     out_console = _stdout()
     out_console.print(table)
     summary = Table(title="aggregate")
-    for col in ("metric", "mean", "95% CI", "n", "n/a"):
+    for col in ("metric", "mean", "95% CI", "n", "n/a", "failed"):
         summary.add_column(col, justify="left" if col == "metric" else "right")
+    summaries = _summarise([s for _, s in scored], {})
     for name in metric_names:
-        values = [s[name].value for _, s in scored if s[name].value is not None]
-        if values:
-            agg = aggregate(values)
-            summary.add_row(
-                name,
-                f"{agg.mean:.4g}",
-                f"{agg.ci_low:.4g} - {agg.ci_high:.4g}",
-                str(agg.n),
-                str(len(scored) - agg.n),
-            )
-        else:
-            summary.add_row(name, "n/a", "", "0", str(len(scored)))
+        m = summaries[name]
+        ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
+        summary.add_row(name, _mean(m), ci, str(m.n), str(m.not_applicable), str(m.failed))
     out_console.print(summary)
+    scenarios = {cid: t.conversation.scenario for cid, t in loaded}
+    for field in ("scenario_type", "difficulty"):
+        keys = {cid: getattr(sc, field) for cid, sc in scenarios.items()}
+        if field == "scenario_type":  # "default" unless the file says otherwise
+            keys = {cid: k if k != "default" else None for cid, k in keys.items()}
+        if all(k is None for k in keys.values()):
+            continue
+        groups: dict[str, list[dict[str, Score]]] = {}
+        for cid, scores in scored:
+            groups.setdefault(keys[cid] or "unspecified", []).append(scores)
+        by = Table(title=f"by {field} (mean)")
+        for col in (field, "conversations", *metric_names):
+            by.add_column(col, justify="left" if col == field else "right")
+        for group, maps in sorted(groups.items()):
+            means = _summarise(maps, {})
+            by.add_row(group, str(len(maps)), *[_mean(means.get(n)) for n in metric_names])
+        out_console.print(by)
     if out is not None:
         try:
             with open(out, "w", encoding="utf-8") as fh:
                 for cid, scores in scored:
-                    fh.write(
-                        json.dumps(
-                            {
-                                "conversation_id": cid,
-                                "scores": {n: s.model_dump() for n, s in scores.items()},
-                            }
-                        )
-                        + "\n"
-                    )
+                    row: dict[str, Any] = {"conversation_id": cid}
+                    sc = scenarios[cid]
+                    if sc.scenario_type != "default":
+                        row["scenario_type"] = sc.scenario_type
+                    if sc.difficulty is not None:
+                        row["difficulty"] = sc.difficulty
+                    row["scores"] = {n: s.model_dump() for n, s in scores.items()}
+                    fh.write(json.dumps(row) + "\n")
         except OSError as exc:
             from ._errors import ResultsError
 
@@ -531,8 +564,10 @@ def score(
         out_console.print(f"scores: {out}", highlight=False)
 
 
-def _mean_of(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
+def _score_cell(score: Score) -> str:
+    if score.value is not None:
+        return f"{score.value:.4g}"
+    return "failed" if score.status == "failed" else "n/a"
 
 
 @main.command()

@@ -201,7 +201,7 @@ class _GoalScorer:
             best, _ = self._credit(judged, ungraded, fill=1.0)
             if value is None or best is None or not math.isclose(value, best):
                 named = ", ".join(f"{group}[{i}]" for group, i in ungraded)
-                return Score.not_applicable(
+                return Score.failed(
                     f"the judge could not grade goal criterion {named}",
                     criteria=rows,
                     turns_to_goal=self.turns_to_goal,

@@ -249,13 +249,11 @@ class _JudgeScorer:
             "reasons": self.reasons,
         }
         if not self.grades:
-            if self.errors:
-                reason = f"the judge call failed ({self.errors[0]['error']})"
-            elif self.failures:
-                reason = "the judge's answers could not be parsed"
-            else:
-                reason = "no completed turns to judge"
-            return Score(value=None, reason=f"not applicable: {reason}", details=details)
+            if self.errors:  # an outage is a failure to measure, not "nothing to measure"
+                return Score.failed(f"the judge call failed ({self.errors[0]['error']})", **details)
+            if self.failures:
+                return Score.failed("the judge's answers could not be parsed", **details)
+            return Score.not_applicable("no completed turns to judge", **details)
         return Score(value=mean(self.grades), details={**details, "turns": len(self.grades)})
 
 

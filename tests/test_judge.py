@@ -73,7 +73,7 @@ def test_unparsable_answers_are_re_asked_with_the_bad_answer_shown() -> None:
 
 def test_a_judge_that_never_answers_properly_scores_nothing() -> None:
     score = judged_run(judge_answering("no idea"), [RUBRIC]).scores[RUBRIC]
-    assert score.value is None and "could not be parsed" in (score.reason or "")
+    assert score.status == "failed" and "could not be parsed" in (score.reason or "")
     assert score.details["unparsable_turns"] == ["introduction", "analysis", "refinement"]
     assert score.details["judge_calls"] == 6  # one re-ask per turn, then it gives up
 

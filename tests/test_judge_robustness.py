@@ -79,7 +79,7 @@ async def test_a_failed_turn_is_recorded_and_the_other_turns_kept() -> None:
 
 async def test_a_judge_that_always_fails_is_not_applicable_with_the_reason() -> None:
     score = await rubric_score(scripted(RuntimeError("503 after retries")), turns=2)
-    assert score.value is None
+    assert score.value is None and score.status == "failed"
     assert "RuntimeError: 503 after retries" in (score.reason or "")
     assert [f["turn_id"] for f in score.details["failures"]] == ["t0", "t1"]
 
@@ -157,7 +157,8 @@ async def test_an_ungraded_judge_criterion_makes_an_open_goal_not_applicable(
     tmp_path: Path, judge: Any
 ) -> None:
     score = await goal_score(tmp_path, {"description": "book", "all_of": [BOOKED, POLITE]}, judge())
-    assert score.value is None  # not 1.0: the judge criterion was never graded
+    # not 1.0: the judge criterion was never graded
+    assert score.value is None and score.status == "failed"
     assert "all_of[1]" in (score.reason or "")
     assert [(u["group"], u["index"]) for u in score.details["ungraded"]] == [("all_of", 1)]
     assert score.details["judge_calls"] >= 1
@@ -180,7 +181,7 @@ async def test_an_ungraded_criterion_next_to_a_failed_one_still_moves_partial_cr
     # all_of is partial credit: [0, ungraded] is 0 or 0.5 depending on the grade
     goal = {"description": "refund", "all_of": [MISSING, POLITE]}
     score = await goal_score(tmp_path, goal, scripted("no idea"))
-    assert score.value is None and "all_of[1]" in (score.reason or "")
+    assert score.status == "failed" and "all_of[1]" in (score.reason or "")
 
 
 class PricedJudge(FakeAdapter):

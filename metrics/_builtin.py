@@ -237,6 +237,7 @@ class TechnicalAccuracyMetric:
 
     name = "technical_accuracy"
     higher_is_better = True
+    cpu_heavy = True
     description = (
         "Per fenced Python block: 0.6 if it compiles, plus 0.4 x the share of best-practice "
         "signals present (docstrings and type hints on functions, error handling, tests); "
@@ -249,6 +250,8 @@ class TechnicalAccuracyMetric:
 
 @dataclass
 class _TechnicalScorer:
+    pending: list[tuple[str, str]] = field(default_factory=list)
+    """(turn_id, code) gathered by update(); compiled in result(), off the event loop."""
     blocks: int = 0
     valid: int = 0
     scores: list[float] = field(default_factory=list)
@@ -256,24 +259,28 @@ class _TechnicalScorer:
     errors: list[str] = field(default_factory=list)
 
     def update(self, turn: TurnRecord) -> None:
-        if not _completed(turn):
+        if _completed(turn):
+            self.pending.extend((turn.turn_id, code) for code in python_blocks(turn.response or ""))
+
+    def _check(self, turn_id: str, code: str) -> None:
+        self.blocks += 1
+        try:
+            compile(code, f"<{turn_id}>", "exec")
+            signals = practice_signals(code)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            if len(self.errors) < 5:
+                self.errors.append(f"{turn_id}: {type(exc).__name__}: {exc}"[:300])
+            self.scores.append(0.0)
             return
-        for code in python_blocks(turn.response or ""):
-            self.blocks += 1
-            try:
-                compile(code, f"<{turn.turn_id}>", "exec")
-                signals = practice_signals(code)
-            except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-                if len(self.errors) < 5:
-                    self.errors.append(f"{turn.turn_id}: {type(exc).__name__}: {exc}"[:300])
-                self.scores.append(0.0)
-                continue
-            self.valid += 1
-            for name, present in signals.items():
-                self.signals[name] = self.signals.get(name, 0) + present
-            self.scores.append(0.6 + 0.4 * sum(signals.values()) / len(signals))
+        self.valid += 1
+        for name, present in signals.items():
+            self.signals[name] = self.signals.get(name, 0) + present
+        self.scores.append(0.6 + 0.4 * sum(signals.values()) / len(signals))
 
     def result(self) -> Score:
+        for turn_id, code in self.pending:
+            self._check(turn_id, code)
+        self.pending.clear()
         if not self.blocks:
             return Score.not_applicable("no Python code blocks in the responses")
         return Score(

@@ -438,7 +438,7 @@ class ConversationActor:
     async def _consume(self, receive: anyio.abc.ObjectReceiveStream[TurnRecord]) -> None:
         async with receive:
             async for record in receive:
-                self._feed(record)
+                self._feed(record, defer=True)
                 await self._feed_async(record)
         # The stream ended with the conversation. Async scorers (judges) give their
         # results now, and CPU-heavy ones compute theirs in a worker thread, so the event
@@ -465,18 +465,24 @@ class ConversationActor:
                 self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
         pending, self._pending_turn_scores = self._pending_turn_scores, []
         for name, scorer in pending:
-            try:
-                await scorer.update(record)
-                score = await scorer.result()
-            except Exception as exc:
-                score = Score(value=None, reason=f"metric failed: {type(exc).__name__}: {exc}")
+            if not _is_async(scorer):  # CPU-heavy: a worker thread keeps the loop free
+                score = await anyio.to_thread.run_sync(_score_one, scorer, record)
+            else:
+                try:
+                    await scorer.update(record)
+                    score = await scorer.result()
+                except Exception as exc:
+                    score = Score.failed(f"{type(exc).__name__}: {exc}")
             self._turn_scores.setdefault(record.turn_id, {})[name] = score
 
     def _score_remaining(self) -> None:
         for record in self.records[self._scored :]:
             self._feed(record)
 
-    def _feed(self, record: TurnRecord) -> None:
+    def _feed(self, record: TurnRecord, *, defer: bool = False) -> None:
+        """Feed the conversation's scorers and score the turn's own metrics. With
+        ``defer`` (the actor loop), async and CPU-heavy turn metrics are left for
+        :meth:`_feed_async`; without it (scoring after cancellation) heavy ones run here."""
         self._scored += 1
         for name, scorer in self._scorers.items():
             if name in self._scorer_errors or name in self._async_names:
@@ -490,18 +496,14 @@ class ConversationActor:
             for name in record.evaluation_metrics:
                 metric = self._turn_metrics.get(name)
                 if metric is None:
-                    scores[name] = Score(
-                        value=None, reason=f"metric failed: {name!r} was not provided"
-                    )
+                    scores[name] = Score.failed(f"{name!r} was not provided")
                     continue
                 try:
                     scorer = metric.scorer(self.conversation)
                 except Exception as exc:
-                    scores[name] = Score(
-                        value=None, reason=f"metric failed: {type(exc).__name__}: {exc}"
-                    )
+                    scores[name] = Score.failed(f"{type(exc).__name__}: {exc}")
                     continue
-                if _is_async(scorer):
+                if _is_async(scorer) or (defer and getattr(metric, "cpu_heavy", False)):
                     self._pending_turn_scores.append((name, scorer))
                 else:
                     scores[name] = _score_one(scorer, record)
@@ -637,7 +639,7 @@ def _score_one(scorer: ConversationScorer, record: TurnRecord) -> Score:
         scorer.update(record)
         return scorer.result()
     except Exception as exc:
-        return Score(value=None, reason=f"metric failed: {type(exc).__name__}: {exc}")
+        return Score.failed(f"{type(exc).__name__}: {exc}")
 
 
 def _classify(exc: BaseException) -> TerminationReason:

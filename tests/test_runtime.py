@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -998,6 +999,38 @@ async def test_a_failing_turn_metric_is_recorded_per_turn(tmp_path: Path) -> Non
     score = result.turn_scores["a"]["boom"]
     assert score.value is None and (score.reason or "").startswith("metric failed")
     assert "b" not in result.turn_scores
+
+
+async def test_cpu_heavy_turn_metrics_are_scored_off_the_event_loop(tmp_path: Path) -> None:
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+
+    class HeavyTurnMetric(BoomMetric):
+        name = "heavy"
+        cpu_heavy = True
+
+        def scorer(self, conversation: Any) -> Any:
+            class Spy(_BoomScorer):
+                def update(self, turn: Any) -> None:
+                    threads.append(threading.get_ident())
+                    super().update(turn)
+
+            return Spy("nowhere")
+
+    reg = METRICS.copy()
+    reg.register("heavy", lambda: HeavyTurnMetric("nowhere"))
+    pack = make_pack(
+        tmp_path,
+        [
+            {"turn_id": "a", "prompt_template": "A", "evaluation_metrics": ["heavy"]},
+            {"turn_id": "b", "prompt_template": "B", "evaluation_metrics": ["heavy"]},
+        ],
+        n=2,
+    )
+    async with Simulator("scripted", metric_registry=reg) as sim:
+        results = await collect(sim, pack)
+    assert len(threads) == 4 and loop_thread not in threads
+    assert all(r.turn_scores[t]["heavy"].value == 1.0 for r in results for t in "ab")
 
 
 async def test_scorers_see_turns_while_the_conversation_runs(

@@ -27,6 +27,7 @@ sees back-references it can recognise.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -130,9 +131,17 @@ def fact_recalled(fact: Fact, text: str) -> bool:
     return False
 
 
-def _label(fact: Fact) -> re.Pattern[str]:
-    words = [w for w in re.split(r"[_\-\s]+", fact.key) if w]
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+@functools.lru_cache(maxsize=4096)
+def _label_of(key: str) -> re.Pattern[str]:
+    words = [w for w in re.split(r"[_\-\s]+", key) if w]
     return re.compile(r"\b" + r"[\s_\-]*".join(map(re.escape, words)) + r"\b", re.I)
+
+
+def _label(fact: Fact) -> re.Pattern[str]:
+    return _label_of(fact.key)
 
 
 def stated_values(fact: Fact, text: str) -> list[str]:
@@ -141,9 +150,12 @@ def stated_values(fact: Fact, text: str) -> list[str]:
     "was", "of", ``:``, ``=`` or ``#``, in a sentence that does not also state the fact's
     own value ("86 guests", "your order id, which you gave me 3 turns ago, is A-1042").
     A heuristic: it misses rewordings of the label and values placed further away."""
+    label = _label(fact)
+    if label.search(text) is None:
+        return []  # the common case: the label is not mentioned at all
     stated = []
-    for sentence in re.split(r"(?<=[.!?])\s+", text):
-        matches = list(_label(fact).finditer(sentence))
+    for sentence in _SENTENCE_END.split(text):
+        matches = list(label.finditer(sentence))
         if not matches or fact_recalled(fact, sentence):
             continue
         for m in matches:
@@ -238,6 +250,8 @@ class _RetentionScorer:
     completed: list[str] = field(default_factory=list)
     items: list[tuple[str, str, int]] = field(default_factory=list)
     """Reference-free mode: (item, its sentence, position it was introduced at)."""
+    user_turns: list[tuple[str, int]] = field(default_factory=list)
+    """Reference-free mode: user turns whose items are not extracted yet."""
     semantic: Any = None
     """fact, text -> bool: the optional semantic match."""
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -282,7 +296,10 @@ class _RetentionScorer:
                 self.semantic_pending.append((check, fact, text))
 
     def _reference_free(self, user: str, response: str, position: int, turn_id: str) -> None:
+        # Most turns refer back to nothing: the user turns are only kept, and their
+        # salient items extracted when a later turn does refer back.
         if _BACK_REFERENCE.search(user):
+            self._extract_items()
             asked = _content(user)
             user_normal = f" {_normal(user)} "
             for item, sentence, introduced in self.items:
@@ -300,11 +317,16 @@ class _RetentionScorer:
                         "contradicted": False,
                     }
                 )
+        self.user_turns.append((user, position))
+
+    def _extract_items(self) -> None:
         known = {i for i, _, _ in self.items}
-        for item, sentence in salient_items(user):
-            if item not in known:
-                self.items.append((item, sentence, position))
-                known.add(item)
+        for user, position in self.user_turns:
+            for item, sentence in salient_items(user):
+                if item not in known:
+                    self.items.append((item, sentence, position))
+                    known.add(item)
+        self.user_turns.clear()
 
     def result(self) -> Score:
         for check, fact, text in self.semantic_pending:

@@ -135,6 +135,7 @@ class ConversationActor:
         self._responses: dict[str, str] = {}
         self._profile = conversation.scenario.user or _NO_PROFILE
         self._send: MemoryObjectSendStream[TurnRecord] | None = None
+        self._inline = False
 
     # -- the actor loop -------------------------------------------------------------
 
@@ -142,7 +143,9 @@ class ConversationActor:
         started_at, t0 = time.time(), time.perf_counter()
         turns = self.conversation.flow.turns
         try:
-            if self._scorers or any(t.config.evaluation_metrics for t in turns):
+            if self._async_names or any(t.config.evaluation_metrics for t in turns):
+                # scorers that await (judges) or turn metrics: a scoring task beside the
+                # conversation, fed through a stream
                 send, receive = anyio.create_memory_object_stream[TurnRecord](
                     max_buffer_size=len(turns)
                 )
@@ -151,8 +154,10 @@ class ConversationActor:
                     tg.start_soon(self._consume, receive)
                     with send:
                         reason = await self._walk_within_deadline()
-            else:  # nothing to score: no stream, no scoring task
+            else:  # plain scorers only: fed inline as each turn is recorded
+                self._inline = bool(self._scorers)
                 reason = await self._walk_within_deadline()
+                await self._finish_scoring()
         except anyio.get_cancelled_exc_class():
             self._interrupt(None, "conversation cancelled")
             if not self.machine.finished:
@@ -431,7 +436,9 @@ class ConversationActor:
         kept; ``_score_remaining`` scores them.
         """
         self.records.append(record)
-        if self._send is not None:
+        if self._inline:
+            self._feed(record)
+        elif self._send is not None:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._send.send_nowait(record)
 
@@ -440,9 +447,12 @@ class ConversationActor:
             async for record in receive:
                 self._feed(record, defer=True)
                 await self._feed_async(record)
-        # The stream ended with the conversation. Async scorers (judges) give their
-        # results now, and CPU-heavy ones compute theirs in a worker thread, so the event
-        # loop never waits on them.
+        await self._finish_scoring()
+
+    async def _finish_scoring(self) -> None:
+        """The conversation ended: async scorers (judges) give their results now, and
+        CPU-heavy ones compute theirs in a worker thread, so the event loop never waits
+        on them."""
         for name in self._async_names - self._scorer_errors.keys():
             try:
                 self._async_results[name] = await self._scorers[name].result()  # type: ignore[misc]

@@ -124,8 +124,7 @@ _CONCEPTS = (
 )
 # each number is tried from its first digit only: linear on long runs of digits
 _QUANTITY = re.compile(
-    r"(?<![\d.,])\d+(?:\.\d+)?\s?%|[$€£]\s?\d[\d,]*(?:\.\d+)?|"
-    r"(?<![\d.,])\d[\d,]*(?:\.\d+)?\s?(?:usd|eur|gbp)\b",
+    r"(?<![\d.,])[.,]?\d[\d.,]*\s?(?:%|(?:usd|eur|gbp)\b)|[$€£]\s?\d[\d,.]*",
     re.I,
 )
 _COMPUTATION = re.compile(

@@ -227,7 +227,7 @@ class _JudgedGoalScorer:
     error. The score then stands only if it is the same whatever grade that criterion
     would have got (scored with it at 0 and at 1, both agree): e.g. an ``any_of`` with
     another criterion fully met. Otherwise (e.g. ``all_of``, whose share of criteria met
-    it would change) the score is not applicable, the reason naming the criterion as
+    it would change) the score is failed, the reason naming the criterion as
     ``all_of[1]``. The judge's calls, usage and cost are in the details either way.
     """
 

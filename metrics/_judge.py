@@ -10,7 +10,8 @@ The judge's calls go through its adapter like any model call (budgets, retries),
 usage and cost are recorded in the score's details. A judge call that fails (the
 adapter raised, retries included) loses only its own sample: it is listed under
 ``failures`` with the error, the other grades and the usage so far are kept, and the
-score is not applicable only when no grade at all survived. Cancellation is never caught.
+score fails (status "failed") only when no grade at all survived. Cancellation is
+never caught.
 """
 
 from __future__ import annotations

@@ -56,8 +56,11 @@ _DATE_PATTERNS = [
 ]
 #: A token that could be a stated value: a number, or an identifier with a digit.
 _VALUE_TOKEN = r"[A-Za-z0-9][A-Za-z0-9\-/.]*\d[A-Za-z0-9\-]*|\d+(?:[.,]\d+)*"
+_MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
 _STATED = re.compile(
-    rf"\s*(?:(?:is|was|of|now)\b|[:=#])?\s*(?:(?:still|now|actually)\s+)?({_VALUE_TOKEN})", re.I
+    r"\s*(?:(?:is|was|of|now|on)\b|[:=#])?\s*(?:(?:still|now|actually|on)\s+)?"
+    rf"((?:[$€£]\s?)?(?:{_MONTH}\s+)?(?:\d+(?:[.,]\d+)+|{_VALUE_TOKEN}))",
+    re.I,
 )
 
 

@@ -204,6 +204,10 @@ def test_financial_reasoning_signals(conversation) -> None:
     vague = "You should think about it carefully."
     assert score("financial_reasoning", conversation, [turn(thorough)]).value == pytest.approx(1.0)
     assert score("financial_reasoning", conversation, [turn(vague)]).value == 0.0
+    from convsim.metrics._domain import financial_signals
+
+    for amount in ("1.000.000 EUR", "1.250,00 EUR", "7,5%", "$1,250.50", "400 usd"):
+        assert financial_signals(f"Compared to last year: {amount}.")["quantitative"] == 1.0
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,13 @@ def test_a_different_value_for_a_tracked_fact_is_a_contradiction() -> None:
     assert stated_values(FACT, "Your order id is A-1042.") == []
     assert stated_values(FACT, "Nothing about it here.") == []
     assert stated_values(FACT, "Your order id: B-2231.") == ["B-2231"]
+    amount = Fact(key="amount", value=89, introduced_in="t0")
+    when = Fact(key="order_date", value="3 March", introduced_in="t0")
+    text = "Your order date is March 30, and the amount was $98."
+    assert stated_values(when, text) == ["March 30"] and stated_values(amount, text) == ["$98"]
+    assert stated_values(amount, "The amount was $89.00.") == []
+    budget = Fact(key="budget", value="£340,000", introduced_in="t0")
+    assert stated_values(budget, "Your budget is £380,000.") == ["£380,000"]
 
 
 @pytest.mark.parametrize(

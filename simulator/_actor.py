@@ -121,7 +121,10 @@ class ConversationActor:
         self._turn_metrics = dict(turn_metrics or {})
         self._async_names = {n for n, s in self._scorers.items() if _is_async(s)}
         self._async_results: dict[str, Score] = {}
-        self._pending_turn_scores: list[tuple[str, Any]] = []
+        self._pending_turn_scores: list[tuple[str, Any, TurnRecord]] = []
+        """Turn metrics left for _feed_async: name, its scorer, the turn."""
+        self._heavy_running: str | None = None
+        """The heavy conversation scorer whose result() a worker thread is computing."""
         self._heavy_names = {
             m.name for m in metrics if getattr(m, "cpu_heavy", False) and m.name in self._scorers
         }
@@ -460,11 +463,17 @@ class ConversationActor:
                 self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
         for name in self._heavy_names - self._scorer_errors.keys():
             try:
-                self._async_results[name] = await anyio.to_thread.run_sync(
-                    self._scorers[name].result
-                )
+                self._async_results[name] = await anyio.to_thread.run_sync(self._heavy_result, name)
             except Exception as exc:
                 self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
+
+    def _heavy_result(self, name: str) -> Score:
+        """In a worker thread: one CPU-heavy scorer's result, marked as running."""
+        self._heavy_running = name
+        try:
+            return self._scorers[name].result()
+        finally:
+            self._heavy_running = None
 
     async def _feed_async(self, record: TurnRecord) -> None:
         """Scorers whose update is a coroutine (they call a model): awaited in turn."""
@@ -473,19 +482,33 @@ class ConversationActor:
                 await self._scorers[name].update(record)  # type: ignore[misc]
             except Exception as exc:
                 self._scorer_errors[name] = f"{type(exc).__name__}: {exc}"
-        pending, self._pending_turn_scores = self._pending_turn_scores, []
-        for name, scorer in pending:
+        # an entry leaves the queue only once scored: a cancellation in between leaves it
+        # to _score_remaining
+        while self._pending_turn_scores:
+            name, scorer, turn = self._pending_turn_scores[0]
             if not _is_async(scorer):  # CPU-heavy: a worker thread keeps the loop free
-                score = await anyio.to_thread.run_sync(_score_one, scorer, record)
+                score = await anyio.to_thread.run_sync(_score_one, scorer, turn)
             else:
                 try:
-                    await scorer.update(record)
+                    await scorer.update(turn)
                     score = await scorer.result()
                 except Exception as exc:
                     score = Score.failed(f"{type(exc).__name__}: {exc}")
-            self._turn_scores.setdefault(record.turn_id, {})[name] = score
+            del self._pending_turn_scores[0]
+            self._turn_scores.setdefault(turn.turn_id, {})[name] = score
 
     def _score_remaining(self) -> None:
+        """After a cancellation or crash: score what the scoring task did not reach."""
+        pending, self._pending_turn_scores = self._pending_turn_scores, []
+        for name, scorer, turn in pending:
+            if _is_async(scorer):
+                score = Score.failed("the conversation ended before the turn was scored")
+            else:  # a fresh scorer: a worker thread may still hold the queued one
+                try:
+                    score = _score_one(self._turn_metrics[name].scorer(self.conversation), turn)
+                except Exception as exc:
+                    score = Score.failed(f"{type(exc).__name__}: {exc}")
+            self._turn_scores.setdefault(turn.turn_id, {})[name] = score
         for record in self.records[self._scored :]:
             self._feed(record)
 
@@ -514,7 +537,7 @@ class ConversationActor:
                     scores[name] = Score.failed(f"{type(exc).__name__}: {exc}")
                     continue
                 if _is_async(scorer) or (defer and getattr(metric, "cpu_heavy", False)):
-                    self._pending_turn_scores.append((name, scorer))
+                    self._pending_turn_scores.append((name, scorer, record))
                 else:
                     scores[name] = _score_one(scorer, record)
 
@@ -564,10 +587,13 @@ class ConversationActor:
         scores: dict[str, Score] = {}
         for name in self._metric_names:
             error = self._scorer_errors.get(name)
-            if error is None and (name in self._async_names or name in self._heavy_names):
-                scores[name] = self._async_results.get(name) or Score.not_applicable(
-                    "the conversation ended before it was scored"
-                )
+            if error is None and name in self._async_results:
+                scores[name] = self._async_results[name]
+                continue
+            if error is None and (name in self._async_names or name == self._heavy_running):
+                # a judge cannot be awaited here, and a worker thread still holds the
+                # scorer that was being computed when the conversation was cancelled
+                scores[name] = Score.failed("the conversation ended before it was scored")
                 continue
             if error is None:
                 try:

@@ -1033,6 +1033,93 @@ async def test_cpu_heavy_turn_metrics_are_scored_off_the_event_loop(tmp_path: Pa
     assert all(r.turn_scores[t]["heavy"].value == 1.0 for r in results for t in "ab")
 
 
+class _BlockingHeavy:
+    """CPU-heavy metrics; the first of them to run (update for a turn metric, result for
+    a conversation metric) blocks its worker thread until released, so that a test can
+    cancel meanwhile."""
+
+    higher_is_better = True
+    description = "blocks once"
+    cpu_heavy = True
+
+    def __init__(self, name: str, started: threading.Event, release: threading.Event) -> None:
+        self.name, self.started, self.release = name, started, release
+
+    def scorer(self, conversation: Any) -> Any:
+        metric = self
+
+        class Scorer:
+            def _block(self) -> None:
+                if not metric.started.is_set():  # the first to run blocks
+                    metric.started.set()
+                    metric.release.wait(5)
+
+            def update(self, turn: Any) -> None:
+                if metric.name.startswith("turn"):
+                    self._block()
+
+            def result(self) -> Score:
+                if metric.name.startswith("conv"):
+                    self._block()
+                return Score(value=1.0)
+
+        return Scorer()
+
+
+async def _cancel_while_blocked(
+    tmp_path: Path, fake_adapter: Any, turns: list[dict[str, Any]], metrics: list[str]
+) -> convsim.ConversationResult:
+    started, release = threading.Event(), threading.Event()
+    reg = METRICS.copy()
+    for name in ("turn1", "turn2", "conv1", "conv2"):
+        reg.register(name, lambda name=name: _BlockingHeavy(name, started, release))
+
+    async def answer(messages: Any, params: Any) -> str:
+        if params.metadata["turn_id"] == "b":
+            await anyio.sleep(30)  # never reached in time: cancelled
+        return "ok"
+
+    out = tmp_path / "results.jsonl"
+    with anyio.fail_after(10), anyio.CancelScope() as caller:
+        async with Simulator(
+            fake_adapter(answer), metric_registry=reg, metrics=metrics, grace_period=0.01
+        ) as sim:
+            handle = sim.run(make_pack(tmp_path, turns, n=1), sink=JsonlSink(out))
+            async with anyio.create_task_group() as tg:
+
+                async def stop_once_blocked() -> None:
+                    await anyio.to_thread.run_sync(started.wait, 5)
+                    caller.cancel()  # this task too: the release comes from a timer thread
+                    threading.Timer(0.2, release.set).start()  # after the grace period
+
+                tg.start_soon(stop_once_blocked)
+                async for _ in handle:
+                    pass
+    (result,) = read_results(out)
+    return result
+
+
+async def test_cancelling_while_a_heavy_turn_metric_runs_keeps_every_turn_score(
+    tmp_path: Path, fake_adapter: Any
+) -> None:
+    turns = [
+        {"turn_id": "a", "prompt_template": "A", "evaluation_metrics": ["turn1", "turn2"]},
+        {"turn_id": "b", "prompt_template": "B"},
+    ]
+    result = await _cancel_while_blocked(tmp_path, fake_adapter, turns, [])
+    assert result.status is Status.CANCELLED
+    assert {n: s.value for n, s in result.turn_scores["a"].items()} == {"turn1": 1.0, "turn2": 1.0}
+
+
+async def test_cancelling_while_heavy_conversation_metrics_run_loses_none(
+    tmp_path: Path, fake_adapter: Any
+) -> None:
+    turns = [{"turn_id": "a", "prompt_template": "A"}]
+    result = await _cancel_while_blocked(tmp_path, fake_adapter, turns, ["conv1", "conv2"])
+    assert result.status is Status.DONE  # every turn ran: only the scoring was cut short
+    assert {n: s.value for n, s in result.scores.items()} == {"conv1": 1.0, "conv2": 1.0}
+
+
 async def test_scorers_see_turns_while_the_conversation_runs(
     tmp_path: Path, fake_adapter: Any
 ) -> None:

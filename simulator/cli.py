@@ -71,6 +71,36 @@ def _single_turn_options(func: F) -> F:
     )(func)
 
 
+def _judge_options(func: F) -> F:
+    """--judge, --judge-arg, --judge-samples and --judge-combine, for run and score."""
+    options = [
+        click.option(
+            "--judge",
+            "judge_spec",
+            default=None,
+            help="Model that grades judge metrics (any adapter spec).",
+        ),
+        click.option("--judge-arg", "judge_args", multiple=True, metavar="KEY=VALUE"),
+        click.option(
+            "--judge-samples",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Grades per turn.",
+        ),
+        click.option(
+            "--judge-combine",
+            type=click.Choice(["mean", "majority"]),
+            default="mean",
+            show_default=True,
+            help="How several grades of a turn combine (a majority tie: the lowest).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="convsim")
 @click.option(
@@ -198,22 +228,7 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     show_default=True,
     help="Seconds in-flight conversations get after Ctrl-C.",
 )
-@click.option("--judge", "judge_spec", default=None, help="Model that grades judge metrics.")
-@click.option("--judge-arg", "judge_args", multiple=True, metavar="KEY=VALUE")
-@click.option(
-    "--judge-samples",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Grades per turn.",
-)
-@click.option(
-    "--judge-combine",
-    type=click.Choice(["mean", "majority"]),
-    default="mean",
-    show_default=True,
-    help="How several grades of a turn combine.",
-)
+@_judge_options
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
@@ -455,22 +470,7 @@ def _print_report(report: RunReport) -> None:
     default=None,
     help="Write one JSON line of scores per conversation here.",
 )
-@click.option("--judge", "judge_spec", default=None, help="Model that grades judge metrics.")
-@click.option("--judge-arg", "judge_args", multiple=True, metavar="KEY=VALUE")
-@click.option(
-    "--judge-samples",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Grades per turn.",
-)
-@click.option(
-    "--judge-combine",
-    type=click.Choice(["mean", "majority"]),
-    default="mean",
-    show_default=True,
-    help="How several grades of a turn combine.",
-)
+@_judge_options
 @_clear_errors
 def score(
     transcripts: Path,

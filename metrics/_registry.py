@@ -58,6 +58,15 @@ for _name in (
     METRICS.register(_name, partial(_rubric, _name))
 METRICS.register_prefix("judge:", _rubric)
 
+
+def _lm_eval(name: str) -> Metric:
+    from ._lm_eval import LmEvalMetric
+
+    return LmEvalMetric(name)
+
+
+METRICS.register_prefix("lm_eval:", _lm_eval)
+
 M = TypeVar("M", bound=Callable[..., Metric])
 
 

@@ -1,0 +1,145 @@
+"""lm-eval's offline metrics as convsim metrics: ``lm_eval:<name>``.
+
+Each turn with a reference response is one lm-eval item: the metric function is called
+the way lm-eval's generate_until tasks call it (``references=[gold], predictions=[result]``,
+or the passthrough ``[gold, result]`` of corpus metrics), and lm-eval's aggregation for
+the metric reduces the conversation's items. So ``lm_eval:bleu`` on a conversation is
+lm-eval's corpus BLEU over its turns; on a single-turn pack it is per-problem BLEU, and
+the run's mean is a mean of those, not one corpus BLEU.
+
+``rouge1``, ``rouge2``, ``rougeL`` and ``rougeLsum`` (F-measure) come from rouge_score
+directly: lm-eval's registry would fetch ROUGE from the Hugging Face hub. Any other name
+lm-eval cannot compute offline from generated text is refused when the metric is built,
+with the list of those it can; the registry never reaches the network.
+
+lm_eval is imported when such a metric is built, never by ``import convsim``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from convsim._errors import ConfigError
+from convsim._records import Score, TurnRecord, TurnStatus
+
+if TYPE_CHECKING:
+    from convsim.scenarios import Conversation
+
+__all__ = ["LmEvalMetric", "GENERATION_METRICS", "ROUGE_METRICS"]
+
+GENERATION_METRICS = ("exact_match", "bleu", "chrf", "chrf++", "ter")
+"""lm-eval's registered metrics that score generated text against a reference."""
+ROUGE_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+class LmEvalMetricError(ConfigError, ValueError):
+    """An ``lm_eval:<name>`` that cannot be computed offline from generated text."""
+
+
+def _lm_eval_metric(name: str) -> tuple[Callable[..., Any], Callable[[list[Any]], float], bool]:
+    """lm-eval's metric function, its aggregation and higher_is_better, from its
+    registry only (``get_metric`` would fall back to downloading from the hub)."""
+    from lm_eval.api import registry
+
+    if name not in GENERATION_METRICS:
+        raise LmEvalMetricError(_refusal(name))
+    import lm_eval.api.metrics  # noqa: F401  (fills the registries)
+
+    function = registry.METRIC_REGISTRY.get(name)
+    aggregation = registry.get_metric_aggregation(name)
+    higher = registry.is_higher_better(name)
+    if function is None or aggregation is None:  # pragma: no cover - an lm-eval change
+        raise LmEvalMetricError(f"lm-eval {_version()} does not register metric {name!r}")
+    return function, aggregation, bool(higher)
+
+
+def _refusal(name: str) -> str:
+    offered = ", ".join(f"lm_eval:{n}" for n in (*GENERATION_METRICS, *ROUGE_METRICS))
+    return (
+        f"lm_eval:{name} is not available: convsim offers lm-eval's metrics that score "
+        f"generated text offline ({offered}); lm-eval's loglikelihood and "
+        "classification metrics (acc, perplexity, f1, mcc, ...) need outputs a "
+        "conversation does not have, and other names would be fetched from the hub"
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("lm-eval")
+
+
+class LmEvalMetric:
+    """An lm-eval metric over the conversation's turns that have a reference response."""
+
+    higher_is_better: bool
+    cpu_heavy = True
+
+    def __init__(self, qualified: str) -> None:
+        self.name = qualified
+        metric = qualified.split(":", 1)[1]
+        self.metric = metric
+        if metric in ROUGE_METRICS:
+            self._item: Callable[[str, str], Any] = _rouge_item(metric)
+            self._aggregate: Callable[[list[Any]], float] = _mean
+            self.higher_is_better = True
+        else:
+            function, self._aggregate, self.higher_is_better = _lm_eval_metric(metric)
+            self._item = _lm_eval_item(metric, function)
+        self.description = (
+            f"lm-eval's {metric} of the responses against the turns' reference responses, "
+            "aggregated over the conversation as lm-eval aggregates it."
+        )
+
+    def scorer(self, conversation: Conversation) -> _LmEvalScorer:
+        return _LmEvalScorer(self, dict(conversation.scenario.reference_responses))
+
+
+def _lm_eval_item(metric: str, function: Callable[..., Any]) -> Callable[[str, str], Any]:
+    """One item, computed as lm-eval's generate_until tasks compute it."""
+
+    def item(gold: str, result: str) -> Any:
+        try:
+            value = function(references=[gold], predictions=[result])
+        except TypeError:  # a corpus metric: the item passes through to the aggregation
+            return function([gold, result])
+        return value[metric] if isinstance(value, dict) else value
+
+    return item
+
+
+def _rouge_item(metric: str) -> Callable[[str, str], float]:
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer([metric], use_stemmer=True)
+
+    def item(gold: str, result: str) -> float:
+        return float(scorer.score(gold, result)[metric].fmeasure)
+
+    return item
+
+
+def _mean(items: Sequence[float]) -> float:
+    return sum(items) / len(items)
+
+
+@dataclass
+class _LmEvalScorer:
+    metric: LmEvalMetric
+    references: dict[str, str]
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+
+    def update(self, turn: TurnRecord) -> None:
+        reference = self.references.get(turn.turn_id)
+        if reference is not None and turn.status is TurnStatus.COMPLETED:
+            self.pairs.append((reference, turn.response or ""))
+
+    def result(self) -> Score:
+        if not self.references:
+            return Score.not_applicable("the scenario gives no reference responses")
+        if not self.pairs:
+            return Score.not_applicable("no completed turn has a reference response")
+        items = [self.metric._item(gold, result) for gold, result in self.pairs]
+        return Score(value=float(self.metric._aggregate(items)), details={"n": len(items)})

@@ -608,6 +608,40 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     return weights
 
 
+@main.command(
+    "lm-eval",
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "help_option_names": [],  # --help goes to lm-eval
+    },
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def lm_eval_command(args: tuple[str, ...]) -> None:
+    """Run lm-evaluation-harness with the `convsim` model registered (args go to lm-eval).
+
+    e.g. convsim lm-eval --model convsim --model_args model=scripted --tasks TASK
+    --include_path DIR. HF_DATASETS_OFFLINE and HF_HUB_OFFLINE default to 1.
+    """
+    import os
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # before lm_eval imports datasets
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from lm_eval.__main__ import cli_evaluate
+
+        from .adapters._lm_eval import register_lm_eval_model
+    except ImportError as exc:  # pragma: no cover - lm-eval is a dependency
+        raise click.ClickException(f"lm-eval is not installed: {exc}") from exc
+    register_lm_eval_model()
+    saved = sys.argv
+    sys.argv = ["lm-eval", *args]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+
+
 @main.command("mock-server")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option(

@@ -1,0 +1,256 @@
+"""convsim as an lm-evaluation-harness model: ``lm_eval --model convsim``.
+
+lm-eval is optional and heavy, so nothing here is imported by ``import convsim``; call
+:func:`register_lm_eval_model` (``convsim lm-eval`` does) to make the name ``convsim``
+known to lm-eval's model registry. Model args: ``model=SPEC`` (as ``convsim run
+--model``), ``concurrency=N``, ``max_gen_toks=N``; every other key goes to the adapter
+as a ``--model-arg``, e.g.
+``--model_args model=openai-compatible:MODEL,base_url=http://127.0.0.1:8000/v1,rpm=600``.
+
+lm-eval calls models synchronously. Each ``generate_until`` call runs its requests on an
+anyio event loop in a worker thread (a blocking portal), so it works from a plain script
+and from a thread of an application that already runs a loop.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import structlog
+from lm_eval.api.model import LM
+
+from convsim._errors import ConfigError
+
+from ._budget import Budgets
+from ._protocol import ModelAdapter
+from ._registry import ADAPTERS, create_adapter, parse_model_spec
+from ._types import GenerationParams, Message, Usage
+
+__all__ = ["ConvsimLM", "FailedRequest", "register_lm_eval_model"]
+
+log = structlog.get_logger("convsim.lm_eval")
+
+MODEL_NAME = "convsim"
+DEFAULT_CONCURRENCY = 16
+DEFAULT_MAX_GEN_TOKS = 256
+_MAX_API_STOPS = 4
+"""Stop sequences sent to the backend (OpenAI accepts 4); all are applied client-side."""
+_ROLES = frozenset({"system", "user", "assistant"})
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRequest:
+    """A request whose generation failed; lm-eval got ``""`` for it."""
+
+    index: int
+    """Position of the request in its ``generate_until`` call."""
+    error_type: str
+    message: str
+
+
+class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
+    """An lm-eval ``LM`` that sends ``generate_until`` requests through a convsim adapter."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        concurrency: int | str = DEFAULT_CONCURRENCY,
+        max_gen_toks: int | str = DEFAULT_MAX_GEN_TOKS,
+        batch_size: Any = None,
+        max_batch_size: Any = None,
+        device: Any = None,
+        **adapter_args: Any,
+    ) -> None:
+        # batch_size, max_batch_size and device come from lm-eval's own options; an API
+        # model has no use for them (concurrency bounds the requests in flight).
+        super().__init__()
+        if not model:
+            raise ConfigError(
+                "the convsim lm-eval model needs model=SPEC in --model_args, e.g. "
+                "model=scripted or model=openai-compatible:MODEL,base_url=URL"
+            )
+        self.spec = str(model)
+        self.concurrency = int(concurrency)
+        self.max_gen_toks = int(max_gen_toks)
+        if self.concurrency < 1 or self.max_gen_toks < 1:
+            raise ConfigError("concurrency and max_gen_toks must be at least 1")
+        # lm-eval parses "600" to 600 and "true" to True; convsim adapters take the
+        # strings a --model-arg gives them and validate them themselves.
+        self.adapter_args = {k: _as_arg(v) for k, v in adapter_args.items()}
+        factory = ADAPTERS.get(parse_model_spec(self.spec).type)  # unknown type: fail now
+        fields = getattr(getattr(factory, "Config", None), "model_fields", {})
+        if "concurrency" in fields:  # the connection pool fits the concurrency
+            self.adapter_args.setdefault("concurrency", str(self.concurrency))
+        self.failures: list[FailedRequest] = []
+        """Every failed request of every ``generate_until`` call so far."""
+        self.usage = Usage()
+        """Tokens used by all successful calls."""
+        self._chat = False
+        # Build the adapter once now so bad arguments fail before lm-eval loads tasks.
+        with anyio.from_thread.start_blocking_portal() as portal:
+            adapter = portal.call(self._make_adapter)
+            portal.call(adapter.aclose)
+
+    # -- lm-eval API ----------------------------------------------------------------
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        items = [_request(req.args) for req in requests]
+        if not items:
+            return []
+        with anyio.from_thread.start_blocking_portal() as portal:
+            results, failures = portal.call(self._generate_all, items)
+        self.failures.extend(failures)
+        if failures:
+            log.warning("lm_eval.requests_failed", failed=len(failures), total=len(items))
+            print(
+                f"convsim: {len(failures)} of {len(items)} requests failed and scored as "
+                f"empty answers (first: {failures[0].error_type}: {failures[0].message})",
+                file=sys.stderr,
+            )
+        failed = {f.index for f in failures}
+        for index, (item, text) in enumerate(zip(items, results, strict=True)):
+            if index not in failed:  # --use_cache: a failure is retried next time
+                self.cache_hook.add_partial("generate_until", item, text)
+        return results
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> Any:
+        raise NotImplementedError(self._no_logprobs("loglikelihood"))
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> Any:
+        raise NotImplementedError(self._no_logprobs("loglikelihood_rolling"))
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Keep the messages: the adapter applies the model's own chat format."""
+        self._chat = True
+        return json.dumps(chat_history, ensure_ascii=False)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"convsim-{self.spec}"
+
+    def chat_template(self, chat_template: bool | str = False) -> str:
+        return ""  # messages are sent as messages; the served model owns the template
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _no_logprobs(self, method: str) -> str:
+        return (
+            f"the convsim lm-eval model ({self.spec!r}) supports generate_until tasks only: "
+            f"convsim adapters return no prompt logprobs, so {method} (multiple-choice and "
+            "perplexity tasks) cannot be computed"
+        )
+
+    async def _make_adapter(self) -> ModelAdapter:
+        adapter = create_adapter(self.spec, self.adapter_args)
+        bind = getattr(adapter, "bind_budgets", None)
+        if bind is not None:  # as `convsim run`: one rate budget per provider key
+            bind(Budgets())
+        return adapter
+
+    async def _generate_all(
+        self, items: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> tuple[list[str], list[FailedRequest]]:
+        results = [""] * len(items)
+        failures: list[FailedRequest] = []
+        usage: list[Usage] = []
+        limiter = anyio.CapacityLimiter(self.concurrency)
+        adapter = await self._make_adapter()
+
+        async def one(index: int, context: str, gen_kwargs: Mapping[str, Any]) -> None:
+            async with limiter:
+                try:
+                    messages = self._messages(context)
+                    params, stops = self._params(gen_kwargs)
+                    completion = await adapter.generate(messages, params)
+                except Exception as exc:  # recorded; the evaluation goes on
+                    failure = FailedRequest(index, type(exc).__name__, str(exc))
+                    failures.append(failure)
+                    log.warning(
+                        "lm_eval.request_failed",
+                        index=index,
+                        error_type=failure.error_type,
+                        error=failure.message,
+                    )
+                    return
+            results[index] = _truncate(completion.text, stops)
+            usage.append(completion.usage)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for index, (context, gen_kwargs) in enumerate(items):
+                    tg.start_soon(one, index, context, gen_kwargs)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await adapter.aclose()
+        for item in usage:
+            self.usage = self.usage + item
+        failures.sort(key=lambda f: f.index)
+        return results, failures
+
+    def _messages(self, context: str) -> list[Message]:
+        if self._chat:
+            try:
+                chat = json.loads(context)
+            except ValueError:
+                chat = None
+            if isinstance(chat, list) and all(
+                isinstance(m, dict) and m.get("role") in _ROLES for m in chat
+            ):
+                return [Message(role=m["role"], content=str(m.get("content", ""))) for m in chat]
+        return [Message(role="user", content=context)]
+
+    def _params(self, gen_kwargs: Mapping[str, Any]) -> tuple[GenerationParams, list[str]]:
+        kwargs = dict(gen_kwargs)
+        until = kwargs.pop("until", None)
+        stops = [until] if isinstance(until, str) else [s for s in until or [] if s]
+        max_tokens = kwargs.pop("max_gen_toks", None) or self.max_gen_toks
+        temperature = kwargs.pop("temperature", None)
+        if not kwargs.pop("do_sample", bool(temperature)):
+            temperature = 0.0  # greedy, as lm-eval means by do_sample=False
+        top_p = kwargs.pop("top_p", None)
+        params = GenerationParams(
+            temperature=None if temperature is None else float(temperature),
+            max_tokens=int(max_tokens),
+            top_p=None if top_p is None else float(top_p),
+            stop=tuple(stops[:_MAX_API_STOPS]) or None,
+        )
+        return params, stops
+
+
+def _request(args: Any) -> tuple[str, Mapping[str, Any]]:
+    context, gen_kwargs = args[0], args[1] if len(args) > 1 else {}
+    return str(context), dict(gen_kwargs or {})
+
+
+def _truncate(text: str, stops: Sequence[str]) -> str:
+    """Cut at the first stop sequence, as lm-eval does for API models."""
+    for stop in stops:
+        text = text.split(stop, 1)[0]
+    return text
+
+
+def _as_arg(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def register_lm_eval_model() -> type[ConvsimLM]:
+    """Register :class:`ConvsimLM` in lm-eval's model registry as ``convsim``.
+
+    lm-eval's built-in models are added to the registry when ``lm_eval.models`` is first
+    imported, so that import comes first. Registering again is a no-op.
+    """
+    import lm_eval.models  # noqa: F401  # fills the registry with the built-in models
+    from lm_eval.api.registry import register_model
+
+    register_model(MODEL_NAME)(ConvsimLM)  # the same class again is accepted
+    return ConvsimLM

@@ -1,0 +1,240 @@
+"""convsim as an lm-eval model (``--model convsim``), offline with local tasks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from click.testing import CliRunner
+
+from convsim.adapters import ADAPTERS, Completion, GenerationParams, Message, ScriptedAdapter
+from convsim.cli import main
+
+pytest.importorskip("lm_eval")
+
+QUESTIONS = ["Apples are red", "Grass is green", "Snow is white", "Night is dark"]
+
+
+def _scripted_reply(question: str) -> str:
+    """What ``scripted`` answers to a one-message prompt (stop sequences aside)."""
+    adapter = ScriptedAdapter()
+    completion = anyio.run(
+        adapter.generate, [Message(role="user", content=question)], GenerationParams()
+    )
+    return completion.text
+
+
+def _write_task(root: Path, name: str, docs: Sequence[Mapping[str, str]]) -> Path:
+    data = root / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    (root / f"{name}.yaml").write_text(
+        textwrap.dedent(
+            f"""\
+            task: {name}
+            dataset_path: json
+            dataset_kwargs:
+              data_files:
+                test: {data}
+            test_split: test
+            output_type: generate_until
+            doc_to_text: "{{{{question}}}}"
+            doc_to_target: "{{{{answer}}}}"
+            generation_kwargs:
+              until: ["\\n"]
+              max_gen_toks: 64
+            metric_list:
+              - metric: exact_match
+                aggregation: mean
+                higher_is_better: true
+            """
+        ),
+        encoding="utf-8",
+    )
+    return root
+
+
+@pytest.fixture()
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _evaluate(model: Any, include: Path, task: str, **kwargs: Any) -> dict[str, Any]:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from convsim.adapters._lm_eval import register_lm_eval_model
+
+    register_lm_eval_model()
+    results = simple_evaluate(
+        model=model,
+        tasks=[task],
+        task_manager=TaskManager(include_path=str(include), include_defaults=False),
+        **kwargs,
+    )
+    assert results is not None
+    return results
+
+
+def test_scores_match_the_scripted_answers(tmp_path: Path, offline: None) -> None:
+    # half the targets are what `scripted` answers, half are not
+    docs = [
+        {"question": q, "answer": _scripted_reply(q) if i % 2 == 0 else "something else"}
+        for i, q in enumerate(QUESTIONS)
+    ]
+    include = _write_task(tmp_path, "tiny_echo", docs)
+    results = _evaluate("convsim", include, "tiny_echo", model_args="model=scripted")
+    scores = results["results"]["tiny_echo"]
+    assert scores["exact_match,none"] == pytest.approx(0.5)
+
+
+def test_stop_sequences_and_builtin_models_kept(tmp_path: Path, offline: None) -> None:
+    from lm_eval.api.registry import get_model
+
+    from convsim.adapters._lm_eval import ConvsimLM, register_lm_eval_model
+
+    register_lm_eval_model()
+    register_lm_eval_model()  # idempotent
+    assert get_model("convsim") is ConvsimLM
+    assert get_model("dummy").__name__ == "DummyLM"  # built-in models still registered
+    # the scripted reply "Thanks for the details. You wrote: ..." cut at the first "."
+    docs = [{"question": q, "answer": "Thanks for the details"} for q in QUESTIONS]
+    include = _write_task(tmp_path, "tiny_stop", docs)
+    (tmp_path / "tiny_stop.yaml").write_text(
+        (tmp_path / "tiny_stop.yaml").read_text().replace('["\\n"]', '["."]')
+    )
+    results = _evaluate("convsim", include, "tiny_stop", model_args="model=scripted")
+    assert results["results"]["tiny_stop"]["exact_match,none"] == pytest.approx(1.0)
+
+
+class _SlowFlaky:
+    """Answers with the prompt after a delay that shrinks with the request; fails on FAIL."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.inner = ScriptedAdapter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
+        text = messages[-1].content
+        if "FAIL" in text:
+            raise RuntimeError(f"boom on {text}")
+        number = int(text.split()[-1])
+        await anyio.sleep(0.002 * (20 - number))  # later requests finish first
+        completion = await self.inner.generate(messages, params)
+        return Completion(text=f"answer {number}", usage=completion.usage, model="flaky")
+
+
+@pytest.fixture()
+def flaky() -> Any:
+    ADAPTERS.register("test-flaky", _SlowFlaky, replace=True)
+    yield "test-flaky"
+    ADAPTERS._factories.pop("test-flaky", None)
+
+
+def test_order_kept_and_failures_recorded(tmp_path: Path, offline: None, flaky: str) -> None:
+    from convsim.adapters._lm_eval import ConvsimLM
+
+    docs = []
+    for i in range(20):
+        question = f"FAIL {i}" if i in (3, 11) else f"question {i}"
+        docs.append({"question": question, "answer": f"answer {i}"})
+    include = _write_task(tmp_path, "tiny_flaky", docs)
+    lm = ConvsimLM(model=flaky, concurrency=8)
+    results = _evaluate(lm, include, "tiny_flaky")
+    # 18 answered in the right order, 2 failed and scored as empty answers
+    assert results["results"]["tiny_flaky"]["exact_match,none"] == pytest.approx(18 / 20)
+    assert len(lm.failures) == 2
+    assert {f.error_type for f in lm.failures} == {"RuntimeError"}
+    assert all("boom on FAIL" in f.message for f in lm.failures)
+
+
+def test_generate_until_from_a_running_event_loop(flaky: str) -> None:
+    from lm_eval.api.instance import Instance
+
+    from convsim.adapters._lm_eval import ConvsimLM
+
+    lm = ConvsimLM(model=flaky, concurrency=4)
+    requests = [
+        Instance("generate_until", {}, (f"q {i}", {"until": ["\n"], "do_sample": False}), 0)
+        for i in range(6)
+    ]
+
+    async def app() -> list[str]:  # an application with its own loop calls via a thread
+        return await anyio.to_thread.run_sync(lm.generate_until, requests)
+
+    assert anyio.run(app) == [f"answer {i}" for i in range(6)]
+    assert lm.usage.total_tokens > 0
+
+
+def test_chat_template_messages_reach_the_adapter() -> None:
+    from convsim.adapters._lm_eval import ConvsimLM
+
+    lm = ConvsimLM(model="scripted")
+    prompt = lm.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there."}]
+    )
+    assert lm.tokenizer_name == "convsim-scripted"
+    assert lm._messages(prompt) == [
+        Message(role="system", content="Be brief."),
+        Message(role="user", content="Hi there."),
+    ]
+
+
+def test_loglikelihood_is_a_clear_error() -> None:
+    from convsim.adapters._lm_eval import ConvsimLM
+
+    lm = ConvsimLM(model="scripted")
+    with pytest.raises(NotImplementedError, match="generate_until tasks only"):
+        lm.loglikelihood([])
+
+
+def test_bad_model_args_fail_early() -> None:
+    from convsim._errors import ConvsimError
+    from convsim.adapters._lm_eval import ConvsimLM
+
+    with pytest.raises(ConvsimError):
+        ConvsimLM()
+    with pytest.raises(ConvsimError):
+        ConvsimLM(model="scripted", no_such_arg=1)
+
+
+def test_cli_runs_a_local_task_end_to_end(tmp_path: Path) -> None:
+    docs = [{"question": q, "answer": _scripted_reply(q)} for q in QUESTIONS]
+    include = _write_task(tmp_path, "tiny_cli", docs)
+    args = ["lm-eval", "--model", "convsim", "--model_args", "model=scripted,concurrency=4"]
+    args += ["--tasks", "tiny_cli", "--include_path", str(include)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "tiny_cli" in result.output
+    assert "exact_match" in result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("|tiny_cli"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[cells.index("exact_match") + 2] == "1"  # every answer matches
+
+
+def test_cli_help_goes_to_lm_eval() -> None:
+    result = CliRunner().invoke(main, ["lm-eval", "--help"])
+    assert result.exit_code == 0
+    assert "lm-eval" in result.output
+    assert "run" in result.output
+
+
+def test_import_convsim_does_not_import_lm_eval() -> None:
+    code = (
+        "import sys, convsim, convsim.adapters, convsim.cli; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('lm_eval', 'datasets', 'pyarrow')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == "[]"

@@ -238,3 +238,24 @@ def test_import_convsim_does_not_import_lm_eval() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_cli_against_the_mock_server_with_chat_template(tmp_path: Path) -> None:
+    from anyio.from_thread import start_blocking_portal
+
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+
+    docs = [{"question": q, "answer": "x"} for q in QUESTIONS * 5]
+    include = _write_task(tmp_path, "tiny_mock", docs)
+    config = MockServerConfig(fault_rate=0.2, faults={"500": 1.0}, retry_after_s=0.0)
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(MockModelServer(config)) as server,
+    ):
+        model_args = f"model=openai-compatible:mock-model,base_url={server.base_url},concurrency=8"
+        args = ["lm-eval", "--model", "convsim", "--model_args", model_args]
+        args += ["--tasks", "tiny_mock", "--include_path", str(include), "--apply_chat_template"]
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "|tiny_mock" in result.output
+    assert "requests failed" not in result.output  # injected 500s were retried

@@ -22,6 +22,7 @@ from ._types import Role as Role
 from ._types import Usage as Usage
 
 __all__ = [
+    "register_lm_eval_model",
     "ModelAdapter",
     "ADAPTERS",
     "ModelSpec",
@@ -41,3 +42,12 @@ __all__ = [
     "Role",
     "Usage",
 ]
+
+
+def register_lm_eval_model() -> type:
+    """Register convsim as the lm-eval model ``convsim`` and return its class. Imports
+    lm_eval (which ``import convsim`` never does); call it before
+    ``lm_eval.simple_evaluate(model="convsim", ...)``."""
+    from ._lm_eval import register_lm_eval_model as register
+
+    return register()

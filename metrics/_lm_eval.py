@@ -17,6 +17,7 @@ lm_eval is imported when such a metric is built, never by ``import convsim``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from convsim._records import Score, TurnRecord, TurnStatus
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
 
-__all__ = ["LmEvalMetric", "GENERATION_METRICS", "ROUGE_METRICS"]
+__all__ = ["LmEvalMetric", "LmEvalTaskMetric", "GENERATION_METRICS", "ROUGE_METRICS"]
 
 GENERATION_METRICS = ("exact_match", "bleu", "chrf", "chrf++", "ter")
 """lm-eval's registered metrics that score generated text against a reference."""
@@ -143,3 +144,63 @@ class _LmEvalScorer:
             return Score.not_applicable("no completed turn has a reference response")
         items = [self.metric._item(gold, result) for gold, result in self.pairs]
         return Score(value=float(self.metric._aggregate(items)), details={"n": len(items)})
+
+
+class LmEvalTaskMetric:
+    """One metric of an lm-eval task run as ``lm-eval:TASK``: the task's own filters and
+    process_results on each document's answer (``lm_eval_task:<metric>``)."""
+
+    higher_is_better = True
+    cpu_heavy = True
+
+    def __init__(self, qualified: str) -> None:
+        self.name = qualified
+        self.metric = qualified.split(":", 1)[1]
+        self.description = (
+            f"lm-eval's {self.metric} for the document, from the task's own filters and "
+            "process_results (runs with lm-eval:TASK packs)."
+        )
+        self._tasks: dict[tuple[str, str | None], Any] = {}
+        self._lock = threading.Lock()
+
+    def task(self, name: str, include_path: str | None) -> Any:
+        """The task, loaded once per metric instance (that is, per run)."""
+        from convsim.scenarios._lm_eval_task import lm_eval_task
+
+        with self._lock:
+            key = (name, include_path)
+            if key not in self._tasks:
+                self._tasks[key] = lm_eval_task(name, include_path)
+                higher = self._tasks[key].higher_is_better().get(self.metric)
+                self.higher_is_better = bool(higher) if higher is not None else True
+            return self._tasks[key]
+
+    def scorer(self, conversation: Conversation) -> _LmEvalTaskScorer:
+        return _LmEvalTaskScorer(self, dict(conversation.scenario.metadata))
+
+
+@dataclass
+class _LmEvalTaskScorer:
+    metric: LmEvalTaskMetric
+    metadata: dict[str, Any]
+    response: str | None = None
+
+    def update(self, turn: TurnRecord) -> None:
+        if turn.status is TurnStatus.COMPLETED:
+            self.response = turn.response or ""
+
+    def result(self) -> Score:
+        from convsim.scenarios._lm_eval_task import score_document
+
+        name = self.metadata.get("lm_eval_task")
+        if name is None:
+            return Score.not_applicable("not a document of an lm-eval:TASK pack")
+        if self.response is None:
+            return Score.not_applicable("the document was not answered")
+        task = self.metric.task(name, self.metadata.get("lm_eval_include_path"))
+        results = score_document(task, self.metadata["doc_id"], self.response)
+        mine = {k: v for k, v in results.items() if k.split(",", 1)[0] == self.metric.metric}
+        if not mine:
+            raise KeyError(f"lm-eval task {name!r} reports no {self.metric.metric!r}")
+        value = mine.get(f"{self.metric.metric},none", next(iter(mine.values())))
+        return Score(value=float(value), details={"lm_eval": results})

@@ -67,6 +67,15 @@ def _lm_eval(name: str) -> Metric:
 
 METRICS.register_prefix("lm_eval:", _lm_eval)
 
+
+def _lm_eval_task(name: str) -> Metric:
+    from ._lm_eval import LmEvalTaskMetric
+
+    return LmEvalTaskMetric(name)
+
+
+METRICS.register_prefix("lm_eval_task:", _lm_eval_task)
+
 M = TypeVar("M", bound=Callable[..., Metric])
 
 

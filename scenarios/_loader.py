@@ -73,8 +73,10 @@ def load_pack(
     num_fewshot: int = 0,
     context_mode: str | None = None,
     metric_names: Container[str] | None = None,
+    include_path: str | Path | None = None,
 ) -> Pack:
-    """Load and validate a bundled pack by name, or a pack folder by path.
+    """Load and validate a bundled pack by name, or a pack folder by path, or an
+    lm-eval generate_until task as ``lm-eval:TASK``.
 
     Args:
         name_or_path: a bundled pack's name (see ``convsim list``) or a folder.
@@ -85,16 +87,29 @@ def load_pack(
         num_fewshot: single-turn packs only: use the ``with_examples`` template with
             this many other problems as examples.
         metric_names: the metric names to accept; the default metric registry if None.
+        include_path: ``lm-eval:TASK`` only: a folder of lm-eval task YAML files; without
+            it the task is looked up among lm-eval's own tasks.
 
     Raises:
         ConfigError: no such pack.
         PackError: the pack is invalid; ``problems`` lists every problem found.
     """
-    folder = _resolve(name_or_path)
     if metric_names is None:
         from convsim.metrics import METRICS
 
         metric_names = METRICS
+    if isinstance(name_or_path, str) and name_or_path.startswith("lm-eval:"):
+        from ._lm_eval_task import load_lm_eval_task
+
+        if num_fewshot or context_mode is not None:
+            raise ConfigError(
+                "--num-fewshot and --context-mode do not apply to lm-eval:TASK: the task's "
+                "own configuration sets them"
+            )
+        return load_lm_eval_task(name_or_path, include_path=include_path, metric_names=metric_names)
+    if include_path is not None:
+        raise ConfigError("include_path applies to lm-eval:TASK packs only")
+    folder = _resolve(name_or_path)
     has_multi = any((folder / f).exists() for f in MULTI_TURN_FILES)
     has_single = any((folder / f).exists() for f in SINGLE_TURN_FILES)
     if has_multi and has_single:

@@ -56,7 +56,13 @@ def _clear_errors(func: F) -> F:
 
 
 def _single_turn_options(func: F) -> F:
-    """--num-fewshot and --context-mode, shared by the commands that load packs."""
+    """--num-fewshot, --context-mode and --include-path, for the commands that load packs."""
+    func = click.option(
+        "--include-path",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        default=None,
+        help="lm-eval:TASK packs: a folder of lm-eval task YAML files.",
+    )(func)
     func = click.option(
         "--context-mode",
         type=click.Choice(["no_context", "minimal_context", "full_context"]),
@@ -139,11 +145,15 @@ def list_command() -> None:
 @click.argument("pack")
 @_single_turn_options
 @_clear_errors
-def validate(pack: str, num_fewshot: int, context_mode: str | None) -> None:
+def validate(
+    pack: str, num_fewshot: int, context_mode: str | None, include_path: Path | None
+) -> None:
     """Validate PACK (a bundled pack's name or a folder) without running it."""
     from .scenarios import load_pack
 
-    loaded = load_pack(pack, num_fewshot=num_fewshot, context_mode=context_mode)
+    loaded = load_pack(
+        pack, num_fewshot=num_fewshot, context_mode=context_mode, include_path=include_path
+    )
     flows = sorted({c.flow.scenario_type for c in loaded.conversations})
     out = _stdout()
     out.print(
@@ -250,6 +260,7 @@ def run(
     max_turns: int | None,
     num_fewshot: int,
     context_mode: str | None,
+    include_path: Path | None,
     grace_period: float,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
@@ -257,7 +268,7 @@ def run(
     judge_combine: str,
     progress: bool | None,
 ) -> None:
-    """Run PACK (a bundled pack's name or a folder) against a model."""
+    """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model."""
     from .adapters import parse_model_args
     from .scenarios import load_pack
 
@@ -269,7 +280,9 @@ def run(
         raise click.UsageError("--user-model-arg needs --user-model")
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
-    loaded = load_pack(pack, num_fewshot=num_fewshot, context_mode=context_mode)
+    loaded = load_pack(
+        pack, num_fewshot=num_fewshot, context_mode=context_mode, include_path=include_path
+    )
     simulator = Simulator(
         model_spec,
         model_args=parse_model_args(model_args),
@@ -288,7 +301,9 @@ def run(
     )
     simulator.check(loaded)
     if out is None:
-        out = Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        out = (
+            Path("runs") / f"{loaded.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        )
     sink = JsonlSink(out, resume=resume, overwrite=overwrite)
     sink.prepare()
     tune_gc_for_throughput()

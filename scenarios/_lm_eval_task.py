@@ -1,0 +1,176 @@
+"""An lm-eval generate_until task as a single-turn pack: ``lm-eval:TASK``.
+
+Each of the task's documents becomes one conversation whose single turn sends exactly
+the context lm-eval builds for it (few-shot examples and all) with the task's
+generation settings (``until`` as stop sequences, ``max_gen_toks``, ``temperature``).
+The task's own filters and ``process_results`` score each answer through the
+``lm_eval_task:<metric>`` metrics, so the per-document scores are lm-eval's.
+
+Only tasks whose metrics aggregate by mean are accepted: the report's mean over
+conversations is then lm-eval's aggregate. Corpus-level aggregations (BLEU over a whole
+task, say) would need a run-level reduction that convsim does not yet have.
+
+Tasks load offline (the Hugging Face offline flags are set); a task that needs a hub
+dataset fails with a clear error. lm_eval is imported here only, on demand.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import warnings
+from collections.abc import Container
+from pathlib import Path
+from typing import Any
+
+from convsim._errors import ConfigError
+
+from ._pack import Conversation, Pack, PreparedFlow, PreparedTurn
+from ._schema import Flow, Scenario, TurnConfig, TurnSettings
+from ._templates import Template
+
+__all__ = ["LM_EVAL_PREFIX", "load_lm_eval_task", "lm_eval_task"]
+
+LM_EVAL_PREFIX = "lm-eval:"
+TURN_ID = "answer"
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def lm_eval_task(name: str, include_path: str | Path | None = None) -> Any:
+    """lm-eval's task object for ``name``, its requests built (rank 0 of 1)."""
+    _offline()
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    manager = TaskManager(
+        include_path=str(include_path) if include_path is not None else None,
+        include_defaults=include_path is None,
+    )
+    if name not in manager.all_tasks:
+        where = f"in {include_path}" if include_path is not None else "among lm-eval's tasks"
+        raise ConfigError(f"lm-eval task {name!r} not found {where}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tasks = get_task_dict([name], manager)
+    except Exception as exc:  # lm-eval raises whatever its dataset loading raised
+        raise ConfigError(
+            f"lm-eval task {name!r} could not be loaded offline ({type(exc).__name__}: "
+            f"{exc}); convsim runs tasks whose data are local files (dataset_path: json)"
+        ) from exc
+    if len(tasks) != 1 or not hasattr(next(iter(tasks.values())), "build_all_requests"):
+        raise ConfigError(f"lm-eval:{name} is a group; name one task")
+    task = next(iter(tasks.values()))
+    if task.OUTPUT_TYPE != "generate_until":
+        raise ConfigError(
+            f"lm-eval task {name!r} is {task.OUTPUT_TYPE}: convsim runs generate_until tasks "
+            "(answers a model writes), not loglikelihood ones"
+        )
+    from lm_eval.api.metrics import mean
+
+    corpus = [m for m, agg in task.aggregation().items() if agg is not mean]
+    if corpus:
+        raise ConfigError(
+            f"lm-eval task {name!r} aggregates {', '.join(corpus)} over the whole task, "
+            "not by mean; convsim scores conversation by conversation, so it runs tasks "
+            "whose metrics aggregate by mean"
+        )
+    task.build_all_requests(limit=None, rank=0, world_size=1)
+    return task
+
+
+def load_lm_eval_task(
+    spec: str, *, include_path: str | Path | None = None, metric_names: Container[str] = ()
+) -> Pack:
+    """The pack for ``lm-eval:TASK``: one single-turn conversation per document."""
+    name = spec[len(LM_EVAL_PREFIX) :]
+    task = lm_eval_task(name, include_path)
+    metrics = tuple(f"lm_eval_task:{m}" for m in task.aggregation())
+    template = Template.parse("{prompt}")
+    digest = hashlib.sha256(f"lm-eval\0{name}\0".encode())
+    flows: dict[str, PreparedFlow] = {}
+    conversations = []
+    for instance in sorted(task.instances, key=lambda i: i.doc_id):
+        context, gen_kwargs = instance.arguments
+        settings = _settings(gen_kwargs)
+        key = settings.model_dump_json()
+        if key not in flows:
+            turn = TurnConfig(turn_id=TURN_ID, prompt_template="{prompt}", config=settings)
+            flow = Flow(max_turns=1, conversation_timeout=300.0, metrics=[], turns=[turn])
+            flows[key] = PreparedFlow("lm_eval", flow, (PreparedTurn(turn, 0, template),))
+        target = task.doc_to_target(instance.doc)
+        digest.update(f"{instance.doc_id}\0{context}\0{key}\0{target}\0".encode())
+        scenario = Scenario.model_construct(
+            scenario_id=f"{name}-{instance.doc_id}",
+            scenario_type="lm_eval",
+            scenario_description=f"lm-eval task {name}, document {instance.doc_id}",
+            variables={"prompt": context},
+            system_prompt=None,
+            difficulty=None,
+            facts=[],
+            probes=[],
+            goal=None,
+            required_keywords=[],
+            reference_responses={TURN_ID: _target_text(target)},
+            tags=[],
+            metadata={
+                "lm_eval_task": name,
+                "lm_eval_include_path": str(include_path) if include_path is not None else None,
+                "doc_id": instance.doc_id,
+            },
+        )
+        source = f"{name}:{instance.doc_id}"
+        conversations.append(Conversation(scenario, flows[key], "single_turn", source))
+    missing = [m for m in metrics if metric_names and m not in metric_names]
+    if missing:
+        raise ConfigError(f"unknown metrics {', '.join(missing)}")
+    return Pack(
+        name=f"lm-eval:{name}",
+        path=Path(str(include_path or ".")),
+        kind="single_turn",
+        description=f"lm-eval task {name} ({len(conversations)} documents)",
+        pack_hash=digest.hexdigest(),
+        conversations=tuple(conversations),
+        metrics=metrics,
+    )
+
+
+def _settings(gen_kwargs: dict[str, Any]) -> TurnSettings:
+    until = gen_kwargs.get("until")
+    if isinstance(until, str):
+        until = [until]
+    temperature = gen_kwargs.get("temperature")
+    if gen_kwargs.get("do_sample") is False:
+        temperature = 0.0
+    return TurnSettings(
+        temperature=float(temperature) if temperature is not None else 0.0,
+        max_tokens=gen_kwargs.get("max_gen_toks"),
+        stop=list(until) if until else None,
+    )
+
+
+def _target_text(target: Any) -> str:
+    """The reference text for convsim's own metrics (lm-eval scores with the doc)."""
+    if isinstance(target, list):
+        return str(target[0]) if target else ""
+    return str(target)
+
+
+def score_document(task: Any, doc_id: int, response: str) -> dict[str, Any]:
+    """lm-eval's results for one document's answer: every filter, then process_results.
+    Keys are ``metric,filter`` as in lm-eval's results."""
+    instance = next(i for i in task.instances if i.doc_id == doc_id)
+    results: dict[str, Any] = {}
+    for ensemble in task._filters:
+        answered = copy.copy(instance)
+        answered.resps = [response]
+        answered.filtered_resps = {}
+        ensemble.apply([answered])
+        filtered = answered.filtered_resps[ensemble.name]
+        for metric, value in task.process_results(instance.doc, [filtered]).items():
+            results[f"{metric},{ensemble.name}"] = value
+    return results

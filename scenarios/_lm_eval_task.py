@@ -16,11 +16,14 @@ dataset fails with a clear error. lm_eval is imported here only, on demand.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
+import random
+import sys
 import warnings
-from collections.abc import Container
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +44,29 @@ def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@contextlib.contextmanager
+def _global_random_state_kept() -> Iterator[None]:
+    """lm-eval seeds the global generators while it loads a task; the caller's own
+    random sequences must not change because a task was loaded."""
+    state = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        if numpy_state is not None:
+            sys.modules["numpy"].random.set_state(numpy_state)
+
+
 def lm_eval_task(name: str, include_path: str | Path | None = None) -> Any:
     """lm-eval's task object for ``name``, its requests built (rank 0 of 1)."""
     _offline()
+    with _global_random_state_kept():
+        return _load_task(name, include_path)
+
+
+def _load_task(name: str, include_path: str | Path | None) -> Any:
     from lm_eval.tasks import TaskManager, get_task_dict
 
     manager = TaskManager(

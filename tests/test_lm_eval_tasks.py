@@ -110,3 +110,21 @@ def test_tasks_convsim_cannot_run_are_refused_clearly(tmp_path: Path) -> None:
         load_pack("lm-eval:half_right", include_path=include)
     with pytest.raises(ConfigError, match="do not apply to lm-eval"):
         load_pack("lm-eval:half_right", include_path=include, num_fewshot=2)
+
+
+def test_loading_a_task_leaves_the_callers_random_state_and_logging_alone(
+    tmp_path: Path,
+) -> None:
+    import logging
+    import random
+
+    include = half_right(tmp_path)
+    random.seed(42)
+    expected = [random.random() for _ in range(3)]
+    random.seed(42)
+    levels = {n: logging.getLogger(n).level for n in ("", "convsim")}
+    load_pack("lm-eval:half_right", include_path=include)
+    assert [random.random() for _ in range(3)] == expected
+    assert {n: logging.getLogger(n).level for n in ("", "convsim")} == levels
+    site_packages = Path(convsim.__file__).parents[1]
+    assert not any(site_packages.glob("**/half_right*"))  # no caches beside the package

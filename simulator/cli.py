@@ -770,5 +770,31 @@ async def _serve_mock(config: Any) -> None:
                 break
 
 
+@main.command("lm-eval-tasks")
+@click.argument("packs", nargs=-1, metavar="[PACK_OR_FOLDER]...")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("lm_eval_tasks"),
+    show_default=True,
+    help="Folder to write the task files into (lm-eval's --include_path).",
+)
+@_clear_errors
+def lm_eval_tasks_command(packs: tuple[str, ...], out: Path) -> None:
+    """Write every bundled single-turn pack (and each PACK_OR_FOLDER given) as an lm-eval
+    task single_turn_scenarios_<pack>, scored with convsim's metrics."""
+    from .scenarios._lm_eval_export import export_lm_eval_tasks
+
+    console = _stdout()
+    for task in export_lm_eval_tasks(list(packs), out):
+        console.print(
+            f"{task.task}: {task.yaml_path} (metrics: {', '.join(task.metrics)})",
+            highlight=False,
+        )
+        for name, reason in task.skipped:
+            console.print(f"  left out {name}: {reason}", highlight=False)
+    console.print(f"--include_path {out.resolve()}", highlight=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,199 @@
+"""Single-turn packs as lm-eval tasks: ``convsim lm-eval-tasks [PACK...] [--out DIR]``.
+
+Each single-turn pack becomes a task ``single_turn_scenarios_<pack>`` in DIR: a JSONL of
+the prompts exactly as convsim renders them (one line per problem), a task YAML that
+loads it offline (``dataset_path: json`` with a local ``data_files``), and a small utils
+module whose ``process_results`` scores each answer with convsim's own metric registry.
+Nothing here imports lm_eval: the files are plain text, read by lm-eval later.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from convsim._errors import ConfigError
+
+from ._loader import SINGLE_TURN_ID, _bundled_folders, load_pack
+from ._pack import Pack
+
+__all__ = ["ExportedTask", "export_lm_eval_tasks", "TASK_PREFIX"]
+
+TASK_PREFIX = "single_turn_scenarios_"
+
+_UTILS = '''"""Written by `convsim lm-eval-tasks`: scores {task} with convsim's metric registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convsim.metrics import score_transcript
+
+METRICS = {metrics!r}
+
+
+def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """One answer, scored as a one-turn convsim transcript; a score that does not apply
+    to this answer is NaN (it shows in lm-eval's mean rather than being dropped)."""
+    messages = []
+    if doc.get("system"):
+        messages.append({{"role": "system", "content": doc["system"]}})
+    messages.append({{"role": "user", "content": doc["prompt"]}})
+    messages.append({{"role": "assistant", "content": results[0]}})
+    scores = score_transcript(
+        messages,
+        METRICS,
+        reference_responses={{1: doc["target"]}},
+        required_keywords=doc.get("required_keywords") or [],
+        scenario_type="single_turn",
+    )
+    return {{
+        name: float("nan") if scores[name].value is None else float(scores[name].value)
+        for name in METRICS
+    }}
+'''
+
+
+@dataclass(frozen=True)
+class ExportedTask:
+    """One written task: its name, YAML, the metrics kept and those left out (and why)."""
+
+    task: str
+    yaml_path: Path
+    data_path: Path
+    metrics: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...]
+
+
+def _task_name(pack: Pack) -> str:
+    return TASK_PREFIX + re.sub(r"[^0-9A-Za-z_]+", "_", pack.name)
+
+
+def _docs(pack: Pack) -> list[dict[str, Any]]:
+    docs = []
+    for conv in pack.conversations:
+        turn = conv.flow.turns[0]
+        scenario = conv.scenario
+        docs.append(
+            {
+                "prompt": conv.render(turn, []),
+                "target": (scenario.reference_responses or {}).get(SINGLE_TURN_ID, ""),
+                "conversation_id": conv.conversation_id,
+                "system": scenario.system_prompt or "",
+                "required_keywords": list(scenario.required_keywords or []),
+            }
+        )
+    return docs
+
+
+def _applicable(pack: Pack, docs: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The pack's metrics that give a value for every problem when it is answered with
+    its own expected answer; the others are left out (lm-eval's mean cannot skip None)."""
+    from convsim.metrics import METRICS, score_transcript
+
+    kept: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    for name in dict.fromkeys(pack.metrics):
+        reason = None
+        for doc in docs:
+            try:
+                score = score_transcript(
+                    [
+                        {"role": "user", "content": doc["prompt"]},
+                        {"role": "assistant", "content": doc["target"]},
+                    ],
+                    [name],
+                    reference_responses={1: doc["target"]},
+                    required_keywords=doc["required_keywords"],
+                    scenario_type="single_turn",
+                )[name]
+            except Exception as exc:  # e.g. a judge metric with no judge model
+                reason = f"cannot be scored offline: {exc}"
+                break
+            if score.value is None:
+                reason = f"does not apply to {doc['conversation_id']}: {score.reason or 'n/a'}"
+                break
+        if reason is None and name in METRICS:
+            kept.append(name)
+        else:
+            skipped.append((name, reason or "not in the metric registry"))
+    return kept, skipped
+
+
+def _higher_is_better(name: str) -> bool | None:
+    from convsim.metrics import METRICS
+
+    return getattr(METRICS.get(name), "higher_is_better", None)
+
+
+def export_pack(pack: Pack, out: Path) -> ExportedTask:
+    """Write one single-turn pack as an lm-eval task into ``out``."""
+    if pack.kind != "single_turn":
+        raise ConfigError(f"{pack.name}: only single-turn packs become lm-eval tasks here")
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    task = _task_name(pack)
+    docs = _docs(pack)
+    metrics, skipped = _applicable(pack, docs)
+    if not metrics:
+        raise ConfigError(f"{pack.name}: none of the pack's metrics applies to every problem")
+    data = out / f"{task}.jsonl"
+    data.write_text(
+        "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
+    )
+    utils = f"{task}_utils"
+    (out / f"{utils}.py").write_text(_UTILS.format(task=task, metrics=metrics), encoding="utf-8")
+    settings = pack.conversations[0].flow.turns[0].config.config
+    generation: dict[str, Any] = {"until": []}
+    if settings.max_tokens is not None:
+        generation["max_gen_toks"] = settings.max_tokens
+    if settings.temperature is not None:
+        generation["temperature"] = settings.temperature
+        generation["do_sample"] = settings.temperature > 0
+    config = {
+        "task": task,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "test_split": "test",
+        "output_type": "generate_until",
+        "doc_to_text": "{{prompt}}",
+        "doc_to_target": "{{target}}",
+        "generation_kwargs": generation,
+        "metric_list": [
+            {"metric": m, "aggregation": "mean", "higher_is_better": _higher_is_better(m)}
+            for m in metrics
+        ],
+        "metadata": {"version": 1.0, "convsim_pack": str(pack.path)},
+    }
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    # lm-eval resolves `!function module.name` next to the YAML; safe_dump cannot tag it.
+    text += f"process_results: !function {utils}.process_results\n"
+    path = out / f"{task}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return ExportedTask(task, path, data, tuple(metrics), tuple(skipped))
+
+
+def export_lm_eval_tasks(
+    packs: Sequence[str | Path] = (), out: str | Path = "lm_eval_tasks"
+) -> list[ExportedTask]:
+    """Every bundled single-turn pack plus each pack named in ``packs``, written into
+    ``out``; pass ``out`` as lm-eval's ``--include_path``."""
+    loaded: dict[Path, Pack] = {}
+    for folder in _bundled_folders():
+        pack = load_pack(folder)
+        if pack.kind == "single_turn":
+            loaded[pack.path.resolve()] = pack
+    for name in packs:
+        pack = load_pack(name)
+        if pack.kind != "single_turn":
+            raise ConfigError(
+                f"{name}: a multi-turn pack; only single-turn packs become lm-eval tasks"
+            )
+        loaded[pack.path.resolve()] = pack
+    return [export_pack(pack, Path(out)) for pack in loaded.values()]

@@ -176,13 +176,15 @@ class LmEvalTaskMetric:
             return self._tasks[key]
 
     def scorer(self, conversation: Conversation) -> _LmEvalTaskScorer:
-        return _LmEvalTaskScorer(self, dict(conversation.scenario.metadata))
+        return _LmEvalTaskScorer(self, dict(conversation.scenario.metadata), conversation.origin)
 
 
 @dataclass
 class _LmEvalTaskScorer:
     metric: LmEvalTaskMetric
     metadata: dict[str, Any]
+    task: Any = None
+    """The loaded task, when the pack carries it; else loaded by the metric."""
     response: str | None = None
 
     def update(self, turn: TurnRecord) -> None:
@@ -197,7 +199,7 @@ class _LmEvalTaskScorer:
             return Score.not_applicable("not a document of an lm-eval:TASK pack")
         if self.response is None:
             return Score.not_applicable("the document was not answered")
-        task = self.metric.task(name, self.metadata.get("lm_eval_include_path"))
+        task = self.task or self.metric.task(name, self.metadata.get("lm_eval_include_path"))
         results = score_document(task, self.metadata["doc_id"], self.response)
         mine = {k: v for k, v in results.items() if k.split(",", 1)[0] == self.metric.metric}
         if not mine:

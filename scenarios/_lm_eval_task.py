@@ -59,10 +59,32 @@ def _global_random_state_kept() -> Iterator[None]:
             sys.modules["numpy"].random.set_state(numpy_state)
 
 
+@contextlib.contextmanager
+def _templates_compiled_once() -> Iterator[None]:
+    """lm-eval compiles a task's Jinja templates again for every document (most of a
+    task's load time); while convsim loads a task, each template compiles once. The
+    rendering is lm-eval's own: same environment, same filters."""
+    from lm_eval import utils
+
+    original = utils.apply_template
+    compiled: dict[str, Any] = {}
+
+    def apply_template(template: str, doc: dict[str, Any]) -> str:
+        if template not in compiled:
+            compiled[template] = utils.env.from_string(template)
+        return str(compiled[template].render(**doc))
+
+    utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        utils.apply_template = original
+
+
 def lm_eval_task(name: str, include_path: str | Path | None = None) -> Any:
     """lm-eval's task object for ``name``, its requests built (rank 0 of 1)."""
     _offline()
-    with _global_random_state_kept():
+    with _global_random_state_kept(), _templates_compiled_once():
         return _load_task(name, include_path)
 
 
@@ -112,6 +134,8 @@ def load_lm_eval_task(
     """The pack for ``lm-eval:TASK``: one single-turn conversation per document."""
     name = spec[len(LM_EVAL_PREFIX) :]
     task = lm_eval_task(name, include_path)
+    with _templates_compiled_once():
+        targets = {i.doc_id: task.doc_to_target(i.doc) for i in task.instances}
     metrics = tuple(f"lm_eval_task:{m}" for m in task.aggregation())
     template = Template.parse("{prompt}")
     digest = hashlib.sha256(f"lm-eval\0{name}\0".encode())
@@ -125,7 +149,7 @@ def load_lm_eval_task(
             turn = TurnConfig(turn_id=TURN_ID, prompt_template="{prompt}", config=settings)
             flow = Flow(max_turns=1, conversation_timeout=300.0, metrics=[], turns=[turn])
             flows[key] = PreparedFlow("lm_eval", flow, (PreparedTurn(turn, 0, template),))
-        target = task.doc_to_target(instance.doc)
+        target = targets[instance.doc_id]
         digest.update(f"{instance.doc_id}\0{context}\0{key}\0{target}\0".encode())
         scenario = Scenario.model_construct(
             scenario_id=f"{name}-{instance.doc_id}",
@@ -147,7 +171,7 @@ def load_lm_eval_task(
             },
         )
         source = f"{name}:{instance.doc_id}"
-        conversations.append(Conversation(scenario, flows[key], "single_turn", source))
+        conversations.append(Conversation(scenario, flows[key], "single_turn", source, origin=task))
     missing = [m for m in metrics if metric_names and m not in metric_names]
     if missing:
         raise ConfigError(f"unknown metrics {', '.join(missing)}")
@@ -186,7 +210,10 @@ def _target_text(target: Any) -> str:
 def score_document(task: Any, doc_id: int, response: str) -> dict[str, Any]:
     """lm-eval's results for one document's answer: every filter, then process_results.
     Keys are ``metric,filter`` as in lm-eval's results."""
-    instance = next(i for i in task.instances if i.doc_id == doc_id)
+    by_doc = getattr(task, "_convsim_instances", None)
+    if by_doc is None:  # built once per task: a run scores every document
+        by_doc = task._convsim_instances = {i.doc_id: i for i in task.instances}
+    instance = by_doc[doc_id]
     results: dict[str, Any] = {}
     for ensemble in task._filters:
         answered = copy.copy(instance)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from convsim.adapters._types import Message
 
@@ -48,6 +48,9 @@ class Conversation:
     kind: PackKind
     source: str
     """Where the scenario was defined, e.g. ``scenarios.jsonl:7``."""
+    origin: Any = field(default=None, compare=False, repr=False)
+    """The object the conversation was built from, when a scorer needs it (the lm-eval
+    task of an ``lm-eval:TASK`` document); None for packs read from files."""
 
     @property
     def conversation_id(self) -> str:

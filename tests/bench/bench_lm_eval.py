@@ -15,14 +15,13 @@ Wall time is timed inside each subprocess, from just before the evaluation (task
 included) to its end; imports are not included. exact_match should be equal in all three.
 
 measured on this machine (python 3.11.7, convsim 0.1.0, lm-eval 0.4.13), defaults: 2,000
-docs, concurrency 64, 50 ms mock latency (latency floor 1.56 s):
-  (a) local-chat-completions  5.34 s  374 docs/s  1.00x  exact_match 0.5000
-  (b) lm-eval --model convsim 5.09 s  393 docs/s  0.95x  exact_match 0.5000
-  (c) convsim run lm-eval:TASK 6.93 s 288 docs/s  1.30x  exact_match 0.5000
-(b) is on par with (a); (c) is not yet faster. Of (c)'s time, load_pack("lm-eval:TASK")
-took 1.7-1.9 s (lm-eval's task build and contexts for 2,000 docs) and the task's
-process_results about 0.6 s of CPU (0.3 ms a doc, in worker threads).
-With --docs 200: (a) 0.76 s, (b) 0.83 s (1.10x), (c) 0.96 s (1.26x), all exact_match 0.5.
+docs, concurrency 64, 50 ms mock latency (latency floor 1.56 s); two runs after convsim
+compiled each task template once and scored on the loop:
+  (a) local-chat-completions   5.09 / 4.52 s   1.00x
+  (b) lm-eval --model convsim  5.16 / 4.91 s   1.01x / 1.09x
+  (c) convsim run lm-eval:TASK 4.92 / 4.72 s   0.97x / 1.04x
+exact_match 0.5000 in all. On two cores shared with the mock server the three are level:
+(c) is not yet clearly faster.
 """
 
 from __future__ import annotations

@@ -1,0 +1,474 @@
+"""The developer guide's task API on convsim: ``AdvancedTask`` and ``register_task``.
+
+A task class written the guide's way (``doc_to_text``, ``doc_to_target``,
+``construct_requests``, ``process_results``, ``aggregation``, ``higher_is_better``,
+``has_*_docs``, ``test_docs``) subclasses :class:`AdvancedTask` and runs
+
+- under convsim: ``convsim.run_sync(task.to_pack(), "scripted")``. Each document is one
+  single-turn conversation; the task's ``process_results`` scores the answer through the
+  ``task:<key>`` metrics (one per numeric key), and ``task.aggregate(results)`` reduces
+  them as the task's ``aggregation()`` says (``mean``, ``std``);
+- under lm-eval: ``task.to_lm_eval_task()`` is an ``lm_eval.api.task.Task`` that
+  ``lm_eval.simple_evaluate(tasks=[...])`` accepts as it is.
+
+:class:`MetricsEngine` stands in for the guide's metrics engine: its methods score with
+convsim's registered metrics (``convsim.metrics.score_transcript``).
+
+lm_eval is imported by ``to_lm_eval_task`` only, never by ``import convsim``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import math
+import statistics
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from convsim._errors import ConfigError
+from convsim._records import Score, TurnRecord, TurnStatus
+from convsim._registry import Registry
+
+from ._pack import Conversation, Pack, PreparedFlow, PreparedTurn
+from ._schema import Flow, Scenario, TurnConfig, TurnSettings
+from ._templates import Template
+
+if TYPE_CHECKING:
+    from convsim._records import ConversationResult
+
+__all__ = ["AdvancedTask", "MetricsEngine", "TASKS", "register_task", "TASK_METRIC_PREFIX"]
+
+TASK_METRIC_PREFIX = "task:"
+TURN_ID = "answer"
+AGGREGATIONS: dict[str, Callable[[Sequence[float]], float]] = {
+    "mean": statistics.fmean,
+    "std": lambda xs: statistics.pstdev(xs) if len(xs) > 1 else 0.0,
+    "median": statistics.median,
+    "min": min,
+    "max": max,
+}
+"""The reductions ``aggregation()`` may name; ``std`` is the population standard deviation."""
+
+TASKS: Registry[Any] = Registry("task")
+"""Task name -> task class, filled by :func:`register_task`."""
+
+T = TypeVar("T", bound=type)
+
+
+def register_task(name: str, *, registry: Registry[Any] = TASKS) -> Callable[[T], T]:
+    """Class decorator: ``@register_task("single_turn_scenarios_x")`` registers a task
+    class in convsim's task registry (the same class defined again, e.g. a module
+    reloaded, replaces itself; another class under a taken name is refused)."""
+
+    def decorate(cls: T) -> T:
+        replace = False
+        if name in registry:
+            old = registry.get(name)
+            replace = (getattr(old, "__module__", None), getattr(old, "__qualname__", None)) == (
+                cls.__module__,
+                cls.__qualname__,
+            )
+        registry.register(name, cls, replace=replace)
+        if "TASK_NAME" not in cls.__dict__:
+            cls.TASK_NAME = name  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+# -- the metrics engine -------------------------------------------------------------
+
+
+def _score(response: str, metric: str, **scenario: Any) -> Score:
+    from convsim.metrics import score_transcript
+
+    messages = [{"role": "user", "content": ""}, {"role": "assistant", "content": response}]
+
+    def run() -> Score:
+        return score_transcript(messages, [metric], **scenario)[metric]
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run()
+    with ThreadPoolExecutor(max_workers=1) as pool:  # score_transcript runs its own loop
+        return pool.submit(run).result()
+
+
+def _value(score: Score, metric: str) -> float:
+    if score.status == "failed":
+        raise RuntimeError(f"convsim metric {metric} failed: {score.reason}")
+    return float(score.value) if score.value is not None else 0.0
+
+
+class MetricsEngine:
+    """The guide's metrics engine, backed by convsim's registered metrics.
+
+    Each method scores one response as a one-turn transcript with the named metric
+    (``convsim.metrics.score_transcript``). Where the metric does not apply (an empty
+    response has no words to compare) the value is 0.0; a failing metric raises.
+    """
+
+    def score(
+        self, metric: str, response: str, reference: str | None = None, **scenario: Any
+    ) -> Score:
+        """convsim's ``metric`` on ``response`` (``reference``: the turn's reference)."""
+        if reference is not None:
+            scenario["reference_responses"] = {"t1": reference}
+        return _score(response, metric, **scenario)
+
+    def calculate_semantic_similarity(self, text_a: str, text_b: str) -> float:
+        """convsim's ``semantic_similarity`` of ``text_a`` to ``text_b``."""
+        return _value(self.score("semantic_similarity", text_a, text_b), "semantic_similarity")
+
+    def calculate_exact_match(self, prediction: str, reference: str) -> float:
+        """convsim's ``exact_match`` (normalized answers)."""
+        return _value(self.score("exact_match", prediction, reference), "exact_match")
+
+    def calculate_custom_score(
+        self, response: str, reference: str | None = None, required_keywords: Sequence[str] = ()
+    ) -> float:
+        """convsim's ``custom_score`` (the guide's keyword and length score)."""
+        score = self.score(
+            "custom_score", response, reference, required_keywords=list(required_keywords)
+        )
+        return _value(score, "custom_score")
+
+
+# -- the base class -----------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the task's dataset {path}: {exc.strerror}") from None
+    docs = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path.name}:{lineno}: invalid JSON: {exc.msg}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path.name}:{lineno}: a document must be a JSON object")
+        docs.append(doc)
+    return docs
+
+
+class AdvancedTask:
+    """Base class of tasks written with the guide's API.
+
+    ``__init__(config)`` reads ``self.dataset = {"test": [doc, ...]}`` from the JSONL file
+    ``config["dataset_path"]``, else ``DATASET_PATH`` (absolute, or relative to the
+    subclass's module file).
+    """
+
+    VERSION: float | int | str | None = 0
+    DATASET_PATH: str | None = None
+    DATASET_NAME: str | None = None
+    TASK_NAME: str | None = None
+    OUTPUT_TYPE = "generate_until"
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.config: dict[str, Any] = dict(config or {})
+        self.dataset: dict[str, list[dict[str, Any]]] = {"test": self._load_docs()}
+
+    # the dataset
+    def dataset_file(self) -> Path:
+        raw = self.config.get("dataset_path") or self.DATASET_PATH
+        if raw is None:
+            raise ConfigError(f"{type(self).__name__} sets no DATASET_PATH (or dataset_path)")
+        path = Path(raw)
+        if not path.is_absolute():
+            path = Path(inspect.getfile(type(self))).resolve().parent / path
+        return path
+
+    def _load_docs(self) -> list[dict[str, Any]]:
+        return _read_jsonl(self.dataset_file())
+
+    def has_training_docs(self) -> bool:
+        return False
+
+    def has_validation_docs(self) -> bool:
+        return False
+
+    def has_test_docs(self) -> bool:
+        return True
+
+    def training_docs(self) -> Iterable[Any]:
+        return self.dataset.get("train", [])
+
+    def validation_docs(self) -> Iterable[Any]:
+        return self.dataset.get("validation", [])
+
+    def test_docs(self) -> Iterable[Any]:
+        return self.dataset["test"]
+
+    def eval_docs(self) -> list[Any]:
+        """The documents evaluated: test docs, else validation docs."""
+        if self.has_test_docs():
+            return list(self.test_docs())
+        if self.has_validation_docs():
+            return list(self.validation_docs())
+        raise ConfigError(f"{self.name}: the task has neither test nor validation docs")
+
+    @property
+    def name(self) -> str:
+        return self.TASK_NAME or self.DATASET_NAME or type(self).__name__
+
+    # the task's hooks, to override
+    def doc_to_text(self, doc: Any) -> str:
+        raise NotImplementedError
+
+    def doc_to_target(self, doc: Any) -> Any:
+        raise NotImplementedError
+
+    def construct_requests(self, doc: Any, ctx: str, **kwargs: Any) -> Any:
+        """One generate_until request for ``ctx`` (override to set until, max_tokens,
+        temperature, in the guide's shape)."""
+        return [
+            {
+                "request_type": "generate_until",
+                "arguments": {"prompt": ctx, "until": [], "max_tokens": None, "temperature": 0.0},
+            }
+        ]
+
+    def process_results(self, doc: Any, results: list[str]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def aggregation(self) -> dict[str, Any]:
+        return {}
+
+    def higher_is_better(self) -> dict[str, bool]:
+        return {}
+
+    # running under convsim
+    def request_arguments(self, doc: Any) -> dict[str, Any]:
+        """The generate_until arguments of ``doc``'s request (prompt, until, max_tokens,
+        temperature), from ``construct_requests``."""
+        ctx = self.doc_to_text(doc)
+        requests = self.construct_requests(doc, ctx)
+        if isinstance(requests, (dict, tuple)) or not isinstance(requests, list):
+            requests = [requests]
+        if len(requests) != 1:
+            raise ConfigError(f"{self.name}: convsim runs one request per document")
+        request = requests[0]
+        if isinstance(request, Mapping):
+            kind = request.get("request_type", "generate_until")
+            arguments = dict(request.get("arguments") or {})
+        else:  # an lm-eval Instance
+            kind = getattr(request, "request_type", None)
+            context, gen_kwargs = request.arguments
+            arguments = {
+                "prompt": context,
+                "until": gen_kwargs.get("until"),
+                "max_tokens": gen_kwargs.get("max_gen_toks"),
+                "temperature": gen_kwargs.get("temperature"),
+            }
+        if kind != "generate_until":
+            raise ConfigError(f"{self.name}: convsim runs generate_until requests, not {kind}")
+        arguments.setdefault("prompt", ctx)
+        return arguments
+
+    def metric_names(self) -> list[str]:
+        """The metrics the task reports: aggregation() and higher_is_better() keys."""
+        return list(dict.fromkeys([*self.aggregation(), *self.higher_is_better()]))
+
+    def to_pack(self) -> Pack:
+        """A single-turn pack: one conversation per document, scored by the task's own
+        ``process_results`` through the ``task:<key>`` metrics."""
+        _register_task_metrics()
+        template = Template.parse("{prompt}")
+        digest = hashlib.sha256(f"task\0{self.name}\0{self.VERSION}\0".encode())
+        flows: dict[str, PreparedFlow] = {}
+        conversations = []
+        for index, doc in enumerate(self.eval_docs()):
+            arguments = self.request_arguments(doc)
+            until = arguments.get("until")
+            settings = TurnSettings(
+                temperature=arguments.get("temperature"),
+                max_tokens=arguments.get("max_tokens"),
+                stop=[until] if isinstance(until, str) else (list(until) if until else None),
+            )
+            key = settings.model_dump_json()
+            if key not in flows:
+                turn = TurnConfig(turn_id=TURN_ID, prompt_template="{prompt}", config=settings)
+                flow = Flow(max_turns=1, conversation_timeout=300.0, metrics=[], turns=[turn])
+                flows[key] = PreparedFlow("task", flow, (PreparedTurn(turn, 0, template),))
+            target = self.doc_to_target(doc)
+            reference = str(target[0] if isinstance(target, list) and target else target)
+            prompt = str(arguments["prompt"])
+            digest.update(f"{index}\0{prompt}\0{key}\0{reference}\0".encode())
+            scenario = Scenario.model_construct(
+                scenario_id=f"{self.name}-{index}",
+                scenario_type="task",
+                scenario_description=f"task {self.name}, document {index}",
+                variables={"prompt": prompt},
+                system_prompt=None,
+                difficulty=doc.get("difficulty") if isinstance(doc, Mapping) else None,
+                facts=[],
+                probes=[],
+                goal=None,
+                user=None,
+                required_keywords=[],
+                reference_responses={TURN_ID: reference},
+                tags=[],
+                metadata={"task": self.name, "doc_id": index},
+            )
+            origin = TaskDocument(self, doc)
+            source = f"{self.name}:{index}"
+            conversations.append(Conversation(scenario, flows[key], "single_turn", source, origin))
+        return Pack(
+            name=f"task:{self.name}",
+            path=self.dataset_file().parent,
+            kind="single_turn",
+            description=f"task {self.name} ({len(conversations)} documents)",
+            pack_hash=digest.hexdigest(),
+            conversations=tuple(conversations),
+            metrics=tuple(TASK_METRIC_PREFIX + m for m in self.metric_names()),
+        )
+
+    def aggregate(
+        self, results: Iterable[ConversationResult | Mapping[str, Any]]
+    ) -> dict[str, dict[str, float]]:
+        """``{metric: {"mean": ..., "std": ...}}`` as ``aggregation()`` asks, over convsim
+        results (their ``task:<metric>`` scores) or over ``process_results`` dicts. A
+        metric with no values is left out."""
+        values: dict[str, list[float]] = {m: [] for m in self.aggregation()}
+        for result in results:
+            if isinstance(result, Mapping):
+                found = {k: v for k, v in result.items() if _numeric(v)}
+            else:
+                found = {
+                    k[len(TASK_METRIC_PREFIX) :]: s.value
+                    for k, s in result.scores.items()
+                    if k.startswith(TASK_METRIC_PREFIX) and s.value is not None
+                }
+            for metric in values:
+                if metric in found:
+                    values[metric].append(float(found[metric]))
+        out: dict[str, dict[str, float]] = {}
+        for metric, how in self.aggregation().items():
+            if not values[metric]:
+                continue
+            names = [how] if isinstance(how, str) else list(how)
+            out[metric] = {}
+            for agg in names:
+                if agg not in AGGREGATIONS:
+                    raise ConfigError(f"{self.name}: unknown aggregation {agg!r} for {metric}")
+                out[metric][agg] = float(AGGREGATIONS[agg](values[metric]))
+        return out
+
+    # running under lm-eval
+    def to_lm_eval_task(self) -> Any:
+        """This task as an ``lm_eval.api.task.Task`` for ``lm_eval.simple_evaluate``."""
+        return _lm_eval_task_for(self)
+
+
+def _numeric(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    ) or isinstance(value, bool)
+
+
+# -- the task:<key> metrics ---------------------------------------------------------
+
+
+@dataclass
+class TaskDocument:
+    """A conversation's origin: the task and the document it was built from. The task's
+    ``process_results`` runs once per answer, whichever metric asks first."""
+
+    task: AdvancedTask
+    doc: Any
+    _results: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def results(self, response: str) -> dict[str, Any]:
+        with self._lock:
+            if response not in self._results:
+                self._results[response] = dict(self.task.process_results(self.doc, [response]))
+            return self._results[response]
+
+
+class TaskMetric:
+    """``task:<key>``: the ``<key>`` of the task's own ``process_results`` for the answer."""
+
+    cpu_heavy = True  # process_results may score with convsim's metrics (their own loop)
+
+    def __init__(self, qualified: str) -> None:
+        self.name = qualified
+        self.key = qualified[len(TASK_METRIC_PREFIX) :]
+        self.higher_is_better: bool | None = True
+        self.description = (
+            f"The task's own process_results {self.key!r} for the answer (tasks written "
+            "with convsim.scenarios.AdvancedTask)."
+        )
+
+    def scorer(self, conversation: Conversation) -> _TaskScorer:
+        origin = conversation.origin
+        if isinstance(origin, TaskDocument):
+            higher = origin.task.higher_is_better().get(self.key)
+            if higher is not None:
+                self.higher_is_better = bool(higher)
+        return _TaskScorer(self.key, origin if isinstance(origin, TaskDocument) else None)
+
+
+@dataclass
+class _TaskScorer:
+    key: str
+    origin: TaskDocument | None
+    response: str | None = None
+
+    def update(self, turn: TurnRecord) -> None:
+        if turn.status is TurnStatus.COMPLETED:
+            self.response = turn.response or ""
+
+    def result(self) -> Score:
+        if self.origin is None:
+            return Score.not_applicable("not a document of an AdvancedTask pack")
+        if self.response is None:
+            return Score.not_applicable("the document was not answered")
+        results = self.origin.results(self.response)
+        if self.key not in results:
+            return Score.not_applicable(f"process_results gives no {self.key!r}")
+        value = results[self.key]
+        if not _numeric(value):
+            return Score.not_applicable(f"process_results' {self.key!r} is not a number")
+        extras = {k: v for k, v in results.items() if not _numeric(v) and _jsonable(v)}
+        return Score(value=float(value), details=extras)
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+_registered = threading.Lock()
+
+
+def _register_task_metrics() -> None:
+    """Make ``task:<key>`` names known to convsim's metric registry (once)."""
+    from convsim.metrics._registry import METRICS
+
+    with _registered:
+        if TASK_METRIC_PREFIX not in METRICS._prefixes:
+            METRICS.register_prefix(TASK_METRIC_PREFIX, TaskMetric)
+
+
+def _lm_eval_task_for(task: AdvancedTask) -> Any:
+    raise NotImplementedError("to_lm_eval_task is not available yet")

@@ -471,4 +471,91 @@ def _register_task_metrics() -> None:
 
 
 def _lm_eval_task_for(task: AdvancedTask) -> Any:
-    raise NotImplementedError("to_lm_eval_task is not available yet")
+    """An ``lm_eval.api.task.Task`` delegating to ``task``: numeric process_results keys
+    are its metrics; a key aggregated with ``std`` also reports ``<key>_std``."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.metrics import mean
+    from lm_eval.api.task import Task, TaskConfig
+
+    def std(items: list[float]) -> float:
+        return AGGREGATIONS["std"](items)
+
+    def wants_std(how: Any) -> bool:
+        return "std" in ([how] if isinstance(how, str) else list(how))
+
+    class ConvsimTask(Task):  # type: ignore[misc]
+        VERSION = task.VERSION
+        DATASET_PATH = str(task.dataset_file())
+        DATASET_NAME = task.DATASET_NAME
+        OUTPUT_TYPE = "generate_until"
+
+        def download(self, *args: Any, **kwargs: Any) -> None:
+            self.dataset = task.dataset
+
+        def has_training_docs(self) -> bool:
+            return task.has_training_docs()
+
+        def has_validation_docs(self) -> bool:
+            return task.has_validation_docs()
+
+        def has_test_docs(self) -> bool:
+            return task.has_test_docs()
+
+        def training_docs(self) -> Any:
+            return list(task.training_docs())
+
+        def validation_docs(self) -> Any:
+            return list(task.validation_docs())
+
+        def test_docs(self) -> Any:
+            return list(task.test_docs())
+
+        def doc_to_text(self, doc: Any) -> str:
+            return task.doc_to_text(doc)
+
+        def doc_to_target(self, doc: Any) -> Any:
+            return task.doc_to_target(doc)
+
+        def construct_requests(self, doc: Any, ctx: str, **kwargs: Any) -> Any:
+            arguments = task.request_arguments(doc)
+            gen_kwargs: dict[str, Any] = {"until": arguments.get("until") or []}
+            if arguments.get("max_tokens") is not None:
+                gen_kwargs["max_gen_toks"] = arguments["max_tokens"]
+            if arguments.get("temperature") is not None:
+                gen_kwargs["temperature"] = arguments["temperature"]
+            return Instance(
+                request_type="generate_until",
+                doc=doc,
+                arguments=(ctx, gen_kwargs),
+                idx=0,
+                metadata=kwargs.get("metadata", (task.name, None, 1)),
+            )
+
+        def process_results(self, doc: Any, results: list[str]) -> dict[str, float]:
+            out = {
+                k: float(v) for k, v in task.process_results(doc, results).items() if _numeric(v)
+            }
+            for key, how in task.aggregation().items():
+                if key in out and wants_std(how):
+                    out[f"{key}_std"] = out[key]
+            return out
+
+        def aggregation(self) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for key, how in task.aggregation().items():
+                out[key] = mean
+                if wants_std(how):
+                    out[f"{key}_std"] = std
+            return out
+
+        def higher_is_better(self) -> dict[str, bool]:
+            out = dict(task.higher_is_better())
+            for key, how in task.aggregation().items():
+                if wants_std(how):
+                    out[f"{key}_std"] = False
+            return out
+
+    lm_task = ConvsimTask()
+    # Task(config=...) would put the whole mapping in TaskConfig's first field
+    lm_task._config = TaskConfig(task=task.name, output_type="generate_until")
+    return lm_task

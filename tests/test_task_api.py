@@ -320,3 +320,31 @@ def test_scores_drop_when_the_model_does_not_answer_the_reference(task: MyNewTas
         expected = task.process_results(doc, [answer])
         assert result.scores["task:exact_match"].value == expected["exact_match"]
         assert result.scores["task:custom_score"].value == expected["custom_score"]
+
+
+def test_runs_under_lm_eval(task: MyNewTask) -> None:
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    from convsim.adapters import register_lm_eval_model
+
+    register_lm_eval_model()
+    out = lm_eval.simple_evaluate(
+        model="convsim",
+        model_args="model=scripted",
+        tasks=[task.to_lm_eval_task()],
+        task_manager=TaskManager(include_defaults=False),
+        log_samples=True,
+    )
+    assert out is not None
+    got = out["results"]["single_turn_scenarios_my_new_task"]
+    assert got["sample_len"] == 3
+    samples = out["samples"]["single_turn_scenarios_my_new_task"]
+    # lm-eval sends prompts only (no references): its scores are process_results' own
+    expected = [task.process_results(s["doc"], [s["resps"][0][0]]) for s in samples]
+    scores = [float(e["custom_score"]) for e in expected]  # type: ignore[arg-type]
+    assert got["exact_match,none"] == pytest.approx(
+        statistics.fmean(float(e["exact_match"]) for e in expected)  # type: ignore[arg-type]
+    )
+    assert got["custom_score,none"] == pytest.approx(statistics.fmean(scores))
+    assert got["custom_score_std,none"] == pytest.approx(statistics.pstdev(scores))

@@ -76,6 +76,15 @@ def _lm_eval_task(name: str) -> Metric:
 
 METRICS.register_prefix("lm_eval_task:", _lm_eval_task)
 
+
+def _task(name: str) -> Metric:
+    from convsim.scenarios._task_api import TaskMetric
+
+    return TaskMetric(name)
+
+
+METRICS.register_prefix("task:", _task)
+
 M = TypeVar("M", bound=Callable[..., Metric])
 
 

@@ -286,7 +286,6 @@ class AdvancedTask:
     def to_pack(self) -> Pack:
         """A single-turn pack: one conversation per document, scored by the task's own
         ``process_results`` through the ``task:<key>`` metrics."""
-        _register_task_metrics()
         template = Template.parse("{prompt}")
         digest = hashlib.sha256(f"task\0{self.name}\0{self.VERSION}\0".encode())
         flows: dict[str, PreparedFlow] = {}
@@ -456,18 +455,6 @@ def _jsonable(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-_registered = threading.Lock()
-
-
-def _register_task_metrics() -> None:
-    """Make ``task:<key>`` names known to convsim's metric registry (once)."""
-    from convsim.metrics._registry import METRICS
-
-    with _registered:
-        if TASK_METRIC_PREFIX not in METRICS._prefixes:
-            METRICS.register_prefix(TASK_METRIC_PREFIX, TaskMetric)
 
 
 def _lm_eval_task_for(task: AdvancedTask) -> Any:

@@ -7,6 +7,11 @@ known to lm-eval's model registry. Model args: ``model=SPEC`` (as ``convsim run
 as a ``--model-arg``, e.g.
 ``--model_args model=openai-compatible:MODEL,base_url=http://127.0.0.1:8000/v1,rpm=600``.
 
+Multi-turn packs exported by ``convsim lm-eval-tasks`` (``multi_turn_scenarios_<pack>``)
+send a marker instead of a prompt; those requests are run as whole conversations through
+convsim's :class:`~convsim.Simulator` (``seed=N`` and ``user_model=SPEC`` model args
+apply to them) and answered with the JSON of the conversation's scores.
+
 lm-eval calls models synchronously. Each ``generate_until`` call runs its requests on an
 anyio event loop in a worker thread (a blocking portal), so it works from a plain script
 and from a thread of an application that already runs a loop.
@@ -65,6 +70,8 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         batch_size: Any = None,
         max_batch_size: Any = None,
         device: Any = None,
+        seed: int | str = 0,
+        user_model: str | None = None,
         **adapter_args: Any,
     ) -> None:
         # batch_size, max_batch_size and device come from lm-eval's own options; an API
@@ -87,6 +94,10 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         fields = getattr(getattr(factory, "Config", None), "model_fields", {})
         if "concurrency" in fields:  # the connection pool fits the concurrency
             self.adapter_args.setdefault("concurrency", str(self.concurrency))
+        self.seed = int(seed)
+        """The run seed of multi-turn conversations (as ``convsim run --seed``)."""
+        self.user_model = str(user_model) if user_model else None
+        """The simulated user's spec, for multi-turn packs with user turns."""
         self.failures: list[FailedRequest] = []
         """Every failed request of every ``generate_until`` call so far."""
         self.usage = Usage()
@@ -103,8 +114,28 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         items = [_request(req.args) for req in requests]
         if not items:
             return []
+        conversations: dict[int, tuple[str, str]] = {}
+        for index, (context, _) in enumerate(items):
+            ref = self._conversation_ref(context)
+            if ref is not None:
+                conversations[index] = ref
+        prompts = [i for i in range(len(items)) if i not in conversations]
+        results = [""] * len(items)
+        failures: list[FailedRequest] = []
         with anyio.from_thread.start_blocking_portal() as portal:
-            results, failures = portal.call(self._generate_all, items)
+            if prompts:
+                texts, failed = portal.call(self._generate_all, [items[i] for i in prompts])
+                for i, text in zip(prompts, texts, strict=True):
+                    results[i] = text
+                failures.extend(
+                    FailedRequest(prompts[f.index], f.error_type, f.message) for f in failed
+                )
+            if conversations:
+                answers, failed = portal.call(self._run_conversations, conversations)
+                for i, text in answers.items():
+                    results[i] = text
+                failures.extend(failed)
+        failures.sort(key=lambda f: f.index)
         self.failures.extend(failures)
         if failures:
             log.warning("lm_eval.requests_failed", failed=len(failures), total=len(items))
@@ -140,6 +171,74 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         return ""  # messages are sent as messages; the served model owns the template
 
     # -- internals ----------------------------------------------------------------------
+
+    def _conversation_ref(self, context: str) -> tuple[str, str] | None:
+        """(pack, conversation_id) when ``context`` is a multi-turn task's marker."""
+        from convsim.scenarios._lm_eval_export import CONVERSATION_MARKER
+
+        text = context.lstrip()
+        if self._chat and not text.startswith(CONVERSATION_MARKER):
+            # with --apply_chat_template the marker is the last message's content
+            messages = self._messages(context)
+            text = messages[-1].content.lstrip() if messages else ""
+        if not text.startswith(CONVERSATION_MARKER):
+            return None
+        try:
+            ref = json.loads(text[len(CONVERSATION_MARKER) :])
+            return str(ref["pack"]), str(ref["conversation_id"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(f"malformed convsim conversation request {text[:120]!r}") from exc
+
+    async def _run_conversations(
+        self, requests: Mapping[int, tuple[str, str]]
+    ) -> tuple[dict[int, str], list[FailedRequest]]:
+        """Run each requested conversation once through convsim's runtime, one pack
+        load per pack; answer each request with the JSON of its conversation's scores."""
+        from convsim import Simulator
+        from convsim.scenarios import load_pack
+
+        by_pack: dict[str, list[str]] = {}
+        for pack_ref, conversation_id in requests.values():
+            by_pack.setdefault(pack_ref, [])
+            if conversation_id not in by_pack[pack_ref]:
+                by_pack[pack_ref].append(conversation_id)
+        scores: dict[tuple[str, str], str] = {}
+        errors: dict[tuple[str, str], tuple[str, str]] = {}
+        async with Simulator(
+            self.spec,
+            model_args=self.adapter_args,
+            user_model=self.user_model,
+            concurrency=self.concurrency,
+            seed=self.seed,
+        ) as sim:
+            handles = [
+                (pack_ref, sim.run(load_pack(pack_ref), only=ids))
+                for pack_ref, ids in by_pack.items()
+            ]
+            for pack_ref, handle in handles:
+                async for result in handle:
+                    key = (pack_ref, result.conversation_id)
+                    values = {
+                        name: score.value
+                        for name, score in result.scores.items()
+                        if score.value is not None
+                    }
+                    scores[key] = json.dumps(values, sort_keys=True)
+                    self.usage = self.usage + result.usage
+                    if result.error is not None:
+                        errors[key] = (result.error.type, result.error.message)
+                    elif result.status.value != "DONE":
+                        errors[key] = (str(result.status.value), "conversation did not finish")
+                for conversation_id in by_pack[pack_ref]:
+                    if (pack_ref, conversation_id) not in scores:
+                        errors[(pack_ref, conversation_id)] = ("NotRun", "no result")
+        answers: dict[int, str] = {}
+        failures: list[FailedRequest] = []
+        for index, key in requests.items():
+            answers[index] = scores.get(key, "{}")
+            if key in errors:
+                failures.append(FailedRequest(index, *errors[key]))
+        return answers, failures
 
     def _no_logprobs(self, method: str) -> str:
         return (

@@ -1,9 +1,16 @@
-"""Single-turn packs as lm-eval tasks: ``convsim lm-eval-tasks [PACK...] [--out DIR]``.
+"""Packs as lm-eval tasks: ``convsim lm-eval-tasks [PACK...] [--out DIR]``.
 
 Each single-turn pack becomes a task ``single_turn_scenarios_<pack>`` in DIR: a JSONL of
 the prompts exactly as convsim renders them (one line per problem), a task YAML that
 loads it offline (``dataset_path: json`` with a local ``data_files``), and a small utils
 module whose ``process_results`` scores each answer with convsim's own metric registry.
+
+Each multi-turn pack becomes a task ``multi_turn_scenarios_<pack>``: one document per
+conversation (``{"pack": ..., "conversation_id": ...}``) whose prompt is a marker
+(:data:`CONVERSATION_MARKER` + JSON) that only the ``convsim`` lm-eval model understands:
+it runs the whole conversation through convsim's runtime and answers with the JSON of its
+scores, which ``process_results`` returns. Any other model fails with a clear error.
+
 Nothing here imports lm_eval: the files are plain text, read by lm-eval later.
 """
 
@@ -23,9 +30,67 @@ from convsim._errors import ConfigError
 from ._loader import SINGLE_TURN_ID, _bundled_folders, load_pack
 from ._pack import Pack
 
-__all__ = ["ExportedTask", "export_lm_eval_tasks", "TASK_PREFIX"]
+__all__ = [
+    "CONVERSATION_MARKER",
+    "ExportedTask",
+    "MULTI_TURN_TASK_PREFIX",
+    "TASK_PREFIX",
+    "export_lm_eval_tasks",
+]
 
 TASK_PREFIX = "single_turn_scenarios_"
+MULTI_TURN_TASK_PREFIX = "multi_turn_scenarios_"
+CONVERSATION_MARKER = "convsim-conversation:"
+"""Prompt prefix of a multi-turn task's documents; the JSON of {pack, conversation_id}
+follows it. The ``convsim`` lm-eval model runs such a request as a whole conversation."""
+_UNSCORED = frozenset({"latency"})
+"""Wall-clock timings: not a score of the conversation, and never reproducible."""
+
+_MULTI_TURN_UTILS = '''"""Written by `convsim lm-eval-tasks`: {task} runs convsim conversations."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MARKER = {marker!r}
+METRICS = {metrics!r}
+
+
+def doc_to_text(doc: dict[str, Any]) -> str:
+    """A marker the convsim lm-eval model recognises; it is never sent to a model."""
+    ref = {{"pack": doc["pack"], "conversation_id": doc["conversation_id"]}}
+    return MARKER + json.dumps(ref, sort_keys=True, ensure_ascii=False)
+
+
+def doc_to_target(doc: dict[str, Any]) -> str:
+    return ""
+
+
+def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """The conversation's scores, as the convsim model returned them (JSON)."""
+    text = results[0] if results else ""
+    try:
+        scores = json.loads(text)
+    except (TypeError, ValueError):
+        scores = None
+    if not isinstance(scores, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()
+    ):
+        raise ValueError(
+            f"{task}: the task needs `--model convsim` (e.g. `convsim lm-eval --model "
+            "convsim --model_args model=SPEC ...`): each document is a whole multi-turn "
+            f"conversation that only convsim's runtime can run; the model answered "
+            f"{{str(text)[:80]!r}} instead of the conversation's scores"
+        )
+    # a metric that does not apply to this conversation is left out, not counted
+    return {{
+        name: float(scores[name])
+        for name in METRICS
+        if name in scores and not math.isnan(float(scores[name]))
+    }}
+'''
 
 _UTILS = '''"""Written by `convsim lm-eval-tasks`: scores {task} with convsim's metric registry."""
 
@@ -72,7 +137,8 @@ class ExportedTask:
 
 
 def _task_name(pack: Pack) -> str:
-    return TASK_PREFIX + re.sub(r"[^0-9A-Za-z_]+", "_", pack.name)
+    prefix = TASK_PREFIX if pack.kind == "single_turn" else MULTI_TURN_TASK_PREFIX
+    return prefix + re.sub(r"[^0-9A-Za-z_]+", "_", pack.name)
 
 
 def _docs(pack: Pack) -> list[dict[str, Any]]:
@@ -132,10 +198,79 @@ def _higher_is_better(name: str) -> bool | None:
     return getattr(METRICS.get(name), "higher_is_better", None)
 
 
+def _pack_ref(pack: Pack) -> str:
+    """How the convsim model finds the pack again: a bundled name, else its folder."""
+    folder = pack.path.resolve()
+    bundled = {f.resolve() for f in _bundled_folders()}
+    return pack.name if folder in bundled else str(folder)
+
+
+def _conversation_metrics(pack: Pack) -> tuple[list[str], list[tuple[str, str]]]:
+    """What ``convsim run`` scores on this pack (the default metrics, the pack's and
+    its flows'), less timings and metrics that need a judge model."""
+    from convsim.metrics import DEFAULT_METRICS, METRICS
+
+    names = [*DEFAULT_METRICS, *pack.metrics]
+    for conv in pack.conversations:
+        names.extend(conv.flow.flow.metrics)
+    kept: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    for name in dict.fromkeys(names):
+        if name in _UNSCORED:
+            skipped.append((name, "a wall-clock timing, not a score of the conversation"))
+        elif name.startswith("judge"):
+            skipped.append((name, "needs a judge model"))
+        elif name not in METRICS:
+            skipped.append((name, "not in the metric registry"))
+        else:
+            kept.append(name)
+    return kept, skipped
+
+
+def export_multi_turn_pack(pack: Pack, out: Path) -> ExportedTask:
+    """Write one multi-turn pack as an lm-eval task into ``out`` (``--model convsim``)."""
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    task = _task_name(pack)
+    ref = _pack_ref(pack)
+    docs = [{"pack": ref, "conversation_id": c.conversation_id} for c in pack.conversations]
+    metrics, skipped = _conversation_metrics(pack)
+    if not metrics:
+        raise ConfigError(f"{pack.name}: none of the pack's metrics can be scored")
+    data = out / f"{task}.jsonl"
+    data.write_text(
+        "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
+    )
+    utils = f"{task}_utils"
+    (out / f"{utils}.py").write_text(
+        _MULTI_TURN_UTILS.format(task=task, marker=CONVERSATION_MARKER, metrics=metrics),
+        encoding="utf-8",
+    )
+    config = {
+        "task": task,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "test_split": "test",
+        "output_type": "generate_until",
+        "generation_kwargs": {"until": []},
+        "metric_list": [
+            {"metric": m, "aggregation": "mean", "higher_is_better": _higher_is_better(m)}
+            for m in metrics
+        ],
+        "metadata": {"version": 1.0, "convsim_pack": str(pack.path)},
+    }
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    for key in ("doc_to_text", "doc_to_target", "process_results"):
+        text += f"{key}: !function {utils}.{key}\n"
+    path = out / f"{task}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return ExportedTask(task, path, data, tuple(metrics), tuple(skipped))
+
+
 def export_pack(pack: Pack, out: Path) -> ExportedTask:
-    """Write one single-turn pack as an lm-eval task into ``out``."""
+    """Write one pack as an lm-eval task into ``out``."""
     if pack.kind != "single_turn":
-        raise ConfigError(f"{pack.name}: only single-turn packs become lm-eval tasks here")
+        return export_multi_turn_pack(pack, out)
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     task = _task_name(pack)
@@ -182,18 +317,13 @@ def export_pack(pack: Pack, out: Path) -> ExportedTask:
 def export_lm_eval_tasks(
     packs: Sequence[str | Path] = (), out: str | Path = "lm_eval_tasks"
 ) -> list[ExportedTask]:
-    """Every bundled single-turn pack plus each pack named in ``packs``, written into
-    ``out``; pass ``out`` as lm-eval's ``--include_path``."""
+    """Every bundled pack (single- and multi-turn) plus each pack named in ``packs``,
+    written into ``out``; pass ``out`` as lm-eval's ``--include_path``."""
     loaded: dict[Path, Pack] = {}
     for folder in _bundled_folders():
         pack = load_pack(folder)
-        if pack.kind == "single_turn":
-            loaded[pack.path.resolve()] = pack
+        loaded[pack.path.resolve()] = pack
     for name in packs:
         pack = load_pack(name)
-        if pack.kind != "single_turn":
-            raise ConfigError(
-                f"{name}: a multi-turn pack; only single-turn packs become lm-eval tasks"
-            )
         loaded[pack.path.resolve()] = pack
     return [export_pack(pack, Path(out)) for pack in loaded.values()]

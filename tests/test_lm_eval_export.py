@@ -132,7 +132,8 @@ def test_cli_writes_the_tasks_and_prints_the_include_path(tmp_path: Path) -> Non
     assert TASK in result.output
 
 
-def test_cli_refuses_a_multi_turn_pack(tmp_path: Path) -> None:
+def test_cli_exports_a_multi_turn_pack_as_a_conversation_task(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["lm-eval-tasks", "customer_support", "--out", str(tmp_path)])
-    assert result.exit_code == 2
-    assert "single-turn" in result.output
+    assert result.exit_code == 0, result.output
+    config = (tmp_path / "multi_turn_scenarios_customer_support.yaml").read_text(encoding="utf-8")
+    assert "task: multi_turn_scenarios_customer_support" in config

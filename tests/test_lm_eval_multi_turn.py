@@ -1,0 +1,90 @@
+"""Multi-turn packs as lm-eval tasks (``multi_turn_scenarios_<pack>``), run by ``--model
+convsim`` through convsim's runtime."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from convsim import run_sync
+from convsim.scenarios import load_pack
+from convsim.scenarios._lm_eval_export import CONVERSATION_MARKER, export_lm_eval_tasks
+
+pytest.importorskip("lm_eval")
+
+PACK = "customer_support"
+TASK = f"multi_turn_scenarios_{PACK}"
+LIMIT = 3
+
+
+@pytest.fixture()
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _evaluate(model: Any, include: Path, **kwargs: Any) -> dict[str, Any]:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from convsim.adapters._lm_eval import register_lm_eval_model
+
+    register_lm_eval_model()
+    results = simple_evaluate(
+        model=model,
+        tasks=[TASK],
+        task_manager=TaskManager(include_path=str(include), include_defaults=False),
+        limit=LIMIT,
+        **kwargs,
+    )
+    assert results is not None
+    return results
+
+
+def test_the_task_has_one_document_per_conversation(tmp_path: Path) -> None:
+    (task,) = [t for t in export_lm_eval_tasks(out=tmp_path) if t.task == TASK]
+    docs = [json.loads(line) for line in task.data_path.read_text().splitlines()]
+    pack = load_pack(PACK)
+    assert docs == [
+        {"pack": PACK, "conversation_id": c.conversation_id} for c in pack.conversations
+    ]
+    assert "latency" not in task.metrics and "coherence" in task.metrics
+
+
+def test_a_pack_folder_is_exported_by_its_path(tmp_path: Path) -> None:
+    folder = load_pack(PACK).path
+    (task,) = [t for t in export_lm_eval_tasks([folder], tmp_path) if t.task == TASK]
+    doc = json.loads(task.data_path.read_text().splitlines()[0])
+    assert doc["pack"] == PACK  # a bundled folder keeps its name
+
+
+def test_convsim_model_runs_the_conversations_as_convsim_does(
+    tmp_path: Path, offline: None
+) -> None:
+    (task,) = [t for t in export_lm_eval_tasks(out=tmp_path) if t.task == TASK]
+    results = _evaluate("convsim", tmp_path, model_args="model=scripted,seed=7,concurrency=4")
+    got = results["results"][TASK]
+    expected = run_sync(PACK, "scripted", limit=LIMIT, seed=7)
+    assert len(expected) == LIMIT
+    for name in task.metrics:
+        values = [r.scores[name].value for r in expected if name in r.scores]
+        values = [v for v in values if v is not None]
+        if not values:
+            continue
+        assert f"{name},none" in got, name
+        assert got[f"{name},none"] == pytest.approx(sum(values) / len(values)), name
+        assert not math.isnan(got[f"{name},none"])
+    assert {"coherence,none", "conversation_flow,none", "goal_achievement,none"} <= set(got)
+    samples = results.get("samples", {}).get(TASK)
+    if samples:
+        assert samples[0]["arguments"][0][0].startswith(CONVERSATION_MARKER)
+
+
+def test_another_model_fails_with_a_clear_message(tmp_path: Path, offline: None) -> None:
+    export_lm_eval_tasks(out=tmp_path)
+    with pytest.raises(ValueError, match="--model convsim"):
+        _evaluate("dummy", tmp_path)

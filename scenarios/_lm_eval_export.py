@@ -227,6 +227,48 @@ def _conversation_metrics(pack: Pack) -> tuple[list[str], list[tuple[str, str]]]
     return kept, skipped
 
 
+def _write_task(
+    pack: Pack,
+    out: Path,
+    docs: list[dict[str, Any]],
+    metrics: list[str],
+    skipped: list[tuple[str, str]],
+    utils_source: str,
+    fields: dict[str, Any],
+    functions: Sequence[str],
+) -> ExportedTask:
+    """Write a task's documents, its utils module and its YAML into ``out``: the YAML
+    holds ``fields`` beside what every exported task has, and ``functions`` refer to
+    the utils module."""
+    task = _task_name(pack)
+    data = out / f"{task}.jsonl"
+    data.write_text(
+        "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
+    )
+    utils = f"{task}_utils"
+    (out / f"{utils}.py").write_text(utils_source, encoding="utf-8")
+    config = {
+        "task": task,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "test_split": "test",
+        "output_type": "generate_until",
+        **fields,
+        "metric_list": [
+            {"metric": m, "aggregation": "mean", "higher_is_better": _higher_is_better(m)}
+            for m in metrics
+        ],
+        "metadata": {"version": 1.0, "convsim_pack": str(pack.path)},
+    }
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    # lm-eval resolves `!function module.name` next to the YAML; safe_dump cannot tag it.
+    for key in functions:
+        text += f"{key}: !function {utils}.{key}\n"
+    path = out / f"{task}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return ExportedTask(task, path, data, tuple(metrics), tuple(skipped))
+
+
 def export_multi_turn_pack(pack: Pack, out: Path) -> ExportedTask:
     """Write one multi-turn pack as an lm-eval task into ``out`` (``--model convsim``)."""
     out = out.resolve()
@@ -237,34 +279,16 @@ def export_multi_turn_pack(pack: Pack, out: Path) -> ExportedTask:
     metrics, skipped = _conversation_metrics(pack)
     if not metrics:
         raise ConfigError(f"{pack.name}: none of the pack's metrics can be scored")
-    data = out / f"{task}.jsonl"
-    data.write_text(
-        "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
-    )
-    utils = f"{task}_utils"
-    (out / f"{utils}.py").write_text(
+    return _write_task(
+        pack,
+        out,
+        docs,
+        metrics,
+        skipped,
         _MULTI_TURN_UTILS.format(task=task, marker=CONVERSATION_MARKER, metrics=metrics),
-        encoding="utf-8",
+        {"generation_kwargs": {"until": []}},
+        ("doc_to_text", "doc_to_target", "process_results"),
     )
-    config = {
-        "task": task,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data)}},
-        "test_split": "test",
-        "output_type": "generate_until",
-        "generation_kwargs": {"until": []},
-        "metric_list": [
-            {"metric": m, "aggregation": "mean", "higher_is_better": _higher_is_better(m)}
-            for m in metrics
-        ],
-        "metadata": {"version": 1.0, "convsim_pack": str(pack.path)},
-    }
-    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-    for key in ("doc_to_text", "doc_to_target", "process_results"):
-        text += f"{key}: !function {utils}.{key}\n"
-    path = out / f"{task}.yaml"
-    path.write_text(text, encoding="utf-8")
-    return ExportedTask(task, path, data, tuple(metrics), tuple(skipped))
 
 
 def export_pack(pack: Pack, out: Path) -> ExportedTask:
@@ -278,12 +302,6 @@ def export_pack(pack: Pack, out: Path) -> ExportedTask:
     metrics, skipped = _applicable(pack, docs)
     if not metrics:
         raise ConfigError(f"{pack.name}: none of the pack's metrics applies to every problem")
-    data = out / f"{task}.jsonl"
-    data.write_text(
-        "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
-    )
-    utils = f"{task}_utils"
-    (out / f"{utils}.py").write_text(_UTILS.format(task=task, metrics=metrics), encoding="utf-8")
     settings = pack.conversations[0].flow.turns[0].config.config
     generation: dict[str, Any] = {"until": []}
     if settings.max_tokens is not None:
@@ -291,27 +309,20 @@ def export_pack(pack: Pack, out: Path) -> ExportedTask:
     if settings.temperature is not None:
         generation["temperature"] = settings.temperature
         generation["do_sample"] = settings.temperature > 0
-    config = {
-        "task": task,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data)}},
-        "test_split": "test",
-        "output_type": "generate_until",
-        "doc_to_text": "{{prompt}}",
-        "doc_to_target": "{{target}}",
-        "generation_kwargs": generation,
-        "metric_list": [
-            {"metric": m, "aggregation": "mean", "higher_is_better": _higher_is_better(m)}
-            for m in metrics
-        ],
-        "metadata": {"version": 1.0, "convsim_pack": str(pack.path)},
-    }
-    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-    # lm-eval resolves `!function module.name` next to the YAML; safe_dump cannot tag it.
-    text += f"process_results: !function {utils}.process_results\n"
-    path = out / f"{task}.yaml"
-    path.write_text(text, encoding="utf-8")
-    return ExportedTask(task, path, data, tuple(metrics), tuple(skipped))
+    return _write_task(
+        pack,
+        out,
+        docs,
+        metrics,
+        skipped,
+        _UTILS.format(task=task, metrics=metrics),
+        {
+            "doc_to_text": "{{prompt}}",
+            "doc_to_target": "{{target}}",
+            "generation_kwargs": generation,
+        },
+        ("process_results",),
+    )
 
 
 def export_lm_eval_tasks(

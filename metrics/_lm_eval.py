@@ -17,7 +17,6 @@ lm_eval is imported when such a metric is built, never by ``import convsim``.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -160,23 +159,13 @@ class LmEvalTaskMetric:
             f"lm-eval's {self.metric} for the document, from the task's own filters and "
             "process_results (runs with lm-eval:TASK packs)."
         )
-        self._tasks: dict[tuple[str, str | None], Any] = {}
-        self._lock = threading.Lock()
-
-    def task(self, name: str, include_path: str | None) -> Any:
-        """The task, loaded once per metric instance (that is, per run)."""
-        from convsim.scenarios._lm_eval_task import lm_eval_task
-
-        with self._lock:
-            key = (name, include_path)
-            if key not in self._tasks:
-                self._tasks[key] = lm_eval_task(name, include_path)
-                higher = self._tasks[key].higher_is_better().get(self.metric)
-                self.higher_is_better = bool(higher) if higher is not None else True
-            return self._tasks[key]
 
     def scorer(self, conversation: Conversation) -> _LmEvalTaskScorer:
-        return _LmEvalTaskScorer(self, dict(conversation.scenario.metadata), conversation.origin)
+        task = conversation.origin  # the lm-eval task an lm-eval:TASK document came from
+        if task is not None and hasattr(task, "higher_is_better"):
+            higher = task.higher_is_better().get(self.metric)
+            self.higher_is_better = bool(higher) if higher is not None else True
+        return _LmEvalTaskScorer(self, dict(conversation.scenario.metadata), task)
 
 
 @dataclass
@@ -184,7 +173,7 @@ class _LmEvalTaskScorer:
     metric: LmEvalTaskMetric
     metadata: dict[str, Any]
     task: Any = None
-    """The loaded task, when the pack carries it; else loaded by the metric."""
+    """The lm-eval task the conversation was built from."""
     response: str | None = None
 
     def update(self, turn: TurnRecord) -> None:
@@ -195,12 +184,11 @@ class _LmEvalTaskScorer:
         from convsim.scenarios._lm_eval_task import score_document
 
         name = self.metadata.get("lm_eval_task")
-        if name is None:
+        if name is None or self.task is None:
             return Score.not_applicable("not a document of an lm-eval:TASK pack")
         if self.response is None:
             return Score.not_applicable("the document was not answered")
-        task = self.task or self.metric.task(name, self.metadata.get("lm_eval_include_path"))
-        results = score_document(task, self.metadata["doc_id"], self.response)
+        results = score_document(self.task, self.metadata["doc_id"], self.response)
         mine = {k: v for k, v in results.items() if k.split(",", 1)[0] == self.metric.metric}
         if not mine:
             raise KeyError(f"lm-eval task {name!r} reports no {self.metric.metric!r}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import os
 import random
 import sys
@@ -29,14 +28,13 @@ from typing import Any
 
 from convsim._errors import ConfigError
 
-from ._pack import Conversation, Pack, PreparedFlow, PreparedTurn
-from ._schema import Flow, Scenario, TurnConfig, TurnSettings
-from ._templates import Template
+from ._pack import Pack
+from ._prompt_pack import PromptPackBuilder
+from ._schema import TurnSettings
 
 __all__ = ["LM_EVAL_PREFIX", "load_lm_eval_task", "lm_eval_task"]
 
 LM_EVAL_PREFIX = "lm-eval:"
-TURN_ID = "answer"
 
 
 def _offline() -> None:
@@ -137,52 +135,28 @@ def load_lm_eval_task(
     with _templates_compiled_once():
         targets = {i.doc_id: task.doc_to_target(i.doc) for i in task.instances}
     metrics = tuple(f"lm_eval_task:{m}" for m in task.aggregation())
-    template = Template.parse("{prompt}")
-    digest = hashlib.sha256(f"lm-eval\0{name}\0".encode())
-    flows: dict[str, PreparedFlow] = {}
-    conversations = []
+    missing = [m for m in metrics if metric_names and m not in metric_names]
+    if missing:
+        raise ConfigError(f"unknown metrics {', '.join(missing)}")
+    builder = PromptPackBuilder("lm_eval", f"lm-eval\0{name}")
     for instance in sorted(task.instances, key=lambda i: i.doc_id):
         context, gen_kwargs = instance.arguments
-        settings = _settings(gen_kwargs)
-        key = settings.model_dump_json()
-        if key not in flows:
-            turn = TurnConfig(turn_id=TURN_ID, prompt_template="{prompt}", config=settings)
-            flow = Flow(max_turns=1, conversation_timeout=300.0, metrics=[], turns=[turn])
-            flows[key] = PreparedFlow("lm_eval", flow, (PreparedTurn(turn, 0, template),))
-        target = targets[instance.doc_id]
-        digest.update(f"{instance.doc_id}\0{context}\0{key}\0{target}\0".encode())
-        scenario = Scenario.model_construct(
-            scenario_id=f"{name}-{instance.doc_id}",
-            scenario_type="lm_eval",
-            scenario_description=f"lm-eval task {name}, document {instance.doc_id}",
-            variables={"prompt": context},
-            system_prompt=None,
-            difficulty=None,
-            facts=[],
-            probes=[],
-            goal=None,
-            required_keywords=[],
-            reference_responses={TURN_ID: _target_text(target)},
-            tags=[],
+        builder.add(
+            doc_id=instance.doc_id,
+            name=name,
+            description=f"lm-eval task {name}, document {instance.doc_id}",
+            prompt=context,
+            settings=_settings(gen_kwargs),
+            reference=_target_text(targets[instance.doc_id]),
             metadata={
                 "lm_eval_task": name,
                 "lm_eval_include_path": str(include_path) if include_path is not None else None,
                 "doc_id": instance.doc_id,
             },
+            origin=task,
         )
-        source = f"{name}:{instance.doc_id}"
-        conversations.append(Conversation(scenario, flows[key], "single_turn", source, origin=task))
-    missing = [m for m in metrics if metric_names and m not in metric_names]
-    if missing:
-        raise ConfigError(f"unknown metrics {', '.join(missing)}")
-    return Pack(
-        name=f"lm-eval:{name}",
-        path=Path(str(include_path or ".")),
-        kind="single_turn",
-        description=f"lm-eval task {name} ({len(conversations)} documents)",
-        pack_hash=digest.hexdigest(),
-        conversations=tuple(conversations),
-        metrics=metrics,
+    return builder.pack(
+        name=f"lm-eval:{name}", path=Path(str(include_path or ".")), metrics=metrics
     )
 
 

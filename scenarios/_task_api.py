@@ -20,7 +20,6 @@ lm_eval is imported by ``to_lm_eval_task`` only, never by ``import convsim``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import json
 import math
@@ -36,9 +35,9 @@ from convsim._errors import ConfigError
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._registry import Registry
 
-from ._pack import Conversation, Pack, PreparedFlow, PreparedTurn
-from ._schema import Flow, Scenario, TurnConfig, TurnSettings
-from ._templates import Template
+from ._pack import Conversation, Pack
+from ._prompt_pack import PromptPackBuilder
+from ._schema import TurnSettings
 
 if TYPE_CHECKING:
     from convsim._records import ConversationResult
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["AdvancedTask", "MetricsEngine", "TASKS", "register_task", "TASK_METRIC_PREFIX"]
 
 TASK_METRIC_PREFIX = "task:"
-TURN_ID = "answer"
 AGGREGATIONS: dict[str, Callable[[Sequence[float]], float]] = {
     "mean": statistics.fmean,
     "std": lambda xs: statistics.pstdev(xs) if len(xs) > 1 else 0.0,
@@ -286,53 +284,29 @@ class AdvancedTask:
     def to_pack(self) -> Pack:
         """A single-turn pack: one conversation per document, scored by the task's own
         ``process_results`` through the ``task:<key>`` metrics."""
-        template = Template.parse("{prompt}")
-        digest = hashlib.sha256(f"task\0{self.name}\0{self.VERSION}\0".encode())
-        flows: dict[str, PreparedFlow] = {}
-        conversations = []
+        builder = PromptPackBuilder("task", f"task\0{self.name}\0{self.VERSION}")
         for index, doc in enumerate(self.eval_docs()):
             arguments = self.request_arguments(doc)
             until = arguments.get("until")
-            settings = TurnSettings(
-                temperature=arguments.get("temperature"),
-                max_tokens=arguments.get("max_tokens"),
-                stop=[until] if isinstance(until, str) else (list(until) if until else None),
-            )
-            key = settings.model_dump_json()
-            if key not in flows:
-                turn = TurnConfig(turn_id=TURN_ID, prompt_template="{prompt}", config=settings)
-                flow = Flow(max_turns=1, conversation_timeout=300.0, metrics=[], turns=[turn])
-                flows[key] = PreparedFlow("task", flow, (PreparedTurn(turn, 0, template),))
             target = self.doc_to_target(doc)
-            reference = str(target[0] if isinstance(target, list) and target else target)
-            prompt = str(arguments["prompt"])
-            digest.update(f"{index}\0{prompt}\0{key}\0{reference}\0".encode())
-            scenario = Scenario.model_construct(
-                scenario_id=f"{self.name}-{index}",
-                scenario_type="task",
-                scenario_description=f"task {self.name}, document {index}",
-                variables={"prompt": prompt},
-                system_prompt=None,
-                difficulty=doc.get("difficulty") if isinstance(doc, Mapping) else None,
-                facts=[],
-                probes=[],
-                goal=None,
-                user=None,
-                required_keywords=[],
-                reference_responses={TURN_ID: reference},
-                tags=[],
+            builder.add(
+                doc_id=index,
+                name=self.name,
+                description=f"task {self.name}, document {index}",
+                prompt=str(arguments["prompt"]),
+                settings=TurnSettings(
+                    temperature=arguments.get("temperature"),
+                    max_tokens=arguments.get("max_tokens"),
+                    stop=[until] if isinstance(until, str) else (list(until) if until else None),
+                ),
+                reference=str(target[0] if isinstance(target, list) and target else target),
                 metadata={"task": self.name, "doc_id": index},
+                origin=TaskDocument(self, doc),
+                difficulty=doc.get("difficulty") if isinstance(doc, Mapping) else None,
             )
-            origin = TaskDocument(self, doc)
-            source = f"{self.name}:{index}"
-            conversations.append(Conversation(scenario, flows[key], "single_turn", source, origin))
-        return Pack(
+        return builder.pack(
             name=f"task:{self.name}",
             path=self.dataset_file().parent,
-            kind="single_turn",
-            description=f"task {self.name} ({len(conversations)} documents)",
-            pack_hash=digest.hexdigest(),
-            conversations=tuple(conversations),
             metrics=tuple(TASK_METRIC_PREFIX + m for m in self.metric_names()),
         )
 

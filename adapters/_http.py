@@ -18,6 +18,8 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import anyio
+
 from convsim._errors import ServerError, Timeout
 
 __all__ = [
@@ -159,17 +161,30 @@ class AiohttpTransport:
         self.pool_size = pool_size
         self._session: Any = None
         self._timeouts: dict[HttpTimeouts, Any] = {}
+        self._proxies: dict[str, dict[str, Any]] = {}
 
     def _client(self) -> Any:
         if self._session is None or self._session.closed:
             import aiohttp
 
             connector = aiohttp.TCPConnector(limit=self.pool_size, limit_per_host=self.pool_size)
-            # trust_env: honour HTTP(S)_PROXY and NO_PROXY, as httpx does by default
-            self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=True, trust_env=True
-            )
+            # trust_env stays off: aiohttp would then look the proxy up in a worker
+            # thread on every request; _proxy() does it once per origin instead
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
         return self._session
+
+    async def _proxy(self, url: str) -> dict[str, Any]:
+        """The proxy the environment names for ``url``'s origin (HTTP(S)_PROXY, NO_PROXY,
+        credentials from the proxy URL or .netrc), as httpx and ``trust_env`` would pick
+        it; looked up once per origin, off the loop (.netrc is a file read)."""
+        from yarl import URL
+
+        target = URL(url)
+        origin = str(target.origin())
+        known = self._proxies.get(origin)
+        if known is None:
+            known = self._proxies[origin] = await anyio.to_thread.run_sync(_env_proxy, target)
+        return known
 
     def _timeout(self, t: HttpTimeouts) -> Any:
         timeout = self._timeouts.get(t)
@@ -186,12 +201,14 @@ class AiohttpTransport:
     ) -> HttpResponse:
         import aiohttp
 
+        proxy = await self._proxy(url)
         with _translated(url, asyncio.TimeoutError, aiohttp.ClientError):
             async with self._client().post(
                 url,
                 data=_encode(payload),
                 headers=headers,
                 timeout=self._timeout(timeouts),
+                **proxy,
             ) as response:
                 body = await response.read()
                 return HttpResponse(response.status, response.headers, body)
@@ -202,12 +219,14 @@ class AiohttpTransport:
     ) -> AsyncIterator[StreamResponse]:
         import aiohttp
 
+        proxy = await self._proxy(url)
         with _translated(url, asyncio.TimeoutError, aiohttp.ClientError):
             async with self._client().post(
                 url,
                 data=_encode(payload),
                 headers=headers,
                 timeout=self._timeout(timeouts),
+                **proxy,
             ) as response:
                 yield _AiohttpStream(response)
 
@@ -215,6 +234,16 @@ class AiohttpTransport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _env_proxy(url: Any) -> dict[str, Any]:
+    from aiohttp.helpers import get_env_proxy_for_url
+
+    try:
+        proxy, auth = get_env_proxy_for_url(url)
+    except LookupError:  # no proxy for this scheme, or NO_PROXY covers the host
+        return {}
+    return {"proxy": proxy, "proxy_auth": auth}
 
 
 class _AiohttpStream:

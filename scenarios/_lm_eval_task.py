@@ -132,8 +132,7 @@ def load_lm_eval_task(
     """The pack for ``lm-eval:TASK``: one single-turn conversation per document."""
     name = spec[len(LM_EVAL_PREFIX) :]
     task = lm_eval_task(name, include_path)
-    with _templates_compiled_once():
-        targets = {i.doc_id: task.doc_to_target(i.doc) for i in task.instances}
+    targets = _remember_targets(task)
     metrics = tuple(f"lm_eval_task:{m}" for m in task.aggregation())
     missing = [m for m in metrics if metric_names and m not in metric_names]
     if missing:
@@ -158,6 +157,21 @@ def load_lm_eval_task(
     return builder.pack(
         name=f"lm-eval:{name}", path=Path(str(include_path or ".")), metrics=metrics
     )
+
+
+def _remember_targets(task: Any) -> dict[int, Any]:
+    """Each document's target, worked out once; ``process_results`` asks for it again
+    while scoring and lm-eval would compile the task's template anew every time."""
+    with _templates_compiled_once():
+        by_doc = {id(i.doc): (i.doc_id, task.doc_to_target(i.doc)) for i in task.instances}
+    worked_out = task.doc_to_target
+
+    def doc_to_target(doc: Any) -> Any:
+        known = by_doc.get(id(doc))
+        return known[1] if known is not None else worked_out(doc)
+
+    task.doc_to_target = doc_to_target
+    return {doc_id: target for doc_id, target in by_doc.values()}
 
 
 def _settings(gen_kwargs: dict[str, Any]) -> TurnSettings:

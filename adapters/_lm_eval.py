@@ -62,6 +62,10 @@ class FailedRequest:
 class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
     """An lm-eval ``LM`` that sends ``generate_until`` requests through a convsim adapter."""
 
+    runs_convsim_conversations = True
+    """What a multi-turn task checks before lm-eval generates anything: only this model
+    runs a document that is a whole conversation."""
+
     def __init__(
         self,
         model: str | None = None,

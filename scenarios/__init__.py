@@ -45,8 +45,9 @@ __all__ = [
     "TurnSettings",
     "Template",
 ]
+from ._multi_turn_task import MultiTurnTask as MultiTurnTask
 from ._task_api import AdvancedTask as AdvancedTask
 from ._task_api import MetricsEngine as MetricsEngine
 from ._task_api import register_task as register_task
 
-__all__ += ["AdvancedTask", "MetricsEngine", "register_task"]
+__all__ += ["AdvancedTask", "MetricsEngine", "MultiTurnTask", "register_task"]

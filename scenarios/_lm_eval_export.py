@@ -17,10 +17,14 @@ Nothing here imports lm_eval: the files are plain text, read by lm-eval later.
 from __future__ import annotations
 
 import json
+import math
 import re
+import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import yaml
@@ -47,6 +51,40 @@ _UNSCORED = frozenset({"latency"})
 """Wall-clock timings: not a score of the conversation, and never reproducible."""
 
 _MULTI_TURN_UTILS = '''"""Written by `convsim lm-eval-tasks`: {task} runs convsim conversations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convsim.scenarios._lm_eval_export import (
+    conversation_request,
+    conversation_scores,
+    require_convsim_model,
+    std,
+    with_std,
+)
+
+TASK = {task!r}
+METRICS = {metrics!r}
+
+
+def doc_to_text(doc: dict[str, Any]) -> str:
+    """A request only the convsim lm-eval model understands (checked before lm-eval
+    generates anything)."""
+    require_convsim_model(TASK)
+    return conversation_request(doc["pack"], doc["conversation_id"])
+
+
+def doc_to_target(doc: dict[str, Any]) -> str:
+    return ""
+
+
+def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """The conversation's scores, as the convsim model returned them."""
+    return with_std(conversation_scores(TASK, results[0] if results else "", METRICS))
+'''
+
+_UTILS = '''"""Written by `convsim lm-eval-tasks`: {task} runs convsim conversations."""
 
 from __future__ import annotations
 
@@ -99,6 +137,7 @@ from __future__ import annotations
 from typing import Any
 
 from convsim.metrics import score_transcript
+from convsim.scenarios._lm_eval_export import std, with_std
 
 METRICS = {metrics!r}
 
@@ -118,11 +157,83 @@ def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]
         required_keywords=doc.get("required_keywords") or [],
         scenario_type="single_turn",
     )
-    return {{
+    return with_std({{
         name: float("nan") if scores[name].value is None else float(scores[name].value)
         for name in METRICS
-    }}
+    }})
 '''
+
+
+STD_SUFFIX = "_std"
+_STD_PLACEHOLDER = "convsim-std-aggregation"
+
+
+def std(items: Sequence[float]) -> float:
+    """The population standard deviation of a metric's values: the guide's ``std``
+    aggregation, reported beside the mean as ``<metric>_std``."""
+    values = [float(v) for v in items if not math.isnan(float(v))]
+    return statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def with_std(scores: dict[str, float]) -> dict[str, float]:
+    """``scores`` with each value again under ``<metric>_std`` (aggregated by :func:`std`)."""
+    return {**scores, **{name + STD_SUFFIX: value for name, value in scores.items()}}
+
+
+def conversation_request(pack: str, conversation_id: str) -> str:
+    """The request text of a conversation document: the marker and its reference."""
+    ref = {"pack": pack, "conversation_id": conversation_id}
+    return CONVERSATION_MARKER + json.dumps(ref, sort_keys=True, ensure_ascii=False)
+
+
+def _needs_convsim(task: str) -> str:
+    return (
+        f"{task}: the task needs `--model convsim` (e.g. `convsim lm-eval --model convsim "
+        "--model_args model=SPEC ...`): each document is a whole multi-turn conversation "
+        "that only convsim's runtime can run"
+    )
+
+
+def require_convsim_model(task: str) -> None:
+    """Fail before any generation when lm-eval evaluates this task with another model.
+
+    lm-eval hands a task no handle on the model, so this looks for the ``lm`` of the
+    ``lm_eval.evaluator.evaluate`` call that is building the requests; when there is none
+    (the task used some other way) the check is left to :func:`conversation_scores`.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if (
+            frame.f_code.co_name == "evaluate"
+            and frame.f_globals.get("__name__") == "lm_eval.evaluator"
+        ):
+            lm = frame.f_locals.get("lm")
+            lm = getattr(lm, "lm", lm)  # lm-eval's CachingLM wraps the model
+            if lm is not None and not getattr(lm, "runs_convsim_conversations", False):
+                raise ValueError(f"{_needs_convsim(task)}; got {type(lm).__name__}")
+            return
+        frame = frame.f_back
+
+
+def conversation_scores(task: str, text: str, metrics: Sequence[str]) -> dict[str, float]:
+    """``metrics`` from the convsim model's answer to a conversation request (the JSON
+    of the conversation's scores); a metric that did not apply is left out."""
+    try:
+        scores = json.loads(text)
+    except (TypeError, ValueError):
+        scores = None
+    if not isinstance(scores, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()
+    ):
+        raise ValueError(
+            f"{_needs_convsim(task)}; the model answered {str(text)[:80]!r} instead of the "
+            "conversation's scores"
+        )
+    return {
+        name: float(scores[name])
+        for name in metrics
+        if name in scores and not math.isnan(float(scores[name]))
+    }
 
 
 @dataclass(frozen=True)
@@ -255,12 +366,17 @@ def _write_task(
         "output_type": "generate_until",
         **fields,
         "metric_list": [
-            {"metric": m, "aggregation": "mean", "higher_is_better": _higher_is_better(m)}
+            entry
             for m in metrics
+            for entry in (
+                {"metric": m, "aggregation": "mean", "higher_is_better": _higher_is_better(m)},
+                {"metric": m + STD_SUFFIX, "aggregation": _STD_PLACEHOLDER},
+            )
         ],
         "metadata": {"version": 1.0, "convsim_pack": str(pack.path)},
     }
     text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    text = text.replace(_STD_PLACEHOLDER, f"!function {utils}.std")
     # lm-eval resolves `!function module.name` next to the YAML; safe_dump cannot tag it.
     for key in functions:
         text += f"{key}: !function {utils}.{key}\n"
@@ -285,7 +401,7 @@ def export_multi_turn_pack(pack: Pack, out: Path) -> ExportedTask:
         docs,
         metrics,
         skipped,
-        _MULTI_TURN_UTILS.format(task=task, marker=CONVERSATION_MARKER, metrics=metrics),
+        _MULTI_TURN_UTILS.format(task=task, metrics=metrics),
         {"generation_kwargs": {"until": []}},
         ("doc_to_text", "doc_to_target", "process_results"),
     )

@@ -76,7 +76,8 @@ def load_pack(
     include_path: str | Path | None = None,
 ) -> Pack:
     """Load and validate a bundled pack by name, or a pack folder by path, or an
-    lm-eval generate_until task as ``lm-eval:TASK``.
+    lm-eval generate_until task as ``lm-eval:TASK``, or a task class registered with
+    ``@register_task`` as ``task:NAME``.
 
     Args:
         name_or_path: a bundled pack's name (see ``convsim list``) or a folder.
@@ -109,6 +110,8 @@ def load_pack(
         return load_lm_eval_task(name_or_path, include_path=include_path, metric_names=metric_names)
     if include_path is not None:
         raise ConfigError("include_path applies to lm-eval:TASK packs only")
+    if isinstance(name_or_path, str) and name_or_path.startswith("task:"):
+        return _registered_task_pack(name_or_path[len("task:") :])
     folder = _resolve(name_or_path)
     has_multi = any((folder / f).exists() for f in MULTI_TURN_FILES)
     has_single = any((folder / f).exists() for f in SINGLE_TURN_FILES)
@@ -129,6 +132,33 @@ def load_pack(
         f"{folder}: not a scenario pack: expected {' + '.join(MULTI_TURN_FILES)} (multi-turn) "
         f"or {' + '.join(SINGLE_TURN_FILES)} (single-turn)"
     )
+
+
+def _registered_task_pack(name: str) -> Pack:
+    """``task:NAME``: the pack of a task class registered with ``@register_task``."""
+    from ._task_api import TASKS
+
+    if name not in TASKS:
+        raise ConfigError(
+            f"no task {name!r} is registered: import the module whose class has "
+            f"@register_task({name!r}) first"
+        )
+    pack: Pack = TASKS.get(name)().to_pack()
+    return pack
+
+
+def load_multi_turn_files(
+    scenarios: Path, turn_configs: Path, metric_names: Container[str]
+) -> tuple[Pack, dict[str, PreparedFlow]]:
+    """A multi-turn pack from two named files (a task class's DATASET_PATH and
+    TURN_CONFIG_PATH), validated as a pack folder is; also its flows by name."""
+    import os
+
+    loader = _MultiTurnLoader(scenarios.parent, metric_names)
+    loader.DATA = scenarios.name
+    loader.CONFIG = os.path.relpath(turn_configs, scenarios.parent)
+    pack = loader.load()
+    return pack, loader.flows
 
 
 def _resolve(name_or_path: str | Path) -> Path:
@@ -343,7 +373,7 @@ class _MultiTurnLoader(_Loader):
     DATA = "scenarios.jsonl"
 
     def load(self) -> Pack:
-        flows = self._flows()
+        flows = self.flows = self._flows()
         conversations = []
         seen: dict[str, int] = {}
         for lineno, raw in self.read_jsonl(self.DATA):

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from convsim._errors import ConfigError
 from convsim._records import Score, TurnRecord, TurnStatus
@@ -182,9 +182,12 @@ class AdvancedTask:
 
     # the dataset
     def dataset_file(self) -> Path:
-        raw = self.config.get("dataset_path") or self.DATASET_PATH
+        return self._task_file(self.config.get("dataset_path") or self.DATASET_PATH, "DATASET_PATH")
+
+    def _task_file(self, raw: str | None, attribute: str) -> Path:
+        """``raw`` as a path: absolute, or relative to the subclass's module file."""
         if raw is None:
-            raise ConfigError(f"{type(self).__name__} sets no DATASET_PATH (or dataset_path)")
+            raise ConfigError(f"{type(self).__name__} sets no {attribute} (or {attribute.lower()})")
         path = Path(raw)
         if not path.is_absolute():
             path = Path(inspect.getfile(type(self))).resolve().parent / path
@@ -342,6 +345,14 @@ class AdvancedTask:
         return out
 
     # running under lm-eval
+    def lm_eval_context(self, doc: Any) -> str:
+        """What lm-eval's model is asked for ``doc``."""
+        return self.doc_to_text(doc)
+
+    def lm_eval_results(self, doc: Any, results: list[str]) -> dict[str, Any]:
+        """``doc``'s results from lm-eval's model's answers."""
+        return dict(self.process_results(doc, results))
+
     def to_lm_eval_task(self) -> Any:
         """This task as an ``lm_eval.api.task.Task`` for ``lm_eval.simple_evaluate``."""
         return _lm_eval_task_for(self)
@@ -358,17 +369,36 @@ def _numeric(value: Any) -> bool:
 # -- the task:<key> metrics ---------------------------------------------------------
 
 
+class TaskOrigin(Protocol):
+    """A conversation built by a task class: what its ``task:<key>`` metrics ask."""
+
+    task: AdvancedTask
+
+    def results(
+        self, conversation: Conversation, turns: Sequence[TurnRecord]
+    ) -> dict[str, Any] | str:
+        """The task's own results for the conversation's completed turns, or why
+        there are none (the reason a score is not applicable)."""
+        ...
+
+
 @dataclass
 class TaskDocument:
-    """A conversation's origin: the task and the document it was built from. The task's
-    ``process_results`` runs once per answer, whichever metric asks first."""
+    """A single-turn conversation's origin: the task and the document it was built
+    from. The task's ``process_results`` runs once per answer, whichever metric asks
+    first."""
 
     task: AdvancedTask
     doc: Any
     _results: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def results(self, response: str) -> dict[str, Any]:
+    def results(
+        self, conversation: Conversation, turns: Sequence[TurnRecord]
+    ) -> dict[str, Any] | str:
+        if not turns:
+            return "the document was not answered"
+        response = turns[-1].response or ""
         with self._lock:
             if response not in self._results:
                 self._results[response] = dict(self.task.process_results(self.doc, [response]))
@@ -376,49 +406,54 @@ class TaskDocument:
 
 
 class TaskMetric:
-    """``task:<key>``: the ``<key>`` of the task's own ``process_results`` for the answer."""
+    """``task:<key>``: the ``<key>`` of the task's own results for the conversation
+    (``process_results`` of a single-turn task, ``evaluate_conversation`` of a
+    multi-turn one)."""
 
-    cpu_heavy = True  # process_results may score with convsim's metrics (their own loop)
+    cpu_heavy = True  # the task's hooks may score with convsim's metrics (their own loop)
 
     def __init__(self, qualified: str) -> None:
         self.name = qualified
         self.key = qualified[len(TASK_METRIC_PREFIX) :]
         self.higher_is_better: bool | None = True
         self.description = (
-            f"The task's own process_results {self.key!r} for the answer (tasks written "
-            "with convsim.scenarios.AdvancedTask)."
+            f"The task's own result {self.key!r} for the conversation (tasks written with "
+            "convsim.scenarios.AdvancedTask or MultiTurnTask)."
         )
 
     def scorer(self, conversation: Conversation) -> _TaskScorer:
         origin = conversation.origin
-        if isinstance(origin, TaskDocument):
-            higher = origin.task.higher_is_better().get(self.key)
-            if higher is not None:
-                self.higher_is_better = bool(higher)
-        return _TaskScorer(self.key, origin if isinstance(origin, TaskDocument) else None)
+        task = getattr(origin, "task", None)
+        if not isinstance(task, AdvancedTask):
+            return _TaskScorer(self.key, conversation, None)
+        higher = task.higher_is_better().get(self.key)
+        if higher is not None:
+            self.higher_is_better = bool(higher)
+        return _TaskScorer(self.key, conversation, origin)
 
 
 @dataclass
 class _TaskScorer:
     key: str
-    origin: TaskDocument | None
-    response: str | None = None
+    conversation: Conversation
+    origin: TaskOrigin | None
+    turns: list[TurnRecord] = field(default_factory=list)
 
     def update(self, turn: TurnRecord) -> None:
         if turn.status is TurnStatus.COMPLETED:
-            self.response = turn.response or ""
+            self.turns.append(turn)
 
     def result(self) -> Score:
         if self.origin is None:
-            return Score.not_applicable("not a document of an AdvancedTask pack")
-        if self.response is None:
-            return Score.not_applicable("the document was not answered")
-        results = self.origin.results(self.response)
+            return Score.not_applicable("not a conversation of a task class's pack")
+        results = self.origin.results(self.conversation, self.turns)
+        if isinstance(results, str):
+            return Score.not_applicable(results)
         if self.key not in results:
-            return Score.not_applicable(f"process_results gives no {self.key!r}")
+            return Score.not_applicable(f"the task's results give no {self.key!r}")
         value = results[self.key]
         if not _numeric(value):
-            return Score.not_applicable(f"process_results' {self.key!r} is not a number")
+            return Score.not_applicable(f"the task's {self.key!r} is not a number")
         extras = {k: v for k, v in results.items() if not _numeric(v) and _jsonable(v)}
         return Score(value=float(value), details=extras)
 
@@ -472,7 +507,7 @@ def _lm_eval_task_for(task: AdvancedTask) -> Any:
             return list(task.test_docs())
 
         def doc_to_text(self, doc: Any) -> str:
-            return task.doc_to_text(doc)
+            return task.lm_eval_context(doc)
 
         def doc_to_target(self, doc: Any) -> Any:
             return task.doc_to_target(doc)
@@ -494,7 +529,7 @@ def _lm_eval_task_for(task: AdvancedTask) -> Any:
 
         def process_results(self, doc: Any, results: list[str]) -> dict[str, float]:
             out = {
-                k: float(v) for k, v in task.process_results(doc, results).items() if _numeric(v)
+                k: float(v) for k, v in task.lm_eval_results(doc, results).items() if _numeric(v)
             }
             for key, how in task.aggregation().items():
                 if key in out and wants_std(how):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,14 @@ def test_the_task_files_render_prompts_as_convsim_does(tmp_path: Path) -> None:
     assert (tmp_path / f"{TASK}_utils.py").exists()
     pack = load_pack(PACK)
     assert config["generation_kwargs"]["max_gen_toks"] == 64
-    assert [m["metric"] for m in config["metric_list"]] == list(pack.metrics)
-    hib = {m["metric"]: m["higher_is_better"] for m in config["metric_list"]}
+    means = [m for m in config["metric_list"] if m["aggregation"] == "mean"]
+    assert [m["metric"] for m in means] == list(pack.metrics)
+    hib = {m["metric"]: m["higher_is_better"] for m in means}
     assert hib == {"exact_match": True, "custom_score": True, "response_length": None}
+    # the guide's aggregation is mean and std: each metric again as <metric>_std
+    stds = [m for m in config["metric_list"] if m not in means]
+    assert [m["metric"] for m in stds] == [f"{m}_std" for m in pack.metrics]
+    assert {m["aggregation"] for m in stds} == {f"{TASK}_utils.std"}
     docs = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
     assert len(docs) == len(pack)
     for doc, conv in zip(docs, pack.conversations, strict=True):
@@ -121,6 +127,7 @@ def test_lm_eval_scores_equal_convsims_own(tmp_path: Path, offline: None) -> Non
         reported = scores[f"{name},none"]
         assert isinstance(reported, float) and not math.isnan(reported)
         assert reported == pytest.approx(sum(values) / len(values))
+        assert scores[f"{name}_std,none"] == pytest.approx(statistics.pstdev(values))
 
 
 def test_cli_writes_the_tasks_and_prints_the_include_path(tmp_path: Path) -> None:

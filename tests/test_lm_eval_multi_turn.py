@@ -84,7 +84,24 @@ def test_convsim_model_runs_the_conversations_as_convsim_does(
         assert samples[0]["arguments"][0][0].startswith(CONVERSATION_MARKER)
 
 
-def test_another_model_fails_with_a_clear_message(tmp_path: Path, offline: None) -> None:
+def test_another_model_fails_at_once_with_a_clear_message(
+    tmp_path: Path, offline: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lm_eval.models.dummy import DummyLM
+
+    asked: list[Any] = []
+    monkeypatch.setattr(DummyLM, "generate_until", lambda self, requests: asked.append(requests))
     export_lm_eval_tasks(out=tmp_path)
-    with pytest.raises(ValueError, match="--model convsim"):
+    with pytest.raises(ValueError, match=r"needs `--model convsim`.*got DummyLM"):
         _evaluate("dummy", tmp_path)
+    assert asked == []  # refused before lm-eval sent the model anything
+
+
+def test_the_late_check_still_names_the_model_it_needs() -> None:
+    from convsim.scenarios._lm_eval_export import conversation_scores
+
+    with pytest.raises(ValueError, match="--model convsim"):
+        conversation_scores(TASK, "lol", ["coherence"])
+    assert conversation_scores(TASK, '{"coherence": 0.5, "x": 1}', ["coherence"]) == {
+        "coherence": 0.5
+    }

@@ -1,0 +1,443 @@
+"""The developer guide's multi-turn task API on convsim: ``MultiTurnTask``.
+
+A subclass names its scenarios (``DATASET_PATH``, scenarios.jsonl format) and turn flows
+(``TURN_CONFIG_PATH``, turn_configs.yml format) and may override the guide's hooks:
+``get_conversation_flow``, ``build_conversation_context``, ``generate_turn_prompt``,
+``process_turn``, ``evaluate_turn``, ``evaluate_conversation`` and the
+``calculate_*`` methods.
+
+convsim's runtime plays the conversation: every turn's prompt comes from
+``generate_turn_prompt`` (given ``build_conversation_context`` of the history), the
+model answers through its adapter (budgets, retries, concurrency, resume), and the
+conversation then goes through the task's own hooks: ``process_turn`` for each turn,
+in order, with ``get_model_response`` answering with what the model said to that very
+prompt, and ``evaluate_conversation`` over the turns. Its numeric results are the
+``task:<key>`` scores. The default conversation metrics are convsim's own scorers:
+``context_retention``, ``goal_achievement`` and ``coherence`` on the conversation just
+run, with the scenario's facts, probes and goal.
+
+Run it with ``convsim.run_sync(task.to_pack(), MODEL)``, or under lm-eval with
+``task.to_lm_eval_task()`` and ``--model convsim``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import hashlib
+import inspect
+import statistics
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from convsim._errors import ConfigError
+from convsim._records import TurnRecord
+from convsim.adapters._types import Message
+
+from ._pack import Conversation, Pack, PreparedTurn, render_context
+from ._task_api import TASK_METRIC_PREFIX, AdvancedTask, _numeric
+from ._templates import Template
+
+__all__ = ["MultiTurnTask"]
+
+CONVERSATION_METRICS = {
+    "context_retention": "context_retention",
+    "goal_achievement": "goal_achievement",
+    "coherence_score": "coherence",
+}
+"""The default conversation results and the convsim scorer behind each."""
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """What the task's hooks may read while convsim scores a conversation it ran."""
+
+    conversation: Conversation
+    turns: tuple[TurnRecord, ...]
+    current: TurnRecord | None = None
+
+
+_SCORING: contextvars.ContextVar[_Scoring | None] = contextvars.ContextVar(
+    "convsim_task_scoring", default=None
+)
+
+
+class MultiTurnTask(AdvancedTask):
+    """Base class of multi-turn tasks written with the guide's API.
+
+    ``DATASET_PATH`` and ``TURN_CONFIG_PATH`` are absolute or relative to the subclass's
+    module file (``config["dataset_path"]`` / ``config["turn_config_path"]`` override
+    them). Each document is one scenario; its conversation runs in convsim's runtime.
+    """
+
+    DATASET_PATH: str | None = "scenarios.jsonl"
+    TURN_CONFIG_PATH: str | None = "turn_configs.yml"
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self.turn_configs: dict[str, Any] = {}
+        self.load_turn_configurations()
+
+    # -- the files -----------------------------------------------------------------
+
+    def turn_config_file(self) -> Path:
+        return self._task_file(
+            self.config.get("turn_config_path") or self.TURN_CONFIG_PATH, "TURN_CONFIG_PATH"
+        )
+
+    def load_turn_configurations(self) -> None:
+        """Read the turn flows into ``self.turn_configs`` (validated by :meth:`to_pack`)."""
+        path = self.turn_config_file()
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read the task's turn configs {path}: {exc.strerror}"
+            ) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path.name}: invalid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path.name}: must map each scenario_type to its flow")
+        self.turn_configs = loaded
+
+    # -- the guide's hooks -----------------------------------------------------------
+
+    def get_conversation_flow(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """The flow of ``doc``: its scenario_type's, else ``default``."""
+        scenario_type = doc.get("scenario_type", "default")
+        flow = self.turn_configs.get(scenario_type, self.turn_configs.get("default"))
+        if not isinstance(flow, dict):
+            raise ConfigError(f"{self.name}: no flow {scenario_type!r} and no 'default'")
+        return flow
+
+    def build_conversation_context(self, conversation_history: Sequence[Mapping[str, str]]) -> str:
+        """The history as text (``User: ...`` / ``Assistant: ...`` lines)."""
+        return render_context(
+            [Message(role=m["role"], content=m["content"]) for m in conversation_history]  # type: ignore[arg-type]
+        )
+
+    def generate_turn_prompt(
+        self,
+        doc: Mapping[str, Any],
+        turn_config: Mapping[str, Any],
+        context: str,
+        turn_index: int,
+    ) -> str:
+        """The turn's ``prompt_template`` with ``{context}``, ``{scenario}``,
+        ``{turn_index}`` and the scenario's variables (convsim's safe templates)."""
+        values: dict[str, object] = dict(doc.get("variables") or {})
+        values.update(
+            context=context, scenario=doc.get("scenario_description", ""), turn_index=turn_index
+        )
+        return Template.parse(str(turn_config.get("prompt_template", ""))).render(values)
+
+    def get_model_response(self, prompt: str, turn_config: Mapping[str, Any]) -> str:
+        """The model's answer to ``prompt``: while convsim scores a conversation it ran,
+        the answer the model gave to that prompt in this turn."""
+        scoring = _SCORING.get()
+        if scoring is None or scoring.current is None:
+            raise ConfigError(
+                f"{self.name}: get_model_response answers only while convsim scores a "
+                "conversation it ran; run the task with convsim.run_sync(task.to_pack(), "
+                "MODEL) or under lm-eval with --model convsim"
+            )
+        record = scoring.current
+        if prompt != record.prompt:
+            raise ConfigError(
+                f"{self.name}: process_turn asked the model with a prompt that differs from "
+                f"the one generate_turn_prompt gave for turn {record.turn_id!r}, which is "
+                "what the model was sent; build the prompt with generate_turn_prompt"
+            )
+        return record.response or ""
+
+    def process_turn(
+        self,
+        doc: Mapping[str, Any],
+        turn_config: Mapping[str, Any],
+        conversation_history: Sequence[Mapping[str, str]],
+        turn_index: int,
+    ) -> dict[str, Any]:
+        """One turn: its prompt, the model's response and the turn's metrics."""
+        context = self.build_conversation_context(conversation_history)
+        prompt = self.generate_turn_prompt(doc, turn_config, context, turn_index)
+        response = self.get_model_response(prompt, turn_config)
+        metrics = self.evaluate_turn(doc, turn_config, response, conversation_history)
+        return {
+            "turn_index": turn_index,
+            "prompt": prompt,
+            "response": response,
+            "metrics": metrics,
+        }
+
+    def evaluate_turn(
+        self,
+        doc: Mapping[str, Any],
+        turn_config: Mapping[str, Any],
+        response: str,
+        conversation_history: Sequence[Mapping[str, str]],
+    ) -> dict[str, float]:
+        """``response_length`` (words), ``relevance_score``, and each of the turn's
+        ``evaluation_metrics``: a ``calculate_<name>(response, doc, history)`` method of
+        the task if it has one, else convsim's metric of that name on this turn."""
+        metrics: dict[str, float] = {"response_length": float(len(response.split()))}
+        relevance = self.calculate_relevance(response, doc)
+        if relevance is not None:
+            metrics["relevance_score"] = relevance
+        for name in turn_config.get("evaluation_metrics") or []:
+            hook = getattr(self, f"calculate_{name}", None)
+            value = (
+                hook(response, doc, conversation_history)
+                if callable(hook)
+                else self._convsim_turn_metric(name)
+            )
+            if value is not None:
+                metrics[name] = float(value)
+        return metrics
+
+    def evaluate_conversation(
+        self, doc: Mapping[str, Any], conversation_turns: Sequence[Mapping[str, Any]]
+    ) -> dict[str, float]:
+        """The turns' metrics averaged (:meth:`aggregate_turn_metrics`), then
+        ``context_retention``, ``goal_achievement`` and ``coherence_score`` from
+        convsim's scorers; a metric that does not apply is left out."""
+        out: dict[str, float | None] = dict(
+            self.aggregate_turn_metrics([t.get("metrics") or {} for t in conversation_turns])
+        )
+        out["context_retention"] = self.calculate_context_retention(conversation_turns)
+        out["goal_achievement"] = self.calculate_goal_achievement(doc, conversation_turns)
+        out["coherence_score"] = self.calculate_coherence(conversation_turns)
+        return {k: v for k, v in out.items() if v is not None}
+
+    def aggregate_turn_metrics(self, turn_metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """Each numeric turn metric's mean over the turns that have it."""
+        values: dict[str, list[float]] = {}
+        for metrics in turn_metrics:
+            for key, value in metrics.items():
+                if _numeric(value):
+                    values.setdefault(key, []).append(float(value))
+        return {key: statistics.fmean(v) for key, v in values.items()}
+
+    def calculate_relevance(self, response: str, doc: Mapping[str, Any]) -> float | None:
+        """TF-IDF cosine of the response to the scenario (description and variables);
+        None when there are no comparable words."""
+        from convsim.metrics._coherence import TfidfEmbedder, cosine
+
+        scenario = " ".join(
+            [str(doc.get("scenario_description", ""))]
+            + [str(v) for v in (doc.get("variables") or {}).values()]
+        )
+        similarity = cosine(TfidfEmbedder(), [response, scenario], [(0, 1)])
+        return similarity[0] if similarity is not None else None
+
+    def calculate_context_retention(
+        self, conversation_turns: Sequence[Mapping[str, Any]]
+    ) -> float | None:
+        """convsim's ``context_retention`` of the conversation (its facts and probes)."""
+        return self._convsim_conversation_metric("context_retention")
+
+    def calculate_goal_achievement(
+        self, doc: Mapping[str, Any], conversation_turns: Sequence[Mapping[str, Any]]
+    ) -> float | None:
+        """convsim's ``goal_achievement`` of the conversation (the scenario's goal)."""
+        return self._convsim_conversation_metric("goal_achievement")
+
+    def calculate_coherence(self, conversation_turns: Sequence[Mapping[str, Any]]) -> float | None:
+        """convsim's ``coherence`` of the conversation."""
+        return self._convsim_conversation_metric("coherence")
+
+    def aggregation(self) -> dict[str, Any]:
+        return {name: "mean" for name in CONVERSATION_METRICS}
+
+    def higher_is_better(self) -> dict[str, bool]:
+        return {name: True for name in CONVERSATION_METRICS}
+
+    # -- convsim's metrics on the conversation being scored --------------------------
+
+    def _scoring(self, what: str) -> _Scoring:
+        scoring = _SCORING.get()
+        if scoring is None:
+            raise ConfigError(
+                f"{self.name}: {what} scores a conversation convsim ran; run the task with "
+                "convsim.run_sync(task.to_pack(), MODEL)"
+            )
+        return scoring
+
+    def _convsim_conversation_metric(self, name: str) -> float | None:
+        scoring = self._scoring(f"convsim's {name}")
+        return _value(name, scoring.conversation, scoring.turns)
+
+    def _convsim_turn_metric(self, name: str) -> float | None:
+        scoring = self._scoring(f"convsim's {name}")
+        if scoring.current is None:
+            raise ConfigError(f"{self.name}: convsim's {name} scores a turn, in process_turn")
+        return _value(name, scoring.conversation, (scoring.current,))
+
+    # -- running under convsim -------------------------------------------------------
+
+    def turn_config(self, doc: Mapping[str, Any], turn_id: str) -> dict[str, Any]:
+        """The raw turn config of ``turn_id`` in ``doc``'s flow (as the hooks get it)."""
+        for turn in self.get_conversation_flow(doc).get("turns") or []:
+            if isinstance(turn, dict) and turn.get("turn_id") == turn_id:
+                return turn
+        raise ConfigError(f"{self.name}: no turn {turn_id!r} in the flow")
+
+    def to_pack(self) -> Pack:
+        """A multi-turn pack: one conversation per document, prompted by the task's
+        hooks and scored by its ``evaluate_conversation`` through ``task:<key>``."""
+        from convsim.metrics import METRICS
+
+        from ._loader import load_multi_turn_files
+
+        base, flows = load_multi_turn_files(self.dataset_file(), self.turn_config_file(), METRICS)
+        by_id = {c.conversation_id: c for c in base.conversations}
+        flow_names = {id(flow): name for name, flow in self.turn_configs.items()}
+        conversations = []
+        for doc in self.eval_docs():
+            scenario_id = doc.get("scenario_id") if isinstance(doc, Mapping) else None
+            if scenario_id not in by_id:
+                raise ConfigError(f"{self.name}: document {scenario_id!r} is not in the dataset")
+            flow_name = flow_names.get(id(self.get_conversation_flow(doc)))
+            if flow_name not in flows:
+                raise ConfigError(
+                    f"{self.name}: get_conversation_flow must return one of the flows of "
+                    f"self.turn_configs ({', '.join(map(str, self.turn_configs))})"
+                )
+            base_conversation = by_id[scenario_id]
+            origin = ConversationDocument(self, doc)
+            conversations.append(
+                _TaskConversation(
+                    base_conversation.scenario,
+                    flows[flow_name],
+                    "multi_turn",
+                    base_conversation.source,
+                    origin=origin,
+                )
+            )
+        digest = hashlib.sha256(base.pack_hash.encode())
+        digest.update(f"\0task\0{self.name}\0{self.VERSION}".encode())
+        return dataclasses.replace(
+            base,
+            name=f"task:{self.name}",
+            pack_hash=digest.hexdigest(),
+            conversations=tuple(conversations),
+            metrics=tuple(TASK_METRIC_PREFIX + m for m in self.metric_names()),
+        )
+
+    # -- running under lm-eval (``to_lm_eval_task``): a document is a conversation -------
+
+    def doc_to_text(self, doc: Any) -> str:
+        return str(doc.get("scenario_description", "")) if isinstance(doc, Mapping) else ""
+
+    def doc_to_target(self, doc: Any) -> str:
+        return ""
+
+    def request_arguments(self, doc: Any) -> dict[str, Any]:
+        return {"prompt": self.lm_eval_context(doc), "until": [], "max_tokens": None}
+
+    def lm_eval_context(self, doc: Any) -> str:
+        """The conversation request the ``convsim`` lm-eval model runs (and only it:
+        another model is refused before lm-eval generates anything). The task class
+        must be registered (``@register_task``): the model loads it as ``task:NAME``."""
+        from ._lm_eval_export import conversation_request, require_convsim_model
+        from ._task_api import TASKS
+
+        require_convsim_model(self.name)
+        if self.name not in TASKS or TASKS.get(self.name) is not type(self):
+            raise ConfigError(
+                f"{type(self).__name__}: register the task class with "
+                f"@register_task({self.name!r}) to run it under lm-eval"
+            )
+        return conversation_request(f"task:{self.name}", str(doc["scenario_id"]))
+
+    def lm_eval_results(self, doc: Any, results: list[str]) -> dict[str, Any]:
+        from ._lm_eval_export import conversation_scores
+
+        names = [TASK_METRIC_PREFIX + m for m in self.metric_names()]
+        scores = conversation_scores(self.name, results[0] if results else "", names)
+        return {name[len(TASK_METRIC_PREFIX) :]: value for name, value in scores.items()}
+
+
+def _value(name: str, conversation: Conversation, turns: Sequence[TurnRecord]) -> float | None:
+    """convsim's metric ``name`` over ``turns``: its value, None when it does not apply;
+    a failed score raises."""
+    from convsim.metrics import METRICS
+
+    scorer: Any = METRICS.get(name)().scorer(conversation)
+    if inspect.iscoroutinefunction(scorer.update):
+        raise ConfigError(f"convsim's {name} needs a judge model, which task hooks do not have")
+    for turn in turns:
+        scorer.update(turn)
+    score = scorer.result()
+    if score.status == "failed":
+        raise RuntimeError(f"convsim's {name} failed: {score.reason}")
+    return None if score.value is None else float(score.value)
+
+
+@dataclass(frozen=True)
+class _TaskConversation(Conversation):
+    """A conversation whose prompts come from its task's ``generate_turn_prompt``."""
+
+    def render(self, turn: PreparedTurn, transcript: Sequence[Message]) -> str:
+        origin: ConversationDocument = self.origin
+        return origin.prompt(turn, transcript)
+
+
+@dataclass
+class ConversationDocument:
+    """A multi-turn conversation's origin: its task and document. The task's hooks run
+    once per conversation, whichever ``task:<key>`` metric asks first."""
+
+    task: MultiTurnTask
+    doc: Any
+    _results: dict[tuple[tuple[str, str | None], ...], dict[str, Any]] = field(
+        default_factory=dict, repr=False
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def prompt(self, turn: PreparedTurn, transcript: Sequence[Message]) -> str:
+        history = _history(transcript)
+        context = self.task.build_conversation_context(history)
+        turn_config = self.task.turn_config(self.doc, turn.turn_id)
+        return self.task.generate_turn_prompt(self.doc, turn_config, context, turn.index)
+
+    def results(
+        self, conversation: Conversation, turns: Sequence[TurnRecord]
+    ) -> dict[str, Any] | str:
+        if not turns:
+            return "no turn of the conversation completed"
+        key = tuple((t.turn_id, t.response) for t in turns)
+        with self._lock:
+            if key not in self._results:
+                self._results[key] = self._evaluate(conversation, turns)
+            return self._results[key]
+
+    def _evaluate(self, conversation: Conversation, turns: Sequence[TurnRecord]) -> dict[str, Any]:
+        processed = []
+        for record in turns:
+            turn_config = self.task.turn_config(self.doc, record.turn_id)
+            history = _history(record.messages[:-1])
+            with _scoring(_Scoring(conversation, tuple(turns), record)):
+                turn = self.task.process_turn(self.doc, turn_config, history, record.turn_index)
+            processed.append({**turn, "turn_id": record.turn_id})
+        with _scoring(_Scoring(conversation, tuple(turns))):
+            return dict(self.task.evaluate_conversation(self.doc, processed))
+
+
+@contextmanager
+def _scoring(state: _Scoring) -> Iterator[None]:
+    token = _SCORING.set(state)
+    try:
+        yield
+    finally:
+        _SCORING.reset(token)
+
+
+def _history(messages: Sequence[Message]) -> list[dict[str, str]]:
+    """Messages as the guide's ``conversation_history``: role/content dicts, no system."""
+    return [{"role": m.role, "content": m.content} for m in messages if m.role != "system"]

@@ -1,0 +1,335 @@
+"""The developer guide's multi-turn task (MyConversationTask), imports adapted, on convsim.
+
+The guide's placeholder ``calculate_*`` methods (constants) are left out: the base class's
+come from convsim's scorers, and these tests check that they do.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import convsim
+from convsim import ConfigError, PackError
+from convsim.scenarios import BUNDLED_PACKS_DIR, MultiTurnTask, load_pack, register_task
+from convsim.scenarios._task_api import TASKS
+
+PACK = BUNDLED_PACKS_DIR / "multi_session_memory"
+NAME = "multi_turn_scenarios_my_conversation_task"
+
+# --- the guide's example ("Multi-Turn Task Implementation", Step 1), imports adapted ----
+
+
+@register_task(NAME)
+class MyConversationTask(MultiTurnTask):
+    """
+    Multi-turn conversation task for [specific domain].
+    """
+
+    VERSION = 1.0
+    DATASET_PATH = str(PACK / "scenarios.jsonl")
+    TURN_CONFIG_PATH = str(PACK / "turn_configs.yml")
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.load_turn_configurations()
+
+    def load_turn_configurations(self):
+        """Load turn-specific configurations."""
+        with open(self.turn_config_file()) as f:  # adapted: the path the task resolves
+            self.turn_configs = yaml.safe_load(f)
+
+    def test_docs(self):
+        """Load conversation scenarios."""
+        return self.dataset["test"]
+
+    def get_conversation_flow(self, doc):
+        """Define the conversation flow for this scenario."""
+        scenario_type = doc.get("scenario_type", "default")
+        return self.turn_configs.get(scenario_type, self.turn_configs["default"])
+
+    def process_turn(self, doc, turn_config, conversation_history, turn_index):
+        """Process a single turn in the conversation."""
+
+        # Build context from conversation history
+        context = self.build_conversation_context(conversation_history)
+
+        # Generate prompt for this turn
+        prompt = self.generate_turn_prompt(doc, turn_config, context, turn_index)
+
+        # Get model response
+        response = self.get_model_response(prompt, turn_config)
+
+        # Evaluate turn
+        turn_metrics = self.evaluate_turn(doc, turn_config, response, conversation_history)
+
+        return {
+            "turn_index": turn_index,
+            "prompt": prompt,
+            "response": response,
+            "metrics": turn_metrics,
+        }
+
+    def generate_turn_prompt(self, doc, turn_config, context, turn_index):
+        """Generate prompt for a specific turn."""
+        template = turn_config.get("prompt_template", "")
+
+        # Fill in template variables
+        prompt = template.format(
+            context=context,
+            scenario=doc.get("scenario_description", ""),
+            turn_index=turn_index,
+            **doc.get("variables", {}),
+        )
+
+        return prompt
+
+    def evaluate_turn(self, doc, turn_config, response, conversation_history):
+        """Evaluate a single turn's response."""
+        metrics = {}
+
+        # Standard turn metrics
+        metrics["response_length"] = len(response.split())
+        metrics["relevance_score"] = self.calculate_relevance(response, doc)
+
+        # Turn-specific metrics
+        for metric_name in turn_config.get("evaluation_metrics", []):
+            if hasattr(self, f"calculate_{metric_name}"):
+                metrics[metric_name] = getattr(self, f"calculate_{metric_name}")(
+                    response, doc, conversation_history
+                )
+
+        return metrics
+
+    def evaluate_conversation(self, doc, conversation_turns):
+        """Evaluate the entire conversation."""
+        conversation_metrics = {}
+
+        # Aggregate turn metrics
+        turn_metrics = [turn["metrics"] for turn in conversation_turns]
+        conversation_metrics.update(self.aggregate_turn_metrics(turn_metrics))
+
+        # Conversation-level metrics
+        conversation_metrics["context_retention"] = self.calculate_context_retention(
+            conversation_turns
+        )
+        conversation_metrics["goal_achievement"] = self.calculate_goal_achievement(
+            doc, conversation_turns
+        )
+        conversation_metrics["coherence_score"] = self.calculate_coherence(conversation_turns)
+
+        return conversation_metrics
+
+    def aggregation(self):  # the guide's aggregation: mean and std
+        return {name: ["mean", "std"] for name in self.higher_is_better()}
+
+    def higher_is_better(self):
+        return {
+            "context_retention": True,
+            "goal_achievement": True,
+            "coherence_score": True,
+            "response_length": None,
+        }
+
+
+# --- under convsim ----------------------------------------------------------------------
+
+
+def _value(result: convsim.ConversationResult, name: str) -> float:
+    score = result.scores[name]
+    assert score.status == "ok", (name, score.reason)
+    assert score.value is not None
+    return score.value
+
+
+@pytest.fixture(scope="module")
+def run() -> list[convsim.ConversationResult]:
+    task = MyConversationTask()
+    return convsim.run_sync(
+        task.to_pack(),
+        "scripted",
+        seed=3,
+        metrics=["context_retention", "goal_achievement", "coherence", "response_length"],
+    )
+
+
+def test_the_pack_has_a_conversation_per_document_prompted_by_the_task() -> None:
+    task = MyConversationTask()
+    pack = task.to_pack()
+    docs = [json.loads(line) for line in (PACK / "scenarios.jsonl").read_text().splitlines()]
+    assert [c.conversation_id for c in pack.conversations] == [d["scenario_id"] for d in docs]
+    assert pack.name == f"task:{NAME}" and pack.kind == "multi_turn"
+    assert set(pack.metrics) == {f"task:{m}" for m in task.higher_is_better()}
+    assert pack.pack_hash != load_pack(PACK).pack_hash
+
+
+def test_the_model_is_sent_the_prompts_generate_turn_prompt_makes(
+    run: list[convsim.ConversationResult],
+) -> None:
+    task = MyConversationTask()
+    docs = {d["scenario_id"]: d for d in task.test_docs()}
+    result = run[0]
+    doc = docs[result.conversation_id]
+    first = result.turns[0]
+    expected = task.generate_turn_prompt(
+        doc, task.turn_config(doc, first.turn_id), "", first.turn_index
+    )
+    assert first.prompt == expected and first.user_message == expected
+    second = result.turns[1]
+    history = [
+        {"role": "user", "content": first.prompt},
+        {"role": "assistant", "content": first.response},
+    ]
+    assert second.prompt == task.generate_turn_prompt(
+        doc,
+        task.turn_config(doc, second.turn_id),
+        task.build_conversation_context(history),
+        second.turn_index,
+    )
+
+
+def test_conversation_metrics_are_convsims_own_scorers(
+    run: list[convsim.ConversationResult],
+) -> None:
+    assert len(run) == 14 and all(r.status.value == "DONE" for r in run)
+    for result in run:
+        for ours, convsims in [
+            ("task:context_retention", "context_retention"),
+            ("task:goal_achievement", "goal_achievement"),
+            ("task:coherence_score", "coherence"),
+        ]:
+            assert _value(result, ours) == pytest.approx(_value(result, convsims))
+    values = [_value(r, "task:coherence_score") for r in run]
+    assert len(set(values)) > 1  # it moves with the conversation: no constant
+
+
+def test_turn_metrics_are_averaged_over_the_turns(run: list[convsim.ConversationResult]) -> None:
+    for result in run:
+        words = [len((t.response or "").split()) for t in result.turns if t.response is not None]
+        assert _value(result, "task:response_length") == pytest.approx(statistics.fmean(words))
+
+
+def test_a_model_that_forgets_scores_lower_retention(
+    run: list[convsim.ConversationResult],
+) -> None:
+    forgetful = convsim.run_sync(
+        MyConversationTask().to_pack(),
+        "scripted",
+        model_args={"memory_turns": 1},
+        seed=3,
+        metrics=["context_retention"],
+    )
+    remembers = statistics.fmean(_value(r, "task:context_retention") for r in run)
+    forgets = statistics.fmean(_value(r, "task:context_retention") for r in forgetful)
+    assert forgets < remembers - 0.2
+
+
+def test_aggregate_reduces_by_the_tasks_aggregation(run: list[convsim.ConversationResult]) -> None:
+    summary = MyConversationTask().aggregate(run)
+    values = [_value(r, "task:coherence_score") for r in run]
+    assert summary["coherence_score"]["mean"] == pytest.approx(statistics.fmean(values))
+    assert summary["coherence_score"]["std"] == pytest.approx(statistics.pstdev(values))
+
+
+class PromptOfItsOwn(MyConversationTask):
+    def process_turn(self, doc, turn_config, conversation_history, turn_index):
+        response = self.get_model_response("a prompt the model never saw", turn_config)
+        return {"turn_index": turn_index, "response": response, "metrics": {}}
+
+
+def test_a_process_turn_asking_another_prompt_fails_its_scores_with_the_cause() -> None:
+    pack = PromptOfItsOwn().to_pack()
+    (result,) = convsim.run_sync(pack, "scripted", limit=1, metrics=[])
+    score = result.scores["task:context_retention"]
+    assert result.status.value == "DONE"  # the conversation itself ran
+    assert score.status == "failed"
+    assert "differs from the one generate_turn_prompt gave" in (score.reason or "")
+
+
+def test_hooks_that_need_a_run_say_so_outside_one() -> None:
+    task = MyConversationTask()
+    doc = task.test_docs()[0]
+    turn_config = task.turn_config(doc, task.get_conversation_flow(doc)["turns"][0]["turn_id"])
+    with pytest.raises(ConfigError, match="only while convsim scores a conversation"):
+        task.process_turn(doc, turn_config, [], 0)
+    with pytest.raises(ConfigError, match="scores a conversation convsim ran"):
+        task.calculate_context_retention([])
+    # the text-only hooks work anywhere
+    assert task.evaluate_turn(doc, turn_config, "three words here", [])["response_length"] == 3
+
+
+def test_a_broken_turn_config_names_file_line_and_field(tmp_path: Path) -> None:
+    (tmp_path / "scenarios.jsonl").write_text(
+        json.dumps({"scenario_id": "s1", "scenario_description": "d"}) + "\n"
+    )
+    (tmp_path / "turn_configs.yml").write_text(
+        "default:\n  turns:\n    - turn_id: a\n      prompt_template: hi\n      tempo: 3\n"
+    )
+    task = MultiTurnTask(
+        {
+            "dataset_path": str(tmp_path / "scenarios.jsonl"),
+            "turn_config_path": str(tmp_path / "turn_configs.yml"),
+        }
+    )
+    with pytest.raises(PackError) as caught:
+        task.to_pack()
+    assert "turn_configs.yml:5: default.turns.0.tempo: unknown field" in str(caught.value)
+
+
+def test_a_task_by_registered_name() -> None:
+    pack = load_pack(f"task:{NAME}")
+    assert pack.name == f"task:{NAME}" and len(pack) == 14
+    with pytest.raises(ConfigError, match="no task 'nope' is registered"):
+        load_pack("task:nope")
+
+
+# --- under lm-eval ----------------------------------------------------------------------
+
+
+def _evaluate(model: str, model_args: str) -> dict[str, Any]:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from convsim.adapters import register_lm_eval_model
+
+    register_lm_eval_model()
+    results = simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=[MyConversationTask().to_lm_eval_task()],
+        task_manager=TaskManager(include_defaults=False),  # the default one indexes ~7 s
+    )
+    assert results is not None
+    return results
+
+
+def test_under_lm_eval_the_convsim_model_runs_the_conversations(
+    run: list[convsim.ConversationResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    assert TASKS.get(NAME) is MyConversationTask
+    results = _evaluate("convsim", "model=scripted,seed=3,concurrency=8")
+    (got,) = results["results"].values()
+    for name in ("context_retention", "coherence_score", "response_length"):
+        values = [_value(r, f"task:{name}") for r in run]
+        assert got[f"{name},none"] == pytest.approx(statistics.fmean(values)), name
+        assert got[f"{name}_std,none"] == pytest.approx(statistics.pstdev(values)), name
+
+
+def test_under_lm_eval_another_model_is_refused_before_generating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("lm_eval")
+    from lm_eval.models.dummy import DummyLM
+
+    asked: list[Any] = []
+    monkeypatch.setattr(DummyLM, "generate_until", lambda self, requests: asked.append(requests))
+    with pytest.raises(ValueError, match="needs `--model convsim`"):
+        _evaluate("dummy", "")
+    assert asked == []

@@ -149,12 +149,17 @@ class LmEvalTaskMetric:
     """One metric of an lm-eval task run as ``lm-eval:TASK``: the task's own filters and
     process_results on each document's answer (``lm_eval_task:<metric>``)."""
 
-    higher_is_better = True
     cpu_heavy = False  # a few hundred microseconds a document: a thread hop costs more
 
     def __init__(self, qualified: str) -> None:
         self.name = qualified
         self.metric = qualified.split(":", 1)[1]
+        # lm-eval's own direction for a metric it registers (ter: lower); the task's,
+        # once a conversation shows which task it is
+        from lm_eval.api.registry import is_higher_better
+
+        registered = is_higher_better(self.metric)
+        self.higher_is_better: bool = True if registered is None else bool(registered)
         self.description = (
             f"lm-eval's {self.metric} for the document, from the task's own filters and "
             "process_results (runs with lm-eval:TASK packs)."
@@ -181,7 +186,7 @@ class _LmEvalTaskScorer:
             self.response = turn.response or ""
 
     def result(self) -> Score:
-        from convsim.scenarios._lm_eval_task import score_document
+        from convsim.scenarios._lm_eval_task import aggregation_name, score_document
 
         name = self.metadata.get("lm_eval_task")
         if name is None or self.task is None:
@@ -193,4 +198,33 @@ class _LmEvalTaskScorer:
         if not mine:
             raise KeyError(f"lm-eval task {name!r} reports no {self.metric.metric!r}")
         value = mine.get(f"{self.metric.metric},none", next(iter(mine.values())))
-        return Score(value=float(value), details={"lm_eval": results})
+        aggregation = aggregation_name(self.task.aggregation()[self.metric.metric])
+        if aggregation in (None, "mean"):
+            return Score(value=float(value), details={"lm_eval": results})
+        return Score(
+            value=corpus_value(f"lm_eval:{aggregation}", [value]),
+            details={
+                "lm_eval": results,
+                CORPUS_ITEM: value,
+                CORPUS_AGGREGATION: f"lm_eval:{aggregation}",
+            },
+        )
+
+
+CORPUS_ITEM = "corpus_item"
+CORPUS_AGGREGATION = "corpus_aggregation"
+"""Score details of a corpus-level metric: its item, and the aggregation that reduces the
+items of a whole run (``lm_eval:<name>``: lm-eval's registered aggregation)."""
+
+
+def corpus_value(aggregation: str, items: list[Any]) -> float:
+    """``items`` reduced by ``aggregation`` (``lm_eval:bleu`` ...), as lm-eval does."""
+    prefix, _, name = aggregation.partition(":")
+    if prefix != "lm_eval" or not name:
+        raise ValueError(f"unknown corpus aggregation {aggregation!r}")
+    from lm_eval.api.registry import get_aggregation
+
+    function = get_aggregation(name)
+    if function is None:
+        raise ValueError(f"lm-eval has no aggregation {name!r}")
+    return float(function([tuple(i) if isinstance(i, list) else i for i in items]))

@@ -6,9 +6,10 @@ generation settings (``until`` as stop sequences, ``max_gen_toks``, ``temperatur
 The task's own filters and ``process_results`` score each answer through the
 ``lm_eval_task:<metric>`` metrics, so the per-document scores are lm-eval's.
 
-Only tasks whose metrics aggregate by mean are accepted: the report's mean over
-conversations is then lm-eval's aggregate. Corpus-level aggregations (BLEU over a whole
-task, say) would need a run-level reduction that convsim does not yet have.
+A metric aggregated by mean gives each document its own score, and the report's mean
+is lm-eval's aggregate. A corpus-level one (``bleu``, ``chrf``, ``ter``: lm-eval's
+registered aggregations) gives each document the aggregation of that document alone and
+keeps lm-eval's item; the report's ``corpus`` value reduces all items as lm-eval does.
 
 Tasks load offline (the Hugging Face offline flags are set); a task that needs a hub
 dataset fails with a clear error. lm_eval is imported here only, on demand.
@@ -113,14 +114,12 @@ def _load_task(name: str, include_path: str | Path | None) -> Any:
             f"lm-eval task {name!r} is {task.OUTPUT_TYPE}: convsim runs generate_until tasks "
             "(answers a model writes), not loglikelihood ones"
         )
-    from lm_eval.api.metrics import mean
-
-    corpus = [m for m, agg in task.aggregation().items() if agg is not mean]
-    if corpus:
+    unknown = [m for m, agg in task.aggregation().items() if aggregation_name(agg) is None]
+    if unknown:
         raise ConfigError(
-            f"lm-eval task {name!r} aggregates {', '.join(corpus)} over the whole task, "
-            "not by mean; convsim scores conversation by conversation, so it runs tasks "
-            "whose metrics aggregate by mean"
+            f"lm-eval task {name!r} aggregates {', '.join(unknown)} with a function of its "
+            "own; convsim reduces a run with lm-eval's registered aggregations only (mean, "
+            "bleu, chrf, ter, ...)"
         )
     task.build_all_requests(limit=None, rank=0, world_size=1)
     return task
@@ -193,6 +192,16 @@ def _target_text(target: Any) -> str:
     if isinstance(target, list):
         return str(target[0]) if target else ""
     return str(target)
+
+
+def aggregation_name(aggregation: Any) -> str | None:
+    """The name lm-eval registers ``aggregation`` under (``mean``, ``bleu``, ...)."""
+    from lm_eval.api.registry import AGGREGATION_REGISTRY
+
+    for name, function in AGGREGATION_REGISTRY.items():
+        if function is aggregation:
+            return str(name)
+    return None
 
 
 def score_document(task: Any, doc_id: int, response: str) -> dict[str, Any]:

@@ -29,6 +29,9 @@ class MetricSummary(BaseModel):
     ci_low: float | None = None
     ci_high: float | None = None
     """The 95% confidence interval of the mean (bootstrap)."""
+    corpus: float | None = None
+    """The metric's own reduction of the whole run, for corpus-level metrics (an lm-eval
+    task's bleu, chrf or ter): what lm-eval reports for the same answers."""
 
 
 class GroupSummary(BaseModel):
@@ -86,6 +89,10 @@ class RunReport(BaseModel):
                 f"| {name} | {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.n} | {m.not_applicable} "
                 f"| {m.failed} |"
             )
+        corpus = {n: m.corpus for n, m in self.metrics.items() if m.corpus is not None}
+        if corpus:
+            lines += ["", "Over the whole run (corpus-level metrics, as lm-eval reduces them):"]
+            lines += [f"- {name}: {_fmt(value)}" for name, value in corpus.items()]
         if self.turn_metrics:
             lines += [
                 "",
@@ -146,18 +153,33 @@ def _summarise(
 ) -> dict[str, MetricSummary]:
     """Mean and counts per metric over ``score_maps`` (one name -> Score map each)."""
     values: dict[str, list[float]] = defaultdict(list)
+    items: dict[str, list[Score]] = defaultdict(list)
     missing: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     for scores in score_maps:
         for name, score in scores.items():
             if score.value is not None:
                 values[name].append(score.value)
+                items[name].append(score)
             elif score.status == "failed":
                 failed[name] += 1
             else:
                 missing[name] += 1
     names = list(dict.fromkeys([*values, *missing, *failed]))
-    return {n: _summary(values[n], missing[n], hib.get(n), failed[n]) for n in names}
+    summaries = {n: _summary(values[n], missing[n], hib.get(n), failed[n]) for n in names}
+    for name, scored in items.items():
+        summaries[name].corpus = _corpus(scored)
+    return summaries
+
+
+def _corpus(scores: list[Score]) -> float | None:
+    """The run-level value of a corpus-level metric (its scores carry their items)."""
+    from convsim.metrics._lm_eval import CORPUS_AGGREGATION, CORPUS_ITEM, corpus_value
+
+    kinds = {s.details.get(CORPUS_AGGREGATION) for s in scores}
+    if len(kinds) != 1 or None in kinds:
+        return None
+    return corpus_value(str(kinds.pop()), [s.details[CORPUS_ITEM] for s in scores])
 
 
 def _summary(values: list[float], missing: int, hib: bool | None, failed: int = 0) -> MetricSummary:

@@ -417,13 +417,16 @@ def _mean(summary: MetricSummary | None) -> str:
 def _metric_table(title: str, unit: str, summaries: dict[str, MetricSummary]) -> Table:
     table = Table(title=title)
     table.add_column("metric", no_wrap=True)  # other columns give way on a narrow terminal
-    for col in ("mean", "95% CI", unit, "n/a", "failed"):
+    corpus = any(m.corpus is not None for m in summaries.values())
+    for col in ("mean", "95% CI", *(["corpus"] if corpus else []), unit, "n/a", "failed"):
         table.add_column(col, justify="right")
     table.add_column("better")
     for name, m in summaries.items():
         better = {True: "higher", False: "lower", None: ""}[m.higher_is_better]
         ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
-        table.add_row(name, _mean(m), ci, str(m.n), str(m.not_applicable), str(m.failed), better)
+        whole = ["" if m.corpus is None else f"{m.corpus:.4g}"] if corpus else []
+        row = [_mean(m), ci, *whole, str(m.n), str(m.not_applicable), str(m.failed)]
+        table.add_row(name, *row, better)
     return table
 
 

@@ -72,6 +72,40 @@ def test_scores_equal_lm_evals_own_on_the_same_outputs(tmp_path: Path) -> None:
     assert sum(values) / len(values) == pytest.approx(expected) == pytest.approx(0.5)
 
 
+def test_corpus_metrics_reduce_the_whole_run_as_lm_eval_does(tmp_path: Path) -> None:
+    include = half_right(tmp_path)
+    config = include / "half_right.yaml"
+    config.write_text(
+        config.read_text(encoding="utf-8").replace(
+            "  - metric: exact_match\n    aggregation: mean\n",
+            "  - metric: bleu\n    aggregation: bleu\n"
+            "  - metric: chrf\n    aggregation: chrf\n"
+            "  - metric: ter\n    aggregation: ter\n"
+            "  - metric: exact_match\n    aggregation: mean\n",
+        ),
+        encoding="utf-8",
+    )
+    theirs = _evaluate("convsim", include, "half_right", model_args="model=scripted")
+    pack = load_pack("lm-eval:half_right", include_path=include)
+    names = ("bleu", "chrf", "ter", "exact_match")
+    assert set(pack.metrics) == {f"lm_eval_task:{m}" for m in names}
+    ours = convsim.run_sync(pack, "scripted", model_args={"use_references": "false"}, metrics=[])
+    report = convsim.summarize(ours)
+    expected = theirs["results"]["half_right"]
+    for metric in ("bleu", "chrf", "ter"):
+        summary = report.metrics[f"lm_eval_task:{metric}"]
+        assert summary.corpus == pytest.approx(expected[f"{metric},echo"]), metric
+    # half the answers are right: neither nothing nor everything (BLEU of three-word
+    # answers is 0 at the corpus level: they have no 4-grams)
+    assert 0 < report.metrics["lm_eval_task:chrf"].corpus < 100
+    assert 0 < report.metrics["lm_eval_task:ter"].corpus < 100
+    assert report.metrics["lm_eval_task:ter"].higher_is_better is False
+    assert report.metrics["lm_eval_task:exact_match"].corpus is None  # a mean is just that
+    first = ours[0].scores["lm_eval_task:bleu"]
+    assert first.details["corpus_aggregation"] == "lm_eval:bleu"
+    assert "lm_eval_task:bleu" in report.to_markdown().split("Over the whole run")[1]
+
+
 def test_cli_runs_a_task_and_reports_its_metric(tmp_path: Path) -> None:
     include = half_right(tmp_path)
     out = tmp_path / "r.jsonl"

@@ -6,8 +6,12 @@ come from convsim's scorers, and these tests check that they do.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
+import shutil
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ from convsim.scenarios import BUNDLED_PACKS_DIR, MultiTurnTask, load_pack, regis
 from convsim.scenarios._task_api import TASKS
 
 PACK = BUNDLED_PACKS_DIR / "multi_session_memory"
-NAME = "multi_turn_scenarios_my_conversation_task"
+NAME = "multi_turn_scenarios_my_conversation_task_tests"
 
 # --- the guide's example ("Multi-Turn Task Implementation", Step 1), imports adapted ----
 
@@ -333,3 +337,24 @@ def test_under_lm_eval_another_model_is_refused_before_generating(
     with pytest.raises(ValueError, match="needs `--model convsim`"):
         _evaluate("dummy", "")
     assert asked == []
+
+
+def test_the_docs_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = (Path(__file__).parents[1] / "docs" / "task_api.md").read_text(encoding="utf-8")
+    (source,) = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", docs, flags=re.S)
+        if "class MyConversationTask" in block
+    ]
+    for name in ("scenarios.jsonl", "turn_configs.yml"):
+        shutil.copy(PACK / name, tmp_path / name)
+    module_file = tmp_path / "my_conversation_task.py"
+    module_file.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("my_conversation_task", module_file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "my_conversation_task", module)
+    spec.loader.exec_module(module)
+    task = module.MyConversationTask()
+    (result,) = convsim.run_sync(task.to_pack(), "scripted", limit=1, metrics=["coherence"])
+    assert _value(result, "task:coherence_score") == pytest.approx(_value(result, "coherence"))

@@ -15,13 +15,13 @@ Wall time is timed inside each subprocess, from just before the evaluation (task
 included) to its end; imports are not included. exact_match should be equal in all three.
 
 measured on this machine (python 3.11.7, convsim 0.1.0, lm-eval 0.4.13), defaults: 2,000
-docs, concurrency 64, 50 ms mock latency (latency floor 1.56 s); two runs after convsim
-compiled each task template once and scored on the loop:
-  (a) local-chat-completions   5.09 / 4.52 s   1.00x
-  (b) lm-eval --model convsim  5.16 / 4.91 s   1.01x / 1.09x
-  (c) convsim run lm-eval:TASK 4.92 / 4.72 s   0.97x / 1.04x
-exact_match 0.5000 in all. On two cores shared with the mock server the three are level:
-(c) is not yet clearly faster.
+docs, concurrency 64, 50 ms mock latency (latency floor 1.56 s), two runs:
+  (a) local-chat-completions   4.83 / 4.53 s   1.00x
+  (b) lm-eval --model convsim  4.84 / 4.49 s   1.00x / 0.99x
+  (c) convsim run lm-eval:TASK 2.59 / 2.19 s   0.54x / 0.48x
+exact_match 0.5000 in all. (b) runs lm-eval's own request building and per-document
+scoring, which cost as much as (a)'s; (c) works each target out once and sends requests
+without a worker-thread hop each (before those two changes it was level with (a)).
 """
 
 from __future__ import annotations

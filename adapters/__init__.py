@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from ._protocol import ModelAdapter as ModelAdapter
+from ._protocol import PromptLogprobs as PromptLogprobs
+from ._protocol import PromptScorer as PromptScorer
+from ._protocol import can_score_prompts as can_score_prompts
 from ._registry import ADAPTERS as ADAPTERS
 from ._registry import ModelSpec as ModelSpec
 from ._registry import create_adapter as create_adapter
@@ -24,6 +27,9 @@ from ._types import Usage as Usage
 __all__ = [
     "register_lm_eval_model",
     "ModelAdapter",
+    "PromptScorer",
+    "PromptLogprobs",
+    "can_score_prompts",
     "ADAPTERS",
     "ModelSpec",
     "create_adapter",

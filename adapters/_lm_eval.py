@@ -12,32 +12,54 @@ send a marker instead of a prompt; those requests are run as whole conversations
 convsim's :class:`~convsim.Simulator` (``seed=N`` and ``user_model=SPEC`` model args
 apply to them) and answered with the JSON of the conversation's scores.
 
-lm-eval calls models synchronously. Each ``generate_until`` call runs its requests on an
-anyio event loop in a worker thread (a blocking portal), so it works from a plain script
-and from a thread of an application that already runs a loop.
+``loglikelihood`` and ``loglikelihood_rolling`` (multiple-choice and perplexity tasks)
+need prompt logprobs: ``openai-compatible:MODEL`` with ``endpoint=completions``, against a
+server that answers ``echo`` with ``logprobs`` (vLLM does), e.g.
+``--model_args model=openai-compatible:MODEL,base_url=URL,endpoint=completions``. Each
+request is one echo call through the adapter (budgets, retries, concurrency, usage);
+the server tokenizes, and the continuation is found by the tokens' text offsets (see
+:func:`continuation_logprob`). Other adapters refuse these request types at once.
+
+lm-eval calls models synchronously. Each call runs its requests on an anyio event loop
+in a worker thread (a blocking portal), so it works from a plain script and from a
+thread of an application that already runs a loop. A failed request never stops the
+evaluation: it is recorded in :attr:`ConvsimLM.failures`, reported on stderr, kept out
+of lm-eval's cache, and scored as an empty answer (``generate_until``) or as
+``-inf`` (``loglikelihood``: ``(-inf, False)``, never chosen over an answer that was
+scored; ``loglikelihood_rolling``: ``-inf``, an infinite perplexity).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.from_thread
 import structlog
 from lm_eval.api.model import LM
 
-from convsim._errors import ConfigError
+from convsim._errors import ConfigError, ConvsimError
 
 from ._budget import Budgets
-from ._protocol import ModelAdapter
+from ._openai import render_prompt
+from ._protocol import ModelAdapter, PromptLogprobs, PromptScorer, can_score_prompts
 from ._registry import ADAPTERS, create_adapter, parse_model_spec
 from ._types import GenerationParams, Message, Usage
 
-__all__ = ["ConvsimLM", "FailedRequest", "register_lm_eval_model"]
+__all__ = [
+    "ConvsimLM",
+    "FailedRequest",
+    "LogprobsUnsupported",
+    "UnscorableRequest",
+    "continuation_logprob",
+    "rolling_logprob",
+    "register_lm_eval_model",
+]
 
 log = structlog.get_logger("convsim.lm_eval")
 
@@ -47,20 +69,104 @@ DEFAULT_MAX_GEN_TOKS = 256
 _MAX_API_STOPS = 4
 """Stop sequences sent to the backend (OpenAI accepts 4); all are applied client-side."""
 _ROLES = frozenset({"system", "user", "assistant"})
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
 class FailedRequest:
-    """A request whose generation failed; lm-eval got ``""`` for it."""
+    """A request that failed; lm-eval got ``""`` for it (``generate_until``),
+    ``(-inf, False)`` (``loglikelihood``) or ``-inf`` (``loglikelihood_rolling``)."""
 
     index: int
-    """Position of the request in its ``generate_until`` call."""
+    """Position of the request in its call."""
     error_type: str
     message: str
+    request_type: str = "generate_until"
+    """The lm-eval method the request came through."""
+
+
+class LogprobsUnsupported(ConfigError, NotImplementedError):
+    """The adapter cannot return prompt logprobs, so loglikelihood requests cannot run."""
+
+
+class UnscorableRequest(ConvsimError):
+    """The server's logprobs cannot give this request's score (e.g. no logprob for the
+    first continuation token after an empty context, or no top logprobs)."""
+
+
+def continuation_logprob(
+    scored: PromptLogprobs, context: str, continuation: str
+) -> tuple[float, bool]:
+    """The loglikelihood of ``continuation`` after ``context``, from the scored text
+    ``context + continuation``, and whether each of its tokens was the greedy choice.
+
+    The server tokenized the whole text, so the continuation is found by offsets: its
+    tokens run from the first token starting at or after ``len(context)`` (lm-eval's
+    rule). A token that straddles the boundary belongs to the context, unless no token
+    starts inside the continuation at all: then that straddling token is the
+    continuation's only token, since it alone carries its probability. An empty
+    continuation has loglikelihood 0.
+
+    Raises:
+        UnscorableRequest: the text has no tokens, or a continuation token has no
+            logprob (after an empty context) or no top logprobs to tell whether it
+            was greedy.
+    """
+    if not continuation:
+        return 0.0, True  # log P(nothing more) = 0
+    offsets = scored.text_offset
+    if not offsets:
+        raise UnscorableRequest("the server returned no tokens for the text")
+    first = next((i for i, o in enumerate(offsets) if o >= len(context)), None)
+    if first is None:  # the whole continuation lies inside the text's last token
+        first = len(offsets) - 1
+    total = 0.0
+    greedy = True
+    for i in range(first, len(offsets)):
+        value = scored.token_logprobs[i]
+        if value is None:
+            raise UnscorableRequest(
+                f"the server gave no logprob for the continuation's token {scored.tokens[i]!r}"
+                " (it has no context before it): give the request a non-empty context"
+            )
+        top = scored.top_logprobs[i] if scored.top_logprobs is not None else None
+        if not top:
+            raise UnscorableRequest(
+                f"the server gave no top logprobs for the continuation's token "
+                f"{scored.tokens[i]!r}, so whether it was the greedy choice is unknown"
+            )
+        total += value
+        greedy = greedy and value >= max(top.values())
+    return total, greedy
+
+
+def rolling_logprob(scored: PromptLogprobs) -> float:
+    """The loglikelihood of a whole scored text: the sum of its tokens' logprobs.
+
+    The first token has no context, so servers give it no logprob and it is left out
+    (lm-eval's own models score it after a BOS token; a server that does the same and
+    returns its logprob has it counted). The text is scored in one call, so it must fit
+    the model's context window; a longer one fails as that request's error.
+
+    Raises:
+        UnscorableRequest: a token after the first has no logprob.
+    """
+    total = 0.0
+    for i, value in enumerate(scored.token_logprobs):
+        if value is None:
+            if i == 0:
+                continue
+            raise UnscorableRequest(
+                f"the server gave no logprob for token {i} ({scored.tokens[i]!r}) of the text"
+            )
+        total += value
+    return total
 
 
 class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
-    """An lm-eval ``LM`` that sends ``generate_until`` requests through a convsim adapter."""
+    """An lm-eval ``LM`` that sends its requests through a convsim adapter:
+    ``generate_until`` with any adapter, ``loglikelihood`` and ``loglikelihood_rolling``
+    with one that scores prompts (:class:`~convsim.adapters.PromptScorer`)."""
 
     runs_convsim_conversations = True
     """What a multi-turn task checks before lm-eval generates anything: only this model
@@ -103,7 +209,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         self.user_model = str(user_model) if user_model else None
         """The simulated user's spec, for multi-turn packs with user turns."""
         self.failures: list[FailedRequest] = []
-        """Every failed request of every ``generate_until`` call so far."""
+        """Every failed request of every call so far."""
         self.usage = Usage()
         """Tokens used by all successful calls."""
         self._chat = False
@@ -111,6 +217,8 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         with anyio.from_thread.start_blocking_portal() as portal:
             adapter = portal.call(self._make_adapter)
             portal.call(adapter.aclose)
+        self._no_scoring: str | None = None if can_score_prompts(adapter) else _why_not(adapter)
+        """Why loglikelihood requests cannot run with this adapter (None: they can)."""
 
     # -- lm-eval API ----------------------------------------------------------------
 
@@ -140,25 +248,74 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
                     results[i] = text
                 failures.extend(failed)
         failures.sort(key=lambda f: f.index)
-        self.failures.extend(failures)
-        if failures:
-            log.warning("lm_eval.requests_failed", failed=len(failures), total=len(items))
-            print(
-                f"convsim: {len(failures)} of {len(items)} requests failed and scored as "
-                f"empty answers (first: {failures[0].error_type}: {failures[0].message})",
-                file=sys.stderr,
-            )
+        self._record(failures, len(items), "empty answers")
         failed = {f.index for f in failures}
         for index, (item, text) in enumerate(zip(items, results, strict=True)):
             if index not in failed:  # --use_cache: a failure is retried next time
                 self.cache_hook.add_partial("generate_until", item, text)
         return results
 
-    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> Any:
-        raise NotImplementedError(self._no_logprobs("loglikelihood"))
+    def loglikelihood(
+        self, requests: list[Any], disable_tqdm: bool = False
+    ) -> list[tuple[float, bool]]:
+        """``(loglikelihood of continuation given context, is_greedy)`` per request.
 
-    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> Any:
-        raise NotImplementedError(self._no_logprobs("loglikelihood_rolling"))
+        Each ``(context, continuation)`` is scored in one echo call of the whole text
+        (:func:`continuation_logprob` finds the continuation's tokens); the calls run
+        concurrently, at most ``concurrency`` at once. A failed request is recorded in
+        :attr:`failures` and gets ``(-inf, False)``: its answer is never chosen over
+        one that was scored.
+        With ``--apply_chat_template`` the context's messages are rendered as for the
+        completions endpoint (the server's chat template cannot be applied to a score).
+
+        Raises:
+            LogprobsUnsupported: the adapter cannot return prompt logprobs (at once,
+                before any request is sent).
+        """
+        self._require_scoring("loglikelihood")
+        args = [(str(req.args[0]), str(req.args[1])) for req in requests]
+        pairs = [(self._prompt_text(context), continuation) for context, continuation in args]
+
+        def score(index: int, scored: PromptLogprobs) -> tuple[float, bool]:
+            return continuation_logprob(scored, *pairs[index])
+
+        scores, failures = self._score([c + k for c, k in pairs], "loglikelihood", score)
+        self._record(failures, len(args), "-inf loglikelihoods")
+        results: list[tuple[float, bool]] = []
+        for index, item in enumerate(args):
+            result = scores.get(index)
+            if result is None:
+                results.append((-math.inf, False))
+                continue
+            self.cache_hook.add_partial("loglikelihood", item, result)
+            results.append(result)
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """The loglikelihood of each whole text (perplexity tasks), one echo call each
+        (:func:`rolling_logprob`). A failed request is recorded in :attr:`failures` and
+        gets ``-inf`` (an infinite perplexity, never a plausible number).
+
+        Raises:
+            LogprobsUnsupported: the adapter cannot return prompt logprobs.
+        """
+        self._require_scoring("loglikelihood_rolling")
+        texts = [str(req.args[0]) for req in requests]
+
+        def score(index: int, scored: PromptLogprobs) -> float:
+            return rolling_logprob(scored)
+
+        scores, failures = self._score(texts, "loglikelihood_rolling", score)
+        self._record(failures, len(texts), "-inf loglikelihoods")
+        results: list[float] = []
+        for index, text in enumerate(texts):
+            result = scores.get(index)
+            if result is None:
+                results.append(-math.inf)
+                continue
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), result)
+            results.append(result)
+        return results
 
     def apply_chat_template(
         self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
@@ -244,12 +401,58 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
                 failures.append(FailedRequest(index, *errors[key]))
         return answers, failures
 
-    def _no_logprobs(self, method: str) -> str:
-        return (
-            f"the convsim lm-eval model ({self.spec!r}) supports generate_until tasks only: "
-            f"convsim adapters return no prompt logprobs, so {method} (multiple-choice and "
-            "perplexity tasks) cannot be computed"
+    def _require_scoring(self, method: str) -> None:
+        """Refuse ``method`` at once when the adapter cannot return prompt logprobs."""
+        if self._no_scoring is None:
+            return
+        raise LogprobsUnsupported(
+            f"the convsim lm-eval model with model={self.spec} supports generate_until "
+            f"tasks only, so it cannot run {method} (multiple-choice and perplexity tasks): "
+            f"{self._no_scoring}. Prompt logprobs come from openai-compatible:MODEL with "
+            "endpoint=completions against a server that supports echo with logprobs (such "
+            "as vLLM): --model_args model=openai-compatible:MODEL,base_url=URL,"
+            "endpoint=completions"
         )
+
+    def _record(self, failures: Sequence[FailedRequest], total: int, scored_as: str) -> None:
+        """Keep the failures of one call and report them (the evaluation goes on)."""
+        self.failures.extend(failures)
+        if not failures:
+            return
+        first = failures[0]
+        log.warning(
+            "lm_eval.requests_failed",
+            request_type=first.request_type,
+            failed=len(failures),
+            total=total,
+        )
+        print(
+            f"convsim: {len(failures)} of {total} {first.request_type} requests failed and "
+            f"scored as {scored_as} (first: {first.error_type}: {first.message})",
+            file=sys.stderr,
+        )
+
+    def _prompt_text(self, context: str) -> str:
+        """The text to score for a context: itself, or with ``--apply_chat_template`` its
+        messages rendered as the completions endpoint renders them for generation."""
+        return render_prompt(self._messages(context))
+
+    def _score(
+        self,
+        texts: Sequence[str],
+        request_type: str,
+        reduce: Callable[[int, PromptLogprobs], _T],
+    ) -> tuple[dict[int, _T], list[FailedRequest]]:
+        """Score each text (one echo call) and ``reduce`` it; failures are recorded."""
+        if not texts:
+            return {}, []
+
+        async def call(adapter: ModelAdapter, index: int) -> tuple[_T, Usage]:
+            scored = await cast(PromptScorer, adapter).prompt_logprobs(texts[index])
+            return reduce(index, scored), scored.usage
+
+        with anyio.from_thread.start_blocking_portal() as portal:
+            return portal.call(self._each, len(texts), request_type, call)
 
     async def _make_adapter(self) -> ModelAdapter:
         adapter = create_adapter(self.spec, self.adapter_args)
@@ -261,35 +464,52 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
     async def _generate_all(
         self, items: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> tuple[list[str], list[FailedRequest]]:
-        results = [""] * len(items)
+        async def call(adapter: ModelAdapter, index: int) -> tuple[str, Usage]:
+            context, gen_kwargs = items[index]
+            params, stops = self._params(gen_kwargs)
+            completion = await adapter.generate(self._messages(context), params)
+            return _truncate(completion.text, stops), completion.usage
+
+        texts, failures = await self._each(len(items), "generate_until", call)
+        return [texts.get(index, "") for index in range(len(items))], failures
+
+    async def _each(
+        self,
+        count: int,
+        request_type: str,
+        call: Callable[[ModelAdapter, int], Awaitable[tuple[_T, Usage]]],
+    ) -> tuple[dict[int, _T], list[FailedRequest]]:
+        """Run ``call`` for requests ``0..count-1`` on one adapter, at most
+        ``concurrency`` at once. A failed request is recorded and the others go on;
+        the results are keyed by request index, the failures sorted by it."""
+        results: dict[int, _T] = {}
         failures: list[FailedRequest] = []
         usage: list[Usage] = []
         limiter = anyio.CapacityLimiter(self.concurrency)
         adapter = await self._make_adapter()
 
-        async def one(index: int, context: str, gen_kwargs: Mapping[str, Any]) -> None:
+        async def one(index: int) -> None:
             async with limiter:
                 try:
-                    messages = self._messages(context)
-                    params, stops = self._params(gen_kwargs)
-                    completion = await adapter.generate(messages, params)
+                    result, used = await call(adapter, index)
                 except Exception as exc:  # recorded; the evaluation goes on
-                    failure = FailedRequest(index, type(exc).__name__, str(exc))
+                    failure = FailedRequest(index, type(exc).__name__, str(exc), request_type)
                     failures.append(failure)
                     log.warning(
                         "lm_eval.request_failed",
+                        request_type=request_type,
                         index=index,
                         error_type=failure.error_type,
                         error=failure.message,
                     )
                     return
-            results[index] = _truncate(completion.text, stops)
-            usage.append(completion.usage)
+            results[index] = result
+            usage.append(used)
 
         try:
             async with anyio.create_task_group() as tg:
-                for index, (context, gen_kwargs) in enumerate(items):
-                    tg.start_soon(one, index, context, gen_kwargs)
+                for index in range(count):
+                    tg.start_soon(one, index)
         finally:
             with anyio.CancelScope(shield=True):
                 await adapter.aclose()
@@ -326,6 +546,14 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             stop=tuple(stops[:_MAX_API_STOPS]) or None,
         )
         return params, stops
+
+
+def _why_not(adapter: ModelAdapter) -> str:
+    """Why ``adapter`` cannot score prompts: its own reason where it gives one."""
+    reason = getattr(adapter, "no_prompt_logprobs_reason", None)
+    if callable(reason):
+        return str(reason())
+    return f"the {adapter.model_info().model_type} adapter returns no prompt logprobs"
 
 
 def _request(args: Any) -> tuple[str, Mapping[str, Any]]:

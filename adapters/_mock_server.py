@@ -10,6 +10,10 @@ Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/complet
 (429), the body (400), an injected fault (``fault_rate``), then the answer after the
 configured time to first token and inter-token latency.
 
+``/v1/completions`` honours ``echo`` and ``logprobs`` with a deterministic tokenizer and
+per-token logprobs (:func:`mock_tokens`, :func:`mock_token_logprob`,
+:func:`mock_logprobs`), so a test can work out the exact loglikelihood lm-eval gets.
+
 The hot path is plain ``json`` and string templates; replies are cached per
 conversation (validated ``Message`` objects are built only on a cache miss), and a zero
 delay never reaches the sleep function. One core answers well over 10,000 small chat
@@ -19,11 +23,13 @@ completions per second (``tests/bench/bench_mock_server.py``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import itertools
 import json
 import math
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -48,7 +54,18 @@ from convsim._errors import parse_config
 from ._recall import recall_reply
 from ._types import Message
 
-__all__ = ["Delay", "FaultKind", "MockServerConfig", "MockServerStatistics", "MockModelServer"]
+__all__ = [
+    "Delay",
+    "FaultKind",
+    "MockServerConfig",
+    "MockServerStatistics",
+    "MockModelServer",
+    "mock_tokens",
+    "mock_token_logprob",
+    "mock_logprobs",
+    "MOCK_GREEDY_MIN",
+    "MOCK_ALTERNATIVE",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -287,15 +304,17 @@ class _Params:
     include_usage: bool
 
 
-def _params(body: dict[str, Any], default_model: str, *, legacy_max: bool = False) -> _Params:
+def _params(
+    body: dict[str, Any], default_model: str, *, legacy_max: bool = False, min_tokens: int = 1
+) -> _Params:
     model = body.get("model", default_model)
     if not isinstance(model, str):
         raise _BadRequest("'model' must be a string")
     max_tokens = body.get("max_tokens")
     if not legacy_max and max_tokens is None:
         max_tokens = body.get("max_completion_tokens")
-    if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
-        raise _BadRequest("'max_tokens' must be an integer >= 1")
+    if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= min_tokens):
+        raise _BadRequest(f"'max_tokens' must be an integer >= {min_tokens}")
     for name, high in (("temperature", 2.0), ("top_p", 1.0)):
         value = body.get(name)
         if value is not None and not (_is_number(value) and 0 <= value <= high):
@@ -385,6 +404,112 @@ def _prompt_text(body: dict[str, Any]) -> str:
     if not isinstance(prompt, str):
         raise _BadRequest("'prompt' must be a string (or a list of one string)")
     return prompt
+
+
+@dataclass(frozen=True, slots=True)
+class _Echo:
+    """What a legacy completions request asks beyond the answer: the prompt echoed in
+    front of it, and logprobs of its tokens."""
+
+    echo: bool
+    logprobs: int | None
+    """How many top alternatives to list per token (None: no logprobs)."""
+
+
+_NO_ECHO = _Echo(False, None)
+"""A plain request: the answer alone, no logprobs."""
+MAX_LOGPROBS = 5
+"""The most top alternatives a request may ask for (as OpenAI's legacy API)."""
+
+
+def _echo_options(body: dict[str, Any]) -> _Echo:
+    echo = body.get("echo", False)
+    if echo is None:
+        echo = False
+    if not isinstance(echo, bool):
+        raise _BadRequest("'echo' must be a boolean")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS):
+        raise _BadRequest(f"'logprobs' must be an integer between 0 and {MAX_LOGPROBS}")
+    if (echo or logprobs is not None) and body.get("stream"):
+        raise _BadRequest("the mock server does not stream 'echo' or 'logprobs' answers")
+    return _Echo(echo, logprobs) if echo or logprobs is not None else _NO_ECHO
+
+
+# --------------------------------------------------------------------------- logprobs
+
+_TOKEN = re.compile(r"\s*(?:\w+|[^\w\s])|\s+")
+"""A word or a single punctuation mark, each with the whitespace before it; whitespace
+at the very end is a token of its own. The tokens of a text join back to the text."""
+
+MOCK_GREEDY_MIN = -2.0
+"""A token whose logprob is at least this is the model's top choice at its position."""
+MOCK_ALTERNATIVE = ("<alt>", -0.5)
+"""The top choice (token, logprob) wherever the actual token is not. No text splits
+into this token, so it never collides with a real one."""
+
+
+def mock_tokens(text: str) -> list[tuple[str, int]]:
+    """The mock tokenizer: ``(token, character offset)`` pairs covering ``text``.
+
+    ``"Answer: Paris"`` is ``[("Answer", 0), (":", 6), (" Paris", 7)]``.
+    """
+    return [(m.group(), m.start()) for m in _TOKEN.finditer(text)]
+
+
+@lru_cache(maxsize=16384)
+def mock_token_logprob(token: str, seed: int) -> float:
+    """The mock model's logprob of ``token``, whatever came before it:
+    ``-(1 + H % 800) / 100`` where ``H`` is the first 4 bytes (big-endian) of
+    ``sha256(f"{seed}:{token}")``; so between -8.00 and -0.01, in steps of 0.01."""
+    digest = hashlib.sha256(f"{seed}:{token}".encode()).digest()
+    return -(1 + int.from_bytes(digest[:4], "big") % 800) / 100
+
+
+def mock_logprobs(
+    prompt: str, completion: str, *, echo: bool, top: int, seed: int
+) -> dict[str, Any]:
+    """The ``choices[0].logprobs`` object the mock server answers with.
+
+    The prompt and the completion are tokenized apart (:func:`mock_tokens`), as a
+    server reads a prompt and then generates; with ``echo`` the prompt's tokens come
+    first, otherwise only the completion's are listed. ``text_offset`` counts characters
+    into the answer's ``text`` (which starts with the prompt when echoed). The very
+    first token of prompt + completion has no context: its ``token_logprobs`` and
+    ``top_logprobs`` entries are None. Every other token has
+    :func:`mock_token_logprob`; its ``top_logprobs`` lists the ``top`` most likely of:
+    the token itself if its logprob is at least :data:`MOCK_GREEDY_MIN` (a completion
+    token always, as generation is greedy), otherwise :data:`MOCK_ALTERNATIVE` and then
+    the token.
+    """
+    pieces = [(t, o, False) for t, o in mock_tokens(prompt)]
+    pieces += [(t, len(prompt) + o, True) for t, o in mock_tokens(completion)]
+    start = 0 if echo else len(prompt)
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    for index, (token, offset, generated) in enumerate(pieces):
+        if echo or generated:
+            tokens.append(token)
+            offsets.append(offset - start)
+            if index == 0:
+                values.append(None)
+                tops.append(None)
+                continue
+            value = mock_token_logprob(token, seed)
+            values.append(value)
+            if generated or value >= MOCK_GREEDY_MIN:
+                choices = [(token, value)]
+            else:
+                choices = [MOCK_ALTERNATIVE, (token, value)]
+            tops.append(dict(choices[:top]))
+    return {
+        "tokens": tokens,
+        "token_logprobs": values,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 @lru_cache(maxsize=2048)
@@ -683,6 +808,7 @@ class MockModelServer:
         if refused is not None:
             return refused
         cfg = self.config
+        echo = _NO_ECHO
         try:
             body = await self._body(request)
             if path == "/v1/chat/completions":
@@ -690,7 +816,10 @@ class MockModelServer:
                 params = _params(body, cfg.model)
             else:
                 pairs = (("user", _prompt_text(body)),)
-                params = _params(body, cfg.model, legacy_max=True)
+                if path == "/v1/completions":
+                    echo = _echo_options(body)
+                # an echo may ask for no generated token (max_tokens=0), as vLLM allows
+                params = _params(body, cfg.model, legacy_max=True, min_tokens=0 if echo.echo else 1)
                 if path == "/generate" and params.stream:
                     raise _BadRequest("/generate does not stream")
         except _BadRequest as exc:
@@ -714,6 +843,10 @@ class MockModelServer:
             return await self._stream(request, chat, words, finish, usage, model, params, fault)
         await self._delay(cfg.ttft_ms)
         await self._delay(cfg.itl_ms, n - 1)
+        if echo is not _NO_ECHO:
+            return self._echo_response(
+                pairs[0][1], " ".join(words), finish, usage, model, echo, seed
+            )
         text = json.dumps(" ".join(words))
         if path == "/v1/chat/completions":
             body_text = (
@@ -734,6 +867,40 @@ class MockModelServer:
                 f'"usage":{usage},"model":{model}}}'
             )
         return web.Response(body=body_text.encode(), content_type="application/json")
+
+    def _echo_response(
+        self,
+        prompt: str,
+        completion: str,
+        finish: str,
+        usage: str,
+        model: str,
+        options: _Echo,
+        seed: int,
+    ) -> web.Response:
+        """A legacy completion with the prompt echoed and/or logprobs (off the hot path)."""
+        logprobs = (
+            None
+            if options.logprobs is None
+            else mock_logprobs(
+                prompt, completion, echo=options.echo, top=options.logprobs, seed=seed
+            )
+        )
+        choice = {
+            "index": 0,
+            "text": prompt + completion if options.echo else completion,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
+        body = {
+            "id": f"cmpl-mock{next(self._ids):x}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": json.loads(model),
+            "choices": [choice],
+            "usage": json.loads(usage),
+        }
+        return web.Response(body=json.dumps(body).encode(), content_type="application/json")
 
     async def _stream(
         self,

@@ -1,17 +1,26 @@
-"""OpenAI and OpenAI-compatible servers (vLLM, llama.cpp, Ollama, TGI, ...)."""
+"""OpenAI and OpenAI-compatible servers (vLLM, llama.cpp, Ollama, TGI, ...).
+
+``openai-compatible`` models with ``endpoint=completions`` can also score prompts
+(:meth:`OpenAICompatibleAdapter.prompt_logprobs`, for lm-eval's loglikelihood): an echo
+request with logprobs, sent through the same budgets, retries and error mapping as
+every other call.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
-from convsim._errors import ServerError
+from convsim._errors import ConfigError, ProtocolError, ServerError
 
 from ._http import SSEEvent
 from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
-from ._types import GenerationParams, Message, Usage
+from ._protocol import PromptLogprobs
+from ._types import Completion, GenerationParams, Message, Usage
 
 __all__ = ["OpenAIConfig", "OpenAIAdapter", "OpenAICompatibleAdapter", "render_prompt"]
 
@@ -45,11 +54,77 @@ def _usage(data: Any) -> Usage | None:
     )
 
 
+@dataclass(slots=True)
+class _Scoring:
+    """A prompt being scored in the current task, and what its answer held."""
+
+    prompt: str
+    result: PromptLogprobs | None = None
+    """The prompt's logprobs from the last answer read (usage not yet filled in)."""
+
+
+_SCORING: ContextVar[_Scoring | None] = ContextVar("convsim_openai_scoring", default=None)
+"""Set while :meth:`OpenAICompatibleAdapter.prompt_logprobs` runs a call: the shared
+call path (budgets, retries, error mapping) then builds and reads an echo request. A
+context variable, because concurrent calls on one adapter each run in their own task."""
+
+
+def _sequence(logprobs: Mapping[str, Any], name: str, count: int) -> list[Any]:
+    values = logprobs.get(name)
+    if not isinstance(values, list) or len(values) != count:
+        raise ValueError(f"logprobs.{name} is not a list of {count} entries")
+    return values
+
+
+def _logprob(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"a logprob is {type(value).__name__}, not a number")
+    return float(value)
+
+
+def _read_prompt_logprobs(prompt: str, logprobs: Mapping[str, Any]) -> PromptLogprobs:
+    """The prompt's part of an echo answer's ``logprobs``: the tokens that start before
+    the prompt ends (later ones are what the server generated after it)."""
+    tokens = logprobs.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError("logprobs.tokens is not a list of strings")
+    offsets = _sequence(logprobs, "text_offset", len(tokens))
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+        raise ValueError("logprobs.text_offset is not a list of integers")
+    values = [_logprob(v) for v in _sequence(logprobs, "token_logprobs", len(tokens))]
+    tops: list[Any] | None = None
+    if logprobs.get("top_logprobs") is not None:
+        tops = _sequence(logprobs, "top_logprobs", len(tokens))
+        for top in tops:
+            if top is not None and not isinstance(top, dict):
+                raise ValueError("logprobs.top_logprobs holds something other than objects")
+    keep = sum(1 for offset in offsets if offset < len(prompt))
+    if not keep:
+        raise ValueError("no token starts inside the prompt")
+    if offsets[:keep] != sorted(offsets[:keep]) or any(o >= len(prompt) for o in offsets[:keep]):
+        raise ValueError("logprobs.text_offset does not run through the prompt in order")
+    return PromptLogprobs(
+        tokens=tuple(tokens[:keep]),
+        token_logprobs=tuple(values[:keep]),
+        text_offset=tuple(offsets[:keep]),
+        top_logprobs=None
+        if tops is None
+        else tuple(
+            None if top is None else {str(k): float(v) for k, v in top.items()}
+            for top in tops[:keep]
+        ),
+        usage=Usage(),
+    )
+
+
 class OpenAICompatibleAdapter(HttpModelAdapter):
     """Chat completions (or legacy completions) over the OpenAI wire format.
 
     ``openai-compatible:MODEL`` needs ``base_url`` (e.g. ``http://127.0.0.1:8000/v1``
-    for vLLM, ``http://127.0.0.1:11434/v1`` for Ollama); a key is optional.
+    for vLLM, ``http://127.0.0.1:11434/v1`` for Ollama); a key is optional. With
+    ``endpoint=completions`` it also scores prompts (:meth:`prompt_logprobs`).
     """
 
     model_type: ClassVar[str] = "openai-compatible"
@@ -64,9 +139,83 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
             return None
         return super()._resolve_key(env)
 
+    # -- prompt scoring ------------------------------------------------------------
+
+    @property
+    def supports_prompt_logprobs(self) -> bool:
+        """Only the legacy completions endpoint echoes a prompt with its logprobs."""
+        return self.config.endpoint == "completions"
+
+    async def prompt_logprobs(self, prompt: str) -> PromptLogprobs:
+        """Score ``prompt``: the logprob of each of its tokens given those before it.
+
+        Sends lm-eval's ``local-completions`` request (``echo``, ``logprobs=1``,
+        ``max_tokens=1``, ``temperature=0``) to ``/completions`` through the adapter's
+        one call path: rate budgets, the concurrency cap, bounded retries, error
+        mapping and key redaction as for :meth:`generate`. The generated token is
+        dropped from the result. Never streamed.
+
+        Raises:
+            ConfigError: the adapter uses the chat endpoint, which cannot echo.
+            ProtocolError: the server answered without usable logprobs.
+            AdapterError: the call failed (after retries where they apply).
+        """
+        if not self.supports_prompt_logprobs:
+            raise ConfigError(
+                f"{self.no_prompt_logprobs_reason()}: prompt logprobs need "
+                "openai-compatible:MODEL with endpoint=completions against a server that "
+                "supports echo with logprobs, such as vLLM"
+            )
+        if not prompt:
+            # nothing to score (and servers refuse an empty prompt)
+            return PromptLogprobs((), (), (), (), usage=Usage(), attempts=0)
+        scoring = _Scoring(prompt)
+        token = _SCORING.set(scoring)
+        try:
+            completion = await self._call(
+                [Message(role="user", content=prompt)],
+                GenerationParams(temperature=0.0, max_tokens=1),
+                on_text=None,
+            )
+        finally:
+            _SCORING.reset(token)
+        assert scoring.result is not None  # parse_response read them, or the call raised
+        return replace(scoring.result, usage=completion.usage, attempts=completion.attempts)
+
+    def no_prompt_logprobs_reason(self) -> str:
+        """Why this adapter, as configured, cannot score prompts."""
+        return (
+            f"{self.model_type}:{self.config.model} uses endpoint={self.config.endpoint}, "
+            "which cannot echo a prompt with its logprobs"
+        )
+
+    async def _attempt(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams,
+        stream: bool,
+        on_text: Callable[[str], None] | None,
+    ) -> Completion:
+        if _SCORING.get() is not None:  # an echo with logprobs is one JSON answer
+            stream, on_text = False, None
+        return await super()._attempt(messages, params, stream, on_text)
+
+    # -- the wire format -----------------------------------------------------------
+
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
     ) -> tuple[str, dict[str, Any]]:
+        scoring = _SCORING.get()
+        if scoring is not None:
+            # lm-eval's local-completions request; some servers refuse max_tokens=0
+            return "/completions", {
+                "model": self.config.model,
+                "prompt": scoring.prompt,
+                "max_tokens": 1,
+                "temperature": 0,
+                "logprobs": 1,
+                "echo": True,
+            }
         body: dict[str, Any] = {"model": self.config.model}
         if self.config.endpoint == "chat":
             path = "/chat/completions"
@@ -94,6 +243,26 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
 
     def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
         choice = data["choices"][0]
+        scoring = _SCORING.get()
+        if scoring is not None:
+            logprobs = choice.get("logprobs")
+            if not isinstance(logprobs, dict) or not isinstance(logprobs.get("tokens"), list):
+                raise ProtocolError(
+                    f"{self.base_url}/completions answered an echo request without "
+                    "logprobs: the server does not support echo with logprobs (vLLM does)",
+                    snippet=self._scrub(json.dumps(choice))[:200],
+                    model=self.config.model,
+                )
+            text = choice.get("text")
+            if not isinstance(text, str) or not text.startswith(scoring.prompt):
+                raise ProtocolError(
+                    f"{self.base_url}/completions did not echo the prompt back: the server "
+                    "does not support echo, so its logprobs are not the prompt's",
+                    snippet=self._scrub(json.dumps(choice))[:200],
+                    model=self.config.model,
+                )
+            # a misshapen part raises here, inside the attempt: a ProtocolError with a snippet
+            scoring.result = _read_prompt_logprobs(scoring.prompt, logprobs)
         if self.config.endpoint == "chat":
             text = choice["message"].get("content") or ""
         else:
@@ -137,6 +306,14 @@ class OpenAIAdapter(OpenAICompatibleAdapter):
         super().__init__(config, **kwargs)
         if re.match(r"o\d", self.config.model):
             self._sampling_fields = ("seed",)
+
+    @property
+    def supports_prompt_logprobs(self) -> bool:
+        """api.openai.com no longer returns logprobs for an echoed prompt."""
+        return False
+
+    def no_prompt_logprobs_reason(self) -> str:
+        return f"openai:{self.config.model}: api.openai.com returns no logprobs for a prompt"
 
     def _resolve_key(self, env: Any) -> str | None:
         return HttpModelAdapter._resolve_key(self, env)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -23,6 +24,12 @@ from pydantic import ValidationError
 
 from convsim import ConfigError
 from convsim.adapters import Message
+from convsim.adapters._mock_server import (
+    MOCK_ALTERNATIVE,
+    MOCK_GREEDY_MIN,
+    mock_token_logprob,
+    mock_tokens,
+)
 from convsim.adapters._recall import recall_reply
 from convsim.adapters.mock import Delay, MockModelServer, MockServerConfig
 from convsim.cli import main
@@ -186,6 +193,99 @@ async def test_legacy_completions_plain_and_streamed() -> None:
     assert usage_parts[-1]["choices"] == [] and usage_parts[-1]["usage"] == result["usage"]
 
 
+def _lp(token: str, seed: int = 0) -> float:
+    """The documented logprob of the mock model (see ``mock_token_logprob``)."""
+    digest = hashlib.sha256(f"{seed}:{token}".encode()).digest()
+    return -(1 + int.from_bytes(digest[:4], "big") % 800) / 100
+
+
+def test_mock_tokenizer_splits_words_and_punctuation() -> None:
+    text = "Question: What is 2+2?\nAnswer: four  "
+    pieces = mock_tokens(text)
+    assert [t for t, _ in pieces] == [
+        "Question",
+        ":",
+        " What",
+        " is",
+        " 2",
+        "+",
+        "2",
+        "?",
+        "\nAnswer",
+        ":",
+        " four",
+        "  ",
+    ]
+    assert "".join(t for t, _ in pieces) == text
+    assert all(text.startswith(t, o) for t, o in pieces)
+    assert mock_tokens("") == []
+    assert mock_token_logprob(" four", 0) == _lp(" four") == -0.35
+    assert mock_token_logprob(" four", 1) == _lp(" four", 1) != -0.35
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+async def test_legacy_completions_echo_with_logprobs(seed: int) -> None:
+    prompt = "Answer: Paris four"
+    body = {"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 0}
+    async with serve(seed=seed) as (_, client):
+        scored = (await client.post("/v1/completions", json=body)).json()
+        generated = (
+            await client.post("/v1/completions", json={**body, "max_tokens": 3, "logprobs": 1})
+        ).json()
+    choice = scored["choices"][0]
+    assert choice["text"] == prompt
+    assert choice["finish_reason"] == "length"
+    tokens = ["Answer", ":", " Paris", " four"]
+    values = [_lp(t, seed) for t in tokens[1:]]
+    assert choice["logprobs"] == {
+        "tokens": tokens,
+        "token_logprobs": [None, *values],
+        "top_logprobs": [
+            None,
+            *(
+                {t: v} if v >= MOCK_GREEDY_MIN else {MOCK_ALTERNATIVE[0]: -0.5, t: v}
+                for t, v in zip(tokens[1:], values, strict=True)
+            ),
+        ],
+        "text_offset": [0, 6, 7, 13],
+    }
+    # with generated words: the prompt's tokens, then the completion's, all greedy
+    completion = " ".join(expected_reply(prompt, seed=seed).split()[:3])
+    choice = generated["choices"][0]
+    assert choice["text"] == prompt + completion
+    lp = choice["logprobs"]
+    assert lp["tokens"][:4] == tokens and "".join(lp["tokens"]) == choice["text"]
+    assert lp["text_offset"][4] == len(prompt)
+    assert lp["token_logprobs"][1:] == [_lp(t, seed) for t in lp["tokens"][1:]]
+    assert all(len(top) == 1 for top in lp["top_logprobs"][1:])  # logprobs=1: the top one
+    assert all(
+        lp["top_logprobs"][i] == {lp["tokens"][i]: lp["token_logprobs"][i]}
+        for i in range(4, len(lp["tokens"]))
+    )
+
+
+async def test_legacy_completions_logprobs_without_echo_and_echo_without_logprobs() -> None:
+    prompt = "Tell me about the weather."
+    async with serve() as (_, client):
+        plain = (await client.post("/v1/completions", json={"prompt": prompt})).json()
+        logprobs = (
+            await client.post("/v1/completions", json={"prompt": prompt, "logprobs": 0})
+        ).json()
+        echoed = (
+            await client.post("/v1/completions", json={"prompt": prompt, "echo": True})
+        ).json()
+    text = expected_reply(prompt)
+    assert plain["choices"][0]["logprobs"] is None
+    assert logprobs["choices"][0]["text"] == text
+    lp = logprobs["choices"][0]["logprobs"]
+    assert "".join(lp["tokens"]) == text and lp["text_offset"][0] == 0  # into the text
+    assert lp["token_logprobs"] == [_lp(t) for t in lp["tokens"]]  # the prompt came first
+    assert lp["top_logprobs"] == [{}] * len(lp["tokens"])  # logprobs=0: no alternatives
+    assert echoed["choices"][0]["text"] == prompt + text
+    assert echoed["choices"][0]["logprobs"] is None
+    assert echoed["usage"] == plain["usage"]
+
+
 async def test_generate_endpoint_of_the_guide() -> None:
     body = {"model": "m", "prompt": USER, "max_tokens": 100, "temperature": 0.2, "top_p": 1}
     async with serve() as (_, client):
@@ -337,6 +437,13 @@ async def test_other_roles_and_content_parts_are_accepted() -> None:
         ("/v1/completions", {"model": "m"}),
         ("/v1/completions", {"model": "m", "prompt": ["a", "b"]}),
         ("/v1/completions", {"model": "m", "prompt": [1, 2, 3]}),
+        ("/v1/completions", {"prompt": "x", "echo": "yes"}),
+        ("/v1/completions", {"prompt": "x", "logprobs": 6}),
+        ("/v1/completions", {"prompt": "x", "logprobs": True}),
+        ("/v1/completions", {"prompt": "x", "logprobs": 1, "stream": True}),
+        ("/v1/completions", {"prompt": "x", "echo": True, "stream": True}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}),
+        ("/v1/completions", {"prompt": "x", "echo": True, "max_tokens": -1}),
         ("/generate", {"prompt": 5}),
         ("/generate", {"prompt": "x", "stream": True}),
     ],

@@ -639,12 +639,16 @@ def lm_eval_command(args: tuple[str, ...]) -> None:
     """Run lm-evaluation-harness with the `convsim` model registered (args go to lm-eval).
 
     e.g. convsim lm-eval --model convsim --model_args model=scripted --tasks TASK
-    --include_path DIR. HF_DATASETS_OFFLINE and HF_HUB_OFFLINE default to 1.
+    --include_path DIR. HF_DATASETS_OFFLINE and HF_HUB_OFFLINE default to 1, and
+    LM_HARNESS_CACHE_PATH (--cache_requests) to ~/.cache/convsim/lm-eval.
     """
     import os
 
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # before lm_eval imports datasets
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # --cache_requests would write into lm-eval's installed package
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    os.environ.setdefault("LM_HARNESS_CACHE_PATH", str(cache_home / "convsim" / "lm-eval"))
     try:
         from lm_eval.__main__ import cli_evaluate
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -219,6 +220,30 @@ def test_cli_runs_a_local_task_end_to_end(tmp_path: Path) -> None:
     row = next(line for line in result.output.splitlines() if line.startswith("|tiny_cli"))
     cells = [c.strip() for c in row.split("|")]
     assert cells[cells.index("exact_match") + 2] == "1"  # every answer matches
+
+
+def test_cli_keeps_lm_evals_request_cache_out_of_site_packages(tmp_path: Path) -> None:
+    import lm_eval
+
+    docs = [{"question": q, "answer": _scripted_reply(q)} for q in QUESTIONS]
+    include = _write_task(tmp_path, "tiny_cached", docs)
+    installed = Path(lm_eval.__file__).parent / "caching" / ".cache"
+    before = set(installed.glob("*")) if installed.exists() else set()
+    env = {k: v for k, v in os.environ.items() if k != "LM_HARNESS_CACHE_PATH"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    args = ["--model", "convsim", "--model_args", "model=scripted", "--tasks", "tiny_cached"]
+    args += ["--include_path", str(include), "--cache_requests", "true"]
+    subprocess.run(
+        [sys.executable, "-m", "convsim", "lm-eval", *args],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    cached = list((tmp_path / "cache" / "convsim" / "lm-eval").glob("*tiny_cached*"))
+    assert cached, "the request cache is written under the user's cache directory"
+    after = set(installed.glob("*")) if installed.exists() else set()
+    assert after == before
 
 
 def test_cli_help_goes_to_lm_eval() -> None:

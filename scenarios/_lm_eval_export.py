@@ -84,52 +84,6 @@ def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]
     return with_std(conversation_scores(TASK, results[0] if results else "", METRICS))
 '''
 
-_UTILS = '''"""Written by `convsim lm-eval-tasks`: {task} runs convsim conversations."""
-
-from __future__ import annotations
-
-import json
-import math
-from typing import Any
-
-MARKER = {marker!r}
-METRICS = {metrics!r}
-
-
-def doc_to_text(doc: dict[str, Any]) -> str:
-    """A marker the convsim lm-eval model recognises; it is never sent to a model."""
-    ref = {{"pack": doc["pack"], "conversation_id": doc["conversation_id"]}}
-    return MARKER + json.dumps(ref, sort_keys=True, ensure_ascii=False)
-
-
-def doc_to_target(doc: dict[str, Any]) -> str:
-    return ""
-
-
-def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    """The conversation's scores, as the convsim model returned them (JSON)."""
-    text = results[0] if results else ""
-    try:
-        scores = json.loads(text)
-    except (TypeError, ValueError):
-        scores = None
-    if not isinstance(scores, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()
-    ):
-        raise ValueError(
-            f"{task}: the task needs `--model convsim` (e.g. `convsim lm-eval --model "
-            "convsim --model_args model=SPEC ...`): each document is a whole multi-turn "
-            f"conversation that only convsim's runtime can run; the model answered "
-            f"{{str(text)[:80]!r}} instead of the conversation's scores"
-        )
-    # a metric that does not apply to this conversation is left out, not counted
-    return {{
-        name: float(scores[name])
-        for name in METRICS
-        if name in scores and not math.isnan(float(scores[name]))
-    }}
-'''
-
 _UTILS = '''"""Written by `convsim lm-eval-tasks`: scores {task} with convsim's metric registry."""
 
 from __future__ import annotations

@@ -140,6 +140,10 @@ def conversation_request(pack: str, conversation_id: str) -> str:
     return CONVERSATION_MARKER + json.dumps(ref, sort_keys=True, ensure_ascii=False)
 
 
+class NeedsConvsimModel(ConfigError, ValueError):
+    """A conversation task evaluated by another lm-eval model than ``convsim``."""
+
+
 def _needs_convsim(task: str) -> str:
     return (
         f"{task}: the task needs `--model convsim` (e.g. `convsim lm-eval --model convsim "
@@ -164,7 +168,7 @@ def require_convsim_model(task: str) -> None:
             lm = frame.f_locals.get("lm")
             lm = getattr(lm, "lm", lm)  # lm-eval's CachingLM wraps the model
             if lm is not None and not getattr(lm, "runs_convsim_conversations", False):
-                raise ValueError(f"{_needs_convsim(task)}; got {type(lm).__name__}")
+                raise NeedsConvsimModel(f"{_needs_convsim(task)}; got {type(lm).__name__}")
             return
         frame = frame.f_back
 
@@ -179,7 +183,7 @@ def conversation_scores(task: str, text: str, metrics: Sequence[str]) -> dict[st
     if not isinstance(scores, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()
     ):
-        raise ValueError(
+        raise NeedsConvsimModel(
             f"{_needs_convsim(task)}; the model answered {str(text)[:80]!r} instead of the "
             "conversation's scores"
         )

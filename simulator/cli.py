@@ -635,6 +635,7 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     },
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@_clear_errors
 def lm_eval_command(args: tuple[str, ...]) -> None:
     """Run lm-evaluation-harness with the `convsim` model registered (args go to lm-eval).
 

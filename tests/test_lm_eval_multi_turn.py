@@ -97,6 +97,19 @@ def test_another_model_fails_at_once_with_a_clear_message(
     assert asked == []  # refused before lm-eval sent the model anything
 
 
+def test_the_cli_says_so_in_one_line(tmp_path: Path, offline: None) -> None:
+    from click.testing import CliRunner
+
+    from convsim.cli import main
+
+    export_lm_eval_tasks(out=tmp_path)
+    args = ["lm-eval", "--model", "dummy", "--tasks", TASK, "--include_path", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "error:" in result.output and "needs `--model convsim`" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_the_late_check_still_names_the_model_it_needs() -> None:
     from convsim.scenarios._lm_eval_export import conversation_scores
 

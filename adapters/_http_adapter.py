@@ -2,7 +2,8 @@
 
 A backend subclass says how to build its request and read its answers
 (:meth:`HttpModelAdapter.request`, :meth:`parse_response`, :meth:`parse_event`); this
-base does the rest the same way for all of them.
+base does the rest the same way for all of them. A call that is not a generation (an
+:class:`Exchange`, such as scoring a prompt) takes the same path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -50,7 +51,7 @@ from ._types import (
     Usage,
 )
 
-__all__ = ["HttpAdapterConfig", "HttpModelAdapter", "Delta", "estimate_tokens"]
+__all__ = ["HttpAdapterConfig", "HttpModelAdapter", "Delta", "Exchange", "estimate_tokens"]
 
 
 class HttpAdapterConfig(BaseModel):
@@ -101,6 +102,23 @@ class Delta:
     finish_reason: str | None = None
     usage: Usage | None = None
     done: bool = False
+
+
+class Exchange(Protocol):
+    """A call other than a generation (e.g. scoring a prompt) on the shared call path.
+
+    It takes the place of :meth:`HttpModelAdapter.request` and
+    :meth:`~HttpModelAdapter.parse_response` for one call, which is never streamed;
+    budgets, retries, error mapping and key redaction stay as for any call.
+    """
+
+    def request(self) -> tuple[str, dict[str, Any]]:
+        """The path (after base_url) and JSON body of the call."""
+        ...
+
+    def parse(self, data: Any) -> tuple[str, str | None, Usage | None]:
+        """Text, finish reason and usage (None if the server sent none) of the answer."""
+        ...
 
 
 def estimate_tokens(text: str) -> int:
@@ -285,12 +303,20 @@ class HttpModelAdapter(ABC):
         messages: Sequence[Message],
         params: GenerationParams,
         on_text: Callable[[str], None] | None,
+        *,
+        exchange: Exchange | None = None,
     ) -> Completion:
+        """One call through budgets, the concurrency cap and retries.
+
+        ``messages`` and ``params`` size the token claim (and a usage estimate should
+        the server send none); an ``exchange``, when given, is sent instead of
+        :meth:`request`.
+        """
         if self._slots is None:
             # fast_acquire: a free slot is taken without a trip through the event loop
             self._slots = anyio.Semaphore(self.config.concurrency, fast_acquire=True)
         budget = self.budget()
-        stream = on_text is not None or self.config.stream
+        stream = exchange is None and (on_text is not None or self.config.stream)
         # only a token budget needs the estimate of what the call will use
         claim = (
             _prompt_tokens(messages) + (params.max_tokens or self.default_max_tokens())
@@ -314,7 +340,11 @@ class HttpModelAdapter(ABC):
             ok = False
             try:
                 completion = await self._attempt(
-                    messages, params, stream, deliver if on_text is not None else None
+                    messages,
+                    params,
+                    stream,
+                    deliver if on_text is not None else None,
+                    exchange=exchange,
                 )
                 used, ok = completion.usage.total_tokens, True
                 return completion
@@ -363,8 +393,14 @@ class HttpModelAdapter(ABC):
         params: GenerationParams,
         stream: bool,
         on_text: Callable[[str], None] | None,
+        *,
+        exchange: Exchange | None = None,
     ) -> Completion:
-        path, payload = self.request(messages, params, stream)
+        if exchange is not None:
+            path, payload = exchange.request()
+            stream = False  # an exchange is one JSON answer
+        else:
+            path, payload = self.request(messages, params, stream)
         url = self.base_url + path
         headers = self._headers
         t0 = time.perf_counter()
@@ -381,7 +417,8 @@ class HttpModelAdapter(ABC):
                 )
             try:
                 data = json.loads(response.body)
-                text, finish_reason, usage = self.parse_response(data)
+                parse = exchange.parse if exchange is not None else self.parse_response
+                text, finish_reason, usage = parse(data)
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on

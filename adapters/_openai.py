@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -20,7 +19,7 @@ from convsim._errors import ConfigError, ProtocolError, ServerError
 from ._http import SSEEvent
 from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
 from ._protocol import PromptLogprobs
-from ._types import Completion, GenerationParams, Message, Usage
+from ._types import GenerationParams, Message, Usage
 
 __all__ = ["OpenAIConfig", "OpenAIAdapter", "OpenAICompatibleAdapter", "render_prompt"]
 
@@ -52,21 +51,6 @@ def _usage(data: Any) -> Usage | None:
         completion_tokens=completion,
         total_tokens=int(data.get("total_tokens") or prompt + completion),
     )
-
-
-@dataclass(slots=True)
-class _Scoring:
-    """A prompt being scored in the current task, and what its answer held."""
-
-    prompt: str
-    result: PromptLogprobs | None = None
-    """The prompt's logprobs from the last answer read (usage not yet filled in)."""
-
-
-_SCORING: ContextVar[_Scoring | None] = ContextVar("convsim_openai_scoring", default=None)
-"""Set while :meth:`OpenAICompatibleAdapter.prompt_logprobs` runs a call: the shared
-call path (budgets, retries, error mapping) then builds and reads an echo request. A
-context variable, because concurrent calls on one adapter each run in their own task."""
 
 
 def _sequence(logprobs: Mapping[str, Any], name: str, count: int) -> list[Any]:
@@ -119,6 +103,54 @@ def _read_prompt_logprobs(prompt: str, logprobs: Mapping[str, Any]) -> PromptLog
     )
 
 
+@dataclass(slots=True)
+class _EchoScoring:
+    """The :class:`Exchange` that scores one prompt: lm-eval's ``local-completions``
+    request, and the prompt's logprobs once an answer has been read."""
+
+    prompt: str
+    model: str
+    url: str
+    """Where the request goes, for error messages."""
+    scrub: Callable[[str], str]
+    """Blanks the API key out of a snippet of the answer."""
+    result: PromptLogprobs | None = None
+    """The prompt's logprobs from the answer read (usage not yet filled in)."""
+
+    def request(self) -> tuple[str, dict[str, Any]]:
+        # some servers refuse max_tokens=0
+        return "/completions", {
+            "model": self.model,
+            "prompt": self.prompt,
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": 1,
+            "echo": True,
+        }
+
+    def parse(self, data: Any) -> tuple[str, str | None, Usage | None]:
+        choice = data["choices"][0]
+        logprobs = choice.get("logprobs")
+        if not isinstance(logprobs, dict) or not isinstance(logprobs.get("tokens"), list):
+            raise ProtocolError(
+                f"{self.url} answered an echo request without logprobs: the server "
+                "does not support echo with logprobs (vLLM does)",
+                snippet=self.scrub(json.dumps(choice))[:200],
+                model=self.model,
+            )
+        text = choice.get("text")
+        if not isinstance(text, str) or not text.startswith(self.prompt):
+            raise ProtocolError(
+                f"{self.url} did not echo the prompt back: the server does not support "
+                "echo, so its logprobs are not the prompt's",
+                snippet=self.scrub(json.dumps(choice))[:200],
+                model=self.model,
+            )
+        # a misshapen part raises here, inside the attempt: a ProtocolError with a snippet
+        self.result = _read_prompt_logprobs(self.prompt, logprobs)
+        return text, choice.get("finish_reason"), _usage(data.get("usage"))
+
+
 class OpenAICompatibleAdapter(HttpModelAdapter):
     """Chat completions (or legacy completions) over the OpenAI wire format.
 
@@ -169,17 +201,17 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
         if not prompt:
             # nothing to score (and servers refuse an empty prompt)
             return PromptLogprobs((), (), (), (), usage=Usage(), attempts=0)
-        scoring = _Scoring(prompt)
-        token = _SCORING.set(scoring)
-        try:
-            completion = await self._call(
-                [Message(role="user", content=prompt)],
-                GenerationParams(temperature=0.0, max_tokens=1),
-                on_text=None,
-            )
-        finally:
-            _SCORING.reset(token)
-        assert scoring.result is not None  # parse_response read them, or the call raised
+        scoring = _EchoScoring(
+            prompt, self.config.model, f"{self.base_url}/completions", self._scrub
+        )
+        # the message and params only size the token claim (and a usage estimate)
+        completion = await self._call(
+            [Message(role="user", content=prompt)],
+            GenerationParams(temperature=0.0, max_tokens=1),
+            on_text=None,
+            exchange=scoring,
+        )
+        assert scoring.result is not None  # parse read them, or the call raised
         return replace(scoring.result, usage=completion.usage, attempts=completion.attempts)
 
     def no_prompt_logprobs_reason(self) -> str:
@@ -189,33 +221,11 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
             "which cannot echo a prompt with its logprobs"
         )
 
-    async def _attempt(
-        self,
-        messages: Sequence[Message],
-        params: GenerationParams,
-        stream: bool,
-        on_text: Callable[[str], None] | None,
-    ) -> Completion:
-        if _SCORING.get() is not None:  # an echo with logprobs is one JSON answer
-            stream, on_text = False, None
-        return await super()._attempt(messages, params, stream, on_text)
-
     # -- the wire format -----------------------------------------------------------
 
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
     ) -> tuple[str, dict[str, Any]]:
-        scoring = _SCORING.get()
-        if scoring is not None:
-            # lm-eval's local-completions request; some servers refuse max_tokens=0
-            return "/completions", {
-                "model": self.config.model,
-                "prompt": scoring.prompt,
-                "max_tokens": 1,
-                "temperature": 0,
-                "logprobs": 1,
-                "echo": True,
-            }
         body: dict[str, Any] = {"model": self.config.model}
         if self.config.endpoint == "chat":
             path = "/chat/completions"
@@ -243,26 +253,6 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
 
     def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
         choice = data["choices"][0]
-        scoring = _SCORING.get()
-        if scoring is not None:
-            logprobs = choice.get("logprobs")
-            if not isinstance(logprobs, dict) or not isinstance(logprobs.get("tokens"), list):
-                raise ProtocolError(
-                    f"{self.base_url}/completions answered an echo request without "
-                    "logprobs: the server does not support echo with logprobs (vLLM does)",
-                    snippet=self._scrub(json.dumps(choice))[:200],
-                    model=self.config.model,
-                )
-            text = choice.get("text")
-            if not isinstance(text, str) or not text.startswith(scoring.prompt):
-                raise ProtocolError(
-                    f"{self.base_url}/completions did not echo the prompt back: the server "
-                    "does not support echo, so its logprobs are not the prompt's",
-                    snippet=self._scrub(json.dumps(choice))[:200],
-                    model=self.config.model,
-                )
-            # a misshapen part raises here, inside the attempt: a ProtocolError with a snippet
-            scoring.result = _read_prompt_logprobs(scoring.prompt, logprobs)
         if self.config.endpoint == "chat":
             text = choice["message"].get("content") or ""
         else:

@@ -9,7 +9,8 @@ The task's own filters and ``process_results`` score each answer through the
 A metric aggregated by mean gives each document its own score, and the report's mean
 is lm-eval's aggregate. A corpus-level one (``bleu``, ``chrf``, ``ter``: lm-eval's
 registered aggregations) gives each document the aggregation of that document alone and
-keeps lm-eval's item; the report's ``corpus`` value reduces all items as lm-eval does.
+keeps lm-eval's item; the report's ``corpus`` value reduces all items as lm-eval does. A
+metric aggregated by a function of the task's own is left out (with a note).
 
 Tasks load offline (the Hugging Face offline flags are set); a task that needs a hub
 dataset fails with a clear error. lm_eval is imported here only, on demand.
@@ -114,12 +115,11 @@ def _load_task(name: str, include_path: str | Path | None) -> Any:
             f"lm-eval task {name!r} is {task.OUTPUT_TYPE}: convsim runs generate_until tasks "
             "(answers a model writes), not loglikelihood ones"
         )
-    unknown = [m for m, agg in task.aggregation().items() if aggregation_name(agg) is None]
-    if unknown:
+    if not runnable_metrics(task):
         raise ConfigError(
-            f"lm-eval task {name!r} aggregates {', '.join(unknown)} with a function of its "
-            "own; convsim reduces a run with lm-eval's registered aggregations only (mean, "
-            "bleu, chrf, ter, ...)"
+            f"lm-eval task {name!r} aggregates every metric with a function of its own; "
+            "convsim reduces a run with lm-eval's registered aggregations only (mean, bleu, "
+            "chrf, ter, ...)"
         )
     task.build_all_requests(limit=None, rank=0, world_size=1)
     return task
@@ -132,7 +132,13 @@ def load_lm_eval_task(
     name = spec[len(LM_EVAL_PREFIX) :]
     task = lm_eval_task(name, include_path)
     targets = _remember_targets(task)
-    metrics = tuple(f"lm_eval_task:{m}" for m in task.aggregation())
+    runnable = runnable_metrics(task)
+    metrics = tuple(f"lm_eval_task:{m}" for m in runnable)
+    notes = tuple(
+        f"lm_eval_task:{m} is left out: the task aggregates it with a function of its own"
+        for m in task.aggregation()
+        if m not in runnable
+    )
     missing = [m for m in metrics if metric_names and m not in metric_names]
     if missing:
         raise ConfigError(f"unknown metrics {', '.join(missing)}")
@@ -154,7 +160,7 @@ def load_lm_eval_task(
             origin=task,
         )
     return builder.pack(
-        name=f"lm-eval:{name}", path=Path(str(include_path or ".")), metrics=metrics
+        name=f"lm-eval:{name}", path=Path(str(include_path or ".")), metrics=metrics, notes=notes
     )
 
 
@@ -192,6 +198,12 @@ def _target_text(target: Any) -> str:
     if isinstance(target, list):
         return str(target[0]) if target else ""
     return str(target)
+
+
+def runnable_metrics(task: Any) -> list[str]:
+    """The task's metrics whose aggregation lm-eval registers (``mean``, ``bleu``, ...);
+    one aggregated by a function of the task's own cannot be reduced from results."""
+    return [m for m, agg in task.aggregation().items() if aggregation_name(agg) is not None]
 
 
 def aggregation_name(aggregation: Any) -> str | None:

@@ -76,7 +76,9 @@ class PromptPackBuilder:
             Conversation(scenario, self._flows[key], "single_turn", f"{name}:{doc_id}", origin)
         )
 
-    def pack(self, *, name: str, path: Path, metrics: tuple[str, ...]) -> Pack:
+    def pack(
+        self, *, name: str, path: Path, metrics: tuple[str, ...], notes: tuple[str, ...] = ()
+    ) -> Pack:
         return Pack(
             name=name,
             path=path,
@@ -85,4 +87,5 @@ class PromptPackBuilder:
             pack_hash=self._digest.hexdigest(),
             conversations=tuple(self._conversations),
             metrics=metrics,
+            notes=notes,
         )

@@ -144,3 +144,15 @@ def test_cli_exports_a_multi_turn_pack_as_a_conversation_task(tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     config = (tmp_path / "multi_turn_scenarios_customer_support.yaml").read_text(encoding="utf-8")
     assert "task: multi_turn_scenarios_customer_support" in config
+
+
+def test_an_exported_task_runs_back_in_convsim(tmp_path: Path, offline: None) -> None:
+    export_lm_eval_tasks(out=tmp_path)
+    pack = load_pack(f"lm-eval:{TASK}", include_path=tmp_path)
+    own = load_pack(PACK)
+    assert pack.metrics == tuple(f"lm_eval_task:{m}" for m in own.metrics)
+    # <metric>_std is reduced by the task's own function: left out, and said so
+    assert [n.split(" ")[0] for n in pack.notes] == [f"lm_eval_task:{m}_std" for m in own.metrics]
+    assert [c.scenario.variables["prompt"] for c in pack.conversations] == [
+        c.render(c.flow.turns[0], []) for c in own.conversations
+    ]

@@ -156,9 +156,11 @@ class LmEvalTaskMetric:
         self.metric = qualified.split(":", 1)[1]
         # lm-eval's own direction for a metric it registers (ter: lower); the task's,
         # once a conversation shows which task it is
-        from lm_eval.api.registry import is_higher_better
+        from lm_eval.api.registry import higher_is_better_registry
 
-        registered = is_higher_better(self.metric)
+        if len(higher_is_better_registry) == 0:
+            import lm_eval.api.metrics  # noqa: F401  fills lm-eval's registries
+        registered = higher_is_better_registry.get(self.metric, None)
         self.higher_is_better: bool = True if registered is None else bool(registered)
         self.description = (
             f"lm-eval's {self.metric} for the document, from the task's own filters and "
@@ -199,18 +201,18 @@ class _LmEvalTaskScorer:
             raise KeyError(f"lm-eval task {name!r} reports no {self.metric.metric!r}")
         value = mine.get(f"{self.metric.metric},none", next(iter(mine.values())))
         aggregation = aggregation_name(self.task.aggregation()[self.metric.metric])
+        details: dict[str, Any] = {"lm_eval": results}
+        higher = self.task.higher_is_better().get(self.metric.metric)
+        if higher is not None:  # the task's own direction, for reports read from files
+            details[HIGHER_IS_BETTER] = bool(higher)
         if aggregation in (None, "mean"):
-            return Score(value=float(value), details={"lm_eval": results})
-        return Score(
-            value=corpus_value(f"lm_eval:{aggregation}", [value]),
-            details={
-                "lm_eval": results,
-                CORPUS_ITEM: value,
-                CORPUS_AGGREGATION: f"lm_eval:{aggregation}",
-            },
-        )
+            return Score(value=float(value), details=details)
+        details.update({CORPUS_ITEM: value, CORPUS_AGGREGATION: f"lm_eval:{aggregation}"})
+        return Score(value=corpus_value(f"lm_eval:{aggregation}", [value]), details=details)
 
 
+HIGHER_IS_BETTER = "higher_is_better"
+"""Score details: the direction the score's source gives (a task's own metric_list)."""
 CORPUS_ITEM = "corpus_item"
 CORPUS_AGGREGATION = "corpus_aggregation"
 """Score details of a corpus-level metric: its item, and the aggregation that reduces the

@@ -281,10 +281,15 @@ class MultiTurnTask(AdvancedTask):
     # -- running under convsim -------------------------------------------------------
 
     def turn_config(self, doc: Mapping[str, Any], turn_id: str) -> dict[str, Any]:
-        """The raw turn config of ``turn_id`` in ``doc``'s flow (as the hooks get it)."""
-        for turn in self.get_conversation_flow(doc).get("turns") or []:
-            if isinstance(turn, dict) and turn.get("turn_id") == turn_id:
-                return turn
+        """The raw turn config of ``turn_id`` in ``doc``'s flow (as the hooks get it); a
+        ``repeat`` copy (``chat.2``) gets its turn's config."""
+        turns = [
+            t for t in self.get_conversation_flow(doc).get("turns") or [] if isinstance(t, dict)
+        ]
+        for wanted in (turn_id, turn_id.rsplit(".", 1)[0]):
+            for turn in turns:
+                if turn.get("turn_id") == wanted:
+                    return turn
         raise ConfigError(f"{self.name}: no turn {turn_id!r} in the flow")
 
     def to_pack(self) -> Pack:
@@ -295,6 +300,17 @@ class MultiTurnTask(AdvancedTask):
         from ._loader import load_multi_turn_files
 
         base, flows = load_multi_turn_files(self.dataset_file(), self.turn_config_file(), METRICS)
+        for scenario_type, flow in flows.items():
+            for turn in flow.turns:
+                own = [
+                    m for m in turn.config.evaluation_metrics if m.startswith(TASK_METRIC_PREFIX)
+                ]
+                if own:
+                    raise ConfigError(
+                        f"{self.turn_config_file().name}: {scenario_type}.{turn.turn_id}: "
+                        f"evaluation_metrics {', '.join(own)}: a task's own results score "
+                        "whole conversations; name its turn metrics without 'task:'"
+                    )
         by_id = {c.conversation_id: c for c in base.conversations}
         flow_names = {id(flow): name for name, flow in self.turn_configs.items()}
         conversations = []
@@ -348,6 +364,13 @@ class MultiTurnTask(AdvancedTask):
         from ._task_api import TASKS
 
         require_convsim_model(self.name)
+        if self.config:
+            raise ConfigError(
+                f"{type(self).__name__}: under lm-eval the convsim model loads the registered "
+                "class as task:NAME with its defaults, so a task built with a config "
+                f"({', '.join(map(str, self.config))}) cannot run there; set DATASET_PATH "
+                "and TURN_CONFIG_PATH on a subclass instead"
+            )
         if self.name not in TASKS or TASKS.get(self.name) is not type(self):
             raise ConfigError(
                 f"{type(self).__name__}: register the task class with "
@@ -395,8 +418,8 @@ class ConversationDocument:
 
     task: MultiTurnTask
     doc: Any
-    _results: dict[tuple[tuple[str, str | None], ...], dict[str, Any]] = field(
-        default_factory=dict, repr=False
+    _results: dict[tuple[tuple[str, str | None, str | None, str | None], ...], dict[str, Any]] = (
+        field(default_factory=dict, repr=False)
     )
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -411,7 +434,8 @@ class ConversationDocument:
     ) -> dict[str, Any] | str:
         if not turns:
             return "no turn of the conversation completed"
-        key = tuple((t.turn_id, t.response) for t in turns)
+        # what the hooks see: a run with other prompts or user messages is evaluated anew
+        key = tuple((t.turn_id, t.prompt, t.user_message, t.response) for t in turns)
         with self._lock:
             if key not in self._results:
                 self._results[key] = self._evaluate(conversation, turns)

@@ -54,8 +54,9 @@ AGGREGATIONS: dict[str, Callable[[Sequence[float]], float]] = {
 }
 """The reductions ``aggregation()`` may name; ``std`` is the population standard deviation."""
 
-TASKS: Registry[Any] = Registry("task")
-"""Task name -> task class, filled by :func:`register_task`."""
+TASKS: Registry[Any] = Registry("task", group="convsim.tasks")
+"""Task name -> task class, filled by :func:`register_task` and by the entry-point group
+``convsim.tasks`` (so ``convsim run task:NAME`` finds a package's task classes)."""
 
 T = TypeVar("T", bound=type)
 
@@ -455,6 +456,9 @@ class _TaskScorer:
         if not _numeric(value):
             return Score.not_applicable(f"the task's {self.key!r} is not a number")
         extras = {k: v for k, v in results.items() if not _numeric(v) and _jsonable(v)}
+        higher = self.origin.task.higher_is_better().get(self.key)
+        if higher is not None:  # the task's own direction, for reports read from files
+            extras["higher_is_better"] = bool(higher)
         return Score(value=float(value), details=extras)
 
 

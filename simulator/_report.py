@@ -266,6 +266,11 @@ def summarize(results: Iterable[ConversationResult]) -> RunReport:
         {n for r in results for n in r.scores}
         | {n for r in results for scores in r.turn_scores.values() for n in scores}
     )
+    for r in results:  # a task's own direction, where its scores carry one
+        for name, score in r.scores.items():
+            given = score.details.get("higher_is_better")
+            if isinstance(given, bool):
+                hib[name] = given
     statuses = Counter(r.status.value for r in results)
     turns: Counter[str] = Counter()
     latencies: list[float] = []

@@ -358,3 +358,54 @@ def test_the_docs_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mo
     task = module.MyConversationTask()
     (result,) = convsim.run_sync(task.to_pack(), "scripted", limit=1, metrics=["coherence"])
     assert _value(result, "task:coherence_score") == pytest.approx(_value(result, "coherence"))
+
+
+def _task_files(tmp_path: Path, turns: str) -> dict[str, str]:
+    (tmp_path / "scenarios.jsonl").write_text(
+        json.dumps({"scenario_id": "s1", "scenario_description": "planning a trip"}) + "\n"
+    )
+    (tmp_path / "turn_configs.yml").write_text("default:\n  turns:\n" + turns)
+    return {
+        "dataset_path": str(tmp_path / "scenarios.jsonl"),
+        "turn_config_path": str(tmp_path / "turn_configs.yml"),
+    }
+
+
+def test_a_task_metric_as_a_turn_metric_is_refused_up_front(tmp_path: Path) -> None:
+    config = _task_files(
+        tmp_path,
+        "    - turn_id: a\n      prompt_template: hi\n"
+        "      evaluation_metrics: ['task:response_length']\n",
+    )
+    with pytest.raises(ConfigError, match=r"default\.a: evaluation_metrics task:response_length"):
+        MultiTurnTask(config).to_pack()
+
+
+def test_repeated_turns_get_their_turns_config(tmp_path: Path) -> None:
+    config = _task_files(
+        tmp_path,
+        "    - turn_id: chat\n      prompt_template: 'Tell me more ({turn_index})'\n"
+        "      repeat: 3\n",
+    )
+    (result,) = convsim.run_sync(MultiTurnTask(config).to_pack(), "scripted", metrics=[])
+    assert result.status.value == "DONE"
+    assert [t.turn_id for t in result.turns] == ["chat", "chat.2", "chat.3"]
+    assert 0 < _value(result, "task:coherence_score") <= 1
+
+
+class LowerIsBetter(MyConversationTask):
+    def higher_is_better(self):
+        return {**super().higher_is_better(), "response_length": False}
+
+
+def test_the_report_takes_the_tasks_own_direction() -> None:
+    results = convsim.run_sync(LowerIsBetter().to_pack(), "scripted", limit=2, metrics=[])
+    report = convsim.summarize(results)
+    assert report.metrics["task:response_length"].higher_is_better is False
+    assert report.metrics["task:coherence_score"].higher_is_better is True
+
+
+def test_a_configured_instance_is_refused_under_lm_eval(tmp_path: Path) -> None:
+    task = MyConversationTask({"dataset_path": str(PACK / "scenarios.jsonl")})
+    with pytest.raises(ConfigError, match="loads the registered class"):
+        task.lm_eval_context(task.test_docs()[0])

@@ -328,7 +328,12 @@ def _write_task(
             for m in metrics
             for entry in (
                 {"metric": m, "aggregation": "mean", "higher_is_better": _higher_is_better(m)},
-                {"metric": m + STD_SUFFIX, "aggregation": _STD_PLACEHOLDER},
+                # a spread has no better direction; saying so keeps lm-eval from warning
+                {
+                    "metric": m + STD_SUFFIX,
+                    "aggregation": _STD_PLACEHOLDER,
+                    "higher_is_better": None,
+                },
             )
         ],
         "metadata": {"version": 1.0, "convsim_pack": str(pack.path)},

@@ -119,7 +119,7 @@ def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]
 
 
 STD_SUFFIX = "_std"
-_STD_PLACEHOLDER = "convsim-std-aggregation"
+_STD_FUNCTION_TAG = "convsim-std-aggregation"  # replaced by a !function tag once dumped
 
 
 def std(items: Sequence[float]) -> float:
@@ -331,7 +331,7 @@ def _write_task(
                 # a spread has no better direction; saying so keeps lm-eval from warning
                 {
                     "metric": m + STD_SUFFIX,
-                    "aggregation": _STD_PLACEHOLDER,
+                    "aggregation": _STD_FUNCTION_TAG,
                     "higher_is_better": None,
                 },
             )
@@ -339,7 +339,7 @@ def _write_task(
         "metadata": {"version": 1.0, "convsim_pack": str(pack.path)},
     }
     text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-    text = text.replace(_STD_PLACEHOLDER, f"!function {utils}.std")
+    text = text.replace(_STD_FUNCTION_TAG, f"!function {utils}.std")
     # lm-eval resolves `!function module.name` next to the YAML; safe_dump cannot tag it.
     for key in functions:
         text += f"{key}: !function {utils}.{key}\n"

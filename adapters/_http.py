@@ -199,19 +199,9 @@ class AiohttpTransport:
     async def post_json(
         self, url: str, payload: Any, headers: Mapping[str, str], timeouts: HttpTimeouts
     ) -> HttpResponse:
-        import aiohttp
-
-        proxy = await self._proxy(url)
-        with _translated(url, asyncio.TimeoutError, aiohttp.ClientError):
-            async with self._client().post(
-                url,
-                data=_encode(payload),
-                headers=headers,
-                timeout=self._timeout(timeouts),
-                **proxy,
-            ) as response:
-                body = await response.read()
-                return HttpResponse(response.status, response.headers, body)
+        async with self.stream(url, payload, headers, timeouts) as response:
+            body = await response.read()
+            return HttpResponse(response.status, response.headers, body)
 
     @asynccontextmanager
     async def stream(

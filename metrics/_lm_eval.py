@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from convsim._errors import ConfigError
-from convsim._records import Score, TurnRecord, TurnStatus
+from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
 
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
@@ -204,15 +204,13 @@ class _LmEvalTaskScorer:
         details: dict[str, Any] = {"lm_eval": results}
         higher = self.task.higher_is_better().get(self.metric.metric)
         if higher is not None:  # the task's own direction, for reports read from files
-            details[HIGHER_IS_BETTER] = bool(higher)
+            details[HIGHER_IS_BETTER_DETAIL] = bool(higher)
         if aggregation in (None, "mean"):
             return Score(value=float(value), details=details)
         details.update({CORPUS_ITEM: value, CORPUS_AGGREGATION: f"lm_eval:{aggregation}"})
         return Score(value=corpus_value(f"lm_eval:{aggregation}", [value]), details=details)
 
 
-HIGHER_IS_BETTER = "higher_is_better"
-"""Score details: the direction the score's source gives (a task's own metric_list)."""
 CORPUS_ITEM = "corpus_item"
 CORPUS_AGGREGATION = "corpus_aggregation"
 """Score details of a corpus-level metric: its item, and the aggregation that reduces the

@@ -46,12 +46,8 @@ from ._templates import Template
 
 __all__ = ["MultiTurnTask"]
 
-CONVERSATION_METRICS = {
-    "context_retention": "context_retention",
-    "goal_achievement": "goal_achievement",
-    "coherence_score": "coherence",
-}
-"""The default conversation results and the convsim scorer behind each."""
+CONVERSATION_METRICS = ("context_retention", "goal_achievement", "coherence_score")
+"""What the default evaluate_conversation reports beside the turns' averages."""
 
 
 @dataclass(frozen=True)

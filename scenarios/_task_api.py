@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from convsim._errors import ConfigError
-from convsim._records import Score, TurnRecord, TurnStatus
+from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
 from convsim._registry import Registry
 
 from ._pack import Conversation, Pack
@@ -458,7 +458,7 @@ class _TaskScorer:
         extras = {k: v for k, v in results.items() if not _numeric(v) and _jsonable(v)}
         higher = self.origin.task.higher_is_better().get(self.key)
         if higher is not None:  # the task's own direction, for reports read from files
-            extras["higher_is_better"] = bool(higher)
+            extras[HIGHER_IS_BETTER_DETAIL] = bool(higher)
         return Score(value=float(value), details=extras)
 
 

@@ -101,6 +101,11 @@ class ErrorInfo(BaseModel):
         )
 
 
+HIGHER_IS_BETTER_DETAIL = "higher_is_better"
+"""A ``Score.details`` key: the direction the score's own source gives (a task's metric
+list), which a report read back from a file prefers to the registry's."""
+
+
 class Score(BaseModel):
     """A metric's value, or why it does not apply (never a fake 0)."""
 

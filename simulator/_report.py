@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from convsim.metrics._aggregate import aggregate
 from convsim.metrics._stats import mean, percentile
 
-from ._records import ConversationResult, Score, Status, TurnStatus
+from ._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
 
 __all__ = ["RunReport", "MetricSummary", "GroupSummary", "summarize"]
 
@@ -268,7 +268,7 @@ def summarize(results: Iterable[ConversationResult]) -> RunReport:
     )
     for r in results:  # a task's own direction, where its scores carry one
         for name, score in r.scores.items():
-            given = score.details.get("higher_is_better")
+            given = score.details.get(HIGHER_IS_BETTER_DETAIL)
             if isinstance(given, bool):
                 hib[name] = given
     statuses = Counter(r.status.value for r in results)

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from convsim._errors import ConfigError, RateLimited, ServerError
+from convsim._types import GenerationParams, Message, Usage
 
 from ._http import SSEEvent
 from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
-from ._types import GenerationParams, Message, Usage
 
 __all__ = ["AnthropicConfig", "AnthropicAdapter"]
 

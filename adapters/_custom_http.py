@@ -7,11 +7,12 @@ from typing import Any, ClassVar
 
 from pydantic import model_validator
 
+from convsim._types import GenerationParams, Message, Usage
+
 from ._http import SSEEvent
 from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
 from ._openai import _usage as openai_usage
 from ._openai import render_prompt
-from ._types import GenerationParams, Message, Usage
 
 __all__ = ["CustomHttpConfig", "CustomHttpAdapter"]
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
@@ -27,6 +27,16 @@ from convsim._errors import (
     ServerError,
     parse_config,
 )
+from convsim._types import (
+    CallTimings,
+    Completion,
+    Cost,
+    GenerationParams,
+    Message,
+    ModelInfo,
+    RateLimits,
+    Usage,
+)
 
 from ._budget import BudgetLimits, Budgets, ProviderBudget
 from ._http import (
@@ -39,17 +49,8 @@ from ._http import (
     SSEEvent,
 )
 from ._pricing import price_of
+from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status
-from ._types import (
-    CallTimings,
-    Completion,
-    Cost,
-    GenerationParams,
-    Message,
-    ModelInfo,
-    RateLimits,
-    Usage,
-)
 
 __all__ = ["HttpAdapterConfig", "HttpModelAdapter", "Delta", "Exchange", "estimate_tokens"]
 
@@ -141,7 +142,7 @@ def _prompt_tokens(messages: Sequence[Message]) -> int:
     return sum(estimate_tokens(m.content) + 4 for m in messages)
 
 
-class HttpModelAdapter(ABC):
+class HttpModelAdapter(ModelAdapter):
     """Base of the HTTP adapters. Subclasses set the class attributes and the hooks."""
 
     model_type: ClassVar[str]
@@ -173,11 +174,9 @@ class HttpModelAdapter(ABC):
         self._headers = {**JSON_HEADERS, **self.auth_headers()}
         if cfg.stream and not self.supports_streaming:
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
-        self._transport = transport or (
-            AiohttpTransport(pool_size=cfg.concurrency)
-            if cfg.http == "aiohttp"
-            else HttpxTransport(pool_size=cfg.concurrency)
-        )
+        self._transport = transport
+        """Built on first use, with a pool that fits the concurrency (see bind_budgets)."""
+        self._concurrency = cfg.concurrency
         self._timeouts = HttpTimeouts(connect=cfg.connect_timeout, read=cfg.timeout)
         self.retry_policy = RetryPolicy(
             max_retries=cfg.max_retries, max_elapsed_s=cfg.max_retry_time
@@ -206,14 +205,19 @@ class HttpModelAdapter(ABC):
         key_id = hashlib.sha256(self._api_key.encode()).hexdigest()[:12] if self._api_key else "-"
         return f"{self.model_type}|{self.base_url}|{key_id}"
 
-    def bind_budgets(self, budgets: Budgets) -> None:
-        """Share rate budgets with the other adapters of an application.
+    def bind_budgets(self, budgets: Budgets, *, concurrency: int | None = None) -> None:
+        """Share rate budgets with the other adapters of an application, and take its
+        concurrency as this adapter's cap and pool size unless ``concurrency`` was set.
 
         The budget is resolved now, before any call, so the stricter limits of two
         adapters sharing a key are settled before either starts using them.
         """
         self._budgets = budgets
         self._budget = None
+        if concurrency is not None and "concurrency" not in self.config.model_fields_set:
+            if self._slots is not None:
+                raise RuntimeError("bind_budgets() must come before the first call")
+            self._concurrency = concurrency
         self.budget()
 
     def budget(self) -> ProviderBudget:
@@ -253,7 +257,7 @@ class HttpModelAdapter(ABC):
             requests_per_minute=self.config.rpm,
             tokens_per_minute=self.config.tpm,
             requests_per_day=self.config.rpd,
-            concurrency=self.config.concurrency,
+            concurrency=self._concurrency,
         )
 
     def estimate_cost(self, usage: Usage) -> Cost | None:
@@ -275,7 +279,17 @@ class HttpModelAdapter(ABC):
         return Cost(prompt_cost=prompt, completion_cost=completion, total_cost=prompt + completion)
 
     async def aclose(self) -> None:
-        await self._transport.aclose()
+        if self._transport is not None:
+            await self._transport.aclose()
+
+    def _http(self) -> HttpTransport:
+        if self._transport is None:
+            self._transport = (
+                AiohttpTransport(pool_size=self._concurrency)
+                if self.config.http == "aiohttp"
+                else HttpxTransport(pool_size=self._concurrency)
+            )
+        return self._transport
 
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
         """One model call: wait for the budget, send, retry what may be retried."""
@@ -314,7 +328,7 @@ class HttpModelAdapter(ABC):
         """
         if self._slots is None:
             # fast_acquire: a free slot is taken without a trip through the event loop
-            self._slots = anyio.Semaphore(self.config.concurrency, fast_acquire=True)
+            self._slots = anyio.Semaphore(self._concurrency, fast_acquire=True)
         budget = self.budget()
         stream = exchange is None and (on_text is not None or self.config.stream)
         # only a token budget needs the estimate of what the call will use
@@ -352,7 +366,7 @@ class HttpModelAdapter(ABC):
                 if exc.status_code == 429:
                     budget.rate_limited(getattr(exc, "retry_after", None))
                 if delivered:  # text already reached the caller: it cannot be taken back
-                    exc.retryable = False  # type: ignore[attr-defined]
+                    exc.retryable = False
                 self._scrub_error(exc)
                 raise
             finally:
@@ -368,7 +382,9 @@ class HttpModelAdapter(ABC):
         queued = time.perf_counter()
         async with self._slots:
             started = time.perf_counter()
-            completion, attempts = await self.retry_policy.call(attempt, sleep=counted_sleep)
+            completion, attempts = await self.retry_policy.call(
+                attempt, sleep=counted_sleep, should_retry=self.should_retry
+            )
         timings = completion.timings
         spent = time.perf_counter() - started
         # built from validated parts: no need to validate again on this hot path
@@ -405,7 +421,7 @@ class HttpModelAdapter(ABC):
         headers = self._headers
         t0 = time.perf_counter()
         if not stream:
-            response = await self._transport.post_json(url, payload, headers, self._timeouts)
+            response = await self._http().post_json(url, payload, headers, self._timeouts)
             if response.status >= 300:
                 raise error_for_status(
                     response.status,
@@ -435,7 +451,7 @@ class HttpModelAdapter(ABC):
                 timings=CallTimings(total_s=total),
                 model=self.config.model,
             )
-        async with self._transport.stream(url, payload, headers, self._timeouts) as streamed:
+        async with self._http().stream(url, payload, headers, self._timeouts) as streamed:
             if streamed.status >= 300:
                 body = await streamed.read()
                 raise error_for_status(

@@ -38,7 +38,6 @@ from functools import lru_cache
 from types import TracebackType
 from typing import Any, Literal, get_args
 
-import structlog
 from aiohttp import web
 from pydantic import (
     BaseModel,
@@ -50,9 +49,10 @@ from pydantic import (
 from pydantic_core import core_schema
 
 from convsim._errors import parse_config
+from convsim._log import get_logger
+from convsim._types import Message
 
 from ._recall import recall_reply
-from ._types import Message
 
 __all__ = [
     "Delay",
@@ -67,7 +67,7 @@ __all__ = [
     "MOCK_ALTERNATIVE",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger("convsim.mock_server")
 
 FaultKind = Literal["429", "500", "drop", "malformed", "truncated_sse"]
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)

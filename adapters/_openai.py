@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 from convsim._errors import ConfigError, ProtocolError, ServerError
+from convsim._types import GenerationParams, Message, Usage
 
 from ._http import SSEEvent
 from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
 from ._protocol import PromptLogprobs
-from ._types import GenerationParams, Message, Usage
 
 __all__ = ["OpenAIConfig", "OpenAIAdapter", "OpenAICompatibleAdapter", "render_prompt"]
 

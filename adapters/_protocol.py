@@ -1,53 +1,38 @@
-"""The contract every model adapter fulfils, and the optional prompt-scoring capability."""
+"""The contract every model adapter fulfils: one method that does the work, and hooks
+with safe defaults for everything the runtime asks of an adapter."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from ._types import Completion, Cost, GenerationParams, Message, ModelInfo, RateLimits, Usage
+from convsim._errors import AdapterError, ConfigError, parse_config
+from convsim._types import (
+    Completion,
+    Cost,
+    GenerationParams,
+    Message,
+    ModelInfo,
+    RateLimits,
+    Usage,
+)
 
-__all__ = ["ModelAdapter", "PromptLogprobs", "PromptScorer", "can_score_prompts"]
+if TYPE_CHECKING:
+    from ._budget import Budgets
+
+__all__ = [
+    "ModelAdapter",
+    "PromptLogprobs",
+    "PromptScorer",
+    "LogprobsUnsupported",
+    "can_score_prompts",
+]
 
 
-@runtime_checkable
-class ModelAdapter(Protocol):
-    """An async model backend.
-
-    ``generate`` is the one method that does work; the others describe the model and
-    its budgets. Adapters are shared services: one instance serves many conversations
-    at once, so ``generate`` must be safe to call concurrently. A failed call raises an
-    :class:`~convsim.AdapterError` subclass, never returns a sentinel.
-    """
-
-    def model_info(self) -> ModelInfo:
-        """Describe the model: id, type, provider, capabilities, context length."""
-        ...
-
-    def default_config(self) -> GenerationParams:
-        """Sampling settings used where a turn sets none."""
-        ...
-
-    def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
-        """Check sampling settings; raise ConfigError naming the bad field."""
-        ...
-
-    async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
-        """Answer the conversation ``messages`` with the next assistant message."""
-        ...
-
-    def estimate_cost(self, usage: Usage) -> Cost | None:
-        """Price ``usage``; None when the adapter has no pricing for its model."""
-        ...
-
-    def rate_limits(self) -> RateLimits:
-        """The request and token budgets this adapter runs under."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release connections and other resources."""
-        ...
+class LogprobsUnsupported(ConfigError, NotImplementedError):
+    """The adapter cannot return prompt logprobs (what loglikelihood requests need)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,22 +59,120 @@ class PromptLogprobs:
     """Attempts the call took, retries included."""
 
 
-@runtime_checkable
-class PromptScorer(Protocol):
-    """An adapter that can score a prompt (``echo`` + ``logprobs`` on OpenAI-compatible
-    completions servers such as vLLM): what lm-eval's loglikelihood tasks need."""
+class ModelAdapter(ABC):
+    """An async model backend.
+
+    Subclass it and implement :meth:`generate`; every other method is a hook with a safe
+    default, overridden where a backend has more to say (its name and price, its rate
+    budgets, streaming, prompt scoring). Adapters are shared services: one instance
+    serves many conversations at once, so ``generate`` must be safe to call
+    concurrently. A failed call raises an :class:`~convsim.AdapterError` subclass, never
+    returns a sentinel.
+    """
+
+    supports_streaming: ClassVar[bool] = False
+    """Whether :meth:`stream` works (and ``stream=true`` may be asked for)."""
+
+    @abstractmethod
+    async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
+        """Answer the conversation ``messages`` with the next assistant message."""
+
+    # -- what the adapter says about its model ------------------------------------------
+
+    def model_info(self) -> ModelInfo:
+        """Describe the model: id, type, provider, capabilities, context length."""
+        name = type(self).__name__
+        return ModelInfo(
+            model_id=name,
+            model_type=name,
+            provider="custom",
+            supports_streaming=self.supports_streaming,
+        )
+
+    def default_config(self) -> GenerationParams:
+        """Sampling settings used where a turn sets none (default: the backend's)."""
+        return GenerationParams()
+
+    def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
+        """Check a turn's sampling settings; raise ConfigError naming the bad field."""
+        return parse_config(GenerationParams, config, "generation config")
+
+    def estimate_cost(self, usage: Usage) -> Cost | None:
+        """Price ``usage``; None when the adapter has no pricing for its model."""
+        return None
+
+    def rate_limits(self) -> RateLimits:
+        """The request and token budgets this adapter runs under (default: none)."""
+        return RateLimits()
+
+    async def aclose(self) -> None:
+        """Release connections and other resources."""
+        return None
+
+    # -- what the runtime asks of it -------------------------------------------------
+
+    def connection_key(self) -> str | None:
+        """Adapters with the same key share one rate budget (same API, same key);
+        None when the adapter has no budget to share."""
+        return None
+
+    def bind_budgets(self, budgets: Budgets, *, concurrency: int | None = None) -> None:
+        """Take the rate budgets of the application that runs this adapter (shared
+        with its other adapters by :meth:`connection_key`), and the number of
+        conversations it runs at once (a default for the adapter's own connection pool
+        and concurrency cap). Called once, before the first call."""
+        return None
+
+    def should_retry(self, error: AdapterError) -> bool:
+        """Whether a failed attempt is worth trying again (default: what the error
+        declares, ``error.retryable``)."""
+        return error.retryable
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams,
+        on_text: Callable[[str], None],
+    ) -> Completion:
+        """Like :meth:`generate`, streaming: ``on_text`` gets each piece as it arrives.
+
+        Raises:
+            ConfigError: the adapter does not stream (:attr:`supports_streaming`).
+        """
+        raise ConfigError(f"{self.model_info().model_type} models do not stream")
 
     @property
     def supports_prompt_logprobs(self) -> bool:
-        """Whether this adapter, as configured, can return prompt logprobs."""
-        ...
+        """Whether this adapter, as configured, can score a prompt
+        (:meth:`prompt_logprobs`, what lm-eval's loglikelihood tasks need)."""
+        return False
+
+    def no_prompt_logprobs_reason(self) -> str:
+        """Why this adapter, as configured, cannot score prompts."""
+        return f"the {self.model_info().model_type} adapter returns no prompt logprobs"
 
     async def prompt_logprobs(self, prompt: str) -> PromptLogprobs:
-        """Score ``prompt``: each of its tokens with its logprob."""
-        ...
+        """Score ``prompt``: each of its tokens with its logprob.
+
+        Raises:
+            LogprobsUnsupported: the adapter cannot (:attr:`supports_prompt_logprobs`).
+        """
+        raise LogprobsUnsupported(self.no_prompt_logprobs_reason())
 
 
-def can_score_prompts(adapter: object) -> bool:
-    """True when ``adapter`` implements :class:`PromptScorer` and says it can score,
-    so callers can refuse at once instead of failing on every request."""
-    return isinstance(adapter, PromptScorer) and adapter.supports_prompt_logprobs
+@runtime_checkable
+class PromptScorer(Protocol):
+    """What scoring a prompt takes (``echo`` + ``logprobs`` on OpenAI-compatible
+    completions servers such as vLLM); every :class:`ModelAdapter` has it, and says with
+    ``supports_prompt_logprobs`` whether it works."""
+
+    @property
+    def supports_prompt_logprobs(self) -> bool: ...
+
+    async def prompt_logprobs(self, prompt: str) -> PromptLogprobs: ...
+
+
+def can_score_prompts(adapter: ModelAdapter) -> bool:
+    """True when ``adapter`` says it can score prompts, so callers can refuse at once
+    instead of failing on every request."""
+    return adapter.supports_prompt_logprobs

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from ._types import Message
+from convsim._types import Message
 
 __all__ = ["recall_reply"]
 

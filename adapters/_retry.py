@@ -9,10 +9,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import anyio
-import structlog
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -28,22 +27,29 @@ from convsim._errors import (
     ServerError,
     Timeout,
 )
+from convsim._log import get_logger
 
-__all__ = ["RetryPolicy", "error_for_status", "retry_after_seconds"]
+__all__ = ["Attempted", "RetryPolicy", "error_for_status", "retry_after_seconds"]
 
-log = structlog.get_logger("convsim.adapters")
+log = get_logger("convsim.adapters")
 T = TypeVar("T")
 
-RETRY_STATUSES = frozenset({408, 409, 429})
+
+class Attempted(NamedTuple):
+    """A call's result and the attempts it took, retries included."""
+
+    result: Any
+    attempts: int
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Which failures to retry and how long to keep trying; never unbounded.
 
-    Retried: 408, 409, 429, 5xx, connection errors and timeouts. Never retried: 400,
-    401, 403, 404, 422 and unparsable responses. Waits grow exponentially with jitter up
-    to ``max_backoff_s``, and are at least the server's Retry-After.
+    Retried: what the error declares ``retryable`` (408, 409, 429, 5xx, connection
+    errors and timeouts); never 400, 401, 403, 404, 422 or unparsable responses. Waits
+    grow exponentially with jitter up to ``max_backoff_s``, and are at least the server's
+    Retry-After.
     """
 
     max_retries: int = 3
@@ -62,18 +68,10 @@ class RetryPolicy:
         floor = exc.retry_after if isinstance(exc, RateLimited) and exc.retry_after else 0.0
         return max(floor, delay)
 
-    def should_retry(self, exc: BaseException) -> bool:
-        if getattr(exc, "retryable", True) is False:
-            return False
-        if isinstance(exc, (RateLimited, Timeout)):
-            return True
-        if isinstance(exc, ServerError):
-            return (
-                exc.status_code is None
-                or exc.status_code >= 500
-                or exc.status_code in RETRY_STATUSES
-            )
-        return False
+    @staticmethod
+    def should_retry(exc: BaseException) -> bool:
+        """What the error declares: only an AdapterError can say it is retryable."""
+        return isinstance(exc, AdapterError) and exc.retryable
 
     async def call(
         self,
@@ -82,20 +80,27 @@ class RetryPolicy:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_retry: Callable[[BaseException, float], Awaitable[None] | None] | None = None,
-    ) -> tuple[T, int]:
+        should_retry: Callable[[AdapterError], bool] | None = None,
+    ) -> Attempted:
         """Run ``attempt(n)`` until it succeeds or the policy gives up.
 
         Returns the result and the number of attempts. The last error is re-raised
         with its ``attempts`` set. ``sleep`` and ``clock`` are injectable together, so
-        tests neither wait nor lose the time limit.
+        tests neither wait nor lose the time limit. ``should_retry`` (an adapter's hook)
+        decides which errors to try again; by default, what the error declares.
         """
+        decide = should_retry or self.should_retry
+
+        def retry_this(exc: BaseException) -> bool:
+            return isinstance(exc, AdapterError) and decide(exc)
+
         # The first attempt runs outside tenacity: most calls succeed at once, and
         # tenacity's per-attempt bookkeeping costs more than a fast local request.
         started = clock()
         try:
-            return await attempt(1), 1
+            return Attempted(await attempt(1), 1)
         except AdapterError as exc:
-            if self.max_retries == 0 or not self.should_retry(exc):
+            if self.max_retries == 0 or not retry_this(exc):
                 exc.attempts = 1
                 raise
             first_failure = exc
@@ -140,7 +145,7 @@ class RetryPolicy:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries) | stop_in_time,  # type: ignore[operator]
             wait=wait,
-            retry=retry_if_exception(self.should_retry),
+            retry=retry_if_exception(retry_this),
             before_sleep=before_sleep,
             sleep=sleep,
             reraise=True,
@@ -154,7 +159,7 @@ class RetryPolicy:
         except AdapterError as exc:
             exc.attempts = number
             raise
-        return outcome, number
+        return Attempted(outcome, number)
 
 
 def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
@@ -176,8 +181,6 @@ def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None)
         when = parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError):
         return None
-    import time
-
     return max(0.0, when - (time.time() if now is None else now))
 
 

@@ -12,9 +12,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from convsim._errors import ServerError, parse_config
-
-from ._recall import recall_reply
-from ._types import (
+from convsim._types import (
     CallTimings,
     Completion,
     Cost,
@@ -24,6 +22,9 @@ from ._types import (
     RateLimits,
     Usage,
 )
+
+from ._protocol import ModelAdapter
+from ._recall import recall_reply
 
 __all__ = ["ScriptedAdapter", "ScriptedConfig"]
 
@@ -51,7 +52,7 @@ def _count_tokens(text: str) -> int:
     return len(text.split())
 
 
-class ScriptedAdapter:
+class ScriptedAdapter(ModelAdapter):
     """Answers deterministically offline.
 
     Where the pack gives a reference response for the turn it answers with that;

@@ -1,29 +1,10 @@
-"""Metrics: the scorer protocol, the registry and the built-in metrics."""
+"""Metrics: the scorer protocols, the one scoring path, the registry and the built-ins."""
 
 from __future__ import annotations
 
-from convsim._records import Score as Score
+from typing import TYPE_CHECKING
 
-from ._builtin import CustomScoreMetric as CustomScoreMetric
-from ._builtin import ExactMatchMetric as ExactMatchMetric
-from ._builtin import LatencyMetric as LatencyMetric
-from ._builtin import ResponseLengthMetric as ResponseLengthMetric
-from ._builtin import TechnicalAccuracyMetric as TechnicalAccuracyMetric
-from ._builtin import normalize_answer as normalize_answer
-from ._judge import JudgeSettings as JudgeSettings
-from ._judge import RubricJudgeMetric as RubricJudgeMetric
-from ._protocol import ConversationScorer as ConversationScorer
-from ._protocol import Metric as Metric
-from ._registry import DEFAULT_METRICS as DEFAULT_METRICS
-from ._registry import METRICS as METRICS
-from ._registry import register_metric as register_metric
-from ._registry import resolve_metrics as resolve_metrics
-from ._stats import mean as mean
-from ._stats import percentile as percentile
-from ._transcripts import ascore_transcript as ascore_transcript
-from ._transcripts import read_transcripts as read_transcripts
-from ._transcripts import score_transcript as score_transcript
-from ._transcripts import score_transcripts as score_transcripts
+from convsim import _lazy
 
 __all__ = [
     "Score",
@@ -36,15 +17,84 @@ __all__ = [
     "TechnicalAccuracyMetric",
     "normalize_answer",
     "ConversationScorer",
+    "AsyncConversationScorer",
     "Metric",
+    "ScoringSession",
+    "ScoredConversation",
     "DEFAULT_METRICS",
     "METRICS",
     "register_metric",
     "resolve_metrics",
     "mean",
     "percentile",
+    "Transcript",
+    "TranscriptScores",
     "ascore_transcript",
     "read_transcripts",
     "score_transcript",
     "score_transcripts",
 ]
+
+_EXPORTS = {
+    "Score": "convsim._records",
+    **dict.fromkeys(
+        (
+            "CustomScoreMetric",
+            "ExactMatchMetric",
+            "LatencyMetric",
+            "ResponseLengthMetric",
+            "TechnicalAccuracyMetric",
+            "normalize_answer",
+        ),
+        "._builtin",
+    ),
+    **dict.fromkeys(("JudgeSettings", "RubricJudgeMetric"), "._judge"),
+    **dict.fromkeys(("ConversationScorer", "AsyncConversationScorer", "Metric"), "._protocol"),
+    **dict.fromkeys(("ScoringSession", "ScoredConversation"), "._session"),
+    **dict.fromkeys(
+        ("DEFAULT_METRICS", "METRICS", "register_metric", "resolve_metrics"), "._registry"
+    ),
+    **dict.fromkeys(("mean", "percentile"), "._stats"),
+    **dict.fromkeys(
+        (
+            "Transcript",
+            "TranscriptScores",
+            "ascore_transcript",
+            "read_transcripts",
+            "score_transcript",
+            "score_transcripts",
+        ),
+        "._transcripts",
+    ),
+}
+
+__getattr__, __dir__ = _lazy.lazy_module(__name__, globals(), _EXPORTS, __all__)
+
+if TYPE_CHECKING:
+    from convsim._records import Score as Score
+
+    from ._builtin import CustomScoreMetric as CustomScoreMetric
+    from ._builtin import ExactMatchMetric as ExactMatchMetric
+    from ._builtin import LatencyMetric as LatencyMetric
+    from ._builtin import ResponseLengthMetric as ResponseLengthMetric
+    from ._builtin import TechnicalAccuracyMetric as TechnicalAccuracyMetric
+    from ._builtin import normalize_answer as normalize_answer
+    from ._judge import JudgeSettings as JudgeSettings
+    from ._judge import RubricJudgeMetric as RubricJudgeMetric
+    from ._protocol import AsyncConversationScorer as AsyncConversationScorer
+    from ._protocol import ConversationScorer as ConversationScorer
+    from ._protocol import Metric as Metric
+    from ._registry import DEFAULT_METRICS as DEFAULT_METRICS
+    from ._registry import METRICS as METRICS
+    from ._registry import register_metric as register_metric
+    from ._registry import resolve_metrics as resolve_metrics
+    from ._session import ScoredConversation as ScoredConversation
+    from ._session import ScoringSession as ScoringSession
+    from ._stats import mean as mean
+    from ._stats import percentile as percentile
+    from ._transcripts import Transcript as Transcript
+    from ._transcripts import TranscriptScores as TranscriptScores
+    from ._transcripts import ascore_transcript as ascore_transcript
+    from ._transcripts import read_transcripts as read_transcripts
+    from ._transcripts import score_transcript as score_transcript
+    from ._transcripts import score_transcripts as score_transcripts

@@ -8,10 +8,14 @@ import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from convsim._records import Score
+from convsim._types import Usage
 from convsim.scenarios._schema import Criterion, Goal
+
+from ._judge import ask_judge, judge_details
+from ._protocol import AsyncConversationScorer
 
 __all__ = [
     "check_criterion",
@@ -140,6 +144,13 @@ class GoalAchievementMetric:
         return _GoalScorer(conversation.scenario)
 
 
+class GoalCredit(NamedTuple):
+    """How much of a goal was met, and one row per criterion."""
+
+    value: float | None
+    rows: list[dict[str, Any]]
+
+
 class _GoalScorer:
     def __init__(self, scenario: Any) -> None:
         self.scenario = scenario
@@ -155,7 +166,7 @@ class _GoalScorer:
         self.responses[turn.turn_id] = turn.response
         self.final = turn.response
         self.completed += 1
-        if self.turns_to_goal is None and self._credit()[0] == 1.0:
+        if self.turns_to_goal is None and self._credit().value == 1.0:
             self.turns_to_goal = self.completed
 
     def _credit(
@@ -163,7 +174,7 @@ class _GoalScorer:
         judged: dict[tuple[str, int], float] | None = None,
         ungraded: Collection[tuple[str, int]] = (),
         fill: float = 0.0,
-    ) -> tuple[float | None, list[dict[str, Any]]]:
+    ) -> GoalCredit:
         """The goal's credit and one row per criterion. Judge criteria take their grade
         from ``judged``; those in ``ungraded`` (the judge tried and failed) count as
         ``fill``; any other judge criterion is left out."""
@@ -184,7 +195,7 @@ class _GoalScorer:
                     credits.append(credit or 0.0)
             if credits:
                 parts.append(sum(credits) / len(credits) if group == "all_of" else max(credits))
-        return (sum(parts) / len(parts) if parts else None), rows
+        return GoalCredit(sum(parts) / len(parts) if parts else None, rows)
 
     def result(
         self,
@@ -219,7 +230,7 @@ class _GoalScorer:
         )
 
 
-class _JudgedGoalScorer:
+class _JudgedGoalScorer(AsyncConversationScorer):
     """Goal achievement whose judge criteria a judge model grades on the final state.
 
     A judge criterion the judge cannot grade (its answers stay unparsable after the
@@ -239,10 +250,6 @@ class _JudgedGoalScorer:
         self.inner.update(turn)
 
     async def result(self) -> Score:
-        from convsim.adapters._types import Usage
-
-        from ._judge import ask_judge, judge_details
-
         inner, calls, usage = self.inner, 0, Usage()
         judged: dict[tuple[str, int], float] = {}
         ungraded: list[dict[str, Any]] = []
@@ -261,7 +268,7 @@ class _JudgedGoalScorer:
                     calls += answer.calls
                     usage = usage + answer.usage
                     if answer.grade is not None:
-                        judged[(group, i)] = (answer.grade[0] - 1) / 4
+                        judged[(group, i)] = (answer.grade.score - 1) / 4
                     else:
                         error = answer.error or "the judge's answers could not be parsed"
                         ungraded.append({"group": group, "index": i, "error": error})

@@ -23,15 +23,23 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
-from convsim.adapters._types import GenerationParams, Message, Usage
+from convsim._types import GenerationParams, Message, Usage
 
+from ._protocol import AsyncConversationScorer, JudgedMetric, Metric
 from ._stats import mean
 
 if TYPE_CHECKING:
-    from convsim.adapters._protocol import ModelAdapter
+    from convsim.adapters import ModelAdapter
     from convsim.scenarios import Conversation
 
-__all__ = ["JudgeSettings", "RubricJudgeMetric", "GUIDE_RUBRICS", "parse_grade", "JUDGE_PROMPT"]
+__all__ = [
+    "JudgeSettings",
+    "RubricJudgeMetric",
+    "GUIDE_RUBRICS",
+    "Grade",
+    "parse_grade",
+    "JUDGE_PROMPT",
+]
 
 GUIDE_RUBRICS = {
     "engagement_quality": (
@@ -79,11 +87,18 @@ class JudgeSettings:
     temperature: float | None = 0.0
 
 
-class JudgeAnswer(NamedTuple):
-    """What asking the judge gave: the (score, reason) or None, the usage and calls spent,
-    and the error (``"Type: message"``) if a call failed."""
+class Grade(NamedTuple):
+    """A judge's grade: 1-5, and the reason it gave."""
 
-    grade: tuple[int, str] | None
+    score: int
+    reason: str
+
+
+class JudgeAnswer(NamedTuple):
+    """What asking the judge gave: the grade or None, the usage and calls spent, and the
+    error (``"Type: message"``) if a call failed."""
+
+    grade: Grade | None
     usage: Usage
     calls: int
     error: str | None = None
@@ -144,8 +159,8 @@ def combine_grades(grades: list[int], how: Literal["mean", "majority"]) -> float
     return mean(grades)
 
 
-def parse_grade(text: str) -> tuple[int, str]:
-    """The (score, reason) of a judge's answer; ValueError if it is not strict JSON."""
+def parse_grade(text: str) -> Grade:
+    """The grade in a judge's answer; ValueError if it is not strict JSON."""
     match = re.search(r"\{.*\}", text, re.DOTALL)
     if match is None:
         raise ValueError("no JSON object")
@@ -155,7 +170,7 @@ def parse_grade(text: str) -> tuple[int, str]:
         raise ValueError("score is not an integer")
     if not 1 <= score <= 5:
         raise ValueError("score is outside 1-5")
-    return int(score), str(data.get("reason", ""))
+    return Grade(int(score), str(data.get("reason", "")))
 
 
 @dataclass(frozen=True)
@@ -193,7 +208,7 @@ class _NeedsJudge:
 
 
 @dataclass
-class _JudgeScorer:
+class _JudgeScorer(AsyncConversationScorer):
     rubric: str
     judge: JudgeSettings
     grades: list[float] = field(default_factory=list)
@@ -264,8 +279,8 @@ def rubric_metric(name: str) -> RubricJudgeMetric:
     return RubricJudgeMetric(name, GUIDE_RUBRICS.get(rubric, rubric))
 
 
-def judged(metric: Any, judge: JudgeSettings | None) -> Any:
-    """``metric`` with the judge given to it, if it uses one."""
-    if judge is None or not hasattr(metric, "with_judge"):
+def judged(metric: Metric, judge: JudgeSettings | None) -> Metric:
+    """``metric`` with the judge given to it, if it is graded by one."""
+    if judge is None or not isinstance(metric, JudgedMetric):
         return metric
     return metric.with_judge(judge)

@@ -1,14 +1,29 @@
-"""The metric extension point: a metric makes one streaming scorer per conversation."""
+"""The metric extension point: a metric makes one streaming scorer per conversation.
+
+A scorer says what it is by the protocol it implements: a :class:`ConversationScorer`
+is called directly; an :class:`AsyncConversationScorer` (one that calls a model, such as
+a judge) is awaited. A metric whose scorers are expensive to compute declares
+``cpu_heavy = True`` and the scoring session computes them in a worker thread. Nothing is
+inferred from how a method happens to be written.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from convsim._records import Score, TurnRecord
     from convsim.scenarios import Conversation
 
-__all__ = ["Metric", "ConversationScorer"]
+__all__ = [
+    "Metric",
+    "ConversationScorer",
+    "AsyncConversationScorer",
+    "CpuHeavyMetric",
+    "JudgedMetric",
+    "is_cpu_heavy",
+]
 
 
 @runtime_checkable
@@ -24,9 +39,26 @@ class ConversationScorer(Protocol):
         ...
 
 
+class AsyncConversationScorer(ABC):
+    """A scorer that awaits, such as a judge calling a model. Subclass it: the scoring
+    session awaits ``update`` and ``result``, in turn order, beside the conversation."""
+
+    @abstractmethod
+    async def update(self, turn: TurnRecord) -> None:
+        """Fold in one turn record (completed, failed or skipped)."""
+
+    @abstractmethod
+    async def result(self) -> Score:
+        """The score; ``Score.not_applicable(reason)`` when it cannot apply."""
+
+
 @runtime_checkable
 class Metric(Protocol):
-    """A named metric. Turn-level use feeds a fresh scorer a single turn."""
+    """A named metric. Turn-level use feeds a fresh scorer a single turn.
+
+    A metric may also declare ``cpu_heavy = True`` (:class:`CpuHeavyMetric`): its
+    results are then computed in a worker thread so the event loop never waits on them.
+    """
 
     @property
     def name(self) -> str:
@@ -43,6 +75,25 @@ class Metric(Protocol):
         """What the metric rewards and where it is blind."""
         ...
 
-    def scorer(self, conversation: Conversation) -> ConversationScorer:
+    def scorer(self, conversation: Conversation) -> ConversationScorer | AsyncConversationScorer:
         """A new scorer for one conversation."""
         ...
+
+
+@runtime_checkable
+class CpuHeavyMetric(Protocol):
+    """A metric that declares whether its scorers are CPU-heavy."""
+
+    cpu_heavy: bool
+
+
+@runtime_checkable
+class JudgedMetric(Protocol):
+    """A metric graded (in part) by a judge model; ``with_judge`` gives it one."""
+
+    def with_judge(self, judge: Any) -> Metric: ...
+
+
+def is_cpu_heavy(metric: object) -> bool:
+    """Whether ``metric`` declared ``cpu_heavy = True``."""
+    return isinstance(metric, CpuHeavyMetric) and metric.cpu_heavy is True

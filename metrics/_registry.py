@@ -12,8 +12,12 @@ from ._protocol import Metric
 
 __all__ = ["METRICS", "register_metric", "resolve_metrics", "DEFAULT_METRICS"]
 
-METRICS: Registry[Metric] = Registry("metric", group="convsim.metrics")
-"""Name -> factory of a :class:`Metric`. Entry points in ``convsim.metrics`` add names."""
+METRICS: Registry[Metric] = Registry(
+    "metric", group="convsim.metrics", prefix_group="convsim.metric_prefixes"
+)
+"""Name -> factory of a :class:`Metric`. Entry points in ``convsim.metrics`` add names, and
+those in ``convsim.metric_prefixes`` add prefixes (``lm_eval`` serves ``lm_eval:<name>``,
+declared by convsim.lm_eval)."""
 
 DEFAULT_METRICS = ("latency", "response_length", "context_retention", "goal_achievement")
 """Metrics every run scores unless told otherwise: cheap ones, which report "not
@@ -58,32 +62,6 @@ for _name in (
     METRICS.register(_name, partial(_rubric, _name))
 METRICS.register_prefix("judge:", _rubric)
 
-
-def _lm_eval(name: str) -> Metric:
-    from ._lm_eval import LmEvalMetric
-
-    return LmEvalMetric(name)
-
-
-METRICS.register_prefix("lm_eval:", _lm_eval)
-
-
-def _lm_eval_task(name: str) -> Metric:
-    from ._lm_eval import LmEvalTaskMetric
-
-    return LmEvalTaskMetric(name)
-
-
-METRICS.register_prefix("lm_eval_task:", _lm_eval_task)
-
-
-def _task(name: str) -> Metric:
-    from convsim.scenarios._task_api import TaskMetric
-
-    return TaskMetric(name)
-
-
-METRICS.register_prefix("task:", _task)
 
 M = TypeVar("M", bound=Callable[..., Metric])
 

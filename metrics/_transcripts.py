@@ -14,7 +14,7 @@ scenario format; a turn is named ``t3`` or given by its number, 3 (or "3" as a k
 
 from __future__ import annotations
 
-import inspect
+import asyncio
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,20 +25,30 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from convsim._errors import PackError, PackProblem
+from convsim._errors import ConfigError, PackError, PackProblem
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._registry import Registry
-from convsim.adapters._types import Message
-from convsim.scenarios._pack import Conversation, PreparedFlow, PreparedTurn
-from convsim.scenarios._schema import Flow, Goal, Scenario, TurnConfig
-from convsim.scenarios._templates import Template
+from convsim._types import Message
+from convsim.scenarios import (
+    Conversation,
+    Flow,
+    Goal,
+    PreparedFlow,
+    PreparedTurn,
+    Scenario,
+    Template,
+    TurnConfig,
+)
 
 from ._judge import JudgeSettings, judged
 from ._protocol import Metric
 from ._registry import METRICS
+from ._session import ScoringSession
 
 __all__ = [
     "Transcript",
+    "TranscriptScores",
+    "recorded_transcript",
     "score_transcript",
     "ascore_transcript",
     "read_transcripts",
@@ -48,10 +58,23 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Transcript:
-    """One recorded conversation, ready to score."""
+    """One recorded conversation, ready to score: what it was and its turns."""
 
     conversation: Conversation
     turns: tuple[TurnRecord, ...]
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation.conversation_id
+
+
+@dataclass(frozen=True)
+class TranscriptScores:
+    """What scoring one recorded conversation gave."""
+
+    conversation_id: str
+    scores: dict[str, Score]
+    """Each metric's score, in the order the metrics were named."""
 
 
 def _turn_id(value: Any) -> Any:
@@ -165,14 +188,29 @@ def build_transcript(
                 f"reference_responses.{turn_id}",
                 f"unknown turn (the transcript has {len(records)} assistant turns)",
             )
+    flow_name = scenario.scenario_type if scenario_type is not None else "transcript"
+    return recorded_transcript(scenario, records, flow_name=flow_name, source=source)
+
+
+def recorded_transcript(
+    scenario: Scenario,
+    records: Sequence[TurnRecord],
+    *,
+    flow_name: str | None = None,
+    source: str = "transcript",
+) -> Transcript:
+    """Turn records that were kept (a stored run's, or a transcript's) as a conversation
+    of ``scenario`` whose flow is exactly those turns, ready to score."""
     turns = [TurnConfig(turn_id=r.turn_id, prompt_template="") for r in records]
-    flow = Flow(turns=turns)
     prepared = PreparedFlow(
-        scenario.scenario_type if scenario_type is not None else "transcript",
-        flow,
-        tuple(PreparedTurn(t, i, Template.parse("")) for i, t in enumerate(turns)),
+        flow_name or scenario.scenario_type,
+        Flow(turns=turns),
+        tuple(PreparedTurn(t, r.turn_index, _EMPTY) for t, r in zip(turns, records, strict=True)),
     )
     return Transcript(Conversation(scenario, prepared, "multi_turn", source), tuple(records))
+
+
+_EMPTY = Template.parse("")
 
 
 class _FieldError(ValueError):
@@ -184,27 +222,10 @@ class _FieldError(ValueError):
         self.message = message
 
 
-async def _score(transcript: Transcript, metrics: Sequence[Metric]) -> dict[str, Score]:
-    """Every metric over the transcript; judge scorers (async) are awaited, and
-    CPU-heavy results are computed in a worker thread."""
-    scores: dict[str, Score] = {}
-    for metric in metrics:
-        try:
-            scorer: Any = metric.scorer(transcript.conversation)
-            if inspect.iscoroutinefunction(scorer.update):
-                for record in transcript.turns:
-                    await scorer.update(record)
-                scores[metric.name] = await scorer.result()
-                continue
-            for record in transcript.turns:
-                scorer.update(record)
-            if getattr(metric, "cpu_heavy", False):
-                scores[metric.name] = await anyio.to_thread.run_sync(scorer.result)
-            else:
-                scores[metric.name] = scorer.result()
-        except Exception as exc:  # a broken metric is reported, never fatal
-            scores[metric.name] = Score.failed(f"{type(exc).__name__}: {exc}")
-    return scores
+def _metrics(
+    names: Sequence[str], judge: JudgeSettings | None, registry: Registry[Metric]
+) -> list[Metric]:
+    return [judged(registry.get(name)(), judge) for name in dict.fromkeys(names)]
 
 
 def score_transcript(
@@ -218,23 +239,28 @@ def score_transcript(
     registry: Registry[Metric] = METRICS,
     **scenario: Any,
 ) -> dict[str, Score]:
-    """Score one recorded conversation with the named metrics (from sync code; inside an
-    event loop use :func:`ascore_transcript`). ``scenario`` takes the other scenario
-    fields: reference_responses, required_keywords, tags, metadata, scenario_type,
-    difficulty."""
-    return anyio.run(
-        partial(
-            ascore_transcript,
-            messages,
-            metrics,
-            facts=facts,
-            probes=probes,
-            goal=goal,
-            judge=judge,
-            registry=registry,
-            **scenario,
+    """Score one recorded conversation with the named metrics, from sync code.
+
+    Metrics that call no model are scored on this thread with no event loop, so this
+    also works inside a running loop (a notebook, a task's ``process_results``). With a
+    judge the scoring must be awaited: outside a loop it runs one; inside one, use
+    :func:`ascore_transcript`. ``scenario`` takes the other scenario fields:
+    reference_responses, required_keywords, tags, metadata, scenario_type, difficulty.
+
+    Raises:
+        ConfigError: a metric calls a model while an event loop is running.
+    """
+    transcript = _transcript(messages, facts, probes, goal, scenario)
+    session = ScoringSession(transcript.conversation, _metrics(metrics, judge, registry))
+    if not session.awaits:
+        return session.score_now(transcript.turns).scores
+    if _loop_running():
+        names = ", ".join(dict.fromkeys(metrics))
+        raise ConfigError(
+            f"scoring {names} calls the judge model, which must be awaited inside a running "
+            "event loop: use 'await convsim.metrics.ascore_transcript(...)'"
         )
-    )
+    return anyio.run(partial(_ascore, session, transcript.turns))
 
 
 async def ascore_transcript(
@@ -249,18 +275,44 @@ async def ascore_transcript(
     **scenario: Any,
 ) -> dict[str, Score]:
     """Score one recorded conversation with the named metrics (``scenario``: as
-    :func:`score_transcript`)."""
+    :func:`score_transcript`); judges are awaited, CPU-heavy metrics run in a worker
+    thread."""
+    transcript = _transcript(messages, facts, probes, goal, scenario)
+    session = ScoringSession(transcript.conversation, _metrics(metrics, judge, registry))
+    return await _ascore(session, transcript.turns)
+
+
+def _transcript(
+    messages: Sequence[Message | Mapping[str, Any]],
+    facts: Iterable[Mapping[str, Any]],
+    probes: Iterable[Mapping[str, Any]],
+    goal: Mapping[str, Any] | None,
+    scenario: Mapping[str, Any],
+) -> Transcript:
     unknown = sorted(set(scenario) - set(SCENARIO_FIELDS))
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
-    resolved = [judged(registry.get(name)(), judge) for name in dict.fromkeys(metrics)]
-    transcript = build_transcript(
+    return build_transcript(
         "transcript", messages, facts=facts, probes=probes, goal=goal, **scenario
     )
-    return await _score(transcript, resolved)
 
 
-def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
+async def _ascore(session: ScoringSession, turns: Iterable[TurnRecord]) -> dict[str, Score]:
+    async with session:
+        for record in turns:
+            session.add(record)
+    return session.scored.scores
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def read_transcripts(path: str | Path) -> list[Transcript]:
     """Every conversation of a transcript file; PackError names each bad line and field."""
     path = Path(path)
     try:
@@ -270,7 +322,7 @@ def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
             [PackProblem(str(path), None, None, f"cannot read: {exc.strerror}")]
         ) from None
     problems: list[PackProblem] = []
-    out: list[tuple[str, Transcript]] = []
+    out: list[Transcript] = []
     seen: set[str] = set()
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
@@ -306,7 +358,7 @@ def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
                 source=where,
                 **{k: raw[k] for k in SCENARIO_FIELDS if raw.get(k) is not None},
             )
-            out.append((cid, transcript))
+            out.append(transcript)
         except json.JSONDecodeError as exc:
             problems.append(PackProblem(path.name, lineno, None, f"invalid JSON: {exc.msg}"))
         except ValidationError as exc:
@@ -326,23 +378,26 @@ def read_transcripts(path: str | Path) -> list[tuple[str, Transcript]]:
 
 
 async def score_transcripts(
-    transcripts: Sequence[tuple[str, Transcript]],
+    transcripts: Sequence[Transcript],
     metrics: Sequence[str],
     *,
     judge: JudgeSettings | None = None,
     concurrency: int = 16,
     registry: Registry[Metric] = METRICS,
-) -> list[tuple[str, dict[str, Score]]]:
-    """Score many recorded conversations, ``concurrency`` at a time (judges call models)."""
-    resolved = [judged(registry.get(name)(), judge) for name in dict.fromkeys(metrics)]
-    results: list[dict[str, Score]] = [{} for _ in transcripts]
+) -> list[TranscriptScores]:
+    """Score many recorded conversations, ``concurrency`` at a time (judges call
+    models); results in the order given."""
+    resolved = _metrics(metrics, judge, registry)
+    results: list[TranscriptScores | None] = [None] * len(transcripts)
     slots = anyio.Semaphore(concurrency)
 
     async def one(i: int, transcript: Transcript) -> None:
         async with slots:
-            results[i] = await _score(transcript, resolved)
+            session = ScoringSession(transcript.conversation, resolved)
+            scores = await _ascore(session, transcript.turns)
+        results[i] = TranscriptScores(transcript.conversation_id, scores)
 
     async with anyio.create_task_group() as tg:
-        for i, (_, transcript) in enumerate(transcripts):
+        for i, transcript in enumerate(transcripts):
             tg.start_soon(one, i, transcript)
-    return [(cid, r) for (cid, _), r in zip(transcripts, results, strict=True)]
+    return [r for r in results if r is not None]

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-from ._loader import BUNDLED_PACKS_DIR as BUNDLED_PACKS_DIR
-from ._loader import PackInfo as PackInfo
-from ._loader import list_packs as list_packs
-from ._loader import load_pack as load_pack
-from ._pack import Conversation as Conversation
-from ._pack import Pack as Pack
-from ._pack import PreparedFlow as PreparedFlow
-from ._pack import PreparedTurn as PreparedTurn
-from ._schema import BUILTIN_VARIABLES as BUILTIN_VARIABLES
-from ._schema import Criterion as Criterion
-from ._schema import Fact as Fact
-from ._schema import Flow as Flow
-from ._schema import Goal as Goal
-from ._schema import Probe as Probe
-from ._schema import Problem as Problem
-from ._schema import Scenario as Scenario
-from ._schema import SingleTurnConfig as SingleTurnConfig
-from ._schema import TurnConfig as TurnConfig
-from ._schema import TurnSettings as TurnSettings
-from ._templates import Template as Template
+from typing import TYPE_CHECKING
+
+from convsim import _lazy
 
 __all__ = [
     "BUNDLED_PACKS_DIR",
     "PackInfo",
     "list_packs",
     "load_pack",
+    "LoadOptions",
+    "PackSource",
+    "PACK_SOURCES",
     "Conversation",
     "Pack",
     "PreparedFlow",
@@ -45,9 +31,53 @@ __all__ = [
     "TurnSettings",
     "Template",
 ]
-from ._multi_turn_task import MultiTurnTask as MultiTurnTask
-from ._task_api import AdvancedTask as AdvancedTask
-from ._task_api import MetricsEngine as MetricsEngine
-from ._task_api import register_task as register_task
 
-__all__ += ["AdvancedTask", "MetricsEngine", "MultiTurnTask", "register_task"]
+_EXPORTS = {
+    **dict.fromkeys(("BUNDLED_PACKS_DIR", "PackInfo", "list_packs", "load_pack"), "._loader"),
+    **dict.fromkeys(("LoadOptions", "PackSource", "PACK_SOURCES"), "._sources"),
+    **dict.fromkeys(("Conversation", "Pack", "PreparedFlow", "PreparedTurn"), "._pack"),
+    **dict.fromkeys(
+        (
+            "BUILTIN_VARIABLES",
+            "Criterion",
+            "Fact",
+            "Flow",
+            "Goal",
+            "Probe",
+            "Problem",
+            "Scenario",
+            "SingleTurnConfig",
+            "TurnConfig",
+            "TurnSettings",
+        ),
+        "._schema",
+    ),
+    "Template": "._templates",
+}
+
+__getattr__, __dir__ = _lazy.lazy_module(__name__, globals(), _EXPORTS, __all__)
+
+if TYPE_CHECKING:
+    from ._loader import BUNDLED_PACKS_DIR as BUNDLED_PACKS_DIR
+    from ._loader import PackInfo as PackInfo
+    from ._loader import list_packs as list_packs
+    from ._loader import load_pack as load_pack
+    from ._pack import Conversation as Conversation
+    from ._pack import Pack as Pack
+    from ._pack import PreparedFlow as PreparedFlow
+    from ._pack import PreparedTurn as PreparedTurn
+    from ._schema import BUILTIN_VARIABLES as BUILTIN_VARIABLES
+    from ._schema import Criterion as Criterion
+    from ._schema import Fact as Fact
+    from ._schema import Flow as Flow
+    from ._schema import Goal as Goal
+    from ._schema import Probe as Probe
+    from ._schema import Problem as Problem
+    from ._schema import Scenario as Scenario
+    from ._schema import SingleTurnConfig as SingleTurnConfig
+    from ._schema import TurnConfig as TurnConfig
+    from ._schema import TurnSettings as TurnSettings
+    from ._sources import PACK_SOURCES as PACK_SOURCES
+    from ._sources import LoadOptions as LoadOptions
+    from ._sources import PackSource as PackSource
+    from ._templates import Template as Template

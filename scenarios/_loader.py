@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -27,6 +28,7 @@ from ._schema import (
     TurnConfig,
     TurnSettings,
 )
+from ._sources import PACK_SOURCES, LoadOptions
 from ._templates import Template
 
 __all__ = ["load_pack", "list_packs", "PackInfo", "BUNDLED_PACKS_DIR", "SINGLE_TURN_VARIABLES"]
@@ -75,19 +77,20 @@ def load_pack(
     metric_names: Container[str] | None = None,
     include_path: str | Path | None = None,
 ) -> Pack:
-    """Load and validate a bundled pack by name, or a pack folder by path, or an
-    lm-eval generate_until task as ``lm-eval:TASK``, or a task class registered with
-    ``@register_task`` as ``task:NAME``.
+    """Load and validate a bundled pack by name, or a pack folder by path, or a pack from
+    a registered source (``lm-eval:TASK``, ``task:NAME``; see :data:`PACK_SOURCES`).
 
     Args:
-        name_or_path: a bundled pack's name (see ``convsim list``) or a folder.
+        name_or_path: a bundled pack's name (see ``convsim list``), a folder, or
+            ``PREFIX:NAME`` for a registered pack source.
         context_mode: single-turn packs only: ``no_context`` (drop each problem's
             context), ``minimal_context`` (its first sentence) or ``full_context``; one of
             the pack's ``evaluation_config.context_modes``. Default: full_context if the
             pack lists it, else its first mode.
         num_fewshot: single-turn packs only: use the ``with_examples`` template with
             this many other problems as examples.
-        metric_names: the metric names to accept; the default metric registry if None.
+        metric_names: the metric names the pack may use (e.g. a metric registry); any
+            name is accepted when None, and the caller checks them.
         include_path: ``lm-eval:TASK`` only: a folder of lm-eval task YAML files; without
             it the task is looked up among lm-eval's own tasks.
 
@@ -95,23 +98,17 @@ def load_pack(
         ConfigError: no such pack.
         PackError: the pack is invalid; ``problems`` lists every problem found.
     """
-    if metric_names is None:
-        from convsim.metrics import METRICS
-
-        metric_names = METRICS
-    if isinstance(name_or_path, str) and name_or_path.startswith("lm-eval:"):
-        from ._lm_eval_task import load_lm_eval_task
-
-        if num_fewshot or context_mode is not None:
-            raise ConfigError(
-                "--num-fewshot and --context-mode do not apply to lm-eval:TASK: the task's "
-                "own configuration sets them"
-            )
-        return load_lm_eval_task(name_or_path, include_path=include_path, metric_names=metric_names)
+    options = LoadOptions(
+        num_fewshot=num_fewshot,
+        context_mode=context_mode,
+        include_path=Path(include_path) if include_path is not None else None,
+        metric_names=metric_names,
+    )
+    if isinstance(name_or_path, str) and ":" in name_or_path and name_or_path in PACK_SOURCES:
+        pack: Pack = PACK_SOURCES.get(name_or_path)(options)
+        return pack
     if include_path is not None:
         raise ConfigError("include_path applies to lm-eval:TASK packs only")
-    if isinstance(name_or_path, str) and name_or_path.startswith("task:"):
-        return _registered_task_pack(name_or_path[len("task:") :])
     folder = _resolve(name_or_path)
     has_multi = any((folder / f).exists() for f in MULTI_TURN_FILES)
     has_single = any((folder / f).exists() for f in SINGLE_TURN_FILES)
@@ -134,31 +131,23 @@ def load_pack(
     )
 
 
-def _registered_task_pack(name: str) -> Pack:
-    """``task:NAME``: the pack of a task class registered with ``@register_task``."""
-    from ._task_api import TASKS
+class MultiTurnFiles(NamedTuple):
+    """A multi-turn pack read from two named files, and its flows by name."""
 
-    if name not in TASKS:
-        raise ConfigError(
-            f"no task {name!r} is registered: import the module whose class has "
-            f"@register_task({name!r}) first"
-        )
-    pack: Pack = TASKS.get(name)().to_pack()
-    return pack
+    pack: Pack
+    flows: dict[str, PreparedFlow]
 
 
 def load_multi_turn_files(
-    scenarios: Path, turn_configs: Path, metric_names: Container[str]
-) -> tuple[Pack, dict[str, PreparedFlow]]:
+    scenarios: Path, turn_configs: Path, metric_names: Container[str] | None = None
+) -> MultiTurnFiles:
     """A multi-turn pack from two named files (a task class's DATASET_PATH and
     TURN_CONFIG_PATH), validated as a pack folder is; also its flows by name."""
-    import os
-
     loader = _MultiTurnLoader(scenarios.parent, metric_names)
     loader.DATA = scenarios.name
     loader.CONFIG = os.path.relpath(turn_configs, scenarios.parent)
     pack = loader.load()
-    return pack, loader.flows
+    return MultiTurnFiles(pack, loader.flows)
 
 
 def _resolve(name_or_path: str | Path) -> Path:
@@ -169,9 +158,10 @@ def _resolve(name_or_path: str | Path) -> Path:
     if isinstance(name_or_path, str) and bundled in _bundled_folders():
         return bundled
     names = sorted(p.name for p in _bundled_folders())
+    sources = ", ".join(f"{p}NAME" for p in PACK_SOURCES.prefixes())
     raise ConfigError(
         f"no scenario pack {str(name_or_path)!r}: not a folder, and not a bundled pack "
-        f"({', '.join(names)})"
+        f"({', '.join(names)})" + (f" or a registered source ({sources})" if sources else "")
     )
 
 
@@ -190,7 +180,7 @@ def _describe(folder: Path) -> str:
 
 
 class _Loader:
-    def __init__(self, folder: Path, metric_names: Container[str]) -> None:
+    def __init__(self, folder: Path, metric_names: Container[str] | None) -> None:
         self.folder = folder
         self.metric_names = metric_names
         self.problems: list[PackProblem] = []
@@ -262,6 +252,8 @@ class _Loader:
             return None
 
     def check_metrics(self, names: list[str], file: str, line: int | None, field: str) -> None:
+        if self.metric_names is None:
+            return
         for name in names:
             if name not in self.metric_names:
                 self.problem(file, line, field, f"unknown metric {name!r}")
@@ -600,7 +592,7 @@ class _SingleTurnLoader(_Loader):
     def __init__(
         self,
         folder: Path,
-        metric_names: Container[str],
+        metric_names: Container[str] | None,
         num_fewshot: int,
         context_mode: str | None,
     ) -> None:

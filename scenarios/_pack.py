@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from convsim.adapters._types import Message
+from convsim._types import Message
 
 from ._schema import Flow, Scenario, TurnConfig
 from ._templates import Template

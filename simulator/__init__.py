@@ -2,48 +2,18 @@
 
 from __future__ import annotations
 
-from ._errors import AdapterError as AdapterError
-from ._errors import AuthError as AuthError
-from ._errors import BadRequest as BadRequest
-from ._errors import ConfigError as ConfigError
-from ._errors import ConvsimError as ConvsimError
-from ._errors import InvalidTransition as InvalidTransition
-from ._errors import PackError as PackError
-from ._errors import PackProblem as PackProblem
-from ._errors import ProtocolError as ProtocolError
-from ._errors import RateLimited as RateLimited
-from ._errors import RegistryError as RegistryError
-from ._errors import ResultsError as ResultsError
-from ._errors import ServerError as ServerError
-from ._errors import TemplateError as TemplateError
-from ._errors import Timeout as Timeout
-from ._records import ConversationResult as ConversationResult
-from ._records import ErrorInfo as ErrorInfo
-from ._records import Score as Score
-from ._records import Status as Status
-from ._records import TerminationReason as TerminationReason
-from ._records import TurnRecord as TurnRecord
-from ._records import TurnStatus as TurnStatus
-from ._report import RunReport as RunReport
-from ._report import summarize as summarize
-from ._runtime import RunHandle as RunHandle
-from ._runtime import RunStatistics as RunStatistics
-from ._runtime import Simulator as Simulator
-from ._runtime import run_sync as run_sync
-from ._sinks import JsonlSink as JsonlSink
-from ._sinks import ResultSink as ResultSink
-from ._sinks import RunManifest as RunManifest
-from ._sinks import read_results as read_results
-from ._state import ConversationState as ConversationState
+from typing import TYPE_CHECKING
+
+from . import _lazy
 from ._version import __version__ as __version__
-from .scenarios import Pack as Pack
-from .scenarios import list_packs as list_packs
-from .scenarios import load_pack as load_pack
 
 __all__ = [
     "__version__",
     # running
     "Simulator",
+    "SimulatorConfig",
+    "ModelRef",
+    "JudgeConfig",
     "RunHandle",
     "RunStatistics",
     "run_sync",
@@ -83,3 +53,88 @@ __all__ = [
     "AuthError",
     "ProtocolError",
 ]
+
+_EXPORTS = {
+    **dict.fromkeys(("Simulator", "RunHandle", "RunStatistics", "run_sync"), "._runtime"),
+    **dict.fromkeys(("SimulatorConfig", "ModelRef", "JudgeConfig"), "._config"),
+    "ConversationState": "._state",
+    **dict.fromkeys(("Pack", "list_packs"), ".scenarios"),
+    "load_pack": "._packs",
+    **dict.fromkeys(
+        (
+            "ConversationResult",
+            "TurnRecord",
+            "TurnStatus",
+            "Status",
+            "TerminationReason",
+            "ErrorInfo",
+            "Score",
+        ),
+        "._records",
+    ),
+    **dict.fromkeys(("ResultSink", "JsonlSink", "RunManifest", "read_results"), "._sinks"),
+    **dict.fromkeys(("RunReport", "summarize"), "._report"),
+    **dict.fromkeys(
+        (
+            "ConvsimError",
+            "ConfigError",
+            "RegistryError",
+            "PackError",
+            "PackProblem",
+            "TemplateError",
+            "InvalidTransition",
+            "ResultsError",
+            "AdapterError",
+            "RateLimited",
+            "ServerError",
+            "Timeout",
+            "BadRequest",
+            "AuthError",
+            "ProtocolError",
+        ),
+        "._errors",
+    ),
+}
+
+__getattr__, __dir__ = _lazy.lazy_module(__name__, globals(), _EXPORTS, __all__)
+
+if TYPE_CHECKING:
+    from ._config import JudgeConfig as JudgeConfig
+    from ._config import ModelRef as ModelRef
+    from ._config import SimulatorConfig as SimulatorConfig
+    from ._errors import AdapterError as AdapterError
+    from ._errors import AuthError as AuthError
+    from ._errors import BadRequest as BadRequest
+    from ._errors import ConfigError as ConfigError
+    from ._errors import ConvsimError as ConvsimError
+    from ._errors import InvalidTransition as InvalidTransition
+    from ._errors import PackError as PackError
+    from ._errors import PackProblem as PackProblem
+    from ._errors import ProtocolError as ProtocolError
+    from ._errors import RateLimited as RateLimited
+    from ._errors import RegistryError as RegistryError
+    from ._errors import ResultsError as ResultsError
+    from ._errors import ServerError as ServerError
+    from ._errors import TemplateError as TemplateError
+    from ._errors import Timeout as Timeout
+    from ._packs import load_pack as load_pack
+    from ._records import ConversationResult as ConversationResult
+    from ._records import ErrorInfo as ErrorInfo
+    from ._records import Score as Score
+    from ._records import Status as Status
+    from ._records import TerminationReason as TerminationReason
+    from ._records import TurnRecord as TurnRecord
+    from ._records import TurnStatus as TurnStatus
+    from ._report import RunReport as RunReport
+    from ._report import summarize as summarize
+    from ._runtime import RunHandle as RunHandle
+    from ._runtime import RunStatistics as RunStatistics
+    from ._runtime import Simulator as Simulator
+    from ._runtime import run_sync as run_sync
+    from ._sinks import JsonlSink as JsonlSink
+    from ._sinks import ResultSink as ResultSink
+    from ._sinks import RunManifest as RunManifest
+    from ._sinks import read_results as read_results
+    from ._state import ConversationState as ConversationState
+    from .scenarios import Pack as Pack
+    from .scenarios import list_packs as list_packs

@@ -18,7 +18,11 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
         └── ProtocolError        the response could not be understood (snippet)
 
 Infrastructure failures (rate limits, servers down, timeouts) are kept apart from
-failures of the request or of the model so results can tell them apart.
+failures of the request or of the model so results can tell them apart. Each
+:class:`AdapterError` also says whether trying the call again could help
+(``retryable``): a 429, a 5xx, a dropped connection or a timeout can; a 400, a refused
+key or an unreadable answer cannot, and neither can a stream whose text already reached
+the caller.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ __all__ = [
     "BadRequest",
     "AuthError",
     "ProtocolError",
+    "RETRYABLE_STATUSES",
     "describe_validation_error",
     "parse_config",
 ]
@@ -120,12 +125,18 @@ class ResultsError(ConvsimError):
     """The results file cannot be written, read or resumed."""
 
 
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+"""4xx answers that say "try again", besides every 5xx."""
+
+
 class AdapterError(ConvsimError):
     """A model call failed. ``attempts`` counts the tries made, retries included."""
 
-    #: True when the failure lies with infrastructure (network, quota, server), not
-    #: with the request or the model's output.
     infrastructure: bool = True
+    """True when the failure lies with infrastructure (network, quota, server), not with
+    the request or the model's output."""
+    retryable: bool = False
+    """True when the same call may succeed if tried again."""
 
     def __init__(
         self,
@@ -134,27 +145,39 @@ class AdapterError(ConvsimError):
         model: str | None = None,
         attempts: int = 1,
         status_code: int | None = None,
+        retryable: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.model = model
         self.attempts = attempts
         self.status_code = status_code
+        if retryable is not None:
+            self.retryable = retryable
 
 
 class RateLimited(AdapterError):
     """The provider kept answering 429 until the retry budget ran out."""
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **kw: object) -> None:
-        super().__init__(message, **kw)  # type: ignore[arg-type]
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
         self.retry_after = retry_after
 
 
 class ServerError(AdapterError):
     """The server failed (5xx) or dropped the connection, after retries."""
 
+    def __init__(self, message: str, **kw: Any) -> None:
+        status = kw.get("status_code")
+        kw.setdefault("retryable", status is None or status >= 500 or status in RETRYABLE_STATUSES)
+        super().__init__(message, **kw)
+
 
 class Timeout(AdapterError):
     """The call did not complete within its deadline."""
+
+    retryable = True
 
 
 class BadRequest(AdapterError):
@@ -172,8 +195,8 @@ class ProtocolError(AdapterError):
 
     infrastructure = False
 
-    def __init__(self, message: str, *, snippet: str = "", **kw: object) -> None:
-        super().__init__(message, **kw)  # type: ignore[arg-type]
+    def __init__(self, message: str, *, snippet: str = "", **kw: Any) -> None:
+        super().__init__(message, **kw)
         self.snippet = snippet[:200]
 
 

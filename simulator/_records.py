@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
 
-from convsim._errors import AdapterError
-from convsim.adapters._types import Message, Usage
+from ._errors import AdapterError, ProtocolError, RateLimited
+from ._types import Message, Usage
 
 __all__ = [
     "Status",
@@ -90,8 +90,8 @@ class ErrorInfo(BaseModel):
                 attempts=exc.attempts,
                 status_code=exc.status_code,
                 infrastructure=exc.infrastructure,
-                retry_after=getattr(exc, "retry_after", None),
-                snippet=getattr(exc, "snippet", None) or None,
+                retry_after=exc.retry_after if isinstance(exc, RateLimited) else None,
+                snippet=(exc.snippet or None) if isinstance(exc, ProtocolError) else None,
             )
         return cls(
             type=type(exc).__name__,

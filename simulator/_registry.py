@@ -10,27 +10,40 @@ from typing import Generic, TypeVar
 
 from ._errors import RegistryError
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "import_object"]
 
 T = TypeVar("T")
+
+
+def import_object(reference: str) -> object:
+    """The object a ``"package.module:attr"`` string names, imported now."""
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{reference!r} is not a 'package.module:attr' reference")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 class Registry(Generic[T]):
     """Maps names to factories without importing them until first use.
 
-    A factory is registered either as a callable or as ``"package.module:attr"``,
-    imported on first lookup so optional dependencies stay optional. Third parties add
-    names through the entry-point group ``group``; those are read on the first miss or
-    listing, never at import time. Each registry is its own object: tests and
-    applications can copy one and register names without touching the default.
+    A factory is registered as a callable or as ``"package.module:attr"``, imported on
+    first lookup so optional dependencies stay optional. A prefix (``judge:``) maps every
+    name that starts with it to ``factory(name)``. Packages add names through the
+    entry-point group ``group`` and prefixes through ``prefix_group`` (the entry point
+    ``lm_eval`` registers the prefix ``lm_eval:``); those are read on the first miss or
+    listing, never at import time. This is how a layer reaches code
+    above it: by a name the upper layer declares, never by an import. Each registry is its
+    own object: tests and applications can copy one and register names without touching
+    the default.
     """
 
-    def __init__(self, kind: str, group: str | None = None) -> None:
+    def __init__(self, kind: str, group: str | None = None, *, prefix_group: str | None = None):
         self.kind = kind
         self.group = group
+        self.prefix_group = prefix_group
         self._factories: dict[str, Callable[..., T] | str] = {}
-        self._prefixes: dict[str, Callable[[str], T]] = {}
-        self._entry_points_loaded = group is None
+        self._prefixes: dict[str, Callable[[str], T] | str] = {}
+        self._entry_points_loaded = group is None and prefix_group is None
 
     def register(
         self, name: str, factory: Callable[..., T] | str, *, replace: bool = False
@@ -40,56 +53,83 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._factories[name] = factory
 
-    def register_prefix(self, prefix: str, factory: Callable[[str], T]) -> None:
-        """Names starting with ``prefix`` (e.g. ``judge:``) are built by ``factory(name)``."""
+    def register_prefix(self, prefix: str, factory: Callable[[str], T] | str) -> None:
+        """Names starting with ``prefix`` (e.g. ``judge:``) are built by ``factory(name)``;
+        ``factory`` may be a ``"package.module:attr"`` string, imported on first use."""
         self._prefixes[prefix] = factory
 
     def get(self, name: str) -> Callable[..., T]:
         """The factory for ``name``; raises RegistryError listing the known names."""
-        for prefix, prefixed in self._prefixes.items():
-            if name.startswith(prefix) and len(name) > len(prefix):
-                return partial(prefixed, name)
-        if name not in self._factories:
+        prefix = self._prefix_of(name)
+        if prefix is None and name not in self._factories and not self._entry_points_loaded:
             self._load_entry_points()
+            prefix = self._prefix_of(name)
+        if prefix is not None:
+            return partial(self._resolved_prefix(prefix), name)
         try:
             factory = self._factories[name]
         except KeyError:
             known = [*self._factories, *(f"{p}<...>" for p in self._prefixes)]
             raise RegistryError(self.kind, name, known) from None
         if isinstance(factory, str):
-            module_name, _, attr = factory.partition(":")
-            factory = getattr(importlib.import_module(module_name), attr)
-            self._factories[name] = factory
+            factory = self._factories[name] = _imported(factory)
         return factory
 
     def names(self) -> list[str]:
-        """Every registered name, entry points included, sorted."""
+        """Every registered name, entry points included, sorted (prefixes not listed)."""
         self._load_entry_points()
         return sorted(self._factories)
 
+    def prefixes(self) -> list[str]:
+        """Every registered prefix, entry points included, sorted."""
+        self._load_entry_points()
+        return sorted(self._prefixes)
+
     def __contains__(self, name: object) -> bool:
-        if isinstance(name, str) and any(
-            name.startswith(p) and len(name) > len(p) for p in self._prefixes
-        ):
+        if not isinstance(name, str):
+            return False
+        if self._prefix_of(name) is not None or name in self._factories:
             return True
-        if name not in self._factories:
-            self._load_entry_points()
-        return name in self._factories
+        self._load_entry_points()
+        return self._prefix_of(name) is not None or name in self._factories
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def copy(self) -> Registry[T]:
         """An independent registry with the same names."""
-        clone: Registry[T] = Registry(self.kind, self.group)
+        clone: Registry[T] = Registry(self.kind, self.group, prefix_group=self.prefix_group)
         clone._factories = dict(self._factories)
         clone._prefixes = dict(self._prefixes)
         clone._entry_points_loaded = self._entry_points_loaded
         return clone
 
+    def _prefix_of(self, name: str) -> str | None:
+        for prefix in self._prefixes:
+            if name.startswith(prefix) and len(name) > len(prefix):
+                return prefix
+        return None
+
+    def _resolved_prefix(self, prefix: str) -> Callable[[str], T]:
+        factory = self._prefixes[prefix]
+        if isinstance(factory, str):
+            factory = self._prefixes[prefix] = _imported(factory)
+        return factory
+
     def _load_entry_points(self) -> None:
-        if self._entry_points_loaded or self.group is None:
+        if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
-        for ep in entry_points(group=self.group):
-            self._factories.setdefault(ep.name, ep.value)
+        if self.group is not None:
+            for ep in entry_points(group=self.group):
+                self._factories.setdefault(ep.name, ep.value)
+        if self.prefix_group is not None:
+            for ep in entry_points(group=self.prefix_group):
+                self._prefixes.setdefault(ep.name + ":", ep.value)
+
+
+def _imported(reference: str) -> Callable[..., T]:
+    factory = import_object(reference)
+    if not callable(factory):
+        raise TypeError(f"{reference!r} is not callable")
+    return factory

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from pydantic import BaseModel, Field
 
 from convsim.metrics._aggregate import aggregate
+from convsim.metrics._corpus import CORPUS_AGGREGATION, CORPUS_ITEM, corpus_value
+from convsim.metrics._registry import METRICS
 from convsim.metrics._stats import mean, percentile
 
 from ._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
@@ -174,8 +176,6 @@ def _summarise(
 
 def _corpus(scores: list[Score]) -> float | None:
     """The run-level value of a corpus-level metric (its scores carry their items)."""
-    from convsim.metrics._lm_eval import CORPUS_AGGREGATION, CORPUS_ITEM, corpus_value
-
     kinds = {s.details.get(CORPUS_AGGREGATION) for s in scores}
     if len(kinds) != 1 or None in kinds:
         return None
@@ -214,8 +214,6 @@ def _turn_metric_summaries(
 
 
 def _higher_is_better(names: Iterable[str]) -> dict[str, bool | None]:
-    from convsim.metrics import METRICS
-
     found: dict[str, bool | None] = {}
     for name in names:
         if name in METRICS:

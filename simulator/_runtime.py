@@ -8,28 +8,26 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
 import structlog
 
-from convsim.adapters._budget import Budgets
-from convsim.adapters._protocol import ModelAdapter
-from convsim.adapters._registry import ADAPTERS, create_adapter, parse_model_spec
-from convsim.adapters._types import GenerationParams
-from convsim.metrics._judge import JudgeSettings, judged
-from convsim.metrics._protocol import Metric
-from convsim.metrics._registry import DEFAULT_METRICS, METRICS
-from convsim.scenarios._loader import load_pack
-from convsim.scenarios._pack import Conversation, Pack
+from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, create_adapter
+from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric
+from convsim.metrics._judge import judged
+from convsim.scenarios import Conversation, Pack
 
 from ._actor import ActorSettings, ConversationActor
+from ._call_settings import CallSettings
+from ._config import ModelChoice, ModelRef, SimulatorConfig
 from ._errors import ConfigError, RegistryError
-from ._logging import is_secret_key
+from ._log import get_logger
+from ._packs import load_pack
 from ._records import ConversationResult, Status, TurnStatus
 from ._registry import Registry
 from ._sinks import JsonlSink, ResultSink, RunManifest
@@ -39,7 +37,7 @@ __all__ = ["Simulator", "RunHandle", "RunStatistics", "run_sync"]
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-log = structlog.get_logger("convsim.runtime")
+log = get_logger("convsim.runtime")
 
 CLOSE_TIMEOUT_S = 30.0
 """The longest a cancelled run waits for its sink or adapters to close."""
@@ -114,6 +112,7 @@ class _Stopping:
 class _RunPlan:
     """What one run was asked to do, fixed before it starts."""
 
+    pack: Pack
     sink: ResultSink | None
     limit: int | None
     only: Collection[str] | None
@@ -122,6 +121,13 @@ class _RunPlan:
     metrics: dict[str, list[Metric]]
     """Conversation metrics by flow (scenario_type)."""
     turn_metrics: dict[str, Metric]
+
+
+class _BoundModel(NamedTuple):
+    """A model of the simulator: its adapter, and the name results record."""
+
+    adapter: ModelAdapter
+    name: str
 
 
 class RunHandle:
@@ -209,8 +215,11 @@ class Simulator:
     seconds to finish, the rest are recorded CANCELLED, and every finished result is
     written.
 
+    A simulator is built from a :class:`~convsim.SimulatorConfig`, given directly
+    (``Simulator(config)``) or built from the keyword arguments below.
+
     Args:
-        model: an adapter, or a model spec such as ``"scripted"``.
+        model: an adapter, a model spec such as ``"scripted"``, or a SimulatorConfig.
         model_args: adapter arguments when ``model`` is a spec (``--model-arg``).
         user_model: the simulated user's adapter or spec, for turns with role ``user``.
         user_model_args: adapter arguments when ``user_model`` is a spec.
@@ -220,104 +229,93 @@ class Simulator:
         judge_combine: how several grades of a turn combine: ``mean`` or ``majority``.
         concurrency: at most this many conversations run at once, across every run of
             this simulator.
-        metrics: conversation metrics to score (default: latency, response_length);
-            the pack's own metrics are added.
+        metrics: conversation metrics to score (default: latency, response_length,
+            context_retention, goal_achievement); the pack's own metrics are added.
         seed: the run seed; each conversation derives its own from it.
         conversation_timeout: overrides every flow's conversation_timeout (seconds).
         max_turns: overrides every flow's max_turns.
         grace_period: seconds in-flight conversations get to finish after a stop.
         metric_registry: where metric names are looked up (default: convsim's).
         adapter_registry: where model specs are looked up (default: convsim's).
+
+    Raises:
+        ConfigError: a setting is invalid, or a model or metric name is unknown.
     """
 
     def __init__(
         self,
-        model: ModelAdapter | str = "scripted",
+        model: SimulatorConfig | ModelAdapter | str = "scripted",
         *,
-        model_args: Mapping[str, Any] | None = None,
-        user_model: ModelAdapter | str | None = None,
-        user_model_args: Mapping[str, Any] | None = None,
-        concurrency: int = 32,
-        metrics: Sequence[str] | None = None,
-        seed: int = 0,
-        conversation_timeout: float | None = None,
-        max_turns: int | None = None,
-        grace_period: float = 5.0,
-        judge: ModelAdapter | str | None = None,
-        judge_args: Mapping[str, Any] | None = None,
-        judge_samples: int = 1,
-        judge_combine: str = "mean",
         metric_registry: Registry[Metric] = METRICS,
         adapter_registry: Registry[ModelAdapter] = ADAPTERS,
+        **settings: Any,
     ) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigError(f"concurrency must be a positive integer, not {concurrency!r}")
-        if conversation_timeout is not None and not conversation_timeout > 0:
-            raise ConfigError(f"conversation_timeout must be > 0, not {conversation_timeout!r}")
-        if max_turns is not None and max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, not {max_turns!r}")
-        if grace_period < 0:
-            raise ConfigError(f"grace_period must be >= 0, not {grace_period!r}")
-        self.concurrency = concurrency
-        self._owned: list[ModelAdapter] = []
+        if isinstance(model, SimulatorConfig):
+            if settings:
+                raise ConfigError(
+                    f"Simulator(config) takes no other settings ({', '.join(sorted(settings))}); "
+                    "put them in the SimulatorConfig"
+                )
+            config = model
+        else:
+            config = SimulatorConfig.from_arguments(model, **settings)
+        self.config = config
         self.budgets = Budgets()
         """Rate budgets by provider key, shared by this simulator's adapters."""
-        self.model_args = dict(model_args or {})
-        self.user_model_args = dict(user_model_args or {})
-        self.model, self.model_name = self._adapter(model, model_args, adapter_registry)
-        self.user_model: ModelAdapter | None = None
-        self.user_model_name: str | None = None
-        if user_model is not None:
-            self.user_model, self.user_model_name = self._adapter(
-                user_model, user_model_args, adapter_registry
-            )
-        self.judge: JudgeSettings | None = None
-        self.judge_name: str | None = None
-        if judge is not None:
-            if judge_samples < 1:
-                raise ConfigError(f"judge_samples must be >= 1, not {judge_samples!r}")
-            if judge_combine not in ("mean", "majority"):
-                raise ConfigError(f"judge_combine must be mean or majority, not {judge_combine!r}")
-            adapter, self.judge_name = self._adapter(judge, judge_args, adapter_registry)
-            self.judge = JudgeSettings(
-                adapter,
-                samples=judge_samples,
-                combine="majority" if judge_combine == "majority" else "mean",
-            )
-        self.metric_names = tuple(DEFAULT_METRICS if metrics is None else metrics)
-        self.metric_registry = metric_registry
-        for name in self.metric_names:
-            metric_registry.get(name)  # unknown names fail now, not mid-run
-        self.seed = seed
-        self.conversation_timeout = conversation_timeout
-        self.max_turns = max_turns
-        self.grace_period = grace_period
+        self._owned: list[ModelAdapter] = []
+        self._registry = adapter_registry
+        try:
+            self.model, self.model_name = self._adapter(config.model)
+            self.user_model: ModelAdapter | None = None
+            self.user_model_name: str | None = None
+            if config.user_model is not None:
+                self.user_model, self.user_model_name = self._adapter(config.user_model)
+            self.judge: JudgeSettings | None = None
+            self.judge_name: str | None = None
+            if config.judge is not None:
+                adapter, self.judge_name = self._adapter(config.judge.model)
+                self.judge = JudgeSettings(
+                    adapter, samples=config.judge.samples, combine=config.judge.combine
+                )
+            self.metric_names = tuple(DEFAULT_METRICS if config.metrics is None else config.metrics)
+            self.metric_registry = metric_registry
+            for name in self.metric_names:
+                metric_registry.get(name)  # unknown names fail now, not mid-run
+        except BaseException:
+            self._owned.clear()  # nothing has connected yet: nothing to close
+            raise
         self._tg: anyio.abc.TaskGroup | None = None
         self._handles: list[RunHandle] = []
 
-    def _adapter(
-        self,
-        model: ModelAdapter | str,
-        args: Mapping[str, Any] | None,
-        registry: Registry[ModelAdapter],
-    ) -> tuple[ModelAdapter, str]:
-        if isinstance(model, str):
-            args = dict(args or {})
-            factory = registry.get(parse_model_spec(model).type)
-            fields = getattr(getattr(factory, "Config", None), "model_fields", {})
-            if "concurrency" in fields and "concurrency" not in args:
-                args["concurrency"] = self.concurrency  # the connection pool fits the run
-            adapter = create_adapter(model, args, registry=registry)
+    @property
+    def concurrency(self) -> int:
+        return self.config.concurrency
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def grace_period(self) -> float:
+        return self.config.grace_period
+
+    def _adapter(self, choice: ModelChoice) -> _BoundModel:
+        """The adapter for a model reference (built here, owned) or instance (the
+        caller's), bound to this simulator's budgets."""
+        if isinstance(choice, ModelRef):
+            adapter = create_adapter(choice.spec, choice.args, registry=self._registry)
+            if not isinstance(adapter, ModelAdapter):
+                raise ConfigError(
+                    f"{choice.spec}: the registered factory made a {type(adapter).__name__}, "
+                    "not a convsim.adapters.ModelAdapter"
+                )
             self._owned.append(adapter)
-            name = model
-        elif args:
-            raise ConfigError("model arguments only apply when the model is given as a spec")
+            name = choice.spec
         else:
-            adapter, name = model, model.model_info().model_id
-        bind = getattr(adapter, "bind_budgets", None)
-        if bind is not None:  # adapters with the same connection key share one budget
-            bind(self.budgets)
-        return adapter, name
+            adapter, name = choice, choice.model_info().model_id
+        # adapters with the same connection key share one budget; the pool fits the run
+        adapter.bind_budgets(self.budgets, concurrency=self.config.concurrency)
+        return _BoundModel(adapter, name)
 
     async def __aenter__(self) -> Simulator:
         # one cap for every run of this simulator: concurrent runs share it
@@ -365,7 +363,8 @@ class Simulator:
         """
         if self._tg is None:
             raise ConfigError("Simulator.run() needs 'async with Simulator(...) as sim:' first")
-        pack, plan = self._plan(pack, sink, limit, only)
+        plan = self._plan(pack, sink, limit, only)
+        pack = plan.pack
         handle = RunHandle(uuid.uuid4().hex[:12], pack, self.grace_period, self.budgets)
         handle.manifest = RunManifest(
             run_id=handle.run_id,
@@ -379,11 +378,11 @@ class Simulator:
                 "concurrency": self.concurrency,
                 "seed": self.seed,
                 "metrics": plan.metric_names,
-                "conversation_timeout": self.conversation_timeout,
-                "max_turns": self.max_turns,
-                "model_args": _redacted(self.model_args),
+                "conversation_timeout": self.config.conversation_timeout,
+                "max_turns": self.config.max_turns,
+                "model_args": _redacted(self.config.model),
                 "judge": self.judge_name,
-                "user_model_args": _redacted(self.user_model_args),
+                "user_model_args": _redacted(self.config.user_model),
                 "limit": limit,
                 "grace_period": self.grace_period,
             },
@@ -397,7 +396,7 @@ class Simulator:
 
         Returns the loaded pack. Raises ConfigError or PackError as :meth:`run` would.
         """
-        return self._plan(pack, None, None, None)[0]
+        return self._plan(pack, None, None, None).pack
 
     def _plan(
         self,
@@ -405,7 +404,7 @@ class Simulator:
         sink: ResultSink | None,
         limit: int | None,
         only: Collection[str] | None,
-    ) -> tuple[Pack, _RunPlan]:
+    ) -> _RunPlan:
         if limit is not None and limit < 0:
             raise ConfigError(f"limit must be >= 0, not {limit!r}")
         if not isinstance(pack, Pack):
@@ -439,7 +438,7 @@ class Simulator:
         except RegistryError as exc:
             raise ConfigError(f"pack {pack.name!r}: {exc}") from None
         metrics = {flow: [instances[n] for n in names] for flow, names in names_by_flow.items()}
-        return pack, _RunPlan(sink, limit, only, metric_names, metrics, turn_metrics)
+        return _RunPlan(pack, sink, limit, only, metric_names, metrics, turn_metrics)
 
     def _check_turn_settings(self, pack: Pack) -> None:
         """Every turn's sampling settings, as the adapter that will answer it sees them."""
@@ -493,12 +492,16 @@ class Simulator:
             pack_name=handle.pack.name,
             pack_hash=handle.pack.pack_hash,
             model_name=self.model_name,
+            assistant=CallSettings(self.model.default_config(), "assistant"),
+            user=(
+                CallSettings(self.user_model.default_config(), "user")
+                if self.user_model is not None
+                else None
+            ),
             seed=self.seed,
-            conversation_timeout=self.conversation_timeout,
-            max_turns=self.max_turns,
+            conversation_timeout=self.config.conversation_timeout,
+            max_turns=self.config.max_turns,
         )
-        defaults = self.model.default_config()
-        params_cache: dict[tuple[int, str], GenerationParams] = {}
         slots = self._slots
         log.info(
             "run_started",
@@ -540,8 +543,6 @@ class Simulator:
                 metrics=plan.metrics[conv.flow.scenario_type],
                 turn_metrics=plan.turn_metrics,
                 user_model=self.user_model,
-                defaults=defaults,
-                params_cache=params_cache,
             )
             with anyio.CancelScope() as scope:
                 stopping.inflight[conv.conversation_id] = scope
@@ -593,9 +594,10 @@ class Simulator:
             )
 
 
-def _redacted(args: Mapping[str, Any]) -> dict[str, Any]:
-    """Adapter arguments fit for a manifest: secrets replaced, values as text."""
-    return {k: "***" if is_secret_key(k) else str(v) for k, v in sorted(args.items())}
+def _redacted(choice: ModelChoice | None) -> dict[str, str]:
+    """A model's adapter arguments fit for a manifest: secrets replaced, values as text
+    (an adapter instance has none to record)."""
+    return choice.redacted_args() if isinstance(choice, ModelRef) else {}
 
 
 def _single(exc: Exception) -> Exception:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import cache
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import click
@@ -18,41 +19,50 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ._console import EXIT_BAD_INPUT, EXIT_INTERRUPTED, clear_errors
+from ._console import stderr as _stderr
+from ._console import stdout as _stdout
 from ._errors import ConvsimError
 from ._gc import tune_gc_for_throughput
 from ._logging import configure_logging
-from ._records import Score
-from ._report import MetricSummary, RunReport, _summarise, summarize
-from ._runtime import RunHandle, Simulator
-from ._sinks import JsonlSink, read_results
+from ._registry import import_object
+
+if TYPE_CHECKING:
+    from ._records import Score
+    from ._report import MetricSummary, RunReport
+    from ._runtime import RunHandle, Simulator
+    from ._sinks import JsonlSink
 
 __all__ = ["main"]
 
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 F = TypeVar("F", bound=Callable[..., Any])
+_clear_errors = clear_errors
+
+COMMAND_GROUP = "convsim.commands"
 
 
-def _stdout() -> Console:
-    return Console(soft_wrap=True)
+@cache
+def _plugged_commands() -> dict[str, str]:
+    """Commands other packages add (``convsim lm-eval`` among them), by name."""
+    return {ep.name: ep.value for ep in entry_points(group=COMMAND_GROUP)}
 
 
-def _stderr() -> Console:
-    return Console(stderr=True, soft_wrap=True)
+class _Commands(click.Group):
+    """The built-in commands, and those declared in the entry-point group
+    ``convsim.commands``, imported only when listed or run."""
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_plugged_commands()})
 
-def _clear_errors(func: F) -> F:
-    """Turn convsim's own errors into one message on stderr and exit code 2."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except ConvsimError as exc:
-            _stderr().print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-            sys.exit(EXIT_BAD_INPUT)
-
-    return wrapper  # type: ignore[return-value]
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        reference = _plugged_commands().get(cmd_name)
+        if command is None and reference is not None:
+            loaded = import_object(reference)
+            if not isinstance(loaded, click.Command):
+                raise click.ClickException(f"{reference} is not a click command")
+            command = loaded
+        return command
 
 
 def _single_turn_options(func: F) -> F:
@@ -107,7 +117,7 @@ def _judge_options(func: F) -> F:
     return func
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="convsim")
 @click.option(
     "--log-format",
@@ -149,7 +159,7 @@ def validate(
     pack: str, num_fewshot: int, context_mode: str | None, include_path: Path | None
 ) -> None:
     """Validate PACK (a bundled pack's name or a folder) without running it."""
-    from .scenarios import load_pack
+    from ._packs import load_pack
 
     loaded = load_pack(
         pack, num_fewshot=num_fewshot, context_mode=context_mode, include_path=include_path
@@ -269,8 +279,11 @@ def run(
     progress: bool | None,
 ) -> None:
     """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model."""
+    from ._config import SimulatorConfig
+    from ._packs import load_pack
+    from ._runtime import Simulator
+    from ._sinks import JsonlSink, read_results
     from .adapters import parse_model_args
-    from .scenarios import load_pack
 
     if resume and overwrite:
         raise click.UsageError("--resume and --overwrite exclude each other")
@@ -283,7 +296,7 @@ def run(
     loaded = load_pack(
         pack, num_fewshot=num_fewshot, context_mode=context_mode, include_path=include_path
     )
-    simulator = Simulator(
+    config = SimulatorConfig.from_arguments(
         model_spec,
         model_args=parse_model_args(model_args),
         user_model=user_model_spec,
@@ -299,6 +312,7 @@ def run(
         judge_samples=judge_samples,
         judge_combine=judge_combine,
     )
+    simulator = Simulator(config)
     simulator.check(loaded)
     if out is None:
         out = (
@@ -310,6 +324,8 @@ def run(
     err = _stderr()
     show_progress = err.is_terminal if progress is None else progress
     interrupted = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)
+    from ._report import summarize
+
     results = read_results(out)
     report = summarize(results)
     _print_report(report)
@@ -474,7 +490,7 @@ def _print_report(report: RunReport) -> None:
 
 
 @main.command()
-@click.argument("transcripts", type=click.Path(path_type=Path))
+@click.argument("recorded", metavar="FILE", type=click.Path(path_type=Path))
 @click.option(
     "--metrics",
     "metric_names",
@@ -491,7 +507,7 @@ def _print_report(report: RunReport) -> None:
 @_judge_options
 @_clear_errors
 def score(
-    transcripts: Path,
+    recorded: Path,
     metric_names: list[str],
     out: Path | None,
     judge_spec: str | None,
@@ -499,22 +515,27 @@ def score(
     judge_samples: int,
     judge_combine: str,
 ) -> None:
-    """Score recorded conversations (one JSON object per line) without running a model."""
-    from .adapters import create_adapter, parse_model_args
-    from .adapters._budget import Budgets
-    from .metrics import METRICS
-    from .metrics._judge import JudgeSettings
-    from .metrics._transcripts import read_transcripts, score_transcripts
+    """Score recorded conversations without running a model.
+
+    FILE is a transcripts file (one conversation per line) or a results file of
+    `convsim run`, whose conversations are scored again from their recorded turns.
+    """
+    from ._report import _summarise
+    from ._rescore import is_results_file, read_recorded_run
+    from .adapters import Budgets, create_adapter, parse_model_args
+    from .metrics import METRICS, JudgeSettings, read_transcripts, score_transcripts
 
     for name in metric_names:
         METRICS.get(name)  # unknown names fail before any work
-    loaded = read_transcripts(transcripts)
+    if is_results_file(recorded):
+        run = read_recorded_run(recorded)
+        loaded, notes = run.transcripts, run.notes
+    else:
+        loaded, notes = read_transcripts(recorded), []
     judge = None
     if judge_spec is not None:
         adapter = create_adapter(judge_spec, parse_model_args(judge_args))
-        bind = getattr(adapter, "bind_budgets", None)
-        if bind is not None:  # as `convsim run`: one rate budget per provider key
-            bind(Budgets())
+        adapter.bind_budgets(Budgets())  # as `convsim run`: one rate budget per provider key
         judge = JudgeSettings(
             adapter,
             samples=judge_samples,
@@ -529,24 +550,26 @@ def score(
                 await judge.adapter.aclose()
 
     scored = anyio.run(scoring)
-    table = Table(title=f"{transcripts.name}: {len(scored)} conversations")
+    out_console = _stdout()
+    for note in notes:
+        out_console.print(f"note: {note}", highlight=False)
+    table = Table(title=f"{recorded.name}: {len(scored)} conversations")
     table.add_column("conversation")
     for name in metric_names:
         table.add_column(name, justify="right")
-    for cid, scores in scored:
-        table.add_row(cid, *[_score_cell(scores[n]) for n in metric_names])
-    out_console = _stdout()
+    for row in scored:
+        table.add_row(row.conversation_id, *[_score_cell(row.scores[n]) for n in metric_names])
     out_console.print(table)
     summary = Table(title="aggregate")
     for col in ("metric", "mean", "95% CI", "n", "n/a", "failed"):
         summary.add_column(col, justify="left" if col == "metric" else "right")
-    summaries = _summarise([s for _, s in scored], {})
+    summaries = _summarise([row.scores for row in scored], {})
     for name in metric_names:
         m = summaries[name]
         ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
         summary.add_row(name, _mean(m), ci, str(m.n), str(m.not_applicable), str(m.failed))
     out_console.print(summary)
-    scenarios = {cid: t.conversation.scenario for cid, t in loaded}
+    scenarios = {t.conversation_id: t.conversation.scenario for t in loaded}
     for field in ("scenario_type", "difficulty"):
         keys = {cid: getattr(sc, field) for cid, sc in scenarios.items()}
         if field == "scenario_type":  # "default" unless the file says otherwise
@@ -554,8 +577,8 @@ def score(
         if all(k is None for k in keys.values()):
             continue
         groups: dict[str, list[dict[str, Score]]] = {}
-        for cid, scores in scored:
-            groups.setdefault(keys[cid] or "unspecified", []).append(scores)
+        for row in scored:
+            groups.setdefault(keys[row.conversation_id] or "unspecified", []).append(row.scores)
         by = Table(title=f"by {field} (mean)")
         for col in (field, "conversations", *metric_names):
             by.add_column(col, justify="left" if col == field else "right")
@@ -566,15 +589,15 @@ def score(
     if out is not None:
         try:
             with open(out, "w", encoding="utf-8") as fh:
-                for cid, scores in scored:
-                    row: dict[str, Any] = {"conversation_id": cid}
-                    sc = scenarios[cid]
+                for row in scored:
+                    line: dict[str, Any] = {"conversation_id": row.conversation_id}
+                    sc = scenarios[row.conversation_id]
                     if sc.scenario_type != "default":
-                        row["scenario_type"] = sc.scenario_type
+                        line["scenario_type"] = sc.scenario_type
                     if sc.difficulty is not None:
-                        row["difficulty"] = sc.difficulty
-                    row["scores"] = {n: s.model_dump() for n, s in scores.items()}
-                    fh.write(json.dumps(row) + "\n")
+                        line["difficulty"] = sc.difficulty
+                    line["scores"] = {n: s.model_dump() for n, s in row.scores.items()}
+                    fh.write(json.dumps(line) + "\n")
         except OSError as exc:
             from ._errors import ResultsError
 
@@ -593,6 +616,9 @@ def _score_cell(score: Score) -> str:
 @_clear_errors
 def report(results: Path) -> None:
     """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it."""
+    from ._report import summarize
+    from ._sinks import read_results
+
     summary = summarize(read_results(results))
     _print_report(summary)
     json_path, md_path = _write_summaries(summary, results)
@@ -624,45 +650,6 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
         except ValueError:
             raise click.BadParameter(f"{item.strip()!r}: expected KIND or KIND=WEIGHT") from None
     return weights
-
-
-@main.command(
-    "lm-eval",
-    context_settings={
-        "ignore_unknown_options": True,
-        "allow_extra_args": True,
-        "help_option_names": [],  # --help goes to lm-eval
-    },
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@_clear_errors
-def lm_eval_command(args: tuple[str, ...]) -> None:
-    """Run lm-evaluation-harness with the `convsim` model registered (args go to lm-eval).
-
-    e.g. convsim lm-eval --model convsim --model_args model=scripted --tasks TASK
-    --include_path DIR. HF_DATASETS_OFFLINE and HF_HUB_OFFLINE default to 1, and
-    LM_HARNESS_CACHE_PATH (--cache_requests) to ~/.cache/convsim/lm-eval.
-    """
-    import os
-
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # before lm_eval imports datasets
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # --cache_requests would write into lm-eval's installed package
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    os.environ.setdefault("LM_HARNESS_CACHE_PATH", str(cache_home / "convsim" / "lm-eval"))
-    try:
-        from lm_eval.__main__ import cli_evaluate
-
-        from .adapters._lm_eval import register_lm_eval_model
-    except ImportError as exc:  # pragma: no cover - lm-eval is a dependency
-        raise click.ClickException(f"lm-eval is not installed: {exc}") from exc
-    register_lm_eval_model()
-    saved = sys.argv
-    sys.argv = ["lm-eval", *args]
-    try:
-        cli_evaluate()
-    finally:
-        sys.argv = saved
 
 
 @main.command("mock-server")
@@ -776,32 +763,6 @@ async def _serve_mock(config: Any) -> None:
             )
             async for _ in signals:
                 break
-
-
-@main.command("lm-eval-tasks")
-@click.argument("packs", nargs=-1, metavar="[PACK_OR_FOLDER]...")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("lm_eval_tasks"),
-    show_default=True,
-    help="Folder to write the task files into (lm-eval's --include_path).",
-)
-@_clear_errors
-def lm_eval_tasks_command(packs: tuple[str, ...], out: Path) -> None:
-    """Write every bundled single-turn pack (and each PACK_OR_FOLDER given) as an lm-eval
-    task single_turn_scenarios_<pack>, scored with convsim's metrics."""
-    from .scenarios._lm_eval_export import export_lm_eval_tasks
-
-    console = _stdout()
-    for task in export_lm_eval_tasks(list(packs), out):
-        console.print(
-            f"{task.task}: {task.yaml_path} (metrics: {', '.join(task.metrics)})",
-            highlight=False,
-        )
-        for name, reason in task.skipped:
-            console.print(f"  left out {name}: {reason}", highlight=False)
-    console.print(f"--include_path {out.resolve()}", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

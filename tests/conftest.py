@@ -10,7 +10,7 @@ import pytest
 import structlog
 import yaml
 
-from convsim.adapters import Completion, GenerationParams, Message, ModelInfo, RateLimits, Usage
+from convsim.adapters import Completion, GenerationParams, Message, ModelAdapter, ModelInfo, Usage
 
 DATA = Path(__file__).parent / "data"
 
@@ -37,8 +37,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class FakeAdapter:
-    """A test adapter: answers or raises per call, records what it was sent."""
+class FakeAdapter(ModelAdapter):
+    """A test adapter: answers or raises per call, records what it was sent. Only
+    generate() is its own work; the hooks are ModelAdapter's defaults but for its name."""
 
     def __init__(self, behave=None, *, name: str = "fake") -> None:
         self.behave = behave or (lambda messages, params: f"reply {len(messages)}")
@@ -48,12 +49,6 @@ class FakeAdapter:
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(model_id=self.name, model_type="fake", provider="tests")
-
-    def default_config(self) -> GenerationParams:
-        return GenerationParams()
-
-    def validate_config(self, config) -> GenerationParams:
-        return GenerationParams.model_validate(dict(config))
 
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
         self.calls.append((tuple(messages), params))
@@ -65,12 +60,6 @@ class FakeAdapter:
         return Completion(
             text=out, usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
         )
-
-    def estimate_cost(self, usage):
-        return None
-
-    def rate_limits(self) -> RateLimits:
-        return RateLimits()
 
     async def aclose(self) -> None:
         self.closed = True

@@ -18,7 +18,13 @@ from convsim import RegistryError
 from convsim._logging import redact_secrets
 from convsim._registry import Registry
 
-PACKAGES = ["convsim", "convsim.adapters", "convsim.metrics", "convsim.scenarios"]
+PACKAGES = [
+    "convsim",
+    "convsim.adapters",
+    "convsim.metrics",
+    "convsim.scenarios",
+    "convsim.lm_eval",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -27,7 +33,7 @@ def test_all_is_complete_and_importable(name: str) -> None:
     exported = set(module.__all__)
     for attr in exported:
         assert hasattr(module, attr), f"{name}.{attr} is in __all__ but missing"
-    public = {a for a in vars(module) if not a.startswith("_")} - {"annotations"}
+    public = {a for a in vars(module) if not a.startswith("_")} - {"annotations", "TYPE_CHECKING"}
     submodules = {a for a in public if isinstance(getattr(module, a), type(sys))}
     assert public - submodules <= exported | {"__version__"}, public - submodules - exported
 

@@ -14,9 +14,9 @@ import yaml
 from click.testing import CliRunner
 
 from convsim.cli import main
+from convsim.lm_eval._export import export_lm_eval_tasks
 from convsim.metrics import score_transcript
 from convsim.scenarios import BUNDLED_PACKS_DIR, load_pack
-from convsim.scenarios._lm_eval_export import export_lm_eval_tasks
 
 PACK = "single_turn_qa"
 TASK = f"single_turn_scenarios_{PACK}"
@@ -86,7 +86,7 @@ def test_lm_eval_scores_equal_convsims_own(tmp_path: Path, offline: None) -> Non
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from convsim.adapters import register_lm_eval_model
+    from convsim.lm_eval import register_lm_eval_model
 
     export_lm_eval_tasks(out=tmp_path)
     register_lm_eval_model()

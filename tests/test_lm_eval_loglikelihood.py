@@ -32,7 +32,7 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance
 
-from convsim.adapters._lm_eval import (
+from convsim.lm_eval import (
     ConvsimLM,
     LogprobsUnsupported,
     UnscorableRequest,
@@ -300,7 +300,7 @@ def test_simple_evaluate_multiple_choice_and_perplexity(
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from convsim.adapters import register_lm_eval_model
+    from convsim.lm_eval import register_lm_eval_model
 
     questions = ["Pick one", "Choose well", "Which fits", "Say it", "Go on", "Last one"]
     choices = [["four six", "Paris", "red sea"], ["Rome", "dog"], ["cat sky", "three"]] * 2

@@ -15,7 +15,14 @@ import anyio
 import pytest
 from click.testing import CliRunner
 
-from convsim.adapters import ADAPTERS, Completion, GenerationParams, Message, ScriptedAdapter
+from convsim.adapters import (
+    ADAPTERS,
+    Completion,
+    GenerationParams,
+    Message,
+    ModelAdapter,
+    ScriptedAdapter,
+)
 from convsim.cli import main
 
 pytest.importorskip("lm_eval")
@@ -71,7 +78,7 @@ def _evaluate(model: Any, include: Path, task: str, **kwargs: Any) -> dict[str, 
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from convsim.adapters._lm_eval import register_lm_eval_model
+    from convsim.lm_eval import register_lm_eval_model
 
     register_lm_eval_model()
     results = simple_evaluate(
@@ -99,7 +106,7 @@ def test_scores_match_the_scripted_answers(tmp_path: Path, offline: None) -> Non
 def test_stop_sequences_and_builtin_models_kept(tmp_path: Path, offline: None) -> None:
     from lm_eval.api.registry import get_model
 
-    from convsim.adapters._lm_eval import ConvsimLM, register_lm_eval_model
+    from convsim.lm_eval import ConvsimLM, register_lm_eval_model
 
     register_lm_eval_model()
     register_lm_eval_model()  # idempotent
@@ -115,14 +122,11 @@ def test_stop_sequences_and_builtin_models_kept(tmp_path: Path, offline: None) -
     assert results["results"]["tiny_stop"]["exact_match,none"] == pytest.approx(1.0)
 
 
-class _SlowFlaky:
+class _SlowFlaky(ModelAdapter):
     """Answers with the prompt after a delay that shrinks with the request; fails on FAIL."""
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.inner = ScriptedAdapter()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
         text = messages[-1].content
@@ -142,7 +146,7 @@ def flaky() -> Any:
 
 
 def test_order_kept_and_failures_recorded(tmp_path: Path, offline: None, flaky: str) -> None:
-    from convsim.adapters._lm_eval import ConvsimLM
+    from convsim.lm_eval import ConvsimLM
 
     docs = []
     for i in range(20):
@@ -161,7 +165,7 @@ def test_order_kept_and_failures_recorded(tmp_path: Path, offline: None, flaky: 
 def test_generate_until_from_a_running_event_loop(flaky: str) -> None:
     from lm_eval.api.instance import Instance
 
-    from convsim.adapters._lm_eval import ConvsimLM
+    from convsim.lm_eval import ConvsimLM
 
     lm = ConvsimLM(model=flaky, concurrency=4)
     requests = [
@@ -177,7 +181,7 @@ def test_generate_until_from_a_running_event_loop(flaky: str) -> None:
 
 
 def test_chat_template_messages_reach_the_adapter() -> None:
-    from convsim.adapters._lm_eval import ConvsimLM
+    from convsim.lm_eval import ConvsimLM
 
     lm = ConvsimLM(model="scripted")
     prompt = lm.apply_chat_template(
@@ -191,7 +195,7 @@ def test_chat_template_messages_reach_the_adapter() -> None:
 
 
 def test_loglikelihood_is_a_clear_error() -> None:
-    from convsim.adapters._lm_eval import ConvsimLM
+    from convsim.lm_eval import ConvsimLM
 
     lm = ConvsimLM(model="scripted")
     with pytest.raises(NotImplementedError, match="generate_until tasks only"):
@@ -200,7 +204,7 @@ def test_loglikelihood_is_a_clear_error() -> None:
 
 def test_bad_model_args_fail_early() -> None:
     from convsim._errors import ConvsimError
-    from convsim.adapters._lm_eval import ConvsimLM
+    from convsim.lm_eval import ConvsimLM
 
     with pytest.raises(ConvsimError):
         ConvsimLM()

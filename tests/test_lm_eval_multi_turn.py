@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from convsim import run_sync
+from convsim.lm_eval._export import CONVERSATION_MARKER, export_lm_eval_tasks
 from convsim.scenarios import load_pack
-from convsim.scenarios._lm_eval_export import CONVERSATION_MARKER, export_lm_eval_tasks
 
 pytest.importorskip("lm_eval")
 
@@ -31,7 +31,7 @@ def _evaluate(model: Any, include: Path, **kwargs: Any) -> dict[str, Any]:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from convsim.adapters._lm_eval import register_lm_eval_model
+    from convsim.lm_eval import register_lm_eval_model
 
     register_lm_eval_model()
     results = simple_evaluate(
@@ -111,7 +111,7 @@ def test_the_cli_says_so_in_one_line(tmp_path: Path, offline: None) -> None:
 
 
 def test_the_late_check_still_names_the_model_it_needs() -> None:
-    from convsim.scenarios._lm_eval_export import conversation_scores
+    from convsim.lm_eval._export import conversation_scores
 
     with pytest.raises(ValueError, match="--model convsim"):
         conversation_scores(TASK, "lol", ["coherence"])

@@ -20,8 +20,8 @@ import yaml
 
 import convsim
 from convsim import ConfigError, PackError
-from convsim.scenarios import BUNDLED_PACKS_DIR, MultiTurnTask, load_pack, register_task
-from convsim.scenarios._task_api import TASKS
+from convsim.lm_eval import TASKS, MultiTurnTask, register_task
+from convsim.scenarios import BUNDLED_PACKS_DIR, load_pack
 
 PACK = BUNDLED_PACKS_DIR / "multi_session_memory"
 NAME = "multi_turn_scenarios_my_conversation_task_tests"
@@ -299,7 +299,7 @@ def _evaluate(model: str, model_args: str) -> dict[str, Any]:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from convsim.adapters import register_lm_eval_model
+    from convsim.lm_eval import register_lm_eval_model
 
     register_lm_eval_model()
     results = simple_evaluate(

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from convsim import ConfigError, PackError, PackProblem
-from convsim.scenarios import BUILTIN_VARIABLES, BUNDLED_PACKS_DIR, Pack, list_packs, load_pack
+from convsim import ConfigError, PackError, PackProblem, load_pack
+from convsim.scenarios import BUILTIN_VARIABLES, BUNDLED_PACKS_DIR, Pack, list_packs
 
 GUIDE = Path(__file__).parent / "data" / "guide_example"
 
@@ -671,6 +671,18 @@ def test_metric_names_argument_replaces_the_registry(tmp_path: Path) -> None:
     folder = write_multi(tmp_path, flows)
     assert load_pack(folder, metric_names={"my_metric"}).metric_names() == frozenset({"my_metric"})
     assert "'my_metric'" in only_problem(folder).message
+
+
+def test_the_scenario_loader_leaves_metric_names_to_its_caller(tmp_path: Path) -> None:
+    """convsim.scenarios knows no metric registry: without names it accepts any, and
+    convsim.load_pack (the runtime's) checks them against convsim's registry."""
+    from convsim import scenarios
+
+    flows = FLOW.replace("  max_turns: 4\n", "  max_turns: 4\n  metrics: [my_metric]\n")
+    folder = write_multi(tmp_path, flows)
+    assert "my_metric" in scenarios.load_pack(folder).metric_names()
+    with pytest.raises(PackError, match="unknown metric 'my_metric'"):
+        load_pack(folder)
 
 
 # -- execution order --------------------------------------------------------------------

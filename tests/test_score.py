@@ -43,8 +43,8 @@ def test_score_transcript_from_python() -> None:
 
 
 def test_turns_are_closed_by_assistant_messages() -> None:
-    ((cid, transcript),) = read_transcripts_from([line("a", "Your order A-1042.")])
-    assert cid == "a"
+    (transcript,) = read_transcripts_from([line("a", "Your order A-1042.")])
+    assert transcript.conversation_id == "a"
     assert [t.turn_id for t in transcript.turns] == ["t1", "t2"]
     assert transcript.turns[1].user_message == "What was my order number?"
     assert [m.role for m in transcript.turns[1].messages] == ["system", "user", "assistant", "user"]

@@ -146,7 +146,7 @@ def test_score_reads_references_keywords_metadata_and_groups(tmp_path: Path) -> 
     assert scores["semantic_similarity"]["status"] == "ok"
     assert "by scenario_type" in result.stdout and "by difficulty" in result.stdout
     assert "advice" in result.stdout and "hard" in result.stdout
-    (_, transcript), _ = read_transcripts(path)
+    transcript, _ = read_transcripts(path)
     assert transcript.conversation.scenario.tags == ["finance"]
     assert transcript.conversation.flow.scenario_type == "advice"
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 import convsim
-from convsim.scenarios import AdvancedTask, register_task
-from convsim.scenarios._task_api import TASKS, MetricsEngine
+from convsim.lm_eval import TASKS, AdvancedTask, MetricsEngine, register_task
 
 # --- the guide's example (developer-guide.md, "Step 2: Implement Task Class") ----------
 
@@ -228,7 +227,7 @@ def test_registered_and_dataset_loaded(task: MyNewTask) -> None:
 def test_dataset_path_relative_to_the_module(tmp_path: Path) -> None:
     module = tmp_path / "my_task_module.py"
     module.write_text(
-        "from convsim.scenarios import AdvancedTask\n"
+        "from convsim.lm_eval import AdvancedTask\n"
         "class T(AdvancedTask):\n    DATASET_PATH = 'problems.jsonl'\n",
         encoding="utf-8",
     )
@@ -326,7 +325,7 @@ def test_runs_under_lm_eval(task: MyNewTask) -> None:
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    from convsim.adapters import register_lm_eval_model
+    from convsim.lm_eval import register_lm_eval_model
 
     register_lm_eval_model()
     out = lm_eval.simple_evaluate(

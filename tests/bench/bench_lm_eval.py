@@ -143,7 +143,7 @@ def contender(which: str, url: str, include: str, concurrency: int) -> dict[str,
             include,
         )
     elif which == "b":
-        from convsim.adapters import register_lm_eval_model
+        from convsim.lm_eval import register_lm_eval_model
 
         register_lm_eval_model()
         wall, em = _simple_evaluate(

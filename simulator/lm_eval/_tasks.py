@@ -11,40 +11,27 @@ A task class written the guide's way (``doc_to_text``, ``doc_to_target``,
 - under lm-eval: ``task.to_lm_eval_task()`` is an ``lm_eval.api.task.Task`` that
   ``lm_eval.simple_evaluate(tasks=[...])`` accepts as it is.
 
-:class:`MetricsEngine` stands in for the guide's metrics engine: its methods score with
-convsim's registered metrics (``convsim.metrics.score_transcript``).
-
 lm_eval is imported by ``to_lm_eval_task`` only, never by ``import convsim``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
-import math
 import statistics
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from convsim._errors import ConfigError
-from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
+from convsim._records import ConversationResult
 from convsim._registry import Registry
+from convsim.scenarios import LoadOptions, Pack, TurnSettings
 
-from ._pack import Conversation, Pack
 from ._prompt_pack import PromptPackBuilder
-from ._schema import TurnSettings
+from ._task_metric import TASK_METRIC_PREFIX, TaskDocument, numeric
 
-if TYPE_CHECKING:
-    from convsim._records import ConversationResult
-
-__all__ = ["AdvancedTask", "MetricsEngine", "TASKS", "register_task", "TASK_METRIC_PREFIX"]
-
-TASK_METRIC_PREFIX = "task:"
+__all__ = ["AdvancedTask", "TASKS", "register_task", "task_pack"]
 AGGREGATIONS: dict[str, Callable[[Sequence[float]], float]] = {
     "mean": statistics.fmean,
     "std": lambda xs: statistics.pstdev(xs) if len(xs) > 1 else 0.0,
@@ -80,65 +67,6 @@ def register_task(name: str, *, registry: Registry[Any] = TASKS) -> Callable[[T]
         return cls
 
     return decorate
-
-
-# -- the metrics engine -------------------------------------------------------------
-
-
-def _score(response: str, metric: str, **scenario: Any) -> Score:
-    from convsim.metrics import score_transcript
-
-    messages = [{"role": "user", "content": ""}, {"role": "assistant", "content": response}]
-
-    def run() -> Score:
-        return score_transcript(messages, [metric], **scenario)[metric]
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return run()
-    with ThreadPoolExecutor(max_workers=1) as pool:  # score_transcript runs its own loop
-        return pool.submit(run).result()
-
-
-def _value(score: Score, metric: str) -> float:
-    if score.status == "failed":
-        raise RuntimeError(f"convsim metric {metric} failed: {score.reason}")
-    return float(score.value) if score.value is not None else 0.0
-
-
-class MetricsEngine:
-    """The guide's metrics engine, backed by convsim's registered metrics.
-
-    Each method scores one response as a one-turn transcript with the named metric
-    (``convsim.metrics.score_transcript``). Where the metric does not apply (an empty
-    response has no words to compare) the value is 0.0; a failing metric raises.
-    """
-
-    def score(
-        self, metric: str, response: str, reference: str | None = None, **scenario: Any
-    ) -> Score:
-        """convsim's ``metric`` on ``response`` (``reference``: the turn's reference)."""
-        if reference is not None:
-            scenario["reference_responses"] = {"t1": reference}
-        return _score(response, metric, **scenario)
-
-    def calculate_semantic_similarity(self, text_a: str, text_b: str) -> float:
-        """convsim's ``semantic_similarity`` of ``text_a`` to ``text_b``."""
-        return _value(self.score("semantic_similarity", text_a, text_b), "semantic_similarity")
-
-    def calculate_exact_match(self, prediction: str, reference: str) -> float:
-        """convsim's ``exact_match`` (normalized answers)."""
-        return _value(self.score("exact_match", prediction, reference), "exact_match")
-
-    def calculate_custom_score(
-        self, response: str, reference: str | None = None, required_keywords: Sequence[str] = ()
-    ) -> float:
-        """convsim's ``custom_score`` (the guide's keyword and length score)."""
-        score = self.score(
-            "custom_score", response, reference, required_keywords=list(required_keywords)
-        )
-        return _value(score, "custom_score")
 
 
 # -- the base class -----------------------------------------------------------------
@@ -323,7 +251,7 @@ class AdvancedTask:
         values: dict[str, list[float]] = {m: [] for m in self.aggregation()}
         for result in results:
             if isinstance(result, Mapping):
-                found = {k: v for k, v in result.items() if _numeric(v)}
+                found = {k: v for k, v in result.items() if numeric(v)}
             else:
                 found = {
                     k[len(TASK_METRIC_PREFIX) :]: s.value
@@ -359,115 +287,24 @@ class AdvancedTask:
         return _lm_eval_task_for(self)
 
 
-def _numeric(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    ) or isinstance(value, bool)
-
-
-# -- the task:<key> metrics ---------------------------------------------------------
-
-
-class TaskOrigin(Protocol):
-    """A conversation built by a task class: what its ``task:<key>`` metrics ask."""
-
-    task: AdvancedTask
-
-    def results(
-        self, conversation: Conversation, turns: Sequence[TurnRecord]
-    ) -> dict[str, Any] | str:
-        """The task's own results for the conversation's completed turns, or why
-        there are none (the reason a score is not applicable)."""
-        ...
-
-
-@dataclass
-class TaskDocument:
-    """A single-turn conversation's origin: the task and the document it was built
-    from. The task's ``process_results`` runs once per answer, whichever metric asks
-    first."""
-
-    task: AdvancedTask
-    doc: Any
-    _results: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def results(
-        self, conversation: Conversation, turns: Sequence[TurnRecord]
-    ) -> dict[str, Any] | str:
-        if not turns:
-            return "the document was not answered"
-        response = turns[-1].response or ""
-        with self._lock:
-            if response not in self._results:
-                self._results[response] = dict(self.task.process_results(self.doc, [response]))
-            return self._results[response]
-
-
-class TaskMetric:
-    """``task:<key>``: the ``<key>`` of the task's own results for the conversation
-    (``process_results`` of a single-turn task, ``evaluate_conversation`` of a
-    multi-turn one)."""
-
-    cpu_heavy = True  # the task's hooks may score with convsim's metrics (their own loop)
-
-    def __init__(self, qualified: str) -> None:
-        self.name = qualified
-        self.key = qualified[len(TASK_METRIC_PREFIX) :]
-        self.higher_is_better: bool | None = True
-        self.description = (
-            f"The task's own result {self.key!r} for the conversation (tasks written with "
-            "convsim.scenarios.AdvancedTask or MultiTurnTask)."
+def task_pack(spec: str, options: LoadOptions) -> Pack:
+    """The pack source ``task:NAME`` (entry point ``convsim.pack_sources``): the pack of
+    a task class registered with ``@register_task``."""
+    name = spec.removeprefix(TASK_METRIC_PREFIX)
+    if options.num_fewshot or options.context_mode is not None:
+        raise ConfigError(
+            "--num-fewshot and --context-mode do not apply to task:NAME packs: the task "
+            "class builds its own prompts"
         )
-
-    def scorer(self, conversation: Conversation) -> _TaskScorer:
-        origin = conversation.origin
-        task = getattr(origin, "task", None)
-        if not isinstance(task, AdvancedTask):
-            return _TaskScorer(self.key, conversation, None)
-        higher = task.higher_is_better().get(self.key)
-        if higher is not None:
-            self.higher_is_better = bool(higher)
-        return _TaskScorer(self.key, conversation, origin)
-
-
-@dataclass
-class _TaskScorer:
-    key: str
-    conversation: Conversation
-    origin: TaskOrigin | None
-    turns: list[TurnRecord] = field(default_factory=list)
-
-    def update(self, turn: TurnRecord) -> None:
-        if turn.status is TurnStatus.COMPLETED:
-            self.turns.append(turn)
-
-    def result(self) -> Score:
-        if self.origin is None:
-            return Score.not_applicable("not a conversation of a task class's pack")
-        results = self.origin.results(self.conversation, self.turns)
-        if isinstance(results, str):
-            return Score.not_applicable(results)
-        if self.key not in results:
-            return Score.not_applicable(f"the task's results give no {self.key!r}")
-        value = results[self.key]
-        if not _numeric(value):
-            return Score.not_applicable(f"the task's {self.key!r} is not a number")
-        extras = {k: v for k, v in results.items() if not _numeric(v) and _jsonable(v)}
-        higher = self.origin.task.higher_is_better().get(self.key)
-        if higher is not None:  # the task's own direction, for reports read from files
-            extras[HIGHER_IS_BETTER_DETAIL] = bool(higher)
-        return Score(value=float(value), details=extras)
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+    if options.include_path is not None:
+        raise ConfigError("include_path applies to lm-eval:TASK packs only")
+    if name not in TASKS:
+        raise ConfigError(
+            f"no task {name!r} is registered: import the module whose class has "
+            f"@register_task({name!r}) first"
+        )
+    pack: Pack = TASKS.get(name)().to_pack()
+    return pack
 
 
 def _lm_eval_task_for(task: AdvancedTask) -> Any:
@@ -532,9 +369,7 @@ def _lm_eval_task_for(task: AdvancedTask) -> Any:
             )
 
         def process_results(self, doc: Any, results: list[str]) -> dict[str, float]:
-            out = {
-                k: float(v) for k, v in task.lm_eval_results(doc, results).items() if _numeric(v)
-            }
+            out = {k: float(v) for k, v in task.lm_eval_results(doc, results).items() if numeric(v)}
             for key, how in task.aggregation().items():
                 if key in out and wants_std(how):
                     out[f"{key}_std"] = out[key]

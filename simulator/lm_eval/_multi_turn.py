@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import hashlib
-import inspect
 import statistics
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -38,11 +37,16 @@ import yaml
 
 from convsim._errors import ConfigError
 from convsim._records import TurnRecord
-from convsim.adapters._types import Message
+from convsim._types import Message
+from convsim.metrics import METRICS, ScoringSession
+from convsim.metrics._coherence import TfidfEmbedder, cosine
+from convsim.scenarios import Conversation, Pack, PreparedTurn, Template
+from convsim.scenarios._loader import load_multi_turn_files
+from convsim.scenarios._pack import render_context
 
-from ._pack import Conversation, Pack, PreparedTurn, render_context
-from ._task_api import TASK_METRIC_PREFIX, AdvancedTask, _numeric
-from ._templates import Template
+from ._export import conversation_request, conversation_scores, require_convsim_model
+from ._task_metric import TASK_METRIC_PREFIX, numeric
+from ._tasks import TASKS, AdvancedTask
 
 __all__ = ["MultiTurnTask"]
 
@@ -215,15 +219,13 @@ class MultiTurnTask(AdvancedTask):
         values: dict[str, list[float]] = {}
         for metrics in turn_metrics:
             for key, value in metrics.items():
-                if _numeric(value):
+                if numeric(value):
                     values.setdefault(key, []).append(float(value))
         return {key: statistics.fmean(v) for key, v in values.items()}
 
     def calculate_relevance(self, response: str, doc: Mapping[str, Any]) -> float | None:
         """TF-IDF cosine of the response to the scenario (description and variables);
         None when there are no comparable words."""
-        from convsim.metrics._coherence import TfidfEmbedder, cosine
-
         scenario = " ".join(
             [str(doc.get("scenario_description", ""))]
             + [str(v) for v in (doc.get("variables") or {}).values()]
@@ -291,10 +293,6 @@ class MultiTurnTask(AdvancedTask):
     def to_pack(self) -> Pack:
         """A multi-turn pack: one conversation per document, prompted by the task's
         hooks and scored by its ``evaluate_conversation`` through ``task:<key>``."""
-        from convsim.metrics import METRICS
-
-        from ._loader import load_multi_turn_files
-
         base, flows = load_multi_turn_files(self.dataset_file(), self.turn_config_file(), METRICS)
         for scenario_type, flow in flows.items():
             for turn in flow.turns:
@@ -356,9 +354,6 @@ class MultiTurnTask(AdvancedTask):
         """The conversation request the ``convsim`` lm-eval model runs (and only it:
         another model is refused before lm-eval generates anything). The task class
         must be registered (``@register_task``): the model loads it as ``task:NAME``."""
-        from ._lm_eval_export import conversation_request, require_convsim_model
-        from ._task_api import TASKS
-
         require_convsim_model(self.name)
         if self.config:
             raise ConfigError(
@@ -375,8 +370,6 @@ class MultiTurnTask(AdvancedTask):
         return conversation_request(f"task:{self.name}", str(doc["scenario_id"]))
 
     def lm_eval_results(self, doc: Any, results: list[str]) -> dict[str, Any]:
-        from ._lm_eval_export import conversation_scores
-
         names = [TASK_METRIC_PREFIX + m for m in self.metric_names()]
         scores = conversation_scores(self.name, results[0] if results else "", names)
         return {name[len(TASK_METRIC_PREFIX) :]: value for name, value in scores.items()}
@@ -385,14 +378,10 @@ class MultiTurnTask(AdvancedTask):
 def _value(name: str, conversation: Conversation, turns: Sequence[TurnRecord]) -> float | None:
     """convsim's metric ``name`` over ``turns``: its value, None when it does not apply;
     a failed score raises."""
-    from convsim.metrics import METRICS
-
-    scorer: Any = METRICS.get(name)().scorer(conversation)
-    if inspect.iscoroutinefunction(scorer.update):
+    session = ScoringSession(conversation, [METRICS.get(name)()])
+    if session.awaits:
         raise ConfigError(f"convsim's {name} needs a judge model, which task hooks do not have")
-    for turn in turns:
-        scorer.update(turn)
-    score = scorer.result()
+    score = session.score_now(turns).scores[name]
     if score.status == "failed":
         raise RuntimeError(f"convsim's {name} failed: {score.reason}")
     return None if score.value is None else float(score.value)

@@ -8,10 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._loader import SINGLE_TURN_ID as TURN_ID
-from ._pack import Conversation, Pack, PreparedFlow, PreparedTurn
-from ._schema import Flow, Scenario, TurnConfig, TurnSettings
-from ._templates import Template
+from convsim.scenarios import (
+    Conversation,
+    Flow,
+    Pack,
+    PreparedFlow,
+    PreparedTurn,
+    Scenario,
+    Template,
+    TurnConfig,
+    TurnSettings,
+)
+from convsim.scenarios._loader import SINGLE_TURN_ID as TURN_ID
 
 __all__ = ["PromptPackBuilder", "TURN_ID"]
 

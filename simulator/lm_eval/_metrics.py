@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from convsim._errors import ConfigError
 from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
+from convsim.metrics._corpus import CORPUS_AGGREGATION, CORPUS_ITEM
+
+from ._task_pack import aggregation_name, score_document
 
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
@@ -188,8 +191,6 @@ class _LmEvalTaskScorer:
             self.response = turn.response or ""
 
     def result(self) -> Score:
-        from convsim.scenarios._lm_eval_task import aggregation_name, score_document
-
         name = self.metadata.get("lm_eval_task")
         if name is None or self.task is None:
             return Score.not_applicable("not a document of an lm-eval:TASK pack")
@@ -211,14 +212,9 @@ class _LmEvalTaskScorer:
         return Score(value=corpus_value(f"lm_eval:{aggregation}", [value]), details=details)
 
 
-CORPUS_ITEM = "corpus_item"
-CORPUS_AGGREGATION = "corpus_aggregation"
-"""Score details of a corpus-level metric: its item, and the aggregation that reduces the
-items of a whole run (``lm_eval:<name>``: lm-eval's registered aggregation)."""
-
-
 def corpus_value(aggregation: str, items: list[Any]) -> float:
-    """``items`` reduced by ``aggregation`` (``lm_eval:bleu`` ...), as lm-eval does."""
+    """``items`` reduced by ``aggregation`` (``lm_eval:bleu`` ...), as lm-eval does: the
+    ``lm_eval`` corpus aggregation (entry point ``convsim.corpus_aggregations``)."""
     prefix, _, name = aggregation.partition(":")
     if prefix != "lm_eval" or not name:
         raise ValueError(f"unknown corpus aggregation {aggregation!r}")

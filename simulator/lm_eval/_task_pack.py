@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from convsim._errors import ConfigError
+from convsim.scenarios import LoadOptions, Pack, TurnSettings
 
-from ._pack import Pack
 from ._prompt_pack import PromptPackBuilder
-from ._schema import TurnSettings
 
-__all__ = ["LM_EVAL_PREFIX", "load_lm_eval_task", "lm_eval_task"]
+__all__ = ["LM_EVAL_PREFIX", "lm_eval_pack", "load_lm_eval_task", "lm_eval_task"]
 
 LM_EVAL_PREFIX = "lm-eval:"
 
@@ -125,8 +124,23 @@ def _load_task(name: str, include_path: str | Path | None) -> Any:
     return task
 
 
+def lm_eval_pack(spec: str, options: LoadOptions) -> Pack:
+    """The pack source ``lm-eval:TASK`` (entry point ``convsim.pack_sources``)."""
+    if options.num_fewshot or options.context_mode is not None:
+        raise ConfigError(
+            "--num-fewshot and --context-mode do not apply to lm-eval:TASK: the task's "
+            "own configuration sets them"
+        )
+    return load_lm_eval_task(
+        spec, include_path=options.include_path, metric_names=options.metric_names
+    )
+
+
 def load_lm_eval_task(
-    spec: str, *, include_path: str | Path | None = None, metric_names: Container[str] = ()
+    spec: str,
+    *,
+    include_path: str | Path | None = None,
+    metric_names: Container[str] | None = None,
 ) -> Pack:
     """The pack for ``lm-eval:TASK``: one single-turn conversation per document."""
     name = spec[len(LM_EVAL_PREFIX) :]
@@ -139,7 +153,7 @@ def load_lm_eval_task(
         for m in task.aggregation()
         if m not in runnable
     )
-    missing = [m for m in metrics if metric_names and m not in metric_names]
+    missing = [m for m in metrics if metric_names is not None and m not in metric_names]
     if missing:
         raise ConfigError(f"unknown metrics {', '.join(missing)}")
     builder = PromptPackBuilder("lm_eval", f"lm-eval\0{name}")

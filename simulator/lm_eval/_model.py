@@ -36,32 +36,32 @@ import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
-import structlog
 from lm_eval.api.model import LM
 
-from convsim._errors import ConfigError, ConvsimError
+from convsim._errors import ConfigError
+from convsim._log import get_logger
+from convsim._runtime import Simulator
+from convsim._types import GenerationParams, Message, Usage
+from convsim.adapters._budget import Budgets
+from convsim.adapters._openai import render_prompt
+from convsim.adapters._protocol import (
+    LogprobsUnsupported,
+    ModelAdapter,
+    PromptLogprobs,
+    can_score_prompts,
+)
+from convsim.adapters._registry import ADAPTERS, create_adapter, parse_model_spec
 
-from ._budget import Budgets
-from ._openai import render_prompt
-from ._protocol import ModelAdapter, PromptLogprobs, PromptScorer, can_score_prompts
-from ._registry import ADAPTERS, create_adapter, parse_model_spec
-from ._types import GenerationParams, Message, Usage
+from ._export import CONVERSATION_MARKER
+from ._logprobs import ContinuationScore, continuation_logprob, rolling_logprob
 
-__all__ = [
-    "ConvsimLM",
-    "FailedRequest",
-    "LogprobsUnsupported",
-    "UnscorableRequest",
-    "continuation_logprob",
-    "rolling_logprob",
-    "register_lm_eval_model",
-]
+__all__ = ["ConvsimLM", "FailedRequest", "LogprobsUnsupported", "register_lm_eval_model"]
 
-log = structlog.get_logger("convsim.lm_eval")
+log = get_logger("convsim.lm_eval")
 
 MODEL_NAME = "convsim"
 DEFAULT_CONCURRENCY = 16
@@ -85,88 +85,10 @@ class FailedRequest:
     """The lm-eval method the request came through."""
 
 
-class LogprobsUnsupported(ConfigError, NotImplementedError):
-    """The adapter cannot return prompt logprobs, so loglikelihood requests cannot run."""
-
-
-class UnscorableRequest(ConvsimError):
-    """The server's logprobs cannot give this request's score (e.g. no logprob for the
-    first continuation token after an empty context, or no top logprobs)."""
-
-
-def continuation_logprob(
-    scored: PromptLogprobs, context: str, continuation: str
-) -> tuple[float, bool]:
-    """The loglikelihood of ``continuation`` after ``context``, from the scored text
-    ``context + continuation``, and whether each of its tokens was the greedy choice.
-
-    The server tokenized the whole text, so the continuation is found by offsets: its
-    tokens run from the first token starting at or after ``len(context)`` (lm-eval's
-    rule). A token that straddles the boundary belongs to the context, unless no token
-    starts inside the continuation at all: then that straddling token is the
-    continuation's only token, since it alone carries its probability. An empty
-    continuation has loglikelihood 0.
-
-    Raises:
-        UnscorableRequest: the text has no tokens, or a continuation token has no
-            logprob (after an empty context) or no top logprobs to tell whether it
-            was greedy.
-    """
-    if not continuation:
-        return 0.0, True  # log P(nothing more) = 0
-    offsets = scored.text_offset
-    if not offsets:
-        raise UnscorableRequest("the server returned no tokens for the text")
-    first = next((i for i, o in enumerate(offsets) if o >= len(context)), None)
-    if first is None:  # the whole continuation lies inside the text's last token
-        first = len(offsets) - 1
-    total = 0.0
-    greedy = True
-    for i in range(first, len(offsets)):
-        value = scored.token_logprobs[i]
-        if value is None:
-            raise UnscorableRequest(
-                f"the server gave no logprob for the continuation's token {scored.tokens[i]!r}"
-                " (it has no context before it): give the request a non-empty context"
-            )
-        top = scored.top_logprobs[i] if scored.top_logprobs is not None else None
-        if not top:
-            raise UnscorableRequest(
-                f"the server gave no top logprobs for the continuation's token "
-                f"{scored.tokens[i]!r}, so whether it was the greedy choice is unknown"
-            )
-        total += value
-        greedy = greedy and value >= max(top.values())
-    return total, greedy
-
-
-def rolling_logprob(scored: PromptLogprobs) -> float:
-    """The loglikelihood of a whole scored text: the sum of its tokens' logprobs.
-
-    The first token has no context, so servers give it no logprob and it is left out
-    (lm-eval's own models score it after a BOS token; a server that does the same and
-    returns its logprob has it counted). The text is scored in one call, so it must fit
-    the model's context window; a longer one fails as that request's error.
-
-    Raises:
-        UnscorableRequest: a token after the first has no logprob.
-    """
-    total = 0.0
-    for i, value in enumerate(scored.token_logprobs):
-        if value is None:
-            if i == 0:
-                continue
-            raise UnscorableRequest(
-                f"the server gave no logprob for token {i} ({scored.tokens[i]!r}) of the text"
-            )
-        total += value
-    return total
-
-
 class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
     """An lm-eval ``LM`` that sends its requests through a convsim adapter:
     ``generate_until`` with any adapter, ``loglikelihood`` and ``loglikelihood_rolling``
-    with one that scores prompts (:class:`~convsim.adapters.PromptScorer`)."""
+    with one that scores prompts (``supports_prompt_logprobs``)."""
 
     runs_convsim_conversations = True
     """What a multi-turn task checks before lm-eval generates anything: only this model
@@ -200,10 +122,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         # lm-eval parses "600" to 600 and "true" to True; convsim adapters take the
         # strings a --model-arg gives them and validate them themselves.
         self.adapter_args = {k: _as_arg(v) for k, v in adapter_args.items()}
-        factory = ADAPTERS.get(parse_model_spec(self.spec).type)  # unknown type: fail now
-        fields = getattr(getattr(factory, "Config", None), "model_fields", {})
-        if "concurrency" in fields:  # the connection pool fits the concurrency
-            self.adapter_args.setdefault("concurrency", str(self.concurrency))
+        ADAPTERS.get(parse_model_spec(self.spec).type)  # an unknown type fails now
         self.seed = int(seed)
         """The run seed of multi-turn conversations (as ``convsim run --seed``)."""
         self.user_model = str(user_model) if user_model else None
@@ -217,7 +136,9 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         with anyio.from_thread.start_blocking_portal() as portal:
             adapter = portal.call(self._make_adapter)
             portal.call(adapter.aclose)
-        self._no_scoring: str | None = None if can_score_prompts(adapter) else _why_not(adapter)
+        self._no_scoring: str | None = (
+            None if can_score_prompts(adapter) else adapter.no_prompt_logprobs_reason()
+        )
         """Why loglikelihood requests cannot run with this adapter (None: they can)."""
 
     # -- lm-eval API ----------------------------------------------------------------
@@ -257,7 +178,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
 
     def loglikelihood(
         self, requests: list[Any], disable_tqdm: bool = False
-    ) -> list[tuple[float, bool]]:
+    ) -> list[ContinuationScore]:
         """``(loglikelihood of continuation given context, is_greedy)`` per request.
 
         Each ``(context, continuation)`` is scored in one echo call of the whole text
@@ -276,16 +197,16 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         args = [(str(req.args[0]), str(req.args[1])) for req in requests]
         pairs = [(self._prompt_text(context), continuation) for context, continuation in args]
 
-        def score(index: int, scored: PromptLogprobs) -> tuple[float, bool]:
+        def score(index: int, scored: PromptLogprobs) -> ContinuationScore:
             return continuation_logprob(scored, *pairs[index])
 
         scores, failures = self._score([c + k for c, k in pairs], "loglikelihood", score)
         self._record(failures, len(args), "-inf loglikelihoods")
-        results: list[tuple[float, bool]] = []
+        results: list[ContinuationScore] = []
         for index, item in enumerate(args):
             result = scores.get(index)
             if result is None:
-                results.append((-math.inf, False))
+                results.append(ContinuationScore(-math.inf, False))
                 continue
             self.cache_hook.add_partial("loglikelihood", item, result)
             results.append(result)
@@ -335,8 +256,6 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
 
     def _conversation_ref(self, context: str) -> tuple[str, str] | None:
         """(pack, conversation_id) when ``context`` is a multi-turn task's marker."""
-        from convsim.scenarios._lm_eval_export import CONVERSATION_MARKER
-
         text = context.lstrip()
         if self._chat and not text.startswith(CONVERSATION_MARKER):
             # with --apply_chat_template the marker is the last message's content
@@ -355,9 +274,6 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
     ) -> tuple[dict[int, str], list[FailedRequest]]:
         """Run each requested conversation once through convsim's runtime, one pack
         load per pack; answer each request with the JSON of its conversation's scores."""
-        from convsim import Simulator
-        from convsim.scenarios import load_pack
-
         by_pack: dict[str, list[str]] = {}
         for pack_ref, conversation_id in requests.values():
             by_pack.setdefault(pack_ref, [])
@@ -372,10 +288,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             concurrency=self.concurrency,
             seed=self.seed,
         ) as sim:
-            handles = [
-                (pack_ref, sim.run(load_pack(pack_ref), only=ids))
-                for pack_ref, ids in by_pack.items()
-            ]
+            handles = [(pack_ref, sim.run(pack_ref, only=ids)) for pack_ref, ids in by_pack.items()]
             for pack_ref, handle in handles:
                 async for result in handle:
                     key = (pack_ref, result.conversation_id)
@@ -448,7 +361,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             return {}, []
 
         async def call(adapter: ModelAdapter, index: int) -> tuple[_T, Usage]:
-            scored = await cast(PromptScorer, adapter).prompt_logprobs(texts[index])
+            scored = await adapter.prompt_logprobs(texts[index])
             return reduce(index, scored), scored.usage
 
         with anyio.from_thread.start_blocking_portal() as portal:
@@ -456,9 +369,8 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
 
     async def _make_adapter(self) -> ModelAdapter:
         adapter = create_adapter(self.spec, self.adapter_args)
-        bind = getattr(adapter, "bind_budgets", None)
-        if bind is not None:  # as `convsim run`: one rate budget per provider key
-            bind(Budgets())
+        # as `convsim run`: one rate budget per provider key, a pool that fits
+        adapter.bind_budgets(Budgets(), concurrency=self.concurrency)
         return adapter
 
     async def _generate_all(
@@ -546,14 +458,6 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             stop=tuple(stops[:_MAX_API_STOPS]) or None,
         )
         return params, stops
-
-
-def _why_not(adapter: ModelAdapter) -> str:
-    """Why ``adapter`` cannot score prompts: its own reason where it gives one."""
-    reason = getattr(adapter, "no_prompt_logprobs_reason", None)
-    if callable(reason):
-        return str(reason())
-    return f"the {adapter.model_info().model_type} adapter returns no prompt logprobs"
 
 
 def _request(args: Any) -> tuple[str, Mapping[str, Any]]:

@@ -30,9 +30,9 @@ from typing import Any
 import yaml
 
 from convsim._errors import ConfigError
-
-from ._loader import SINGLE_TURN_ID, _bundled_folders, load_pack
-from ._pack import Pack
+from convsim.metrics import DEFAULT_METRICS, METRICS, score_transcript
+from convsim.scenarios import Pack, list_packs, load_pack
+from convsim.scenarios._loader import SINGLE_TURN_ID
 
 __all__ = [
     "CONVERSATION_MARKER",
@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convsim.scenarios._lm_eval_export import (
+from convsim.lm_eval._export import (
     conversation_request,
     conversation_scores,
     require_convsim_model,
@@ -91,7 +91,7 @@ from __future__ import annotations
 from typing import Any
 
 from convsim.metrics import score_transcript
-from convsim.scenarios._lm_eval_export import std, with_std
+from convsim.lm_eval._export import std, with_std
 
 METRICS = {metrics!r}
 
@@ -230,8 +230,6 @@ def _docs(pack: Pack) -> list[dict[str, Any]]:
 def _applicable(pack: Pack, docs: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, str]]]:
     """The pack's metrics that give a value for every problem when it is answered with
     its own expected answer; the others are left out (lm-eval's mean cannot skip None)."""
-    from convsim.metrics import METRICS, score_transcript
-
     kept: list[str] = []
     skipped: list[tuple[str, str]] = []
     for name in dict.fromkeys(pack.metrics):
@@ -262,23 +260,19 @@ def _applicable(pack: Pack, docs: list[dict[str, Any]]) -> tuple[list[str], list
 
 
 def _higher_is_better(name: str) -> bool | None:
-    from convsim.metrics import METRICS
-
-    return getattr(METRICS.get(name), "higher_is_better", None)
+    return METRICS.get(name)().higher_is_better
 
 
 def _pack_ref(pack: Pack) -> str:
     """How the convsim model finds the pack again: a bundled name, else its folder."""
     folder = pack.path.resolve()
-    bundled = {f.resolve() for f in _bundled_folders()}
+    bundled = {info.path.resolve() for info in list_packs()}
     return pack.name if folder in bundled else str(folder)
 
 
 def _conversation_metrics(pack: Pack) -> tuple[list[str], list[tuple[str, str]]]:
     """What ``convsim run`` scores on this pack (the default metrics, the pack's and
     its flows'), less timings and metrics that need a judge model."""
-    from convsim.metrics import DEFAULT_METRICS, METRICS
-
     names = [*DEFAULT_METRICS, *pack.metrics]
     for conv in pack.conversations:
         names.extend(conv.flow.flow.metrics)
@@ -410,10 +404,10 @@ def export_lm_eval_tasks(
     """Every bundled pack (single- and multi-turn) plus each pack named in ``packs``,
     written into ``out``; pass ``out`` as lm-eval's ``--include_path``."""
     loaded: dict[Path, Pack] = {}
-    for folder in _bundled_folders():
-        pack = load_pack(folder)
+    for info in list_packs():
+        pack = load_pack(info.path, metric_names=METRICS)
         loaded[pack.path.resolve()] = pack
     for name in packs:
-        pack = load_pack(name)
+        pack = load_pack(name, metric_names=METRICS)
         loaded[pack.path.resolve()] = pack
     return [export_pack(pack, Path(out)) for pack in loaded.values()]

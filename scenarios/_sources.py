@@ -1,0 +1,42 @@
+"""Pack sources: packs named by a prefix rather than a folder (``lm-eval:TASK``, ``task:NAME``).
+
+A source is registered by the package that provides it, through the entry-point group
+``convsim.pack_sources`` (the entry point ``lm-eval`` serves every name starting with
+``lm-eval:``), or with :meth:`PACK_SOURCES.register_prefix`. The loader only knows the
+names, never the code behind them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from convsim._registry import Registry
+
+from ._pack import Pack
+
+__all__ = ["LoadOptions", "PackSource", "PACK_SOURCES"]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What :func:`~convsim.scenarios.load_pack` was asked besides the name; a source
+    refuses the options that do not apply to it."""
+
+    num_fewshot: int = 0
+    context_mode: str | None = None
+    include_path: Path | None = None
+    metric_names: Container[str] | None = None
+    """The metric names to accept; None accepts any (the caller checks them)."""
+
+
+class PackSource(Protocol):
+    """Builds the pack called ``spec`` (the whole name, prefix included)."""
+
+    def __call__(self, spec: str, options: LoadOptions) -> Pack: ...
+
+
+PACK_SOURCES: Registry[Pack] = Registry("pack source", prefix_group="convsim.pack_sources")
+"""Prefix -> :class:`PackSource`."""

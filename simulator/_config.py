@@ -1,0 +1,179 @@
+"""What a :class:`~convsim.Simulator` is built from: models, judge settings and limits.
+
+One frozen, validated object, built the same way by the Python API (from keyword
+arguments or directly) and by the command line, and recorded in the run manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from convsim._errors import ConfigError, parse_config
+from convsim.adapters import ModelAdapter, parse_model_spec
+
+from ._logging import is_secret_key
+
+__all__ = ["ModelRef", "ModelChoice", "JudgeConfig", "SimulatorConfig"]
+
+
+class ModelRef(BaseModel):
+    """A model named by its spec (``scripted``, ``openai:gpt-4o-mini``) and the adapter
+    arguments (``--model-arg KEY=VALUE``) it is built with."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    spec: str
+    """``TYPE`` or ``TYPE:MODEL``; the type picks the adapter."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Adapter arguments; values named like secrets never show in reprs or manifests."""
+
+    @field_validator("spec")
+    @classmethod
+    def _valid_spec(cls, spec: str) -> str:
+        try:
+            parse_model_spec(spec)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return spec
+
+    def redacted_args(self) -> dict[str, str]:
+        """The arguments fit for a manifest or a log: secrets replaced, values as text."""
+        return {k: "***" if is_secret_key(k) else str(v) for k, v in sorted(self.args.items())}
+
+    def __repr_args__(self) -> Any:
+        return [("spec", self.spec), ("args", self.redacted_args())]
+
+    def __str__(self) -> str:
+        return self.spec
+
+
+ModelChoice = ModelRef | ModelAdapter
+"""A model given by reference (built, owned and closed by the simulator) or as an
+adapter instance (the caller's own, which it closes)."""
+
+
+def _model_choice(value: Any) -> Any:
+    """A spec string is a reference with no arguments."""
+    return ModelRef(spec=value) if isinstance(value, str) else value
+
+
+class JudgeConfig(BaseModel):
+    """The model that grades judge metrics (``judge:<rubric>``, the guide's rubrics)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    model: ModelChoice
+    samples: int = Field(default=1, ge=1)
+    """Grades per turn."""
+    combine: Literal["mean", "majority"] = "mean"
+    """How several grades of a turn combine (a majority tie goes to the lowest)."""
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _coerce_model(cls, value: Any) -> Any:
+        return _model_choice(value)
+
+
+class SimulatorConfig(BaseModel):
+    """Everything a simulator is built from, validated once.
+
+    ``model``, ``user_model`` and the judge's ``model`` take a :class:`ModelRef` (or just
+    its spec string) or an adapter instance.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    model: ModelChoice = ModelRef(spec="scripted")
+    """The model under test."""
+    user_model: ModelChoice | None = None
+    """The simulated user, for turns with role ``user``."""
+    judge: JudgeConfig | None = None
+    """The model that grades judge metrics."""
+    concurrency: int = Field(default=32, ge=1)
+    """Conversations at once, across every run of the simulator."""
+    metrics: tuple[str, ...] | None = None
+    """Conversation metrics of every run (None: the defaults); packs add their own."""
+    seed: int = 0
+    """The run seed; each conversation derives its own from it."""
+    conversation_timeout: float | None = Field(default=None, gt=0)
+    """Seconds per conversation; overrides every flow's."""
+    max_turns: int | None = Field(default=None, ge=1)
+    """Overrides every flow's max_turns."""
+    grace_period: float = Field(default=5.0, ge=0)
+    """Seconds in-flight conversations get to finish after a stop."""
+
+    @field_validator("model", "user_model", mode="before")
+    @classmethod
+    def _coerce_models(cls, value: Any) -> Any:
+        return _model_choice(value)
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _no_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a positive integer")
+        return value
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metric_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("takes a list of metric names, not one string")
+        return value
+
+    @classmethod
+    def from_arguments(
+        cls,
+        model: ModelAdapter | str = "scripted",
+        *,
+        model_args: Mapping[str, Any] | None = None,
+        user_model: ModelAdapter | str | None = None,
+        user_model_args: Mapping[str, Any] | None = None,
+        judge: ModelAdapter | str | None = None,
+        judge_args: Mapping[str, Any] | None = None,
+        judge_samples: int = 1,
+        judge_combine: str = "mean",
+        **settings: Any,
+    ) -> SimulatorConfig:
+        """The config for the keyword arguments :class:`~convsim.Simulator` takes.
+
+        Raises:
+            ConfigError: naming every invalid setting.
+        """
+        data: dict[str, Any] = {
+            "model": _reference(model, model_args, "model_args"),
+            "user_model": _reference(user_model, user_model_args, "user_model_args"),
+            **settings,
+        }
+        if judge is not None:
+            if isinstance(judge_samples, bool) or not isinstance(judge_samples, int):
+                raise ConfigError(f"judge_samples must be an integer, not {judge_samples!r}")
+            if judge_samples < 1:
+                raise ConfigError(f"judge_samples must be >= 1, not {judge_samples!r}")
+            if judge_combine not in ("mean", "majority"):
+                raise ConfigError(f"judge_combine must be mean or majority, not {judge_combine!r}")
+            data["judge"] = {
+                "model": _reference(judge, judge_args, "judge_args"),
+                "samples": judge_samples,
+                "combine": judge_combine,
+            }
+        elif judge_args:
+            raise ConfigError("judge_args given without a judge")
+        return parse_config(cls, data, "simulator setting")
+
+
+def _reference(
+    model: ModelAdapter | str | None, args: Mapping[str, Any] | None, what: str
+) -> ModelChoice | None:
+    if model is None:
+        if args:
+            raise ConfigError(f"{what} given without a model")
+        return None
+    if isinstance(model, str):
+        return ModelRef(spec=model, args=dict(args or {}))
+    if args:
+        raise ConfigError("model arguments only apply when the model is given as a spec")
+    return model

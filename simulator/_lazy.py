@@ -1,0 +1,68 @@
+"""Lazy package roots (PEP 562): a public name is imported when it is first used.
+
+``import convsim.adapters`` then costs only the package itself, and ``convsim --help``
+imports none of what a command does not need. A package keeps its public names in a
+table of ``name -> module``; type checkers read the same names from a
+``TYPE_CHECKING`` block beside it.
+
+A name that moved to a package above can stay reachable where it used to be through the
+entry-point group ``convsim.exports`` (``convsim.scenarios.AdvancedTask =
+convsim.lm_eval:AdvancedTask``): the upper package declares the alias, so the lower one
+never names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any, NamedTuple
+
+__all__ = ["LazyModule", "lazy_module"]
+
+ALIAS_GROUP = "convsim.exports"
+
+
+class LazyModule(NamedTuple):
+    """The module-level ``__getattr__`` and ``__dir__`` of a lazy package."""
+
+    getattr: Callable[[str], Any]
+    dir: Callable[[], list[str]]
+
+
+@cache
+def _aliases() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ALIAS_GROUP)}
+
+
+def lazy_module(
+    package: str, namespace: dict[str, Any], exports: Mapping[str, str], public: Iterable[str]
+) -> LazyModule:
+    """``__getattr__`` and ``__dir__`` for ``package``, whose globals are ``namespace``.
+
+    Args:
+        package: the package's ``__name__``.
+        namespace: the package's ``globals()``; each name is cached there once imported.
+        exports: public name -> the module that defines it (relative to ``package``).
+        public: the package's ``__all__``.
+    """
+    listed = sorted(set(public))
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is not None:
+            value = getattr(importlib.import_module(module, package), name)
+        else:
+            alias = _aliases().get(f"{package}.{name}")
+            if alias is None:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            module_name, _, attr = alias.partition(":")
+            value = getattr(importlib.import_module(module_name), attr)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *listed})
+
+    return LazyModule(__getattr__, __dir__)

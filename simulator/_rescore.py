@@ -1,0 +1,124 @@
+"""Re-scoring a stored run: ``convsim score RESULTS.jsonl --metrics ...``.
+
+Each conversation of a results file is scored again from its recorded turns (the
+prompts, responses and timings the run kept), so any metric can be applied after the
+fact without calling a model. Where the pack the run used can be loaded again and is
+unchanged (its hash matches the results'), its scenarios supply the facts, probes,
+goals and reference responses the metrics read; otherwise the conversations are scored
+from their turns alone, and a note says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+from pydantic import ValidationError
+
+from convsim.metrics._transcripts import Transcript, recorded_transcript
+from convsim.scenarios import Pack, Scenario
+
+from ._errors import ConvsimError, ResultsError
+from ._packs import load_pack
+from ._records import ConversationResult
+from ._sinks import RunManifest, manifest_path, read_results
+
+__all__ = ["RecordedRun", "is_results_file", "read_recorded_run"]
+
+_RESULT_KEYS = frozenset({"run_id", "conversation_id", "turns", "status"})
+
+
+class RecordedRun(NamedTuple):
+    """A stored run's conversations, ready to score again."""
+
+    transcripts: list[Transcript]
+    notes: list[str]
+    """What the re-scoring could not use, and why."""
+
+
+def is_results_file(path: Path) -> bool:
+    """Whether ``path`` holds convsim results (its first line is a ConversationResult)
+    rather than transcripts."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    first = json.loads(line)
+                    return isinstance(first, dict) and first.keys() >= _RESULT_KEYS
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return False
+
+
+def read_recorded_run(path: Path) -> RecordedRun:
+    """The conversations of a results file; a conversation recorded more than once (a
+    resumed run) counts by its last line.
+
+    Raises:
+        ResultsError: the file cannot be read, or a line is not a convsim result.
+    """
+    latest: dict[str, ConversationResult] = {}
+    for result in read_results(path):
+        latest.pop(result.conversation_id, None)
+        latest[result.conversation_id] = result
+    if not latest:
+        raise ResultsError(f"{path}: holds no conversations")
+    notes: list[str] = []
+    pack = _pack_of(path, list(latest.values()), notes)
+    by_id = {c.conversation_id: c for c in pack.conversations} if pack is not None else {}
+    transcripts = []
+    for cid, result in latest.items():
+        conversation = by_id.get(cid)
+        if conversation is not None:
+            transcripts.append(Transcript(conversation, result.turns))
+            continue
+        scenario = Scenario.model_validate(
+            {
+                "scenario_id": result.scenario_id,
+                "scenario_type": result.scenario_type,
+                "scenario_description": "a recorded conversation",
+                "difficulty": result.difficulty,
+            }
+        )
+        transcripts.append(recorded_transcript(scenario, result.turns, source=str(path)))
+    missing = len(latest.keys() - by_id.keys())
+    if pack is not None and missing:
+        notes.append(f"{missing} conversations are not in {pack.name}: scored from their turns")
+    return RecordedRun(transcripts, notes)
+
+
+def _pack_of(path: Path, results: list[ConversationResult], notes: list[str]) -> Pack | None:
+    """The pack the run used, loaded again, if it is unchanged; else None with a note."""
+    hashes = {r.pack_hash for r in results}
+    name = results[0].pack
+    candidates: list[str] = []
+    manifest_file = manifest_path(path)
+    if manifest_file.exists():
+        try:
+            manifest = RunManifest.model_validate_json(manifest_file.read_text(encoding="utf-8"))
+        except (OSError, ValidationError):
+            manifest = None
+        if manifest is not None:
+            name = manifest.pack
+            if ":" not in manifest.pack and Path(manifest.pack_path).is_dir():
+                candidates.append(manifest.pack_path)
+    candidates.append(name)
+    without = (
+        "scored from the recorded turns without the scenarios' facts, probes, goals and "
+        "reference responses"
+    )
+    if len(hashes) > 1:
+        notes.append(f"the file mixes runs of {len(hashes)} pack versions: {without}")
+        return None
+    for candidate in candidates:
+        try:
+            pack = load_pack(candidate)
+        except ConvsimError:
+            continue
+        if pack.pack_hash in hashes:
+            return pack
+        notes.append(f"pack {name!r} has changed since the run: {without}")
+        return None
+    notes.append(f"pack {name!r} cannot be loaded here: {without}")
+    return None

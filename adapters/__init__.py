@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from convsim import _lazy
+from convsim._lazy import lazy_module as _lazy_module
 
 __all__ = [
     "ModelAdapter",
@@ -65,7 +65,7 @@ _EXPORTS = {
 }
 
 # register_lm_eval_model (convsim.lm_eval) stays reachable here through convsim.exports
-__getattr__, __dir__ = _lazy.lazy_module(__name__, globals(), _EXPORTS, __all__)
+__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from convsim._types import CallTimings as CallTimings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from convsim import _lazy
+from convsim._lazy import lazy_module as _lazy_module
 
 __all__ = [
     "BUNDLED_PACKS_DIR",
@@ -55,7 +55,7 @@ _EXPORTS = {
     "Template": "._templates",
 }
 
-__getattr__, __dir__ = _lazy.lazy_module(__name__, globals(), _EXPORTS, __all__)
+__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from ._loader import BUNDLED_PACKS_DIR as BUNDLED_PACKS_DIR

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _lazy
+from ._lazy import lazy_module as _lazy_module
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -96,7 +96,7 @@ _EXPORTS = {
     ),
 }
 
-__getattr__, __dir__ = _lazy.lazy_module(__name__, globals(), _EXPORTS, __all__)
+__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from ._config import JudgeConfig as JudgeConfig

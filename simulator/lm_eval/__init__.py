@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from convsim import _lazy
+from convsim._lazy import lazy_module as _lazy_module
 
 __all__ = [
     "ConvsimLM",
@@ -53,7 +53,7 @@ _EXPORTS = {
     "load_lm_eval_task": "._task_pack",
 }
 
-__getattr__, __dir__ = _lazy.lazy_module(__name__, globals(), _EXPORTS, __all__)
+__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
 
 if TYPE_CHECKING:
     from ._export import ExportedTask as ExportedTask

@@ -1,0 +1,161 @@
+"""The layers of DESIGN.md, checked on the installed package.
+
+import-linter's contract (pyproject.toml) forbids any import from a lower layer to an
+upper one, inside functions and under TYPE_CHECKING too; lazy package roots keep each
+package's import cost its own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import convsim
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _installed_tree(root: Path) -> Path:
+    """The installed convsim as one folder tree (an editable install maps its
+    subpackages from other folders, which import-linter cannot follow)."""
+    target = root / "convsim"
+    skip = shutil.ignore_patterns("__pycache__", "packs", "*.json")
+    shutil.copytree(convsim.__path__[0], target, ignore=skip)
+    for sub in ("adapters", "metrics", "scenarios"):
+        spec = importlib.util.find_spec(f"convsim.{sub}")
+        assert spec is not None and spec.submodule_search_locations
+        source = Path(next(iter(spec.submodule_search_locations)))
+        if not (target / sub).exists():  # a non-editable install has them in place
+            shutil.copytree(source, target / sub, ignore=skip)
+    return root
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(PYPROJECT), "--no-cache"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _installed_tree(tmp_path_factory.mktemp("installed"))
+
+
+def test_the_layers_contract_holds(tree: Path) -> None:
+    lint = _lint(tree)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert "1 kept, 0 broken" in lint.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "code", "expected"),
+    [
+        (
+            "adapters/_recall.py",
+            "\n\ndef _later():\n    from convsim._runtime import Simulator\n\n    return Simulator\n",
+            "convsim.adapters is not allowed to import convsim._runtime",
+        ),
+        (
+            "scenarios/_pack.py",
+            "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+            "    from convsim.metrics import Metric\n",
+            "convsim.scenarios is not allowed to import convsim.metrics",
+        ),
+        (
+            "_records.py",
+            "\n\ndef _later():\n    import convsim.adapters._scripted\n",
+            "convsim._records is not allowed to import convsim.adapters",
+        ),
+        (
+            "adapters/_scripted.py",
+            "\n\ndef _later():\n    from convsim.scenarios import Pack\n\n    return Pack\n",
+            "convsim.adapters is not allowed to import convsim.scenarios",
+        ),
+    ],
+    ids=["inside-a-function", "under-type-checking", "kernel-to-service", "sibling-services"],
+)
+def test_an_upward_import_breaks_the_contract(
+    tmp_path: Path, module: str, code: str, expected: str
+) -> None:
+    tree = _installed_tree(tmp_path)
+    with (tree / "convsim" / module).open("a", encoding="utf-8") as fh:
+        fh.write(code)
+    lint = _lint(tree)
+    assert lint.returncode == 1
+    assert expected in lint.stdout
+
+
+def test_a_module_outside_every_layer_is_refused(tmp_path: Path) -> None:
+    tree = _installed_tree(tmp_path)
+    (tree / "convsim" / "_stray.py").write_text('"""Placed in no layer."""\n', encoding="utf-8")
+    lint = _lint(tree)
+    assert lint.returncode == 1 and "_stray" in lint.stdout
+
+
+def _loaded_after(code: str) -> dict[str, object]:
+    """What importing ``code`` in a fresh interpreter leaves in sys.modules."""
+    probe = (
+        f"{code}\nimport json, sys\n"
+        "mods = sorted(m for m in sys.modules if m.startswith(('convsim', 'lm_eval', "
+        "'sklearn', 'numpy', 'aiohttp', 'httpx')))\n"
+        "print(json.dumps(mods))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return {m: True for m in json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def test_import_convsim_adapters_leaves_the_runtime_unimported() -> None:
+    loaded = _loaded_after(
+        "import convsim.adapters, pkgutil, importlib\n"
+        "for m in pkgutil.iter_modules(convsim.adapters.__path__):\n"
+        "    importlib.import_module('convsim.adapters.' + m.name)"
+    )
+    assert "convsim._runtime" not in loaded
+    above = [m for m in loaded if m.startswith(("convsim.metrics", "convsim.scenarios"))]
+    assert not above and "convsim.lm_eval" not in loaded and "lm_eval" not in loaded
+
+
+def test_each_package_root_costs_only_itself() -> None:
+    for package in ("convsim", "convsim.adapters", "convsim.scenarios", "convsim.metrics"):
+        loaded = _loaded_after(f"import {package}")
+        ours = {m for m in loaded if m.startswith("convsim")}
+        assert ours <= {"convsim", "convsim._lazy", "convsim._version", package}, ours
+
+
+def test_convsim_help_imports_neither_lm_eval_nor_scikit_learn_nor_the_task_api() -> None:
+    loaded = _loaded_after(
+        "import sys, io, contextlib\nsys.argv = ['convsim', '--help']\n"
+        "from convsim.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n        main()\n    except SystemExit:\n        pass"
+    )
+    for heavy in ("lm_eval", "sklearn", "numpy", "convsim.lm_eval._tasks", "convsim._runtime"):
+        assert heavy not in loaded, heavy
+
+
+def test_names_that_moved_up_stay_reachable_where_they_were() -> None:
+    import convsim.adapters
+    import convsim.lm_eval
+    import convsim.scenarios
+
+    assert convsim.scenarios.AdvancedTask is convsim.lm_eval.AdvancedTask
+    assert convsim.scenarios.MultiTurnTask is convsim.lm_eval.MultiTurnTask
+    assert convsim.scenarios.MetricsEngine is convsim.lm_eval.MetricsEngine
+    assert convsim.scenarios.register_task is convsim.lm_eval.register_task
+    assert convsim.adapters.register_lm_eval_model is convsim.lm_eval.register_lm_eval_model
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        _ = convsim.scenarios.NoSuchThing

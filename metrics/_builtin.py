@@ -183,7 +183,9 @@ class _CustomScorer:
         text = (turn.response or "").lower()
         found = [bool(p.search(text)) for p in self.patterns]
         self.missing.update(k for k, hit in zip(self.keywords, found, strict=True) if not hit)
-        self.scores.append((0.2 if text.strip() else 0.0) + 0.8 * sum(found) / len(found))
+        share = sum(found) / len(found)
+        # within 0-1 also in floating point (0.8 * 7 / 7 is a hair over 0.8)
+        self.scores.append(min(1.0, (0.2 if text.strip() else 0.0) + 0.8 * share))
 
     def result(self) -> Score:
         if not self.keywords:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from convsim._errors import ConfigError, parse_config
+from convsim._errors import ConfigError, describe_validation_error, parse_config
 from convsim.adapters import ModelAdapter, parse_model_spec
 
 from ._logging import is_secret_key
@@ -56,8 +56,20 @@ adapter instance (the caller's own, which it closes)."""
 
 
 def _model_choice(value: Any) -> Any:
-    """A spec string is a reference with no arguments."""
-    return ModelRef(spec=value) if isinstance(value, str) else value
+    """A spec string is a reference with no arguments; anything that is not a model
+    is refused with what would be."""
+    if isinstance(value, (str, Mapping)):
+        try:
+            return ModelRef.model_validate({"spec": value} if isinstance(value, str) else value)
+        except ValidationError as exc:
+            raise ValueError(describe_validation_error(exc, "model reference")) from None
+    if value is None or isinstance(value, (ModelRef, ModelAdapter)):
+        return value
+    raise ValueError(
+        f"a {type(value).__name__} is not a model: give a spec such as 'scripted', a "
+        "ModelRef, or an instance of a convsim.adapters.ModelAdapter subclass (subclass "
+        "it and implement generate())"
+    )
 
 
 class JudgeConfig(BaseModel):
@@ -165,15 +177,14 @@ class SimulatorConfig(BaseModel):
         return parse_config(cls, data, "simulator setting")
 
 
-def _reference(
-    model: ModelAdapter | str | None, args: Mapping[str, Any] | None, what: str
-) -> ModelChoice | None:
+def _reference(model: Any, args: Mapping[str, Any] | None, what: str) -> Any:
+    """What the config validates for a model given as keyword arguments."""
     if model is None:
         if args:
             raise ConfigError(f"{what} given without a model")
         return None
     if isinstance(model, str):
-        return ModelRef(spec=model, args=dict(args or {}))
-    if args:
+        return {"spec": model, "args": dict(args or {})}
+    if args and isinstance(model, ModelAdapter):
         raise ConfigError("model arguments only apply when the model is given as a spec")
     return model

@@ -205,7 +205,7 @@ def describe_validation_error(exc: ValidationError, what: str) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        parts.append(f"{loc}: {err['msg']}")
+        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     return f"invalid {what}: " + "; ".join(parts)
 
 

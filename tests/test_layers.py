@@ -66,7 +66,8 @@ def test_the_layers_contract_holds(tree: Path) -> None:
     [
         (
             "adapters/_recall.py",
-            "\n\ndef _later():\n    from convsim._runtime import Simulator\n\n    return Simulator\n",
+            "\n\ndef _later():\n    from convsim._runtime import Simulator\n"
+            "\n    return Simulator\n",
             "convsim.adapters is not allowed to import convsim._runtime",
         ),
         (

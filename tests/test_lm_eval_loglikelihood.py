@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import structlog.testing
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from convsim import AuthError, ConfigError, ConvsimError, ProtocolError
@@ -189,12 +190,13 @@ def test_many_requests_run_concurrently_in_order(portal: BlockingPortal) -> None
     assert 1 < most <= 12  # concurrent, and never past the concurrency asked for
 
 
-def test_a_failed_request_is_recorded_and_the_others_scored(
-    portal: BlockingPortal, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_failed_request_is_recorded_and_the_others_scored(portal: BlockingPortal) -> None:
     # malformed answers are not retried: each injected one fails its request
     pairs = [(f"Question {i}:", " four six") for i in range(30)]
-    with serve(portal, fault_rate=0.3, faults={"malformed": 1.0}, seed=3) as server:
+    with (
+        serve(portal, fault_rate=0.3, faults={"malformed": 1.0}, seed=3) as server,
+        structlog.testing.capture_logs() as logs,
+    ):
         lm = scoring_lm(server, concurrency=4)
         results = lm.loglikelihood(ll_requests(pairs))
         texts = [f"Some text {i} here" for i in range(10)]
@@ -215,9 +217,10 @@ def test_a_failed_request_is_recorded_and_the_others_scored(
             assert value == -math.inf
         else:
             assert value == pytest.approx(sum(logprob(t, 3) for t in tokens(text)[1:]))
-    err = capsys.readouterr().err
-    assert f"{len(failed)} of 30 loglikelihood requests failed" in err
-    assert "-inf" in err and "ProtocolError" in err
+    (reported, _) = [e for e in logs if e["event"] == "lm_eval.requests_failed"]
+    assert reported["request_type"] == "loglikelihood" and reported["log_level"] == "warning"
+    assert reported["failed"] == len(failed) and reported["total"] == 30
+    assert "-inf" in reported["scored_as"] and "ProtocolError" in reported["first_error"]
 
 
 def test_an_empty_context_fails_that_request_only(portal: BlockingPortal) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from convsim import Score, TurnRecord, TurnStatus
 from convsim._records import TurnTimings
@@ -110,6 +112,24 @@ def test_custom_score_rewards_required_keywords(conversation) -> None:
         0.2
     )  # whole words
     assert score("custom_score", conversation, [turn("x")]).value is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(keywords=st.integers(min_value=1, max_value=40), hits=st.data())
+def test_custom_score_stays_within_zero_and_one(conversation, keywords: int, hits) -> None:
+    words = [f"kw{i}" for i in range(keywords)]
+    present = hits.draw(st.lists(st.sampled_from(words), unique=True))
+    conv = with_scenario(conversation, required_keywords=words)
+    value = score("custom_score", conv, [turn(" ".join(present) or "nothing")]).value
+    assert value is not None and 0.0 <= value <= 1.0
+    assert value == pytest.approx(0.2 + 0.8 * len(present) / keywords)
+
+
+def test_custom_score_of_every_keyword_is_exactly_one(conversation) -> None:
+    for keywords in range(1, 41):  # 0.8 * 7 / 7 once came out a hair over 0.8
+        words = [f"kw{i}" for i in range(keywords)]
+        conv = with_scenario(conversation, required_keywords=words)
+        assert score("custom_score", conv, [turn(" ".join(words))]).value == 1.0, keywords
 
 
 def test_technical_accuracy_rewards_valid_and_well_made_code(conversation) -> None:

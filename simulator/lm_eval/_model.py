@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -338,11 +337,8 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             request_type=first.request_type,
             failed=len(failures),
             total=total,
-        )
-        print(
-            f"convsim: {len(failures)} of {total} {first.request_type} requests failed and "
-            f"scored as {scored_as} (first: {first.error_type}: {first.message})",
-            file=sys.stderr,
+            scored_as=scored_as,
+            first_error=f"{first.error_type}: {first.message}",
         )
 
     def _prompt_text(self, context: str) -> str:

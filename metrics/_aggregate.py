@@ -7,8 +7,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import NamedTuple
 
-__all__ = ["Aggregate", "aggregate", "bootstrap_ci"]
+__all__ = ["Aggregate", "Interval", "aggregate", "bootstrap_ci"]
 
 BOOTSTRAP_RESAMPLES = 2000
 #: Above this many values the bootstrap gives way to the normal approximation, which
@@ -30,30 +31,37 @@ class Aggregate:
     """The 95% confidence interval of the mean (percentile bootstrap)."""
 
 
+class Interval(NamedTuple):
+    """A confidence interval."""
+
+    low: float
+    high: float
+
+
 def bootstrap_ci(
     values: Sequence[float],
     *,
     confidence: float = 0.95,
     seed: int = 0,
     resamples: int = BOOTSTRAP_RESAMPLES,
-) -> tuple[float, float]:
+) -> Interval:
     """Percentile-bootstrap interval of the mean; deterministic for a seed."""
     n = len(values)
     if n == 0:
         raise ValueError("a confidence interval of no values")
     if n == 1:
-        return float(values[0]), float(values[0])
+        return Interval(float(values[0]), float(values[0]))
     alpha = (1 - confidence) / 2
     if n > BOOTSTRAP_MAX_N:
         mean = math.fsum(values) / n
         half = NormalDist().inv_cdf(1 - alpha) * _std(values, mean) / math.sqrt(n)
-        return mean - half, mean + half
+        return Interval(mean - half, mean + half)
     rng = random.Random(seed)
     data = list(values)
     means = sorted(math.fsum(rng.choices(data, k=n)) / n for _ in range(resamples))
     low = means[max(0, math.floor(alpha * resamples))]
     high = means[min(resamples - 1, math.ceil((1 - alpha) * resamples) - 1)]
-    return low, high
+    return Interval(low, high)
 
 
 def aggregate(values: Sequence[float], *, seed: int = 0) -> Aggregate:

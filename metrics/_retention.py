@@ -32,7 +32,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
@@ -104,11 +104,19 @@ def _dates(text: str) -> list[tuple[int, int, int | None]]:
     return [(mo, d, y) for mo, d, y in found if 1 <= mo <= 12 and 1 <= d <= 31]
 
 
-def _as_date(value: Any) -> tuple[int, int, int | None] | None:
+class MonthDay(NamedTuple):
+    """A date as people write it: month and day, the year if given."""
+
+    month: int
+    day: int
+    year: int | None
+
+
+def _as_date(value: Any) -> MonthDay | None:
     if isinstance(value, (date, datetime)):
-        return (value.month, value.day, value.year)
+        return MonthDay(value.month, value.day, value.year)
     dates = _dates(str(value))
-    return dates[0] if len(dates) == 1 else None
+    return MonthDay(*dates[0]) if len(dates) == 1 else None
 
 
 def fact_recalled(fact: Fact, text: str) -> bool:

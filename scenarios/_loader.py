@@ -179,6 +179,13 @@ def _describe(folder: Path) -> str:
 # -- shared machinery ---------------------------------------------------------------
 
 
+class ParsedYaml(NamedTuple):
+    """A YAML file's data, and its node tree (where each value is, for error lines)."""
+
+    data: Any
+    node: yaml.Node | None
+
+
 class _Loader:
     def __init__(self, folder: Path, metric_names: Container[str] | None) -> None:
         self.folder = folder
@@ -206,10 +213,10 @@ class _Loader:
             self.problem(name, None, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
             return None
 
-    def read_yaml(self, name: str) -> tuple[Any, yaml.Node | None]:
+    def read_yaml(self, name: str) -> ParsedYaml:
         text = self.read(name)
         if text is None:
-            return None, None
+            return ParsedYaml(None, None)
         try:
             node = yaml.compose(text, Loader=_StrictLoader)
             data = yaml.load(text, Loader=_StrictLoader)
@@ -218,8 +225,8 @@ class _Loader:
             line = mark.line + 1 if mark is not None else None
             reason = getattr(exc, "problem", None) or str(exc)
             self.problem(name, line, None, f"invalid YAML: {reason}")
-            return None, None
-        return data, node
+            return ParsedYaml(None, None)
+        return ParsedYaml(data, node)
 
     def read_jsonl(self, name: str) -> Iterator[tuple[int, Any]]:
         text = self.read(name)
@@ -343,7 +350,15 @@ def _yaml_line(node: yaml.Node | None, loc: tuple) -> int | None:
     return line
 
 
-def _execution_order(turns: list[TurnConfig]) -> tuple[list[int], list[str]]:
+class ExecutionOrder(NamedTuple):
+    """The turns' positions in the order they run (dependencies first), and the ids of
+    the turns on a dependency cycle, if there is one (then the order is partial)."""
+
+    order: list[int]
+    cycle: list[str]
+
+
+def _execution_order(turns: list[TurnConfig]) -> ExecutionOrder:
     """Stable topological order of turn positions; the turn ids on a cycle, if any."""
     index = {t.turn_id: i for i, t in enumerate(turns)}
     remaining = {i: {index[d] for d in t.depends_on if d in index} for i, t in enumerate(turns)}
@@ -351,10 +366,10 @@ def _execution_order(turns: list[TurnConfig]) -> tuple[list[int], list[str]]:
     while remaining:
         ready = [i for i, deps in sorted(remaining.items()) if not deps - set(order)]
         if not ready:
-            return order, [turns[i].turn_id for i in sorted(remaining)]
+            return ExecutionOrder(order, [turns[i].turn_id for i in sorted(remaining)])
         order.append(ready[0])
         del remaining[ready[0]]
-    return order, []
+    return ExecutionOrder(order, [])
 
 
 # -- multi-turn ---------------------------------------------------------------------

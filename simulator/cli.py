@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import anyio
 import click
@@ -329,8 +329,10 @@ def run(
     results = read_results(out)
     report = summarize(results)
     _print_report(report)
-    json_path, md_path = _write_summaries(report, out)
-    _stdout().print(f"results: {out}\nsummary: {json_path}, {md_path}", highlight=False)
+    written = _write_summaries(report, out)
+    _stdout().print(
+        f"results: {out}\nsummary: {written.json_path}, {written.markdown_path}", highlight=False
+    )
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
 
@@ -410,7 +412,14 @@ def _update(bar: Progress, task: Any, handle: RunHandle) -> None:
     bar.update(task, total=s.total, completed=s.finished, status=status)
 
 
-def _write_summaries(report: RunReport, results: Path) -> tuple[Path, Path]:
+class SummaryFiles(NamedTuple):
+    """Where a run's summary was written."""
+
+    json_path: Path
+    markdown_path: Path
+
+
+def _write_summaries(report: RunReport, results: Path) -> SummaryFiles:
     stem = results.name.removesuffix(".jsonl")
     json_path = results.with_name(stem + ".summary.json")
     md_path = results.with_name(stem + ".summary.md")
@@ -421,7 +430,7 @@ def _write_summaries(report: RunReport, results: Path) -> tuple[Path, Path]:
         from ._errors import ResultsError
 
         raise ResultsError(f"cannot write the summary beside {results}: {exc.strerror}") from None
-    return json_path, md_path
+    return SummaryFiles(json_path, md_path)
 
 
 def _mean(summary: MetricSummary | None) -> str:
@@ -621,8 +630,8 @@ def report(results: Path) -> None:
 
     summary = summarize(read_results(results))
     _print_report(summary)
-    json_path, md_path = _write_summaries(summary, results)
-    _stdout().print(f"summary: {json_path}, {md_path}", highlight=False)
+    written = _write_summaries(summary, results)
+    _stdout().print(f"summary: {written.json_path}, {written.markdown_path}", highlight=False)
 
 
 class _DelayType(click.ParamType):

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -227,7 +227,14 @@ def _docs(pack: Pack) -> list[dict[str, Any]]:
     return docs
 
 
-def _applicable(pack: Pack, docs: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, str]]]:
+class MetricChoice(NamedTuple):
+    """The metrics a task reports, and those left out with the reason."""
+
+    kept: list[str]
+    skipped: list[tuple[str, str]]
+
+
+def _applicable(pack: Pack, docs: list[dict[str, Any]]) -> MetricChoice:
     """The pack's metrics that give a value for every problem when it is answered with
     its own expected answer; the others are left out (lm-eval's mean cannot skip None)."""
     kept: list[str] = []
@@ -256,7 +263,7 @@ def _applicable(pack: Pack, docs: list[dict[str, Any]]) -> tuple[list[str], list
             kept.append(name)
         else:
             skipped.append((name, reason or "not in the metric registry"))
-    return kept, skipped
+    return MetricChoice(kept, skipped)
 
 
 def _higher_is_better(name: str) -> bool | None:
@@ -270,7 +277,7 @@ def _pack_ref(pack: Pack) -> str:
     return pack.name if folder in bundled else str(folder)
 
 
-def _conversation_metrics(pack: Pack) -> tuple[list[str], list[tuple[str, str]]]:
+def _conversation_metrics(pack: Pack) -> MetricChoice:
     """What ``convsim run`` scores on this pack (the default metrics, the pack's and
     its flows'), less timings and metrics that need a judge model."""
     names = [*DEFAULT_METRICS, *pack.metrics]
@@ -287,7 +294,7 @@ def _conversation_metrics(pack: Pack) -> tuple[list[str], list[tuple[str, str]]]
             skipped.append((name, "not in the metric registry"))
         else:
             kept.append(name)
-    return kept, skipped
+    return MetricChoice(kept, skipped)
 
 
 def _write_task(

@@ -41,7 +41,16 @@ class LmEvalMetricError(ConfigError, ValueError):
     """An ``lm_eval:<name>`` that cannot be computed offline from generated text."""
 
 
-def _lm_eval_metric(name: str) -> tuple[Callable[..., Any], Callable[[list[Any]], float], bool]:
+@dataclass(frozen=True)
+class _Registered:
+    """An lm-eval metric as its registry has it."""
+
+    function: Callable[..., Any]
+    aggregation: Callable[[list[Any]], float]
+    higher_is_better: bool
+
+
+def _lm_eval_metric(name: str) -> _Registered:
     """lm-eval's metric function, its aggregation and higher_is_better, from its
     registry only (``get_metric`` would fall back to downloading from the hub)."""
     from lm_eval.api import registry
@@ -55,7 +64,7 @@ def _lm_eval_metric(name: str) -> tuple[Callable[..., Any], Callable[[list[Any]]
     higher = registry.is_higher_better(name)
     if function is None or aggregation is None:  # pragma: no cover - an lm-eval change
         raise LmEvalMetricError(f"lm-eval {_version()} does not register metric {name!r}")
-    return function, aggregation, bool(higher)
+    return _Registered(function, aggregation, bool(higher))
 
 
 def _refusal(name: str) -> str:
@@ -89,8 +98,12 @@ class LmEvalMetric:
             self._aggregate: Callable[[list[Any]], float] = _mean
             self.higher_is_better = True
         else:
-            function, self._aggregate, self.higher_is_better = _lm_eval_metric(metric)
-            self._item = _lm_eval_item(metric, function)
+            registered = _lm_eval_metric(metric)
+            self._aggregate, self.higher_is_better = (
+                registered.aggregation,
+                registered.higher_is_better,
+            )
+            self._item = _lm_eval_item(metric, registered.function)
         self.description = (
             f"lm-eval's {metric} of the responses against the turns' reference responses, "
             "aggregated over the conversation as lm-eval aggregates it."

@@ -34,8 +34,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -82,6 +82,42 @@ class FailedRequest:
     message: str
     request_type: str = "generate_until"
     """The lm-eval method the request came through."""
+
+
+class LmRequest(NamedTuple):
+    """A ``generate_until`` request's arguments, as lm-eval caches them."""
+
+    context: str
+    gen_kwargs: Mapping[str, Any]
+
+
+class ConversationRef(NamedTuple):
+    """Which conversation a multi-turn task's request asks for."""
+
+    pack: str
+    conversation_id: str
+
+
+class RequestSettings(NamedTuple):
+    """How one request is sent: its sampling settings, and every stop sequence (the
+    backend gets the first few; all of them cut the answer)."""
+
+    params: GenerationParams
+    stops: list[str]
+
+
+class Answer(NamedTuple):
+    """What one request gave lm-eval, and the tokens it used."""
+
+    value: Any
+    usage: Usage
+
+
+class Outcomes(NamedTuple):
+    """A call's answers by request index, and the requests that failed (sorted)."""
+
+    answers: dict[int, Any]
+    failures: list[FailedRequest]
 
 
 class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
@@ -146,9 +182,9 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         items = [_request(req.args) for req in requests]
         if not items:
             return []
-        conversations: dict[int, tuple[str, str]] = {}
-        for index, (context, _) in enumerate(items):
-            ref = self._conversation_ref(context)
+        conversations: dict[int, ConversationRef] = {}
+        for index, item in enumerate(items):
+            ref = self._conversation_ref(item.context)
             if ref is not None:
                 conversations[index] = ref
         prompts = [i for i in range(len(items)) if i not in conversations]
@@ -156,17 +192,18 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         failures: list[FailedRequest] = []
         with anyio.from_thread.start_blocking_portal() as portal:
             if prompts:
-                texts, failed = portal.call(self._generate_all, [items[i] for i in prompts])
-                for i, text in zip(prompts, texts, strict=True):
-                    results[i] = text
+                generated = portal.call(self._generate_all, [items[i] for i in prompts])
+                for position, text in generated.answers.items():
+                    results[prompts[position]] = text
                 failures.extend(
-                    FailedRequest(prompts[f.index], f.error_type, f.message) for f in failed
+                    FailedRequest(prompts[f.index], f.error_type, f.message)
+                    for f in generated.failures
                 )
             if conversations:
-                answers, failed = portal.call(self._run_conversations, conversations)
-                for i, text in answers.items():
+                ran = portal.call(self._run_conversations, conversations)
+                for i, text in ran.answers.items():
                     results[i] = text
-                failures.extend(failed)
+                failures.extend(ran.failures)
         failures.sort(key=lambda f: f.index)
         self._record(failures, len(items), "empty answers")
         failed = {f.index for f in failures}
@@ -253,7 +290,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
 
     # -- internals ----------------------------------------------------------------------
 
-    def _conversation_ref(self, context: str) -> tuple[str, str] | None:
+    def _conversation_ref(self, context: str) -> ConversationRef | None:
         """(pack, conversation_id) when ``context`` is a multi-turn task's marker."""
         text = context.lstrip()
         if self._chat and not text.startswith(CONVERSATION_MARKER):
@@ -264,13 +301,11 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             return None
         try:
             ref = json.loads(text[len(CONVERSATION_MARKER) :])
-            return str(ref["pack"]), str(ref["conversation_id"])
+            return ConversationRef(str(ref["pack"]), str(ref["conversation_id"]))
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(f"malformed convsim conversation request {text[:120]!r}") from exc
 
-    async def _run_conversations(
-        self, requests: Mapping[int, tuple[str, str]]
-    ) -> tuple[dict[int, str], list[FailedRequest]]:
+    async def _run_conversations(self, requests: Mapping[int, ConversationRef]) -> Outcomes:
         """Run each requested conversation once through convsim's runtime, one pack
         load per pack; answer each request with the JSON of its conversation's scores."""
         by_pack: dict[str, list[str]] = {}
@@ -278,8 +313,8 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             by_pack.setdefault(pack_ref, [])
             if conversation_id not in by_pack[pack_ref]:
                 by_pack[pack_ref].append(conversation_id)
-        scores: dict[tuple[str, str], str] = {}
-        errors: dict[tuple[str, str], tuple[str, str]] = {}
+        scores: dict[ConversationRef, str] = {}
+        errors: dict[ConversationRef, FailedRequest] = {}
         async with Simulator(
             self.spec,
             model_args=self.adapter_args,
@@ -290,7 +325,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             handles = [(pack_ref, sim.run(pack_ref, only=ids)) for pack_ref, ids in by_pack.items()]
             for pack_ref, handle in handles:
                 async for result in handle:
-                    key = (pack_ref, result.conversation_id)
+                    key = ConversationRef(pack_ref, result.conversation_id)
                     values = {
                         name: score.value
                         for name, score in result.scores.items()
@@ -299,19 +334,22 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
                     scores[key] = json.dumps(values, sort_keys=True)
                     self.usage = self.usage + result.usage
                     if result.error is not None:
-                        errors[key] = (result.error.type, result.error.message)
+                        errors[key] = FailedRequest(-1, result.error.type, result.error.message)
                     elif result.status.value != "DONE":
-                        errors[key] = (str(result.status.value), "conversation did not finish")
+                        errors[key] = FailedRequest(
+                            -1, str(result.status.value), "conversation did not finish"
+                        )
                 for conversation_id in by_pack[pack_ref]:
-                    if (pack_ref, conversation_id) not in scores:
-                        errors[(pack_ref, conversation_id)] = ("NotRun", "no result")
+                    key = ConversationRef(pack_ref, conversation_id)
+                    if key not in scores:
+                        errors[key] = FailedRequest(-1, "NotRun", "no result")
         answers: dict[int, str] = {}
         failures: list[FailedRequest] = []
         for index, key in requests.items():
             answers[index] = scores.get(key, "{}")
             if key in errors:
-                failures.append(FailedRequest(index, *errors[key]))
-        return answers, failures
+                failures.append(replace(errors[key], index=index))
+        return Outcomes(answers, failures)
 
     def _require_scoring(self, method: str) -> None:
         """Refuse ``method`` at once when the adapter cannot return prompt logprobs."""
@@ -351,14 +389,14 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         texts: Sequence[str],
         request_type: str,
         reduce: Callable[[int, PromptLogprobs], _T],
-    ) -> tuple[dict[int, _T], list[FailedRequest]]:
+    ) -> Outcomes:
         """Score each text (one echo call) and ``reduce`` it; failures are recorded."""
         if not texts:
-            return {}, []
+            return Outcomes({}, [])
 
-        async def call(adapter: ModelAdapter, index: int) -> tuple[_T, Usage]:
+        async def call(adapter: ModelAdapter, index: int) -> Answer:
             scored = await adapter.prompt_logprobs(texts[index])
-            return reduce(index, scored), scored.usage
+            return Answer(reduce(index, scored), scored.usage)
 
         with anyio.from_thread.start_blocking_portal() as portal:
             return portal.call(self._each, len(texts), request_type, call)
@@ -369,28 +407,27 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         adapter.bind_budgets(Budgets(), concurrency=self.concurrency)
         return adapter
 
-    async def _generate_all(
-        self, items: Sequence[tuple[str, Mapping[str, Any]]]
-    ) -> tuple[list[str], list[FailedRequest]]:
-        async def call(adapter: ModelAdapter, index: int) -> tuple[str, Usage]:
-            context, gen_kwargs = items[index]
-            params, stops = self._params(gen_kwargs)
-            completion = await adapter.generate(self._messages(context), params)
-            return _truncate(completion.text, stops), completion.usage
+    async def _generate_all(self, items: Sequence[LmRequest]) -> Outcomes:
+        """Each request's answer (cut at its stop sequences) by position in ``items``."""
 
-        texts, failures = await self._each(len(items), "generate_until", call)
-        return [texts.get(index, "") for index in range(len(items))], failures
+        async def call(adapter: ModelAdapter, index: int) -> Answer:
+            item = items[index]
+            settings = self._settings(item.gen_kwargs)
+            completion = await adapter.generate(self._messages(item.context), settings.params)
+            return Answer(_truncate(completion.text, settings.stops), completion.usage)
+
+        return await self._each(len(items), "generate_until", call)
 
     async def _each(
         self,
         count: int,
         request_type: str,
-        call: Callable[[ModelAdapter, int], Awaitable[tuple[_T, Usage]]],
-    ) -> tuple[dict[int, _T], list[FailedRequest]]:
+        call: Callable[[ModelAdapter, int], Awaitable[Answer]],
+    ) -> Outcomes:
         """Run ``call`` for requests ``0..count-1`` on one adapter, at most
         ``concurrency`` at once. A failed request is recorded and the others go on;
         the results are keyed by request index, the failures sorted by it."""
-        results: dict[int, _T] = {}
+        results: dict[int, Any] = {}
         failures: list[FailedRequest] = []
         usage: list[Usage] = []
         limiter = anyio.CapacityLimiter(self.concurrency)
@@ -399,7 +436,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         async def one(index: int) -> None:
             async with limiter:
                 try:
-                    result, used = await call(adapter, index)
+                    answer = await call(adapter, index)
                 except Exception as exc:  # recorded; the evaluation goes on
                     failure = FailedRequest(index, type(exc).__name__, str(exc), request_type)
                     failures.append(failure)
@@ -411,8 +448,8 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
                         error=failure.message,
                     )
                     return
-            results[index] = result
-            usage.append(used)
+            results[index] = answer.value
+            usage.append(answer.usage)
 
         try:
             async with anyio.create_task_group() as tg:
@@ -424,7 +461,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         for item in usage:
             self.usage = self.usage + item
         failures.sort(key=lambda f: f.index)
-        return results, failures
+        return Outcomes(results, failures)
 
     def _messages(self, context: str) -> list[Message]:
         if self._chat:
@@ -438,7 +475,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
                 return [Message(role=m["role"], content=str(m.get("content", ""))) for m in chat]
         return [Message(role="user", content=context)]
 
-    def _params(self, gen_kwargs: Mapping[str, Any]) -> tuple[GenerationParams, list[str]]:
+    def _settings(self, gen_kwargs: Mapping[str, Any]) -> RequestSettings:
         kwargs = dict(gen_kwargs)
         until = kwargs.pop("until", None)
         stops = [until] if isinstance(until, str) else [s for s in until or [] if s]
@@ -453,12 +490,12 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             top_p=None if top_p is None else float(top_p),
             stop=tuple(stops[:_MAX_API_STOPS]) or None,
         )
-        return params, stops
+        return RequestSettings(params, stops)
 
 
-def _request(args: Any) -> tuple[str, Mapping[str, Any]]:
+def _request(args: Any) -> LmRequest:
     context, gen_kwargs = args[0], args[1] if len(args) > 1 else {}
-    return str(context), dict(gen_kwargs or {})
+    return LmRequest(str(context), dict(gen_kwargs or {}))
 
 
 def _truncate(text: str, stops: Sequence[str]) -> str:

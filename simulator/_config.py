@@ -7,7 +7,7 @@ arguments or directly) and by the command line, and recorded in the run manifest
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -50,7 +50,7 @@ class ModelRef(BaseModel):
         return self.spec
 
 
-ModelChoice = ModelRef | ModelAdapter
+ModelChoice: TypeAlias = ModelRef | ModelAdapter
 """A model given by reference (built, owned and closed by the simulator) or as an
 adapter instance (the caller's own, which it closes)."""
 

@@ -267,6 +267,21 @@ def test_metrics_engine_scores_with_convsim_metrics() -> None:
     assert engine.calculate_exact_match("London", "paris") == 0.0
 
 
+def test_metrics_engine_says_when_a_metric_does_not_apply() -> None:
+    engine = MetricsEngine()
+    # an empty response has no words to compare: not applicable, never a made-up 0.0
+    assert engine.calculate_semantic_similarity("", "the cat sat") is None
+    assert engine.calculate_custom_score("anything") is None  # no required keywords
+
+
+@pytest.mark.anyio
+async def test_metrics_engine_works_inside_a_running_event_loop() -> None:
+    # task hooks run while convsim's loop runs: scoring needs no loop of its own
+    engine = MetricsEngine()
+    assert engine.calculate_exact_match("Paris.", "paris") == 1.0
+    assert engine.calculate_custom_score("a refund", required_keywords=["refund"]) == 1.0
+
+
 def test_pack_settings_from_construct_requests(task: MyNewTask) -> None:
     pack = task.to_pack()
     assert len(pack) == 3

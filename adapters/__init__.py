@@ -6,50 +6,22 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-__all__ = [
-    "ModelAdapter",
-    "PromptScorer",
-    "PromptLogprobs",
-    "can_score_prompts",
-    "ADAPTERS",
-    "ModelSpec",
-    "create_adapter",
-    "get_model_adapter",
-    "parse_model_args",
-    "parse_model_spec",
-    "ScriptedAdapter",
-    "ScriptedConfig",
-    "Budgets",
-    "CallTimings",
-    "Completion",
-    "Cost",
-    "GenerationParams",
-    "Message",
-    "ModelInfo",
-    "RateLimits",
-    "Role",
-    "Usage",
-]
-
-_EXPORTS = {
-    **dict.fromkeys(
-        ("ModelAdapter", "PromptScorer", "PromptLogprobs", "can_score_prompts"), "._protocol"
-    ),
-    **dict.fromkeys(
-        (
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "._protocol": ["ModelAdapter", "PromptScorer", "PromptLogprobs", "can_score_prompts"],
+        "._registry": [
             "ADAPTERS",
             "ModelSpec",
             "create_adapter",
             "get_model_adapter",
             "parse_model_args",
             "parse_model_spec",
-        ),
-        "._registry",
-    ),
-    **dict.fromkeys(("ScriptedAdapter", "ScriptedConfig"), "._scripted"),
-    "Budgets": "._budget",
-    **dict.fromkeys(
-        (
+        ],
+        "._scripted": ["ScriptedAdapter", "ScriptedConfig"],
+        "._budget": ["Budgets"],
+        "convsim._types": [
             "CallTimings",
             "Completion",
             "Cost",
@@ -59,13 +31,11 @@ _EXPORTS = {
             "RateLimits",
             "Role",
             "Usage",
-        ),
-        "convsim._types",
-    ),
-}
-
-# register_lm_eval_model (convsim.lm_eval) stays reachable here through convsim.exports
-__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
+        ],
+    },
+)
+__all__ = _public.all
+__getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
     from convsim._types import CallTimings as CallTimings

@@ -6,69 +6,36 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-__all__ = [
-    "Score",
-    "CustomScoreMetric",
-    "ExactMatchMetric",
-    "JudgeSettings",
-    "RubricJudgeMetric",
-    "LatencyMetric",
-    "ResponseLengthMetric",
-    "TechnicalAccuracyMetric",
-    "normalize_answer",
-    "ConversationScorer",
-    "AsyncConversationScorer",
-    "Metric",
-    "ScoringSession",
-    "ScoredConversation",
-    "DEFAULT_METRICS",
-    "METRICS",
-    "register_metric",
-    "resolve_metrics",
-    "mean",
-    "percentile",
-    "Transcript",
-    "TranscriptScores",
-    "ascore_transcript",
-    "read_transcripts",
-    "score_transcript",
-    "score_transcripts",
-]
-
-_EXPORTS = {
-    "Score": "convsim._records",
-    **dict.fromkeys(
-        (
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "convsim._records": ["Score"],
+        "._builtin": [
             "CustomScoreMetric",
             "ExactMatchMetric",
             "LatencyMetric",
             "ResponseLengthMetric",
             "TechnicalAccuracyMetric",
             "normalize_answer",
-        ),
-        "._builtin",
-    ),
-    **dict.fromkeys(("JudgeSettings", "RubricJudgeMetric"), "._judge"),
-    **dict.fromkeys(("ConversationScorer", "AsyncConversationScorer", "Metric"), "._protocol"),
-    **dict.fromkeys(("ScoringSession", "ScoredConversation"), "._session"),
-    **dict.fromkeys(
-        ("DEFAULT_METRICS", "METRICS", "register_metric", "resolve_metrics"), "._registry"
-    ),
-    **dict.fromkeys(("mean", "percentile"), "._stats"),
-    **dict.fromkeys(
-        (
+        ],
+        "._judge": ["JudgeSettings", "RubricJudgeMetric"],
+        "._protocol": ["ConversationScorer", "AsyncConversationScorer", "Metric"],
+        "._session": ["ScoringSession", "ScoredConversation"],
+        "._registry": ["DEFAULT_METRICS", "METRICS", "register_metric", "resolve_metrics"],
+        "._stats": ["mean", "percentile"],
+        "._transcripts": [
             "Transcript",
             "TranscriptScores",
             "ascore_transcript",
             "read_transcripts",
             "score_transcript",
             "score_transcripts",
-        ),
-        "._transcripts",
-    ),
-}
-
-__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
+        ],
+    },
+)
+__all__ = _public.all
+__getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
     from convsim._records import Score as Score

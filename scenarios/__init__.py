@@ -6,38 +6,14 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-__all__ = [
-    "BUNDLED_PACKS_DIR",
-    "PackInfo",
-    "list_packs",
-    "load_pack",
-    "LoadOptions",
-    "PackSource",
-    "PACK_SOURCES",
-    "Conversation",
-    "Pack",
-    "PreparedFlow",
-    "PreparedTurn",
-    "BUILTIN_VARIABLES",
-    "Criterion",
-    "Fact",
-    "Flow",
-    "Goal",
-    "Probe",
-    "Problem",
-    "Scenario",
-    "SingleTurnConfig",
-    "TurnConfig",
-    "TurnSettings",
-    "Template",
-]
-
-_EXPORTS = {
-    **dict.fromkeys(("BUNDLED_PACKS_DIR", "PackInfo", "list_packs", "load_pack"), "._loader"),
-    **dict.fromkeys(("LoadOptions", "PackSource", "PACK_SOURCES"), "._sources"),
-    **dict.fromkeys(("Conversation", "Pack", "PreparedFlow", "PreparedTurn"), "._pack"),
-    **dict.fromkeys(
-        (
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "._loader": ["BUNDLED_PACKS_DIR", "PackInfo", "list_packs", "load_pack"],
+        "._sources": ["LoadOptions", "PackSource", "PACK_SOURCES"],
+        "._pack": ["Conversation", "Pack", "PreparedFlow", "PreparedTurn"],
+        "._schema": [
             "BUILTIN_VARIABLES",
             "Criterion",
             "Fact",
@@ -49,13 +25,12 @@ _EXPORTS = {
             "SingleTurnConfig",
             "TurnConfig",
             "TurnSettings",
-        ),
-        "._schema",
-    ),
-    "Template": "._templates",
-}
-
-__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
+        ],
+        "._templates": ["Template"],
+    },
+)
+__all__ = _public.all
+__getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
     from ._loader import BUNDLED_PACKS_DIR as BUNDLED_PACKS_DIR

@@ -7,61 +7,16 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_module as _lazy_module
 from ._version import __version__ as __version__
 
-__all__ = [
-    "__version__",
-    # running
-    "Simulator",
-    "SimulatorConfig",
-    "ModelRef",
-    "JudgeConfig",
-    "RunHandle",
-    "RunStatistics",
-    "run_sync",
-    "ConversationState",
-    # packs
-    "Pack",
-    "load_pack",
-    "list_packs",
-    # results
-    "ConversationResult",
-    "TurnRecord",
-    "TurnStatus",
-    "Status",
-    "TerminationReason",
-    "ErrorInfo",
-    "Score",
-    "ResultSink",
-    "JsonlSink",
-    "RunManifest",
-    "read_results",
-    "RunReport",
-    "summarize",
-    # errors
-    "ConvsimError",
-    "ConfigError",
-    "RegistryError",
-    "PackError",
-    "PackProblem",
-    "TemplateError",
-    "InvalidTransition",
-    "ResultsError",
-    "AdapterError",
-    "RateLimited",
-    "ServerError",
-    "Timeout",
-    "BadRequest",
-    "AuthError",
-    "ProtocolError",
-]
-
-_EXPORTS = {
-    **dict.fromkeys(("Simulator", "RunHandle", "RunStatistics", "run_sync"), "._runtime"),
-    **dict.fromkeys(("SimulatorConfig", "ModelRef", "JudgeConfig"), "._config"),
-    "ConversationState": "._state",
-    **dict.fromkeys(("Pack", "list_packs"), ".scenarios"),
-    "load_pack": "._packs",
-    **dict.fromkeys(
-        (
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "._runtime": ["Simulator", "RunHandle", "RunStatistics", "run_sync"],
+        "._config": ["SimulatorConfig", "ModelRef", "JudgeConfig"],
+        "._state": ["ConversationState"],
+        ".scenarios": ["Pack", "list_packs"],
+        "._packs": ["load_pack"],
+        "._records": [
             "ConversationResult",
             "TurnRecord",
             "TurnStatus",
@@ -69,13 +24,10 @@ _EXPORTS = {
             "TerminationReason",
             "ErrorInfo",
             "Score",
-        ),
-        "._records",
-    ),
-    **dict.fromkeys(("ResultSink", "JsonlSink", "RunManifest", "read_results"), "._sinks"),
-    **dict.fromkeys(("RunReport", "summarize"), "._report"),
-    **dict.fromkeys(
-        (
+        ],
+        "._sinks": ["ResultSink", "JsonlSink", "RunManifest", "read_results"],
+        "._report": ["RunReport", "summarize"],
+        "._errors": [
             "ConvsimError",
             "ConfigError",
             "RegistryError",
@@ -91,12 +43,11 @@ _EXPORTS = {
             "BadRequest",
             "AuthError",
             "ProtocolError",
-        ),
-        "._errors",
-    ),
-}
-
-__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
+        ],
+    },
+)
+__all__ = ["__version__", *_public.all]
+__getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
     from ._config import JudgeConfig as JudgeConfig

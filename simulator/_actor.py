@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -310,21 +311,34 @@ class ConversationActor:
         self.records.append(record)
         self.scoring.add(record)
 
-    def _completed(self, inflight: _InFlight, completion: Completion) -> TurnRecord:
-        turn, timings = inflight.turn, completion.timings
+    def _record(
+        self, turn: PreparedTurn, status: TurnStatus, inflight: _InFlight | None, **fields: Any
+    ) -> TurnRecord:
+        """A record of ``turn``: what every record carries, what the turn got as far as
+        (``inflight``), and ``fields``."""
+        if inflight is not None:
+            fields.setdefault("prompt", inflight.prompt)
+            fields.setdefault("user_message", inflight.user_message)
+            fields.setdefault("user_usage", inflight.user_usage)
         return TurnRecord(
             conversation_id=self.conversation.conversation_id,
             turn_index=turn.index,
             turn_id=turn.turn_id,
             role=turn.config.role,
-            status=TurnStatus.COMPLETED,
-            prompt=inflight.prompt,
-            user_message=inflight.user_message,
+            status=status,
+            **fields,
+        )
+
+    def _completed(self, inflight: _InFlight, completion: Completion) -> TurnRecord:
+        turn, timings = inflight.turn, completion.timings
+        return self._record(
+            turn,
+            TurnStatus.COMPLETED,
+            inflight,
             messages=inflight.messages,
             response=completion.text,
             finish_reason=completion.finish_reason,
             usage=completion.usage,
-            user_usage=inflight.user_usage,
             timings=TurnTimings(
                 started_at=inflight.started_at,
                 duration_s=time.perf_counter() - inflight.t0,
@@ -342,30 +356,15 @@ class ConversationActor:
     def _skipped(
         self, turn: PreparedTurn, reason: str, *, inflight: _InFlight | None = None
     ) -> TurnRecord:
-        return TurnRecord(
-            conversation_id=self.conversation.conversation_id,
-            turn_index=turn.index,
-            turn_id=turn.turn_id,
-            role=turn.config.role,
-            status=TurnStatus.SKIPPED,
-            skip_reason=reason,
-            prompt=inflight.prompt if inflight else None,
-            user_message=inflight.user_message if inflight else None,
-            user_usage=inflight.user_usage if inflight else None,
-        )
+        return self._record(turn, TurnStatus.SKIPPED, inflight, skip_reason=reason)
 
     def _failed(self, inflight: _InFlight, error: ErrorInfo) -> TurnRecord:
         turn = inflight.turn
-        return TurnRecord(
-            conversation_id=self.conversation.conversation_id,
-            turn_index=turn.index,
-            turn_id=turn.turn_id,
-            role=turn.config.role,
-            status=TurnStatus.FAILED,
-            prompt=inflight.prompt,
-            user_message=inflight.user_message,
+        return self._record(
+            turn,
+            TurnStatus.FAILED,
+            inflight,
             messages=inflight.messages,
-            user_usage=inflight.user_usage,
             timings=TurnTimings(
                 started_at=inflight.started_at, duration_s=time.perf_counter() - inflight.t0
             ),

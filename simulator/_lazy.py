@@ -2,8 +2,8 @@
 
 ``import convsim.adapters`` then costs only the package itself, and ``convsim --help``
 imports none of what a command does not need. A package keeps its public names in a
-table of ``name -> module``; type checkers read the same names from a
-``TYPE_CHECKING`` block beside it.
+table of ``module -> names`` (which is also its ``__all__``, in that order); type
+checkers read the same names from a ``TYPE_CHECKING`` block beside it.
 
 A name that moved to a package above can stay reachable where it used to be through the
 entry-point group ``convsim.exports`` (``convsim.scenarios.AdvancedTask =
@@ -25,8 +25,10 @@ ALIAS_GROUP = "convsim.exports"
 
 
 class LazyModule(NamedTuple):
-    """The module-level ``__getattr__`` and ``__dir__`` of a lazy package."""
+    """What a lazy package puts at its module level."""
 
+    all: list[str]
+    """Its ``__all__``."""
     getattr: Callable[[str], Any]
     dir: Callable[[], list[str]]
 
@@ -37,20 +39,22 @@ def _aliases() -> dict[str, str]:
 
 
 def lazy_module(
-    package: str, namespace: dict[str, Any], exports: Mapping[str, str], public: Iterable[str]
+    package: str, namespace: dict[str, Any], exports: Mapping[str, Iterable[str]]
 ) -> LazyModule:
-    """``__getattr__`` and ``__dir__`` for ``package``, whose globals are ``namespace``.
+    """``__all__``, ``__getattr__`` and ``__dir__`` for ``package``.
 
     Args:
         package: the package's ``__name__``.
         namespace: the package's ``globals()``; each name is cached there once imported.
-        exports: public name -> the module that defines it (relative to ``package``).
-        public: the package's ``__all__``.
+        exports: each module (absolute, or relative to ``package``) and the public names
+            it defines, in the order ``__all__`` lists them.
     """
+    where = {name: module for module, names in exports.items() for name in names}
+    public = [name for names in exports.values() for name in names]
     listed = sorted(set(public))
 
     def __getattr__(name: str) -> Any:
-        module = exports.get(name)
+        module = where.get(name)
         if module is not None:
             value = getattr(importlib.import_module(module, package), name)
         else:
@@ -65,4 +69,4 @@ def lazy_module(
     def __dir__() -> list[str]:
         return sorted({*namespace, *listed})
 
-    return LazyModule(__getattr__, __dir__)
+    return LazyModule(public, __getattr__, __dir__)

@@ -22,38 +22,21 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-__all__ = [
-    "ConvsimLM",
-    "FailedRequest",
-    "LogprobsUnsupported",
-    "UnscorableRequest",
-    "register_lm_eval_model",
-    "continuation_logprob",
-    "rolling_logprob",
-    "AdvancedTask",
-    "MultiTurnTask",
-    "MetricsEngine",
-    "register_task",
-    "TASKS",
-    "ExportedTask",
-    "export_lm_eval_tasks",
-    "load_lm_eval_task",
-]
-
-_EXPORTS = {
-    **dict.fromkeys(
-        ("ConvsimLM", "FailedRequest", "LogprobsUnsupported", "register_lm_eval_model"),
-        "._model",
-    ),
-    **dict.fromkeys(("UnscorableRequest", "continuation_logprob", "rolling_logprob"), "._logprobs"),
-    **dict.fromkeys(("AdvancedTask", "register_task", "TASKS"), "._tasks"),
-    "MultiTurnTask": "._multi_turn",
-    "MetricsEngine": "._metrics_engine",
-    **dict.fromkeys(("ExportedTask", "export_lm_eval_tasks"), "._export"),
-    "load_lm_eval_task": "._task_pack",
-}
-
-__getattr__, __dir__ = _lazy_module(__name__, globals(), _EXPORTS, __all__)
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "._model": ["ConvsimLM", "FailedRequest", "LogprobsUnsupported", "register_lm_eval_model"],
+        "._logprobs": ["UnscorableRequest", "continuation_logprob", "rolling_logprob"],
+        "._tasks": ["AdvancedTask", "register_task", "TASKS"],
+        "._multi_turn": ["MultiTurnTask"],
+        "._metrics_engine": ["MetricsEngine"],
+        "._export": ["ExportedTask", "export_lm_eval_tasks"],
+        "._task_pack": ["load_lm_eval_task"],
+    },
+)
+__all__ = _public.all
+__getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
     from ._export import ExportedTask as ExportedTask

@@ -15,7 +15,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -52,7 +52,15 @@ from ._pricing import price_of
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status
 
-__all__ = ["HttpAdapterConfig", "HttpModelAdapter", "Delta", "Exchange", "estimate_tokens"]
+__all__ = [
+    "HttpAdapterConfig",
+    "HttpModelAdapter",
+    "HttpRequest",
+    "ParsedAnswer",
+    "Delta",
+    "Exchange",
+    "estimate_tokens",
+]
 
 
 class HttpAdapterConfig(BaseModel):
@@ -95,6 +103,24 @@ class HttpAdapterConfig(BaseModel):
     context_length: int | None = Field(default=None, gt=0)
 
 
+class HttpRequest(NamedTuple):
+    """One call as it goes on the wire."""
+
+    path: str
+    """Where it goes, after the adapter's base_url (``/chat/completions``)."""
+    body: dict[str, Any]
+    """The JSON body."""
+
+
+class ParsedAnswer(NamedTuple):
+    """What a (non-streamed) answer says."""
+
+    text: str
+    finish_reason: str | None
+    usage: Usage | None
+    """None when the server sent none (the adapter then estimates it)."""
+
+
 @dataclass(frozen=True)
 class Delta:
     """What one streamed event contributed."""
@@ -113,11 +139,11 @@ class Exchange(Protocol):
     budgets, retries, error mapping and key redaction stay as for any call.
     """
 
-    def request(self) -> tuple[str, dict[str, Any]]:
+    def request(self) -> HttpRequest:
         """The path (after base_url) and JSON body of the call."""
         ...
 
-    def parse(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse(self, data: Any) -> ParsedAnswer:
         """Text, finish reason and usage (None if the server sent none) of the answer."""
         ...
 
@@ -261,17 +287,13 @@ class HttpModelAdapter(ModelAdapter):
         )
 
     def estimate_cost(self, usage: Usage) -> Cost | None:
-        prices = price_of(self.provider, self.config.model)
-        input_price = (
-            self.config.input_price
-            if self.config.input_price is not None
-            else (prices[0] if prices else None)
-        )
-        output_price = (
-            self.config.output_price
-            if self.config.output_price is not None
-            else (prices[1] if prices else None)
-        )
+        listed = price_of(self.provider, self.config.model)
+        input_price = self.config.input_price
+        if input_price is None and listed is not None:
+            input_price = listed.input_per_mtok
+        output_price = self.config.output_price
+        if output_price is None and listed is not None:
+            output_price = listed.output_per_mtok
         if input_price is None or output_price is None:
             return None
         prompt = usage.prompt_tokens * input_price / 1e6
@@ -413,11 +435,12 @@ class HttpModelAdapter(ModelAdapter):
         exchange: Exchange | None = None,
     ) -> Completion:
         if exchange is not None:
-            path, payload = exchange.request()
+            call = exchange.request()
             stream = False  # an exchange is one JSON answer
         else:
-            path, payload = self.request(messages, params, stream)
-        url = self.base_url + path
+            call = self.request(messages, params, stream)
+        url = self.base_url + call.path
+        payload = call.body
         headers = self._headers
         t0 = time.perf_counter()
         if not stream:
@@ -434,7 +457,7 @@ class HttpModelAdapter(ModelAdapter):
             try:
                 data = json.loads(response.body)
                 parse = exchange.parse if exchange is not None else self.parse_response
-                text, finish_reason, usage = parse(data)
+                answer = parse(data)
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
@@ -445,9 +468,9 @@ class HttpModelAdapter(ModelAdapter):
                 ) from exc
             total = time.perf_counter() - t0
             return Completion(
-                text=text,
-                finish_reason=finish_reason,
-                usage=usage or self._estimated(messages, text),
+                text=answer.text,
+                finish_reason=answer.finish_reason,
+                usage=answer.usage or self._estimated(messages, answer.text),
                 timings=CallTimings(total_s=total),
                 model=self.config.model,
             )
@@ -556,11 +579,11 @@ class HttpModelAdapter(ModelAdapter):
     @abstractmethod
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> HttpRequest:
         """The path (after base_url) and JSON body of a call."""
 
     @abstractmethod
-    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse_response(self, data: Any) -> ParsedAnswer:
         """Text, finish reason and usage (None if the server sent none) of an answer."""
 
     @abstractmethod

@@ -18,7 +18,13 @@ from convsim._errors import ConfigError, ProtocolError, ServerError
 from convsim._types import GenerationParams, Message, Usage
 
 from ._http import SSEEvent
-from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
+from ._http_adapter import (
+    Delta,
+    HttpAdapterConfig,
+    HttpModelAdapter,
+    HttpRequest,
+    ParsedAnswer,
+)
 from ._protocol import PromptLogprobs
 
 __all__ = ["OpenAIConfig", "OpenAIAdapter", "OpenAICompatibleAdapter", "render_prompt"]
@@ -117,18 +123,21 @@ class _EchoScoring:
     result: PromptLogprobs | None = None
     """The prompt's logprobs from the answer read (usage not yet filled in)."""
 
-    def request(self) -> tuple[str, dict[str, Any]]:
+    def request(self) -> HttpRequest:
         # some servers refuse max_tokens=0
-        return "/completions", {
-            "model": self.model,
-            "prompt": self.prompt,
-            "max_tokens": 1,
-            "temperature": 0,
-            "logprobs": 1,
-            "echo": True,
-        }
+        return HttpRequest(
+            "/completions",
+            {
+                "model": self.model,
+                "prompt": self.prompt,
+                "max_tokens": 1,
+                "temperature": 0,
+                "logprobs": 1,
+                "echo": True,
+            },
+        )
 
-    def parse(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse(self, data: Any) -> ParsedAnswer:
         choice = data["choices"][0]
         logprobs = choice.get("logprobs")
         if not isinstance(logprobs, dict) or not isinstance(logprobs.get("tokens"), list):
@@ -148,7 +157,7 @@ class _EchoScoring:
             )
         # a misshapen part raises here, inside the attempt: a ProtocolError with a snippet
         self.result = _read_prompt_logprobs(self.prompt, logprobs)
-        return text, choice.get("finish_reason"), _usage(data.get("usage"))
+        return ParsedAnswer(text, choice.get("finish_reason"), _usage(data.get("usage")))
 
 
 class OpenAICompatibleAdapter(HttpModelAdapter):
@@ -225,7 +234,7 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
 
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> HttpRequest:
         body: dict[str, Any] = {"model": self.config.model}
         if self.config.endpoint == "chat":
             path = "/chat/completions"
@@ -245,13 +254,13 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
             body["stream"] = True
             if self.config.stream_usage:
                 body["stream_options"] = {"include_usage": True}
-        return path, body
+        return HttpRequest(path, body)
 
     #: OpenAI's reasoning models (o1, o3, o4, ...) take only the default sampling.
     _sampling_fields: tuple[str, ...] = ("temperature", "top_p", "seed")
     _max_tokens_field = "max_tokens"
 
-    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse_response(self, data: Any) -> ParsedAnswer:
         choice = data["choices"][0]
         if self.config.endpoint == "chat":
             text = choice["message"].get("content") or ""
@@ -259,7 +268,7 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
             text = choice["text"]
         if not isinstance(text, str):
             raise TypeError(f"the answer's text is {type(text).__name__}, not a string")
-        return text, choice.get("finish_reason"), _usage(data.get("usage"))
+        return ParsedAnswer(text, choice.get("finish_reason"), _usage(data.get("usage")))
 
     def parse_event(self, event: SSEEvent) -> Delta:
         if event.data.strip() == "[DONE]":

@@ -14,9 +14,11 @@ from convsim import ConfigError
 from convsim.adapters import GenerationParams, Message, Usage
 from convsim.adapters._anthropic import AnthropicAdapter
 from convsim.adapters._budget import Budgets
+from convsim.adapters._custom_http import CustomHttpAdapter
 from convsim.adapters._http import HttpxTransport, SSEDecoder
+from convsim.adapters._http_adapter import ParsedAnswer
 from convsim.adapters._openai import OpenAIAdapter, OpenAICompatibleAdapter
-from convsim.adapters._pricing import price_of
+from convsim.adapters._pricing import Price, price_of
 
 ENV = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
 
@@ -24,20 +26,26 @@ ENV = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
 @pytest.mark.parametrize(
     ("provider", "model", "expected"),
     [
-        ("openai", "gpt-4o-mini", (0.15, 0.6)),
-        ("openai", "gpt-4o-2024-08-06", (2.5, 10.0)),  # a dated snapshot of a listed model
-        ("openai", "gpt-4o-mini-2024-07-18", (0.15, 0.6)),
-        ("anthropic", "claude-3-5-haiku-20241022", (0.8, 4.0)),
-        ("anthropic", "claude-3-5-haiku-latest", (0.8, 4.0)),
+        ("openai", "gpt-4o-mini", Price(0.15, 0.6)),
+        ("openai", "gpt-4o-2024-08-06", Price(2.5, 10.0)),  # a dated snapshot of a listed model
+        ("openai", "gpt-4o-mini-2024-07-18", Price(0.15, 0.6)),
+        ("anthropic", "claude-3-5-haiku-20241022", Price(0.8, 4.0)),
+        ("anthropic", "claude-3-5-haiku-latest", Price(0.8, 4.0)),
         ("openai", "o1-pro", None),  # an unlisted variant is not priced as its family
         ("anthropic", "claude-opus-4-5", None),
         ("openai", "no-such-model", None),
     ],
 )
 def test_prices_only_for_listed_models_and_their_snapshots(
-    provider: str, model: str, expected: tuple[float, float] | None
+    provider: str, model: str, expected: Price | None
 ) -> None:
     assert price_of(provider, model) == expected
+
+
+def test_a_price_names_its_input_and_output_rates() -> None:
+    price = price_of("anthropic", "claude-3-5-haiku-latest")
+    assert price is not None
+    assert (price.input_per_mtok, price.output_per_mtok) == (0.8, 4.0)
 
 
 def recorder(reply: dict) -> tuple[list[dict], HttpxTransport]:
@@ -73,9 +81,11 @@ async def test_compatible_servers_get_max_tokens_and_can_skip_stream_options() -
     adapter = OpenAICompatibleAdapter(
         {"model": "m", "base_url": "http://x/v1", "stream_usage": False}, transport=transport
     )
-    assert adapter.request(
+    call = adapter.request(
         [Message(role="user", content="hi")], GenerationParams(max_tokens=5), stream=True
-    )[1] == {
+    )
+    assert call.path == "/chat/completions"
+    assert call.body == {
         "model": "m",
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 5,
@@ -86,7 +96,7 @@ async def test_compatible_servers_get_max_tokens_and_can_skip_stream_options() -
 @pytest.mark.anyio
 async def test_anthropic_marks_empty_replies_so_the_api_accepts_the_history() -> None:
     adapter = AnthropicAdapter({"model": "claude-3-5-haiku-latest"}, env=ENV)
-    _, body = adapter.request(
+    call = adapter.request(
         [
             Message(role="user", content="hi"),
             Message(role="assistant", content="  "),
@@ -95,7 +105,8 @@ async def test_anthropic_marks_empty_replies_so_the_api_accepts_the_history() ->
         GenerationParams(),
         stream=False,
     )
-    assert [m["content"] for m in body["messages"]] == ["hi", "(no reply)", "again"]
+    assert call.path == "/v1/messages"
+    assert [m["content"] for m in call.body["messages"]] == ["hi", "(no reply)", "again"]
 
 
 def test_settings_a_model_cannot_take_fail_before_the_run(tmp_path: Path) -> None:
@@ -144,3 +155,35 @@ def test_usage_cost_uses_snapshot_prices() -> None:
     adapter = OpenAIAdapter({"model": "gpt-4o-mini-2024-07-18"}, env=ENV)
     cost = adapter.estimate_cost(Usage(prompt_tokens=1_000_000, completion_tokens=1_000_000))
     assert cost is not None and cost.total_cost == pytest.approx(0.75)
+
+
+def test_each_backend_reads_an_answer_into_named_parts() -> None:
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    chat = OpenAICompatibleAdapter({"model": "m", "base_url": "http://x/v1"})
+    completions = OpenAICompatibleAdapter(
+        {"model": "m", "base_url": "http://x/v1", "endpoint": "completions"}
+    )
+    anthropic = AnthropicAdapter({"model": "claude-3-5-haiku-latest"}, env=ENV)
+    custom = CustomHttpAdapter({"model": "m", "base_url": "http://x"}, env={})
+    answers = [
+        chat.parse_response(
+            {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}], "usage": usage}
+        ),
+        completions.parse_response(
+            {"choices": [{"text": "hi", "finish_reason": "length"}], "usage": usage}
+        ),
+        anthropic.parse_response(
+            {
+                "content": [{"type": "text", "text": "hi"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 3, "output_tokens": 2},
+            }
+        ),
+        custom.parse_response({"choices": [{"text": "hi"}], "usage": usage}),
+    ]
+    assert all(isinstance(a, ParsedAnswer) and a.text == "hi" for a in answers)
+    assert [a.finish_reason for a in answers] == ["stop", "length", "end_turn", "stop"]
+    metered = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
+    assert all(a.usage == metered for a in answers)
+    unmetered = chat.parse_response({"choices": [{"message": {"content": "hi"}}]})
+    assert unmetered == ParsedAnswer("hi", None, None)  # usage is estimated by the caller

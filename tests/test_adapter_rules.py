@@ -17,8 +17,9 @@ from convsim.adapters._budget import Budgets
 from convsim.adapters._custom_http import CustomHttpAdapter
 from convsim.adapters._http import HttpxTransport, SSEDecoder
 from convsim.adapters._http_adapter import ParsedAnswer
-from convsim.adapters._openai import OpenAIAdapter, OpenAICompatibleAdapter
+from convsim.adapters._openai import OpenAIAdapter, OpenAICompatibleAdapter, OpenAIWireAdapter
 from convsim.adapters._pricing import Price, price_of
+from convsim.adapters._protocol import LogprobsUnsupported
 
 ENV = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
 
@@ -91,6 +92,91 @@ async def test_compatible_servers_get_max_tokens_and_can_skip_stream_options() -
         "max_tokens": 5,
         "stream": True,
     }
+
+
+def test_openai_and_compatible_are_siblings_over_one_wire_format() -> None:
+    assert issubclass(OpenAIAdapter, OpenAIWireAdapter)
+    assert issubclass(OpenAICompatibleAdapter, OpenAIWireAdapter)
+    assert not issubclass(OpenAIAdapter, OpenAICompatibleAdapter)
+    assert not issubclass(OpenAICompatibleAdapter, OpenAIAdapter)
+
+
+CONVERSATION = [Message(role="system", content="Be brief."), Message(role="user", content="hi")]
+ALL_SET = GenerationParams(temperature=0.2, top_p=0.9, seed=3, max_tokens=50, stop=("END",))
+
+
+@pytest.mark.parametrize(
+    ("adapter", "path", "expected"),
+    [
+        (
+            OpenAIAdapter({"model": "gpt-4o-mini"}, env=ENV),
+            "/chat/completions",
+            {"temperature": 0.2, "top_p": 0.9, "seed": 3, "max_completion_tokens": 50},
+        ),
+        (
+            OpenAIAdapter({"model": "o4-mini"}, env=ENV),
+            "/chat/completions",
+            {"seed": 3, "max_completion_tokens": 50},
+        ),
+        (
+            OpenAICompatibleAdapter({"model": "o4-mini", "base_url": "http://x/v1"}),
+            "/chat/completions",  # a local model named like a reasoning model takes it all
+            {"temperature": 0.2, "top_p": 0.9, "seed": 3, "max_tokens": 50},
+        ),
+        (
+            OpenAICompatibleAdapter(
+                {"model": "m", "base_url": "http://x/v1", "endpoint": "completions"}
+            ),
+            "/completions",
+            {"temperature": 0.2, "top_p": 0.9, "seed": 3, "max_tokens": 50},
+        ),
+    ],
+    ids=["openai", "openai-reasoning", "compatible-chat", "compatible-completions"],
+)
+def test_each_sibling_builds_its_own_request_body(
+    adapter: OpenAIWireAdapter, path: str, expected: dict
+) -> None:
+    call = adapter.request(CONVERSATION, ALL_SET, stream=False)
+    assert call.path == path
+    text = (
+        {"prompt": "System: Be brief.\n\nUser: hi\n\nAssistant:"}
+        if path == "/completions"
+        else {"messages": [{"role": m.role, "content": m.content} for m in CONVERSATION]}
+    )
+    assert call.body == {"model": adapter.config.model, **text, **expected, "stop": ["END"]}
+
+
+def test_openai_always_needs_a_key_and_a_compatible_server_only_when_asked() -> None:
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        OpenAIAdapter({"model": "gpt-4o-mini", "base_url": "http://proxy/v1"}, env={})
+    official = OpenAIAdapter({"model": "gpt-4o-mini"}, env=ENV)
+    assert official.auth_headers() == {"Authorization": "Bearer sk-test"}
+    assert official.base_url == "https://api.openai.com/v1"
+
+    compatible = OpenAICompatibleAdapter({"model": "m", "base_url": "http://x/v1"}, env=ENV)
+    assert compatible.auth_headers() == {}  # OPENAI_API_KEY is not the local server's key
+    assert compatible.connection_key().endswith("|-")
+    named = OpenAICompatibleAdapter(
+        {"model": "m", "base_url": "http://x/v1", "api_key_env": "OPENAI_API_KEY"}, env=ENV
+    )
+    assert named.auth_headers() == {"Authorization": "Bearer sk-test"}
+    with pytest.raises(ConfigError, match="base_url"):
+        OpenAICompatibleAdapter({"model": "m"}, env=ENV)
+
+
+@pytest.mark.anyio
+async def test_only_a_compatible_completions_server_scores_prompts() -> None:
+    official = OpenAIAdapter({"model": "gpt-4o-mini", "endpoint": "completions"}, env=ENV)
+    chat = OpenAICompatibleAdapter({"model": "m", "base_url": "http://x/v1"})
+    completions = OpenAICompatibleAdapter(
+        {"model": "m", "base_url": "http://x/v1", "endpoint": "completions"}
+    )
+    assert not official.supports_prompt_logprobs and not chat.supports_prompt_logprobs
+    assert completions.supports_prompt_logprobs
+    with pytest.raises(LogprobsUnsupported, match=r"api\.openai\.com returns no logprobs"):
+        await official.prompt_logprobs("Answer: yes")
+    with pytest.raises(LogprobsUnsupported, match="endpoint=chat"):
+        await chat.prompt_logprobs("Answer: yes")
 
 
 @pytest.mark.anyio

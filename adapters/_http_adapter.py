@@ -24,6 +24,7 @@ from convsim._errors import (
     AdapterError,
     ConfigError,
     ProtocolError,
+    RateLimited,
     ServerError,
     parse_config,
 )
@@ -386,7 +387,7 @@ class HttpModelAdapter(ModelAdapter):
                 return completion
             except AdapterError as exc:
                 if exc.status_code == 429:
-                    budget.rate_limited(getattr(exc, "retry_after", None))
+                    budget.rate_limited(exc.retry_after if isinstance(exc, RateLimited) else None)
                 if delivered:  # text already reached the caller: it cannot be taken back
                     exc.retryable = False
                 self._scrub_error(exc)
@@ -556,9 +557,8 @@ class HttpModelAdapter(ModelAdapter):
         """Blank the API key out of an error, should a server have echoed it anywhere."""
         if self._api_key and self._api_key in str(exc):
             exc.args = (self._scrub(str(exc)),)
-        snippet = getattr(exc, "snippet", None)
-        if snippet:
-            exc.snippet = self._scrub(snippet)  # type: ignore[attr-defined]
+        if isinstance(exc, ProtocolError) and exc.snippet:
+            exc.snippet = self._scrub(exc.snippet)
 
     def _scrub(self, text: str) -> str:
         """``text`` with the API key blanked out, should a server echo it."""

@@ -10,7 +10,7 @@ import pytest
 from conftest import write_pack
 
 import convsim
-from convsim import ConfigError
+from convsim import ConfigError, ProtocolError, RateLimited
 from convsim.adapters import GenerationParams, Message, Usage
 from convsim.adapters._anthropic import AnthropicAdapter
 from convsim.adapters._budget import Budgets
@@ -273,3 +273,13 @@ def test_each_backend_reads_an_answer_into_named_parts() -> None:
     assert all(a.usage == metered for a in answers)
     unmetered = chat.parse_response({"choices": [{"message": {"content": "hi"}}]})
     assert unmetered == ParsedAnswer("hi", None, None)  # usage is estimated by the caller
+
+
+def test_a_key_in_an_errors_message_or_snippet_is_blanked_out() -> None:
+    adapter = OpenAICompatibleAdapter({"model": "m", "base_url": "http://x/v1", "api_key": "sk-z"})
+    protocol = ProtocolError("bad answer for sk-z", snippet='{"key": "sk-z"}')
+    rate_limited = RateLimited("sk-z is over quota", retry_after=1.0)
+    for error in (protocol, rate_limited):
+        adapter._scrub_error(error)
+        assert "sk-z" not in str(error)
+    assert protocol.snippet == '{"key": "***"}'

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from pydantic import model_validator
 
-from convsim._types import GenerationParams, Message
+from convsim._types import GenerationParams, Message, ModelInfo
 
 from ._http import SSEEvent
 from ._http_adapter import (
@@ -52,7 +52,7 @@ class CustomHttpAdapter(HttpModelAdapter):
     supports_streaming: ClassVar[bool] = False
     Config: ClassVar[type[HttpAdapterConfig]] = CustomHttpConfig
 
-    def model_info(self) -> Any:
+    def model_info(self) -> ModelInfo:
         info = super().model_info()
         return info.model_copy(
             update={

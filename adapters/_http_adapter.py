@@ -48,6 +48,7 @@ from ._http import (
     HttpxTransport,
     SSEDecoder,
     SSEEvent,
+    StreamResponse,
 )
 from ._pricing import price_of
 from ._protocol import ModelAdapter
@@ -84,7 +85,9 @@ class HttpAdapterConfig(BaseModel):
     """Requests per day, as the provider states it: reported by ``rate_limits()``, not
     enforced (a run that long is better split)."""
     concurrency: int = Field(default=64, ge=1)
-    """Calls this adapter (this role) has in flight at most; also the pool size."""
+    """Calls this adapter (this role) has in flight at most; also the pool size. When
+    not set, the adapter takes the concurrency of the run it serves (see
+    :meth:`HttpModelAdapter.bind_budgets`), and 64 when it serves none."""
     stream: bool = False
     """Stream responses (measures time to first token and inter-token gaps)."""
     timeout: float = Field(default=60.0, gt=0)
@@ -208,7 +211,7 @@ class HttpModelAdapter(ModelAdapter):
         self.retry_policy = RetryPolicy(
             max_retries=cfg.max_retries, max_elapsed_s=cfg.max_retry_time
         )
-        self._budgets = budgets or Budgets()
+        self._budgets = budgets if budgets is not None else Budgets()
         self._budget: ProviderBudget | None = None
         self._slots: anyio.Semaphore | None = None
         self._sleep = sleep
@@ -276,9 +279,6 @@ class HttpModelAdapter(ModelAdapter):
         c = self.config
         return GenerationParams(temperature=c.temperature, max_tokens=c.max_tokens, top_p=c.top_p)
 
-    def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
-        return parse_config(GenerationParams, config, "generation config")
-
     def rate_limits(self) -> RateLimits:
         return RateLimits(
             requests_per_minute=self.config.rpm,
@@ -328,9 +328,12 @@ class HttpModelAdapter(ModelAdapter):
 
         Failures before the first piece are retried as usual; once text has been
         delivered a failure is final (the pieces cannot be taken back).
+
+        Raises:
+            ConfigError: the backend does not stream (:attr:`supports_streaming`).
         """
         if not self.supports_streaming:
-            raise ConfigError(f"{self.model_type} models do not stream")
+            return await super().stream(messages, params, on_text)  # the refusal
         return await self._call(messages, params, on_text=on_text)
 
     # -- one call -------------------------------------------------------------------
@@ -490,7 +493,7 @@ class HttpModelAdapter(ModelAdapter):
 
     async def _read_stream(
         self,
-        response: Any,
+        response: StreamResponse,
         messages: Sequence[Message],
         url: str,
         t0: float,

@@ -16,7 +16,7 @@ from convsim.adapters._anthropic import AnthropicAdapter
 from convsim.adapters._budget import Budgets
 from convsim.adapters._custom_http import CustomHttpAdapter
 from convsim.adapters._http import HttpxTransport, SSEDecoder
-from convsim.adapters._http_adapter import ParsedAnswer
+from convsim.adapters._http_adapter import HttpModelAdapter, ParsedAnswer
 from convsim.adapters._openai import OpenAIAdapter, OpenAICompatibleAdapter, OpenAIWireAdapter
 from convsim.adapters._pricing import Price, price_of
 from convsim.adapters._protocol import LogprobsUnsupported
@@ -283,3 +283,24 @@ def test_a_key_in_an_errors_message_or_snippet_is_blanked_out() -> None:
         adapter._scrub_error(error)
         assert "sk-z" not in str(error)
     assert protocol.snippet == '{"key": "***"}'
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("adapter", "streams"),
+    [
+        (OpenAIAdapter({"model": "gpt-4o-mini"}, env=ENV), True),
+        (OpenAICompatibleAdapter({"model": "m", "base_url": "http://x/v1"}), True),
+        (AnthropicAdapter({"model": "claude-3-5-haiku-latest"}, env=ENV), True),
+        (CustomHttpAdapter({"model": "m", "base_url": "http://x"}, env={}), False),
+    ],
+    ids=["openai", "openai-compatible", "anthropic", "http"],
+)
+async def test_model_info_says_whether_stream_works(
+    adapter: HttpModelAdapter, streams: bool
+) -> None:
+    assert adapter.supports_streaming is streams
+    assert adapter.model_info().supports_streaming is streams
+    if not streams:  # the base's refusal, before any request
+        with pytest.raises(ConfigError, match=r"^http models do not stream$"):
+            await adapter.stream([Message(role="user", content="hi")], GenerationParams(), print)

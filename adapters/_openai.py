@@ -270,10 +270,10 @@ class OpenAIWireAdapter(HttpModelAdapter):
 class OpenAIAdapter(OpenAIWireAdapter):
     """``openai:MODEL``: api.openai.com with the key from OPENAI_API_KEY (required).
 
-    Sends ``max_completion_tokens`` (reasoning models refuse ``max_tokens``), and to
-    reasoning models (o1, o3, o4, ...) only ``seed`` among the sampling settings, as
-    they take no other. api.openai.com returns no logprobs for a prompt, so it scores
-    none.
+    Sends ``max_completion_tokens`` to the chat endpoint (reasoning models refuse
+    ``max_tokens``; legacy completions take only ``max_tokens``), and to reasoning
+    models (o1, o3, o4, ...) only ``seed`` among the sampling settings, as they take no
+    other. api.openai.com returns no logprobs for a prompt, so it scores none.
     """
 
     model_type: ClassVar[str] = "openai"
@@ -288,7 +288,9 @@ class OpenAIAdapter(OpenAIWireAdapter):
         return _SAMPLING_FIELDS
 
     def max_tokens_field(self) -> str:
-        return "max_completion_tokens"
+        # chat takes max_completion_tokens (reasoning models refuse max_tokens there);
+        # the legacy completions endpoint only ever knew max_tokens
+        return "max_completion_tokens" if self.config.endpoint == "chat" else "max_tokens"
 
     def no_prompt_logprobs_reason(self) -> str:
         return f"openai:{self.config.model}: api.openai.com returns no logprobs for a prompt"

@@ -119,6 +119,11 @@ ALL_SET = GenerationParams(temperature=0.2, top_p=0.9, seed=3, max_tokens=50, st
             {"seed": 3, "max_completion_tokens": 50},
         ),
         (
+            OpenAIAdapter({"model": "gpt-3.5-turbo-instruct", "endpoint": "completions"}, env=ENV),
+            "/completions",  # the legacy endpoint never took max_completion_tokens
+            {"temperature": 0.2, "top_p": 0.9, "seed": 3, "max_tokens": 50},
+        ),
+        (
             OpenAICompatibleAdapter({"model": "o4-mini", "base_url": "http://x/v1"}),
             "/chat/completions",  # a local model named like a reasoning model takes it all
             {"temperature": 0.2, "top_p": 0.9, "seed": 3, "max_tokens": 50},
@@ -131,7 +136,13 @@ ALL_SET = GenerationParams(temperature=0.2, top_p=0.9, seed=3, max_tokens=50, st
             {"temperature": 0.2, "top_p": 0.9, "seed": 3, "max_tokens": 50},
         ),
     ],
-    ids=["openai", "openai-reasoning", "compatible-chat", "compatible-completions"],
+    ids=[
+        "openai",
+        "openai-reasoning",
+        "openai-completions",
+        "compatible-chat",
+        "compatible-completions",
+    ],
 )
 def test_each_sibling_builds_its_own_request_body(
     adapter: OpenAIWireAdapter, path: str, expected: dict

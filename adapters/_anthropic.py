@@ -10,7 +10,13 @@ from convsim._errors import ConfigError, RateLimited, ServerError
 from convsim._types import GenerationParams, Message, Usage
 
 from ._http import SSEEvent
-from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
+from ._http_adapter import (
+    Delta,
+    HttpAdapterConfig,
+    HttpModelAdapter,
+    HttpRequest,
+    ParsedAnswer,
+)
 
 __all__ = ["AnthropicConfig", "AnthropicAdapter"]
 
@@ -66,7 +72,7 @@ class AnthropicAdapter(HttpModelAdapter):
 
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> HttpRequest:
         system = "\n\n".join(m.content for m in messages if m.role == "system")
         turns: list[dict[str, str]] = []
         for m in messages:
@@ -93,13 +99,13 @@ class AnthropicAdapter(HttpModelAdapter):
             body["stop_sequences"] = list(params.stop)
         if stream:
             body["stream"] = True
-        return "/v1/messages", body
+        return HttpRequest("/v1/messages", body)
 
-    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse_response(self, data: Any) -> ParsedAnswer:
         if data.get("type") == "error":
             raise ValueError(f"the API reported an error: {data.get('error')}")
         text = "".join(block["text"] for block in data["content"] if block.get("type") == "text")
-        return text, data.get("stop_reason"), _usage(data.get("usage"))
+        return ParsedAnswer(text, data.get("stop_reason"), _usage(data.get("usage")))
 
     def parse_event(self, event: SSEEvent) -> Delta:
         data = json.loads(event.data)

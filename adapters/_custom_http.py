@@ -7,10 +7,16 @@ from typing import Any, ClassVar
 
 from pydantic import model_validator
 
-from convsim._types import GenerationParams, Message, Usage
+from convsim._types import GenerationParams, Message, ModelInfo
 
 from ._http import SSEEvent
-from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
+from ._http_adapter import (
+    Delta,
+    HttpAdapterConfig,
+    HttpModelAdapter,
+    HttpRequest,
+    ParsedAnswer,
+)
 from ._openai import _usage as openai_usage
 from ._openai import render_prompt
 
@@ -46,7 +52,7 @@ class CustomHttpAdapter(HttpModelAdapter):
     supports_streaming: ClassVar[bool] = False
     Config: ClassVar[type[HttpAdapterConfig]] = CustomHttpConfig
 
-    def model_info(self) -> Any:
+    def model_info(self) -> ModelInfo:
         info = super().model_info()
         return info.model_copy(
             update={
@@ -57,22 +63,27 @@ class CustomHttpAdapter(HttpModelAdapter):
 
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
-    ) -> tuple[str, dict[str, Any]]:
-        return "/generate", {
-            "model": self.config.model,
-            "prompt": render_prompt(messages),
-            "max_tokens": params.max_tokens or 1024,
-            "temperature": 0.7 if params.temperature is None else params.temperature,
-            "top_p": 1.0 if params.top_p is None else params.top_p,
-            "stop": list(params.stop or ()),
-        }
+    ) -> HttpRequest:
+        return HttpRequest(
+            "/generate",
+            {
+                "model": self.config.model,
+                "prompt": render_prompt(messages),
+                "max_tokens": params.max_tokens or 1024,
+                "temperature": 0.7 if params.temperature is None else params.temperature,
+                "top_p": 1.0 if params.top_p is None else params.top_p,
+                "stop": list(params.stop or ()),
+            },
+        )
 
-    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse_response(self, data: Any) -> ParsedAnswer:
         choice = data["choices"][0]
         text = choice["text"]
         if not isinstance(text, str):
             raise TypeError(f"choices[0].text is {type(text).__name__}, not a string")
-        return text, choice.get("finish_reason", "stop"), openai_usage(data.get("usage"))
+        return ParsedAnswer(
+            text, choice.get("finish_reason", "stop"), openai_usage(data.get("usage"))
+        )
 
     def parse_event(self, event: SSEEvent) -> Delta:
         raise ValueError("the custom backend does not stream")

@@ -15,7 +15,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -24,6 +24,7 @@ from convsim._errors import (
     AdapterError,
     ConfigError,
     ProtocolError,
+    RateLimited,
     ServerError,
     parse_config,
 )
@@ -47,12 +48,21 @@ from ._http import (
     HttpxTransport,
     SSEDecoder,
     SSEEvent,
+    StreamResponse,
 )
 from ._pricing import price_of
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status
 
-__all__ = ["HttpAdapterConfig", "HttpModelAdapter", "Delta", "Exchange", "estimate_tokens"]
+__all__ = [
+    "HttpAdapterConfig",
+    "HttpModelAdapter",
+    "HttpRequest",
+    "ParsedAnswer",
+    "Delta",
+    "Exchange",
+    "estimate_tokens",
+]
 
 
 class HttpAdapterConfig(BaseModel):
@@ -75,7 +85,9 @@ class HttpAdapterConfig(BaseModel):
     """Requests per day, as the provider states it: reported by ``rate_limits()``, not
     enforced (a run that long is better split)."""
     concurrency: int = Field(default=64, ge=1)
-    """Calls this adapter (this role) has in flight at most; also the pool size."""
+    """Calls this adapter (this role) has in flight at most; also the pool size. When
+    not set, the adapter takes the concurrency of the run it serves (see
+    :meth:`HttpModelAdapter.bind_budgets`), and 64 when it serves none."""
     stream: bool = False
     """Stream responses (measures time to first token and inter-token gaps)."""
     timeout: float = Field(default=60.0, gt=0)
@@ -93,6 +105,24 @@ class HttpAdapterConfig(BaseModel):
     output_price: float | None = Field(default=None, ge=0)
     """USD per million completion tokens."""
     context_length: int | None = Field(default=None, gt=0)
+
+
+class HttpRequest(NamedTuple):
+    """One call as it goes on the wire."""
+
+    path: str
+    """Where it goes, after the adapter's base_url (``/chat/completions``)."""
+    body: dict[str, Any]
+    """The JSON body."""
+
+
+class ParsedAnswer(NamedTuple):
+    """What a (non-streamed) answer says."""
+
+    text: str
+    finish_reason: str | None
+    usage: Usage | None
+    """None when the server sent none (the adapter then estimates it)."""
 
 
 @dataclass(frozen=True)
@@ -113,11 +143,11 @@ class Exchange(Protocol):
     budgets, retries, error mapping and key redaction stay as for any call.
     """
 
-    def request(self) -> tuple[str, dict[str, Any]]:
+    def request(self) -> HttpRequest:
         """The path (after base_url) and JSON body of the call."""
         ...
 
-    def parse(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse(self, data: Any) -> ParsedAnswer:
         """Text, finish reason and usage (None if the server sent none) of the answer."""
         ...
 
@@ -181,7 +211,7 @@ class HttpModelAdapter(ModelAdapter):
         self.retry_policy = RetryPolicy(
             max_retries=cfg.max_retries, max_elapsed_s=cfg.max_retry_time
         )
-        self._budgets = budgets or Budgets()
+        self._budgets = budgets if budgets is not None else Budgets()
         self._budget: ProviderBudget | None = None
         self._slots: anyio.Semaphore | None = None
         self._sleep = sleep
@@ -249,9 +279,6 @@ class HttpModelAdapter(ModelAdapter):
         c = self.config
         return GenerationParams(temperature=c.temperature, max_tokens=c.max_tokens, top_p=c.top_p)
 
-    def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
-        return parse_config(GenerationParams, config, "generation config")
-
     def rate_limits(self) -> RateLimits:
         return RateLimits(
             requests_per_minute=self.config.rpm,
@@ -261,17 +288,13 @@ class HttpModelAdapter(ModelAdapter):
         )
 
     def estimate_cost(self, usage: Usage) -> Cost | None:
-        prices = price_of(self.provider, self.config.model)
-        input_price = (
-            self.config.input_price
-            if self.config.input_price is not None
-            else (prices[0] if prices else None)
-        )
-        output_price = (
-            self.config.output_price
-            if self.config.output_price is not None
-            else (prices[1] if prices else None)
-        )
+        listed = price_of(self.provider, self.config.model)
+        input_price = self.config.input_price
+        if input_price is None and listed is not None:
+            input_price = listed.input_per_mtok
+        output_price = self.config.output_price
+        if output_price is None and listed is not None:
+            output_price = listed.output_per_mtok
         if input_price is None or output_price is None:
             return None
         prompt = usage.prompt_tokens * input_price / 1e6
@@ -305,9 +328,12 @@ class HttpModelAdapter(ModelAdapter):
 
         Failures before the first piece are retried as usual; once text has been
         delivered a failure is final (the pieces cannot be taken back).
+
+        Raises:
+            ConfigError: the backend does not stream (:attr:`supports_streaming`).
         """
         if not self.supports_streaming:
-            raise ConfigError(f"{self.model_type} models do not stream")
+            return await super().stream(messages, params, on_text)  # the refusal
         return await self._call(messages, params, on_text=on_text)
 
     # -- one call -------------------------------------------------------------------
@@ -364,7 +390,7 @@ class HttpModelAdapter(ModelAdapter):
                 return completion
             except AdapterError as exc:
                 if exc.status_code == 429:
-                    budget.rate_limited(getattr(exc, "retry_after", None))
+                    budget.rate_limited(exc.retry_after if isinstance(exc, RateLimited) else None)
                 if delivered:  # text already reached the caller: it cannot be taken back
                     exc.retryable = False
                 self._scrub_error(exc)
@@ -413,11 +439,12 @@ class HttpModelAdapter(ModelAdapter):
         exchange: Exchange | None = None,
     ) -> Completion:
         if exchange is not None:
-            path, payload = exchange.request()
+            call = exchange.request()
             stream = False  # an exchange is one JSON answer
         else:
-            path, payload = self.request(messages, params, stream)
-        url = self.base_url + path
+            call = self.request(messages, params, stream)
+        url = self.base_url + call.path
+        payload = call.body
         headers = self._headers
         t0 = time.perf_counter()
         if not stream:
@@ -434,7 +461,7 @@ class HttpModelAdapter(ModelAdapter):
             try:
                 data = json.loads(response.body)
                 parse = exchange.parse if exchange is not None else self.parse_response
-                text, finish_reason, usage = parse(data)
+                answer = parse(data)
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
@@ -445,9 +472,9 @@ class HttpModelAdapter(ModelAdapter):
                 ) from exc
             total = time.perf_counter() - t0
             return Completion(
-                text=text,
-                finish_reason=finish_reason,
-                usage=usage or self._estimated(messages, text),
+                text=answer.text,
+                finish_reason=answer.finish_reason,
+                usage=answer.usage or self._estimated(messages, answer.text),
                 timings=CallTimings(total_s=total),
                 model=self.config.model,
             )
@@ -466,7 +493,7 @@ class HttpModelAdapter(ModelAdapter):
 
     async def _read_stream(
         self,
-        response: Any,
+        response: StreamResponse,
         messages: Sequence[Message],
         url: str,
         t0: float,
@@ -533,9 +560,8 @@ class HttpModelAdapter(ModelAdapter):
         """Blank the API key out of an error, should a server have echoed it anywhere."""
         if self._api_key and self._api_key in str(exc):
             exc.args = (self._scrub(str(exc)),)
-        snippet = getattr(exc, "snippet", None)
-        if snippet:
-            exc.snippet = self._scrub(snippet)  # type: ignore[attr-defined]
+        if isinstance(exc, ProtocolError) and exc.snippet:
+            exc.snippet = self._scrub(exc.snippet)
 
     def _scrub(self, text: str) -> str:
         """``text`` with the API key blanked out, should a server echo it."""
@@ -556,11 +582,11 @@ class HttpModelAdapter(ModelAdapter):
     @abstractmethod
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> HttpRequest:
         """The path (after base_url) and JSON body of a call."""
 
     @abstractmethod
-    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse_response(self, data: Any) -> ParsedAnswer:
         """Text, finish reason and usage (None if the server sent none) of an answer."""
 
     @abstractmethod

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from types import TracebackType
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from aiohttp import web
 from pydantic import (
@@ -60,6 +60,7 @@ __all__ = [
     "MockServerConfig",
     "MockServerStatistics",
     "MockModelServer",
+    "MockToken",
     "mock_tokens",
     "mock_token_logprob",
     "mock_logprobs",
@@ -375,26 +376,35 @@ def _content_text(content: object, index: int) -> str:
     raise _BadRequest(f"messages[{index}].content must be a string or a list of parts")
 
 
-def _chat_messages(body: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    """The (role, text) pairs the model reads; tool messages count only as prompt."""
+class _Turn(NamedTuple):
+    """One message as the mock model reads it (hashable: answers are cached by them)."""
+
+    role: str
+    """``system``, ``user`` or ``assistant``; empty for a tool message, which only
+    counts as prompt."""
+    text: str
+
+
+def _chat_messages(body: dict[str, Any]) -> tuple[_Turn, ...]:
+    """The messages the model reads; tool messages count only as prompt."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _BadRequest("'messages' must be a non-empty list")
-    pairs = []
+    turns = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _BadRequest(f"messages[{i}] must be an object")
         role = message.get("role")
         text = _content_text(message.get("content"), i)
         if role in _ROLES:
-            pairs.append((_ROLES[role], text))
+            turns.append(_Turn(_ROLES[role], text))
         elif role in _OTHER_ROLES:
-            pairs.append(("", text))
+            turns.append(_Turn("", text))
         else:
             raise _BadRequest(
                 f"messages[{i}].role must be one of system, developer, user, assistant, tool"
             )
-    return tuple(pairs)
+    return tuple(turns)
 
 
 def _prompt_text(body: dict[str, Any]) -> str:
@@ -449,12 +459,20 @@ MOCK_ALTERNATIVE = ("<alt>", -0.5)
 into this token, so it never collides with a real one."""
 
 
-def mock_tokens(text: str) -> list[tuple[str, int]]:
-    """The mock tokenizer: ``(token, character offset)`` pairs covering ``text``.
+class MockToken(NamedTuple):
+    """One token of the mock tokenizer and where it starts."""
+
+    text: str
+    offset: int
+    """Character offset of the token in the text it was read from."""
+
+
+def mock_tokens(text: str) -> list[MockToken]:
+    """The mock tokenizer: the tokens covering ``text``, each with its offset.
 
     ``"Answer: Paris"`` is ``[("Answer", 0), (":", 6), (" Paris", 7)]``.
     """
-    return [(m.group(), m.start()) for m in _TOKEN.finditer(text)]
+    return [MockToken(m.group(), m.start()) for m in _TOKEN.finditer(text)]
 
 
 @lru_cache(maxsize=16384)
@@ -482,8 +500,8 @@ def mock_logprobs(
     token always, as generation is greedy), otherwise :data:`MOCK_ALTERNATIVE` and then
     the token.
     """
-    pieces = [(t, o, False) for t, o in mock_tokens(prompt)]
-    pieces += [(t, len(prompt) + o, True) for t, o in mock_tokens(completion)]
+    pieces = [(t.text, t.offset, False) for t in mock_tokens(prompt)]
+    pieces += [(t.text, len(prompt) + t.offset, True) for t in mock_tokens(completion)]
     start = 0 if echo else len(prompt)
     tokens: list[str] = []
     values: list[float | None] = []
@@ -512,23 +530,39 @@ def mock_logprobs(
     }
 
 
+class _Answer(NamedTuple):
+    """The mock model's answer to a conversation."""
+
+    words: tuple[str, ...]
+    """The reply, a word a token."""
+    prompt_tokens: int
+    """The conversation's length in tokens (words)."""
+
+
 @lru_cache(maxsize=2048)
 def _answer(
-    pairs: tuple[tuple[str, str], ...], memory_turns: int | None, seed: int, length: int | None
-) -> tuple[tuple[str, ...], int]:
-    """The reply's words and the prompt's token count; conversations repeat, so cached."""
-    messages = [Message(role=role, content=text) for role, text in pairs if role]  # type: ignore[arg-type]
+    turns: tuple[_Turn, ...], memory_turns: int | None, seed: int, length: int | None
+) -> _Answer:
+    """The reply to ``turns``; conversations repeat, so cached."""
+    messages = [Message(role=t.role, content=t.text) for t in turns if t.role]  # type: ignore[arg-type]
     words = recall_reply(messages, memory_turns=memory_turns, seed=seed).split()
     if length is not None:
         words = [
             *words[:length],
             *itertools.islice(itertools.cycle(_FILLER), max(0, length - len(words))),
         ]
-    prompt_tokens = sum(len(text.split()) for _, text in pairs)
-    return tuple(words), prompt_tokens
+    prompt_tokens = sum(len(t.text.split()) for t in turns)
+    return _Answer(tuple(words), prompt_tokens)
 
 
-def _cut(words: tuple[str, ...], params: _Params) -> tuple[tuple[str, ...], str]:
+class _Cut(NamedTuple):
+    """The reply as sent: cut at a stop string or max_tokens."""
+
+    words: tuple[str, ...]
+    finish_reason: Literal["stop", "length"]
+
+
+def _cut(words: tuple[str, ...], params: _Params) -> _Cut:
     """Apply stop strings (cut at the first) and max_tokens (then ``length``)."""
     if params.stop:
         text = " ".join(words)
@@ -536,8 +570,8 @@ def _cut(words: tuple[str, ...], params: _Params) -> tuple[tuple[str, ...], str]
         if cut >= 0:
             words = tuple(text[:cut].split())
     if params.max_tokens is not None and len(words) > params.max_tokens:
-        return words[: params.max_tokens], "length"
-    return words, "stop"
+        return _Cut(words[: params.max_tokens], "length")
+    return _Cut(words, "stop")
 
 
 @lru_cache(maxsize=2048)
@@ -812,10 +846,10 @@ class MockModelServer:
         try:
             body = await self._body(request)
             if path == "/v1/chat/completions":
-                pairs = _chat_messages(body)
+                turns = _chat_messages(body)
                 params = _params(body, cfg.model)
             else:
-                pairs = (("user", _prompt_text(body)),)
+                turns = (_Turn("user", _prompt_text(body)),)
                 if path == "/v1/completions":
                     echo = _echo_options(body)
                 # an echo may ask for no generated token (max_tokens=0), as vLLM allows
@@ -830,8 +864,9 @@ class MockModelServer:
             if response is not None:
                 return response
         seed = cfg.seed if params.seed is None else params.seed
-        words, prompt_tokens = _answer(pairs, cfg.memory_turns, seed, cfg.output_tokens)
-        words, finish = _cut(words, params)
+        answer = _answer(turns, cfg.memory_turns, seed, cfg.output_tokens)
+        cut = _cut(answer.words, params)
+        words, finish, prompt_tokens = cut.words, cut.finish_reason, answer.prompt_tokens
         n = len(words)
         usage = (
             f'{{"prompt_tokens":{prompt_tokens},"completion_tokens":{n},'
@@ -845,7 +880,7 @@ class MockModelServer:
         await self._delay(cfg.itl_ms, n - 1)
         if echo is not _NO_ECHO:
             return self._echo_response(
-                pairs[0][1], " ".join(words), finish, usage, model, echo, seed
+                turns[0].text, " ".join(words), finish, usage, model, echo, seed
             )
         text = json.dumps(" ".join(words))
         if path == "/v1/chat/completions":

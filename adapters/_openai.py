@@ -1,5 +1,14 @@
 """OpenAI and OpenAI-compatible servers (vLLM, llama.cpp, Ollama, TGI, ...).
 
+Two siblings over one wire format::
+
+    HttpModelAdapter
+    └── OpenAIWireAdapter          requests, answers and stream events, both endpoints
+        ├── OpenAIAdapter          openai: api.openai.com, key required,
+        │                          max_completion_tokens, reasoning-model sampling
+        └── OpenAICompatibleAdapter  openai-compatible: base_url required, key only
+                                   when asked for, prompt logprobs by echo
+
 ``openai-compatible`` models with ``endpoint=completions`` can also score prompts
 (:meth:`OpenAICompatibleAdapter.prompt_logprobs`, for lm-eval's loglikelihood): an echo
 request with logprobs, sent through the same budgets, retries and error mapping as
@@ -14,17 +23,32 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
-from convsim._errors import ConfigError, ProtocolError, ServerError
+from convsim._errors import ProtocolError, ServerError
 from convsim._types import GenerationParams, Message, Usage
 
 from ._http import SSEEvent
-from ._http_adapter import Delta, HttpAdapterConfig, HttpModelAdapter
-from ._protocol import PromptLogprobs
+from ._http_adapter import (
+    Delta,
+    HttpAdapterConfig,
+    HttpModelAdapter,
+    HttpRequest,
+    ParsedAnswer,
+)
+from ._protocol import LogprobsUnsupported, PromptLogprobs
 
-__all__ = ["OpenAIConfig", "OpenAIAdapter", "OpenAICompatibleAdapter", "render_prompt"]
+__all__ = [
+    "OpenAIConfig",
+    "OpenAIWireAdapter",
+    "OpenAIAdapter",
+    "OpenAICompatibleAdapter",
+    "SamplingField",
+    "render_prompt",
+]
 
 
 class OpenAIConfig(HttpAdapterConfig):
+    """Arguments of the OpenAI wire format (``openai`` and ``openai-compatible``)."""
+
     endpoint: Literal["chat", "completions"] = "chat"
     """``chat`` for /chat/completions, ``completions`` for the legacy /completions."""
     stream_usage: bool = True
@@ -117,18 +141,21 @@ class _EchoScoring:
     result: PromptLogprobs | None = None
     """The prompt's logprobs from the answer read (usage not yet filled in)."""
 
-    def request(self) -> tuple[str, dict[str, Any]]:
+    def request(self) -> HttpRequest:
         # some servers refuse max_tokens=0
-        return "/completions", {
-            "model": self.model,
-            "prompt": self.prompt,
-            "max_tokens": 1,
-            "temperature": 0,
-            "logprobs": 1,
-            "echo": True,
-        }
+        return HttpRequest(
+            "/completions",
+            {
+                "model": self.model,
+                "prompt": self.prompt,
+                "max_tokens": 1,
+                "temperature": 0,
+                "logprobs": 1,
+                "echo": True,
+            },
+        )
 
-    def parse(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse(self, data: Any) -> ParsedAnswer:
         choice = data["choices"][0]
         logprobs = choice.get("logprobs")
         if not isinstance(logprobs, dict) or not isinstance(logprobs.get("tokens"), list):
@@ -148,84 +175,46 @@ class _EchoScoring:
             )
         # a misshapen part raises here, inside the attempt: a ProtocolError with a snippet
         self.result = _read_prompt_logprobs(self.prompt, logprobs)
-        return text, choice.get("finish_reason"), _usage(data.get("usage"))
+        return ParsedAnswer(text, choice.get("finish_reason"), _usage(data.get("usage")))
 
 
-class OpenAICompatibleAdapter(HttpModelAdapter):
-    """Chat completions (or legacy completions) over the OpenAI wire format.
+SamplingField = Literal["temperature", "top_p", "seed"]
+"""A sampling setting of :class:`GenerationParams` that goes into the body as it is."""
 
-    ``openai-compatible:MODEL`` needs ``base_url`` (e.g. ``http://127.0.0.1:8000/v1``
-    for vLLM, ``http://127.0.0.1:11434/v1`` for Ollama); a key is optional. With
-    ``endpoint=completions`` it also scores prompts (:meth:`prompt_logprobs`).
+_SAMPLING_FIELDS: tuple[SamplingField, ...] = ("temperature", "top_p", "seed")
+
+_REASONING_MODEL = re.compile(r"o\d")
+"""OpenAI's reasoning models: o1, o3-mini, o4-mini, ..."""
+
+
+def _sampling_values(params: GenerationParams) -> dict[SamplingField, float | int | None]:
+    return {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
+
+
+class OpenAIWireAdapter(HttpModelAdapter):
+    """The OpenAI wire format: chat completions (or legacy completions with
+    ``endpoint=completions``), answers and server-sent events.
+
+    What :class:`OpenAIAdapter` and :class:`OpenAICompatibleAdapter` share. A subclass
+    says where the API is and what key it takes (the class attributes of
+    :class:`HttpModelAdapter`), and may narrow what a request carries with
+    :meth:`sampling_fields` and :meth:`max_tokens_field`.
     """
 
-    model_type: ClassVar[str] = "openai-compatible"
-    provider: ClassVar[str] = "openai-compatible"
-    default_key_env: ClassVar[str | None] = "OPENAI_API_KEY"
     Config: ClassVar[type[HttpAdapterConfig]] = OpenAIConfig
     config: OpenAIConfig
 
-    def _resolve_key(self, env: Any) -> str | None:
-        # a compatible server usually needs no key: only use one that was asked for
-        if self.config.api_key is None and self.config.api_key_env is None:
-            return None
-        return super()._resolve_key(env)
+    def sampling_fields(self) -> tuple[SamplingField, ...]:
+        """The sampling settings this model takes; each is sent when a call sets it."""
+        return _SAMPLING_FIELDS
 
-    # -- prompt scoring ------------------------------------------------------------
-
-    @property
-    def supports_prompt_logprobs(self) -> bool:
-        """Only the legacy completions endpoint echoes a prompt with its logprobs."""
-        return self.config.endpoint == "completions"
-
-    async def prompt_logprobs(self, prompt: str) -> PromptLogprobs:
-        """Score ``prompt``: the logprob of each of its tokens given those before it.
-
-        Sends lm-eval's ``local-completions`` request (``echo``, ``logprobs=1``,
-        ``max_tokens=1``, ``temperature=0``) to ``/completions`` through the adapter's
-        one call path: rate budgets, the concurrency cap, bounded retries, error
-        mapping and key redaction as for :meth:`generate`. The generated token is
-        dropped from the result. Never streamed.
-
-        Raises:
-            ConfigError: the adapter uses the chat endpoint, which cannot echo.
-            ProtocolError: the server answered without usable logprobs.
-            AdapterError: the call failed (after retries where they apply).
-        """
-        if not self.supports_prompt_logprobs:
-            raise ConfigError(
-                f"{self.no_prompt_logprobs_reason()}: prompt logprobs need "
-                "openai-compatible:MODEL with endpoint=completions against a server that "
-                "supports echo with logprobs, such as vLLM"
-            )
-        if not prompt:
-            # nothing to score (and servers refuse an empty prompt)
-            return PromptLogprobs((), (), (), (), usage=Usage(), attempts=0)
-        scoring = _EchoScoring(
-            prompt, self.config.model, f"{self.base_url}/completions", self._scrub
-        )
-        # the message and params only size the token claim (and a usage estimate)
-        completion = await self._call(
-            [Message(role="user", content=prompt)],
-            GenerationParams(temperature=0.0, max_tokens=1),
-            on_text=None,
-            exchange=scoring,
-        )
-        assert scoring.result is not None  # parse read them, or the call raised
-        return replace(scoring.result, usage=completion.usage, attempts=completion.attempts)
-
-    def no_prompt_logprobs_reason(self) -> str:
-        """Why this adapter, as configured, cannot score prompts."""
-        return (
-            f"{self.model_type}:{self.config.model} uses endpoint={self.config.endpoint}, "
-            "which cannot echo a prompt with its logprobs"
-        )
-
-    # -- the wire format -----------------------------------------------------------
+    def max_tokens_field(self) -> str:
+        """The body field that carries ``max_tokens``."""
+        return "max_tokens"
 
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> HttpRequest:
         body: dict[str, Any] = {"model": self.config.model}
         if self.config.endpoint == "chat":
             path = "/chat/completions"
@@ -233,25 +222,22 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
         else:
             path = "/completions"
             body["prompt"] = render_prompt(messages)
-        for name in self._sampling_fields:
-            value = getattr(params, name)
+        sampling = _sampling_values(params)
+        for name in self.sampling_fields():
+            value = sampling[name]
             if value is not None:
                 body[name] = value
         if params.max_tokens is not None:
-            body[self._max_tokens_field] = params.max_tokens
+            body[self.max_tokens_field()] = params.max_tokens
         if params.stop:
             body["stop"] = list(params.stop)
         if stream:
             body["stream"] = True
             if self.config.stream_usage:
                 body["stream_options"] = {"include_usage": True}
-        return path, body
+        return HttpRequest(path, body)
 
-    #: OpenAI's reasoning models (o1, o3, o4, ...) take only the default sampling.
-    _sampling_fields: tuple[str, ...] = ("temperature", "top_p", "seed")
-    _max_tokens_field = "max_tokens"
-
-    def parse_response(self, data: Any) -> tuple[str, str | None, Usage | None]:
+    def parse_response(self, data: Any) -> ParsedAnswer:
         choice = data["choices"][0]
         if self.config.endpoint == "chat":
             text = choice["message"].get("content") or ""
@@ -259,7 +245,7 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
             text = choice["text"]
         if not isinstance(text, str):
             raise TypeError(f"the answer's text is {type(text).__name__}, not a string")
-        return text, choice.get("finish_reason"), _usage(data.get("usage"))
+        return ParsedAnswer(text, choice.get("finish_reason"), _usage(data.get("usage")))
 
     def parse_event(self, event: SSEEvent) -> Delta:
         if event.data.strip() == "[DONE]":
@@ -281,29 +267,90 @@ class OpenAICompatibleAdapter(HttpModelAdapter):
         return Delta(text=text or None, finish_reason=choice.get("finish_reason"), usage=usage)
 
 
-class OpenAIAdapter(OpenAICompatibleAdapter):
-    """``openai:MODEL``: api.openai.com with the key from OPENAI_API_KEY."""
+class OpenAIAdapter(OpenAIWireAdapter):
+    """``openai:MODEL``: api.openai.com with the key from OPENAI_API_KEY (required).
+
+    Sends ``max_completion_tokens`` to the chat endpoint (reasoning models refuse
+    ``max_tokens``; legacy completions take only ``max_tokens``), and to reasoning
+    models (o1, o3, o4, ...) only ``seed`` among the sampling settings, as they take no
+    other. api.openai.com returns no logprobs for a prompt, so it scores none.
+    """
 
     model_type: ClassVar[str] = "openai"
     provider: ClassVar[str] = "openai"
     default_base_url: ClassVar[str | None] = "https://api.openai.com/v1"
+    default_key_env: ClassVar[str | None] = "OPENAI_API_KEY"
     requires_key: ClassVar[bool] = True
 
-    # api.openai.com: max_completion_tokens (max_tokens is refused by reasoning models)
-    _max_tokens_field = "max_completion_tokens"
+    def sampling_fields(self) -> tuple[SamplingField, ...]:
+        if _REASONING_MODEL.match(self.config.model):
+            return ("seed",)
+        return _SAMPLING_FIELDS
 
-    def __init__(self, config: Any, **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
-        if re.match(r"o\d", self.config.model):
-            self._sampling_fields = ("seed",)
-
-    @property
-    def supports_prompt_logprobs(self) -> bool:
-        """api.openai.com no longer returns logprobs for an echoed prompt."""
-        return False
+    def max_tokens_field(self) -> str:
+        # chat takes max_completion_tokens (reasoning models refuse max_tokens there);
+        # the legacy completions endpoint only ever knew max_tokens
+        return "max_completion_tokens" if self.config.endpoint == "chat" else "max_tokens"
 
     def no_prompt_logprobs_reason(self) -> str:
         return f"openai:{self.config.model}: api.openai.com returns no logprobs for a prompt"
 
-    def _resolve_key(self, env: Any) -> str | None:
-        return HttpModelAdapter._resolve_key(self, env)
+
+class OpenAICompatibleAdapter(OpenAIWireAdapter):
+    """``openai-compatible:MODEL``: any server that speaks the OpenAI wire format.
+
+    It needs ``base_url`` (e.g. ``http://127.0.0.1:8000/v1`` for vLLM,
+    ``http://127.0.0.1:11434/v1`` for Ollama). Such a server usually needs no key, so
+    one is sent only when asked for (``api_key``, or ``api_key_env`` naming where it
+    is). With ``endpoint=completions`` it also scores prompts (:meth:`prompt_logprobs`).
+    """
+
+    model_type: ClassVar[str] = "openai-compatible"
+    provider: ClassVar[str] = "openai-compatible"
+
+    @property
+    def supports_prompt_logprobs(self) -> bool:
+        """Only the legacy completions endpoint echoes a prompt with its logprobs."""
+        return self.config.endpoint == "completions"
+
+    def no_prompt_logprobs_reason(self) -> str:
+        return (
+            f"{self.model_type}:{self.config.model} uses endpoint={self.config.endpoint}, "
+            "which cannot echo a prompt with its logprobs"
+        )
+
+    async def prompt_logprobs(self, prompt: str) -> PromptLogprobs:
+        """Score ``prompt``: the logprob of each of its tokens given those before it.
+
+        Sends lm-eval's ``local-completions`` request (``echo``, ``logprobs=1``,
+        ``max_tokens=1``, ``temperature=0``) to ``/completions`` through the adapter's
+        one call path: rate budgets, the concurrency cap, bounded retries, error
+        mapping and key redaction as for :meth:`generate`. The generated token is
+        dropped from the result. Never streamed.
+
+        Raises:
+            LogprobsUnsupported: the adapter uses the chat endpoint, which cannot echo.
+            ProtocolError: the server answered without usable logprobs.
+            AdapterError: the call failed (after retries where they apply).
+        """
+        if not self.supports_prompt_logprobs:
+            raise LogprobsUnsupported(
+                f"{self.no_prompt_logprobs_reason()}: prompt logprobs need "
+                "openai-compatible:MODEL with endpoint=completions against a server that "
+                "supports echo with logprobs, such as vLLM"
+            )
+        if not prompt:
+            # nothing to score (and servers refuse an empty prompt)
+            return PromptLogprobs((), (), (), (), usage=Usage(), attempts=0)
+        scoring = _EchoScoring(
+            prompt, self.config.model, f"{self.base_url}/completions", self._scrub
+        )
+        # the message and params only size the token claim (and a usage estimate)
+        completion = await self._call(
+            [Message(role="user", content=prompt)],
+            GenerationParams(temperature=0.0, max_tokens=1),
+            on_text=None,
+            exchange=scoring,
+        )
+        assert scoring.result is not None  # parse read them, or the call raised
+        return replace(scoring.result, usage=completion.usage, attempts=completion.attempts)

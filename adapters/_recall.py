@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import NamedTuple
 
 from convsim._types import Message
 
@@ -31,10 +32,16 @@ def _content_words(text: str) -> frozenset[str]:
     return frozenset(w for w in map(str.lower, _WORD.findall(text)) if w not in _STOPWORDS)
 
 
+class _Sentence(NamedTuple):
+    text: str
+    words: frozenset[str]
+    """Its content words (stopwords left out), lower case."""
+
+
 @lru_cache(maxsize=8192)
-def _sentences(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
+def _sentences(text: str) -> tuple[_Sentence, ...]:
     """Each sentence of ``text`` with its content words (messages recur turn after turn)."""
-    return tuple((s, _content_words(s)) for s in _SENTENCE.split(text.strip()))
+    return tuple(_Sentence(s, _content_words(s)) for s in _SENTENCE.split(text.strip()))
 
 
 def _first_sentence(text: str, limit: int = 160) -> str:
@@ -54,10 +61,10 @@ def recall_reply(messages: Sequence[Message], *, memory_turns: int | None, seed:
     wanted = _content_words(latest)
     best, best_overlap = "", 0
     for text in visible[:-1]:
-        for sentence, words in _sentences(text):
-            overlap = len(wanted & words)
+        for sentence in _sentences(text):
+            overlap = len(wanted & sentence.words)
             if overlap > best_overlap:
-                best, best_overlap = sentence, overlap
+                best, best_overlap = sentence.text, overlap
     if best:
         parts.append(f"Earlier you said: {best}")
     elif len(visible) > 1:

@@ -28,7 +28,7 @@ from convsim import (
 )
 from convsim.adapters import GenerationParams, Message
 from convsim.adapters._budget import BudgetLimits, Budgets, Permit, ProviderBudget
-from convsim.adapters._http import HttpxTransport
+from convsim.adapters._http import AiohttpTransport, HttpxTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters._retry import RetryPolicy, retry_after_seconds
 
@@ -392,6 +392,58 @@ def test_adapters_sharing_a_key_get_the_stricter_limits() -> None:
     strict.bind_budgets(budgets)
     assert loose.budget() is strict.budget()
     assert loose.budget().limits == BudgetLimits(rpm=60, tpm=90_000)
+
+
+def test_an_adapter_takes_the_runs_concurrency_unless_it_set_its_own() -> None:
+    unset, own = adapter(), adapter(concurrency=3)
+    given_default = adapter(concurrency=64)  # the default value, but given: the user's
+    for each in (unset, own, given_default):
+        each.bind_budgets(Budgets(), concurrency=5)
+    alone = adapter()
+    alone.bind_budgets(Budgets())  # no run concurrency to take
+    assert unset.rate_limits().concurrency == 5
+    assert own.rate_limits().concurrency == 3
+    assert given_default.rate_limits().concurrency == 64
+    assert alone.rate_limits().concurrency == 64
+
+
+async def test_the_runs_concurrency_caps_calls_in_flight_and_sizes_the_pool() -> None:
+    gate = anyio.Event()
+    in_flight = most = 0
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await gate.wait()
+        in_flight -= 1
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+    model = OpenAICompatibleAdapter(
+        {"model": "m", "base_url": "http://llm.test/v1"},
+        transport=HttpxTransport(transport=httpx.MockTransport(answer)),
+        env={},
+    )
+    default_seam = OpenAICompatibleAdapter({"model": "m", "base_url": "http://llm.test/v1"})
+    model.bind_budgets(Budgets(), concurrency=2)
+    default_seam.bind_budgets(Budgets(), concurrency=2)
+    pool = default_seam._http()  # built on first use, sized to the concurrency
+    assert isinstance(pool, AiohttpTransport) and pool.pool_size == 2
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(
+                    model.generate, [Message(role="user", content="hi")], GenerationParams()
+                )
+            await anyio.wait_all_tasks_blocked()
+            assert (in_flight, model.budget().statistics().in_flight) == (2, 2)
+            gate.set()
+        assert most == 2
+        with pytest.raises(RuntimeError, match="before the first call"):
+            model.bind_budgets(Budgets(), concurrency=8)
+    finally:
+        await model.aclose()
+        await default_seam.aclose()
 
 
 def test_tighten_keeps_the_stricter_limits() -> None:

@@ -202,7 +202,7 @@ def _lp(token: str, seed: int = 0) -> float:
 def test_mock_tokenizer_splits_words_and_punctuation() -> None:
     text = "Question: What is 2+2?\nAnswer: four  "
     pieces = mock_tokens(text)
-    assert [t for t, _ in pieces] == [
+    assert [t.text for t in pieces] == [
         "Question",
         ":",
         " What",
@@ -216,8 +216,9 @@ def test_mock_tokenizer_splits_words_and_punctuation() -> None:
         " four",
         "  ",
     ]
-    assert "".join(t for t, _ in pieces) == text
-    assert all(text.startswith(t, o) for t, o in pieces)
+    assert "".join(t.text for t in pieces) == text
+    assert all(text.startswith(t.text, t.offset) for t in pieces)
+    assert mock_tokens("Answer: Paris") == [("Answer", 0), (":", 6), (" Paris", 7)]
     assert mock_tokens("") == []
     assert mock_token_logprob(" four", 0) == _lp(" four") == -0.35
     assert mock_token_logprob(" four", 1) == _lp(" four", 1) != -0.35

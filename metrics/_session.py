@@ -21,10 +21,11 @@ lm-eval task's ``process_results`` called by convsim).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -116,7 +117,6 @@ class _ScoreTurn:
     record: TurnRecord
 
 
-@dataclass
 class ScoringSession:
     """Scores one conversation: its conversation metrics over every turn, and each
     turn's own metrics on that turn.
@@ -127,30 +127,38 @@ class ScoringSession:
         turn_metrics: the metrics a turn may name in its ``evaluation_metrics``.
     """
 
-    conversation: Conversation
-    metrics: Sequence[Metric] = ()
-    turn_metrics: Mapping[str, Metric] = field(default_factory=dict)
-    _slots: list[_Slot] = field(init=False, repr=False)
-    _records: list[TurnRecord] = field(init=False, default_factory=list, repr=False)
-    _turn_scores: dict[str, dict[str, Score]] = field(init=False, default_factory=dict)
-    _send: MemoryObjectSendStream[_FeedAsync | _ScoreTurn] | None = field(
-        init=False, default=None, repr=False
-    )
-    _tg: anyio.abc.TaskGroup | None = field(init=False, default=None, repr=False)
-    _scored: ScoredConversation | None = field(init=False, default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        self._slots = []
+    def __init__(
+        self,
+        conversation: Conversation,
+        metrics: Sequence[Metric] = (),
+        turn_metrics: Mapping[str, Metric] | None = None,
+    ) -> None:
+        self.conversation = conversation
+        self.metrics = tuple(metrics)
+        self.turn_metrics = dict(turn_metrics or {})
+        self._slots: list[_Slot] = []
         for metric in self.metrics:
             slot = _Slot(metric.name, heavy=is_cpu_heavy(metric))
             try:
-                slot.scorer = metric.scorer(self.conversation)
+                slot.scorer = metric.scorer(conversation)
             except Exception as exc:  # a broken metric must not sink the conversation
                 slot.fail(exc)
             self._slots.append(slot)
         self._background = any(s.awaits for s in self._slots) or any(
-            t.config.evaluation_metrics for t in self.conversation.flow.turns
+            t.config.evaluation_metrics for t in conversation.flow.turns
         )
+        """Whether some work must be done beside the conversation (awaited, or in a
+        worker thread), inside ``async with``."""
+        self._records: list[TurnRecord] = []
+        self._waiting: list[TurnRecord] = []
+        """Records added before ``async with`` began, when the background is needed."""
+        self._turn_scores: dict[str, dict[str, Score]] = {}
+        self._entered = False
+        self._inline = False
+        """Scoring on the calling thread with no background (score_now)."""
+        self._send: MemoryObjectSendStream[_FeedAsync | _ScoreTurn] | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._scored: ScoredConversation | None = None
 
     # -- feeding ----------------------------------------------------------------
 
@@ -161,20 +169,25 @@ class ScoringSession:
 
     def add(self, record: TurnRecord) -> None:
         """Fold in one turn record. Never blocks: plain scorers take it now; scorers that
-        await, and turn metrics that await or are CPU-heavy, get it in the background
-        (inside ``async with``) or, without one, at once."""
+        await, and turn metrics that await or are CPU-heavy, get it in the background of
+        ``async with`` (a record added before the block began waits for it)."""
         if self._scored is not None:
             raise RuntimeError("the conversation has been scored already")
         self._records.append(record)
+        if self._background and not self._entered and not self._inline:
+            self._waiting.append(record)
+        else:
+            self._fold(record)
+
+    def _fold(self, record: TurnRecord) -> None:
         for slot in self._slots:
             if slot.open and not slot.awaits:
                 try:
                     slot.scorer.update(record)  # type: ignore[union-attr]
                 except Exception as exc:
                     slot.fail(exc)
-        send = self._send
-        if send is not None and any(s.open and s.awaits for s in self._slots):
-            send.send_nowait(_FeedAsync(record))
+        if any(s.open and s.awaits for s in self._slots):
+            self._to_background(_FeedAsync(record))
         if record.status is not TurnStatus.COMPLETED or not record.evaluation_metrics:
             return
         scores = self._turn_scores.setdefault(record.turn_id, {})
@@ -185,12 +198,20 @@ class ScoringSession:
             deferred = isinstance(scorer, AsyncConversationScorer) or is_cpu_heavy(
                 self.turn_metrics[name]
             )
-            if deferred and send is not None:
-                send.send_nowait(_ScoreTurn(name, scorer, record))
+            if deferred and self._send is not None:
+                self._to_background(_ScoreTurn(name, scorer, record))
             elif isinstance(scorer, AsyncConversationScorer):
                 scores[name] = Score.failed(f"{name} calls a model and must be awaited")
             else:
                 scores[name] = _score_turn(scorer, record, name)
+
+    def _to_background(self, work: _FeedAsync | _ScoreTurn) -> None:
+        """Hand ``work`` to the background. Once the background has stopped (the
+        conversation was cancelled), what it misses is scored when the session ends:
+        from the records, not from the queue."""
+        if self._send is not None:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._send.send_nowait(work)
 
     def _turn_scorer(self, name: str, scores: dict[str, Score]) -> Any:
         """A fresh scorer of turn metric ``name``, or None with the failure recorded."""
@@ -207,24 +228,33 @@ class ScoringSession:
     # -- async use ----------------------------------------------------------------
 
     async def __aenter__(self) -> ScoringSession:
+        if self._entered or self._scored is not None:
+            raise RuntimeError("a scoring session is entered once")
+        self._entered = True
         if self._background:
             send, receive = anyio.create_memory_object_stream[_FeedAsync | _ScoreTurn](math.inf)
             self._send = send
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             self._tg.start_soon(self._consume, receive)
+        waiting, self._waiting = self._waiting, []
+        for record in waiting:
+            self._fold(record)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         """Finish scoring. After a normal end this awaits what is left (judges' results,
         CPU-heavy results in a worker thread); after a cancellation or an error it scores
-        what it can at once and lets the exception go on."""
+        what it can at once and lets the exception go on, as it is."""
         if self._send is not None:
             self._send.close()  # the background scores what was sent, then ends
         try:
             if self._tg is not None:
                 tg, self._tg = self._tg, None
-                await tg.__aexit__(exc_type, exc, tb)
+                if exc is not None:
+                    tg.cancel_scope.cancel()
+                # the body's exception stays the caller's: not wrapped in a group
+                await tg.__aexit__(None, None, None)
             if exc is None:
                 await self._complete()
                 return
@@ -278,13 +308,20 @@ class ScoringSession:
         Raises:
             ConfigError: a conversation scorer must be awaited (it calls a model, such as
                 a judge): score from async code instead.
+            RuntimeError: the session is in use inside ``async with``.
         """
+        if self._entered and self._scored is None:
+            raise RuntimeError("the session is being scored inside 'async with'")
         if self.awaits:
             names = ", ".join(s.name for s in self._slots if s.awaits and s.error is None)
             raise ConfigError(
                 f"{names} call a model and must be awaited: score from async code "
                 "(async with ScoringSession(...), or ascore_transcript)"
             )
+        self._inline = True
+        waiting, self._waiting = self._waiting, []
+        for record in waiting:
+            self._fold(record)
         for record in records:
             self.add(record)
         return self._complete_now(
@@ -305,6 +342,10 @@ class ScoringSession:
         scorers that await get ``failed`` with ``reason`` (``turn_reason`` for turns)."""
         if self._scored is not None:
             return self._scored
+        for record in self._waiting:  # never entered: the plain scorers still see them
+            self._inline = True
+            self._fold(record)
+        self._waiting = []
         _compute_results([s for s in self._slots if s.open and not s.awaits])
         for slot in self._slots:
             if slot.open:  # it awaits: nothing can be awaited now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -104,10 +105,21 @@ def load_pack(
         include_path=Path(include_path) if include_path is not None else None,
         metric_names=metric_names,
     )
+    pack = _load(name_or_path, options)
+    recorded = options.recorded()
+    return dataclasses.replace(pack, load_options=recorded) if recorded else pack
+
+
+def _load(name_or_path: str | Path, options: LoadOptions) -> Pack:
     if isinstance(name_or_path, str) and ":" in name_or_path and name_or_path in PACK_SOURCES:
         pack: Pack = PACK_SOURCES.get(name_or_path)(options)
         return pack
-    if include_path is not None:
+    num_fewshot, context_mode, metric_names = (
+        options.num_fewshot,
+        options.context_mode,
+        options.metric_names,
+    )
+    if options.include_path is not None:
         raise ConfigError("include_path applies to lm-eval:TASK packs only")
     folder = _resolve(name_or_path)
     has_multi = any((folder / f).exists() for f in MULTI_TURN_FILES)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -100,6 +100,9 @@ class Pack:
     """Conversation-level metrics the pack asks for (config.yml ``metrics``)."""
     notes: tuple[str, ...] = field(default=())
     """Things worth knowing that are not errors (e.g. optional turns that will skip)."""
+    load_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """The options it was loaded with besides its name (num_fewshot, context_mode,
+    include_path), as text and numbers: what loads it again the same way."""
 
     def __len__(self) -> int:
         return len(self.conversations)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from convsim._registry import Registry
 
@@ -30,6 +30,17 @@ class LoadOptions:
     include_path: Path | None = None
     metric_names: Container[str] | None = None
     """The metric names to accept; None accepts any (the caller checks them)."""
+
+    def recorded(self) -> dict[str, Any]:
+        """The options that shape a pack, as a results manifest records them."""
+        recorded: dict[str, Any] = {}
+        if self.num_fewshot:
+            recorded["num_fewshot"] = self.num_fewshot
+        if self.context_mode is not None:
+            recorded["context_mode"] = self.context_mode
+        if self.include_path is not None:
+            recorded["include_path"] = str(self.include_path)
+        return recorded
 
 
 class PackSource(Protocol):

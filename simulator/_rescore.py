@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -89,10 +89,12 @@ def read_recorded_run(path: Path) -> RecordedRun:
 
 
 def _pack_of(path: Path, results: list[ConversationResult], notes: list[str]) -> Pack | None:
-    """The pack the run used, loaded again, if it is unchanged; else None with a note."""
+    """The pack the run used, loaded again the same way, if it is unchanged; else None
+    with a note."""
     hashes = {r.pack_hash for r in results}
     name = results[0].pack
     candidates: list[str] = []
+    options: dict[str, Any] = {}
     manifest_file = manifest_path(path)
     if manifest_file.exists():
         try:
@@ -100,8 +102,8 @@ def _pack_of(path: Path, results: list[ConversationResult], notes: list[str]) ->
         except (OSError, ValidationError):
             manifest = None
         if manifest is not None:
-            name = manifest.pack
-            if ":" not in manifest.pack and Path(manifest.pack_path).is_dir():
+            name, options = manifest.pack, dict(manifest.pack_options)
+            if manifest.pack_path != "." and Path(manifest.pack_path).is_dir():
                 candidates.append(manifest.pack_path)
     candidates.append(name)
     without = (
@@ -111,14 +113,17 @@ def _pack_of(path: Path, results: list[ConversationResult], notes: list[str]) ->
     if len(hashes) > 1:
         notes.append(f"the file mixes runs of {len(hashes)} pack versions: {without}")
         return None
+    changed = False
     for candidate in candidates:
         try:
-            pack = load_pack(candidate)
+            pack = load_pack(candidate, **options)
         except ConvsimError:
             continue
         if pack.pack_hash in hashes:
             return pack
+        changed = True
+    if changed:
         notes.append(f"pack {name!r} has changed since the run: {without}")
-        return None
-    notes.append(f"pack {name!r} cannot be loaded here: {without}")
+    else:
+        notes.append(f"pack {name!r} cannot be loaded here: {without}")
     return None

@@ -310,12 +310,13 @@ class Simulator:
                     "not a convsim.adapters.ModelAdapter"
                 )
             self._owned.append(adapter)
-            name = choice.spec
-        else:
-            adapter, name = choice, choice.model_info().model_id
-        # adapters with the same connection key share one budget; the pool fits the run
-        adapter.bind_budgets(self.budgets, concurrency=self.config.concurrency)
-        return _BoundModel(adapter, name)
+            # adapters with the same connection key share one budget; the pool of an
+            # adapter built here fits the run
+            adapter.bind_budgets(self.budgets, concurrency=self.config.concurrency)
+            return _BoundModel(adapter, choice.spec)
+        # the caller's adapter keeps its own pool and cap (it may serve other simulators)
+        choice.bind_budgets(self.budgets)
+        return _BoundModel(choice, choice.model_info().model_id)
 
     async def __aenter__(self) -> Simulator:
         # one cap for every run of this simulator: concurrent runs share it
@@ -371,6 +372,7 @@ class Simulator:
             pack=pack.name,
             pack_path=str(pack.path),
             pack_hash=pack.pack_hash,
+            pack_options=dict(pack.load_options),
             model=self.model_name,
             user_model=self.user_model_name,
             started_at=time.time(),

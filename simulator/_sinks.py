@@ -66,6 +66,9 @@ class RunManifest(BaseModel):
     pack: str
     pack_path: str
     pack_hash: str
+    pack_options: dict[str, Any] = Field(default_factory=dict)
+    """What the pack was loaded with besides its name (num_fewshot, context_mode,
+    include_path): what loads it again the same way."""
     model: str
     user_model: str | None = None
     settings: dict[str, Any] = Field(default_factory=dict)

@@ -110,3 +110,27 @@ def test_the_command_line_builds_the_same_config(
     assert manifest["settings"]["concurrency"] == 3 and manifest["settings"]["seed"] == 7
     assert manifest["settings"]["model_args"] == {"latency": "0"}
     assert convsim.read_results(out)[0].seed != 7  # each conversation derives its own
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("own", [{"concurrency": "3"}, {}])
+async def test_an_adapter_instance_serves_one_simulator_after_another(
+    own: dict[str, str],
+) -> None:
+    from convsim.adapters import create_adapter
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+
+    async with MockModelServer(MockServerConfig()) as server:
+        adapter = create_adapter(
+            "openai-compatible:mock-model", {"base_url": server.base_url, **own}
+        )
+        cap = adapter.rate_limits().concurrency
+        try:
+            for _ in range(2):
+                async with Simulator(adapter, concurrency=8, metrics=[]) as sim:
+                    results = [r async for r in sim.run("single_turn_qa", limit=2)]
+                assert [r.status.value for r in results] == ["DONE", "DONE"]
+            # the caller's adapter keeps its own pool and cap
+            assert adapter.rate_limits().concurrency == cap == int(own.get("concurrency", 64))
+        finally:
+            await adapter.aclose()

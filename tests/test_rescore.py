@@ -103,3 +103,35 @@ def test_an_empty_file_is_refused_clearly(tmp_path: Path, content: str) -> None:
     path.write_text(content, encoding="utf-8")
     result = CliRunner().invoke(main, ["score", str(path), "--metrics", "response_length"])
     assert result.exit_code == 2 and "holds no conversations" in result.output
+
+
+def test_a_pack_loaded_with_options_is_loaded_again_the_same_way(tmp_path: Path) -> None:
+    out = tmp_path / "fewshot.jsonl"
+    result = CliRunner().invoke(
+        main,
+        ["run", "single_turn_qa", "--num-fewshot", "2", "--limit", "4", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    manifest = json.loads(out.with_name("fewshot.manifest.json").read_text())
+    assert manifest["pack_options"] == {"num_fewshot": 2}
+    output, rows = _score(out, "exact_match", tmp_path)
+    assert "note:" not in output
+    assert [row["scores"]["exact_match"]["value"] for row in rows] == [1.0] * 4  # type: ignore[index]
+
+
+def test_an_lm_eval_task_run_is_scored_again_with_its_references(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from convsim.lm_eval import export_lm_eval_tasks
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tasks = tmp_path / "tasks"
+    export_lm_eval_tasks(["single_turn_qa"], out=tasks)
+    out = tmp_path / "lm.jsonl"
+    args = ["run", "lm-eval:single_turn_scenarios_single_turn_qa", "--include-path", str(tasks)]
+    result = CliRunner().invoke(main, [*args, "--limit", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    output, rows = _score(out, "exact_match", tmp_path)
+    assert "note:" not in output
+    assert [row["scores"]["exact_match"]["value"] for row in rows] == [1.0] * 3  # type: ignore[index]

@@ -308,3 +308,65 @@ def test_every_metric_gets_exactly_one_score_whatever_breaks(kinds: list[str]) -
         assert (score.status == "ok") == (kind == "ok"), (kind, score)
         if kind == "ok":
             assert score.value == 2.0
+
+
+async def test_the_bodys_own_exception_comes_out_as_itself() -> None:
+    transcript = _transcript()
+    session = ScoringSession(transcript.conversation, [Gated(anyio.Event()), Counting()])
+    with pytest.raises(KeyError, match="mine"):  # not wrapped in an exception group
+        async with session:
+            session.add(transcript.turns[0])
+            raise KeyError("mine")
+    assert session.scored.scores["counting"].value == 1.0
+    assert session.scored.scores["gated"].status == "failed"
+
+
+async def test_turns_added_before_the_block_reach_every_scorer() -> None:
+    transcript = _transcript()
+    gated = Gated(anyio.Event())
+    gated.gate.set()
+    session = ScoringSession(transcript.conversation, [gated, Counting()])
+    for record in transcript.turns:
+        session.add(record)
+    async with session:
+        pass
+    assert gated.seen == ["t1", "t2"]
+    assert session.scored.scores["gated"].value == 2.0
+    assert session.scored.scores["counting"].value == 2.0
+
+
+async def test_stopping_a_run_with_a_judge_mid_turn_records_every_conversation(
+    tmp_path: Any,
+) -> None:
+    """The judge's background stops with the conversation; the turns the stop records
+    afterwards must not break the run (they are scored from the records)."""
+    import convsim
+    from convsim.adapters import Completion, ModelAdapter
+
+    in_flight = anyio.Event()
+    started: set[str] = set()
+
+    class Slow(ModelAdapter):
+        async def generate(self, messages: Any, params: Any) -> Completion:
+            started.add(params.metadata["conversation_id"])
+            if len(started) == 4:
+                in_flight.set()
+            await anyio.sleep_forever()  # never answers: the stop cancels it
+            raise AssertionError("unreachable")
+
+    class Judge(ModelAdapter):
+        async def generate(self, messages: Any, params: Any) -> Completion:
+            return Completion(text='{"score": 4, "reason": "fine"}')
+
+    async with convsim.Simulator(
+        Slow(), judge=Judge(), metrics=["accuracy", "response_length"], concurrency=4
+    ) as sim:
+        handle = sim.run("customer_support", limit=4)
+        await in_flight.wait()
+        handle.stop(grace_period=0)
+        results = [r async for r in handle]
+    assert len(results) == 4
+    for result in results:
+        assert result.status is convsim.Status.CANCELLED
+        assert result.scores["accuracy"].status in ("failed", "not_applicable")
+        assert result.scores["response_length"].status == "not_applicable"

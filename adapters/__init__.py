@@ -10,7 +10,14 @@ _public = _lazy_module(
     __name__,
     globals(),
     {
-        "._protocol": ["ModelAdapter", "PromptScorer", "PromptLogprobs", "can_score_prompts"],
+        "._protocol": [
+            "ModelAdapter",
+            "PromptScorer",
+            "PromptLogprobs",
+            "LogprobsUnsupported",
+            "can_score_prompts",
+        ],
+        "._openai": ["render_prompt"],
         "._registry": [
             "ADAPTERS",
             "ModelSpec",
@@ -34,7 +41,6 @@ _public = _lazy_module(
         ],
     },
 )
-__all__ = _public.all
 __getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
@@ -49,6 +55,8 @@ if TYPE_CHECKING:
     from convsim._types import Usage as Usage
 
     from ._budget import Budgets as Budgets
+    from ._openai import render_prompt as render_prompt
+    from ._protocol import LogprobsUnsupported as LogprobsUnsupported
     from ._protocol import ModelAdapter as ModelAdapter
     from ._protocol import PromptLogprobs as PromptLogprobs
     from ._protocol import PromptScorer as PromptScorer

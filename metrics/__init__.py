@@ -19,7 +19,10 @@ _public = _lazy_module(
             "TechnicalAccuracyMetric",
             "normalize_answer",
         ],
-        "._judge": ["JudgeSettings", "RubricJudgeMetric"],
+        "._judge": ["JudgeSettings", "RubricJudgeMetric", "judged"],
+        "._goal": ["goal_met"],
+        "._coherence": ["Embedder", "TfidfEmbedder", "cosine"],
+        "._corpus": ["CORPUS_AGGREGATION", "CORPUS_ITEM", "AGGREGATIONS", "corpus_value"],
         "._protocol": ["ConversationScorer", "AsyncConversationScorer", "Metric"],
         "._session": ["ScoringSession", "ScoredConversation"],
         "._registry": ["DEFAULT_METRICS", "METRICS", "register_metric", "resolve_metrics"],
@@ -27,6 +30,7 @@ _public = _lazy_module(
         "._transcripts": [
             "Transcript",
             "TranscriptScores",
+            "recorded_transcript",
             "ascore_transcript",
             "read_transcripts",
             "score_transcript",
@@ -34,7 +38,6 @@ _public = _lazy_module(
         ],
     },
 )
-__all__ = _public.all
 __getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
@@ -46,8 +49,17 @@ if TYPE_CHECKING:
     from ._builtin import ResponseLengthMetric as ResponseLengthMetric
     from ._builtin import TechnicalAccuracyMetric as TechnicalAccuracyMetric
     from ._builtin import normalize_answer as normalize_answer
+    from ._coherence import Embedder as Embedder
+    from ._coherence import TfidfEmbedder as TfidfEmbedder
+    from ._coherence import cosine as cosine
+    from ._corpus import AGGREGATIONS as AGGREGATIONS
+    from ._corpus import CORPUS_AGGREGATION as CORPUS_AGGREGATION
+    from ._corpus import CORPUS_ITEM as CORPUS_ITEM
+    from ._corpus import corpus_value as corpus_value
+    from ._goal import goal_met as goal_met
     from ._judge import JudgeSettings as JudgeSettings
     from ._judge import RubricJudgeMetric as RubricJudgeMetric
+    from ._judge import judged as judged
     from ._protocol import AsyncConversationScorer as AsyncConversationScorer
     from ._protocol import ConversationScorer as ConversationScorer
     from ._protocol import Metric as Metric
@@ -63,5 +75,6 @@ if TYPE_CHECKING:
     from ._transcripts import TranscriptScores as TranscriptScores
     from ._transcripts import ascore_transcript as ascore_transcript
     from ._transcripts import read_transcripts as read_transcripts
+    from ._transcripts import recorded_transcript as recorded_transcript
     from ._transcripts import score_transcript as score_transcript
     from ._transcripts import score_transcripts as score_transcripts

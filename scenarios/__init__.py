@@ -10,11 +10,20 @@ _public = _lazy_module(
     __name__,
     globals(),
     {
-        "._loader": ["BUNDLED_PACKS_DIR", "PackInfo", "list_packs", "load_pack"],
+        "._loader": [
+            "BUNDLED_PACKS_DIR",
+            "SINGLE_TURN_ID",
+            "PackInfo",
+            "MultiTurnFiles",
+            "list_packs",
+            "load_pack",
+            "load_multi_turn_files",
+        ],
         "._sources": ["LoadOptions", "PackSource", "PACK_SOURCES"],
-        "._pack": ["Conversation", "Pack", "PreparedFlow", "PreparedTurn"],
+        "._pack": ["Conversation", "Pack", "PreparedFlow", "PreparedTurn", "render_context"],
         "._schema": [
             "BUILTIN_VARIABLES",
+            "UserProfile",
             "Criterion",
             "Fact",
             "Flow",
@@ -29,18 +38,21 @@ _public = _lazy_module(
         "._templates": ["Template"],
     },
 )
-__all__ = _public.all
 __getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
     from ._loader import BUNDLED_PACKS_DIR as BUNDLED_PACKS_DIR
+    from ._loader import SINGLE_TURN_ID as SINGLE_TURN_ID
+    from ._loader import MultiTurnFiles as MultiTurnFiles
     from ._loader import PackInfo as PackInfo
     from ._loader import list_packs as list_packs
+    from ._loader import load_multi_turn_files as load_multi_turn_files
     from ._loader import load_pack as load_pack
     from ._pack import Conversation as Conversation
     from ._pack import Pack as Pack
     from ._pack import PreparedFlow as PreparedFlow
     from ._pack import PreparedTurn as PreparedTurn
+    from ._pack import render_context as render_context
     from ._schema import BUILTIN_VARIABLES as BUILTIN_VARIABLES
     from ._schema import Criterion as Criterion
     from ._schema import Fact as Fact
@@ -52,6 +64,7 @@ if TYPE_CHECKING:
     from ._schema import SingleTurnConfig as SingleTurnConfig
     from ._schema import TurnConfig as TurnConfig
     from ._schema import TurnSettings as TurnSettings
+    from ._schema import UserProfile as UserProfile
     from ._sources import PACK_SOURCES as PACK_SOURCES
     from ._sources import LoadOptions as LoadOptions
     from ._sources import PackSource as PackSource

@@ -45,8 +45,8 @@ _public = _lazy_module(
             "ProtocolError",
         ],
     },
+    also=["__version__"],
 )
-__all__ = ["__version__", *_public.all]
 __getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:

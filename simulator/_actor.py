@@ -21,7 +21,6 @@ from convsim._errors import AdapterError, ProtocolError, TemplateError, Timeout
 from convsim._types import Completion, Message, Usage
 from convsim.adapters import ModelAdapter
 from convsim.metrics import Metric, ScoredConversation, ScoringSession
-from convsim.metrics._session import ENDED_EARLY
 from convsim.scenarios import Conversation, PreparedTurn
 
 from ._call_settings import CallSettings
@@ -409,9 +408,8 @@ def _scored(scoring: ScoringSession) -> ScoredConversation:
     try:
         return scoring.scored
     except RuntimeError:
-        return ScoredConversation(
-            scores={m.name: Score.failed(ENDED_EARLY) for m in scoring.metrics}, turn_scores={}
-        )
+        broken = Score.failed("the scoring session broke before it finished")
+        return ScoredConversation(scores={m.name: broken for m in scoring.metrics}, turn_scores={})
 
 
 def _cost(adapter: ModelAdapter | None, usage: Usage | None) -> float | None:

@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 
 from convsim._errors import ConfigError, describe_validation_error, parse_config
 from convsim.adapters import ModelAdapter, parse_model_spec
@@ -23,7 +30,7 @@ class ModelRef(BaseModel):
     """A model named by its spec (``scripted``, ``openai:gpt-4o-mini``) and the adapter
     arguments (``--model-arg KEY=VALUE``) it is built with."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     spec: str
     """``TYPE`` or ``TYPE:MODEL``; the type picks the adapter."""
@@ -38,6 +45,11 @@ class ModelRef(BaseModel):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         return spec
+
+    @field_serializer("args")
+    def _dump_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Dumped (to JSON, to a dict), a secret-named argument is never in clear."""
+        return {k: "***" if is_secret_key(k) else v for k, v in args.items()}
 
     def redacted_args(self) -> dict[str, str]:
         """The arguments fit for a manifest or a log: secrets replaced, values as text."""
@@ -75,7 +87,9 @@ def _model_choice(value: Any) -> Any:
 class JudgeConfig(BaseModel):
     """The model that grades judge metrics (``judge:<rubric>``, the guide's rubrics)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, hide_input_in_errors=True
+    )
 
     model: ModelChoice
     samples: int = Field(default=1, ge=1)
@@ -96,7 +110,9 @@ class SimulatorConfig(BaseModel):
     its spec string) or an adapter instance.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, hide_input_in_errors=True
+    )
 
     model: ModelChoice = ModelRef(spec="scripted")
     """The model under test."""

@@ -2,13 +2,14 @@
 
 ``import convsim.adapters`` then costs only the package itself, and ``convsim --help``
 imports none of what a command does not need. A package keeps its public names in a
-table of ``module -> names`` (which is also its ``__all__``, in that order); type
-checkers read the same names from a ``TYPE_CHECKING`` block beside it.
+table of ``module -> names``; type checkers read the same names from a
+``TYPE_CHECKING`` block beside it.
 
 A name that moved to a package above can stay reachable where it used to be through the
 entry-point group ``convsim.exports`` (``convsim.scenarios.AdvancedTask =
 convsim.lm_eval:AdvancedTask``): the upper package declares the alias, so the lower one
-never names it.
+never names it. The package's ``__all__`` lists those aliases too, so a star import
+still gets every name it used to; it is worked out on first use.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ ALIAS_GROUP = "convsim.exports"
 
 
 class LazyModule(NamedTuple):
-    """What a lazy package puts at its module level."""
+    """What a lazy package puts at its module level: ``__getattr__`` and ``__dir__``
+    (which also answer ``__all__``)."""
 
-    all: list[str]
-    """Its ``__all__``."""
     getattr: Callable[[str], Any]
     dir: Callable[[], list[str]]
 
@@ -39,21 +39,33 @@ def _aliases() -> dict[str, str]:
 
 
 def lazy_module(
-    package: str, namespace: dict[str, Any], exports: Mapping[str, Iterable[str]]
+    package: str,
+    namespace: dict[str, Any],
+    exports: Mapping[str, Iterable[str]],
+    *,
+    also: Iterable[str] = (),
 ) -> LazyModule:
-    """``__all__``, ``__getattr__`` and ``__dir__`` for ``package``.
+    """``__getattr__`` and ``__dir__`` for ``package``.
 
     Args:
         package: the package's ``__name__``.
         namespace: the package's ``globals()``; each name is cached there once imported.
         exports: each module (absolute, or relative to ``package``) and the public names
             it defines, in the order ``__all__`` lists them.
+        also: public names the package defines itself (listed first in ``__all__``).
     """
     where = {name: module for module, names in exports.items() for name in names}
-    public = [name for names in exports.values() for name in names]
-    listed = sorted(set(public))
+    public = [*also, *(name for names in exports.values() for name in names)]
+
+    def aliases() -> list[str]:
+        prefix = package + "."
+        return [k[len(prefix) :] for k in _aliases() if k.startswith(prefix)]
 
     def __getattr__(name: str) -> Any:
+        if name == "__all__":
+            value: Any = [*public, *(a for a in aliases() if a not in public)]
+            namespace[name] = value
+            return value
         module = where.get(name)
         if module is not None:
             value = getattr(importlib.import_module(module, package), name)
@@ -67,6 +79,6 @@ def lazy_module(
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*namespace, *listed})
+        return sorted({*namespace, *public, *aliases()})
 
-    return LazyModule(public, __getattr__, __dir__)
+    return LazyModule(__getattr__, __dir__)

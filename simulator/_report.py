@@ -7,10 +7,8 @@ from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel, Field
 
+from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_value, mean, percentile
 from convsim.metrics._aggregate import aggregate
-from convsim.metrics._corpus import CORPUS_AGGREGATION, CORPUS_ITEM, corpus_value
-from convsim.metrics._registry import METRICS
-from convsim.metrics._stats import mean, percentile
 
 from ._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
 

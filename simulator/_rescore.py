@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from convsim.metrics._transcripts import Transcript, recorded_transcript
+from convsim.metrics import Transcript, recorded_transcript
 from convsim.scenarios import Pack, Scenario
 
 from ._errors import ConvsimError, ResultsError

@@ -18,8 +18,7 @@ import anyio.abc
 import structlog
 
 from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, create_adapter
-from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric
-from convsim.metrics._judge import judged
+from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric, judged
 from convsim.scenarios import Conversation, Pack
 
 from ._actor import ActorSettings, ConversationActor
@@ -299,6 +298,25 @@ class Simulator:
     def grace_period(self) -> float:
         return self.config.grace_period
 
+    @property
+    def conversation_timeout(self) -> float | None:
+        return self.config.conversation_timeout
+
+    @property
+    def max_turns(self) -> int | None:
+        return self.config.max_turns
+
+    @property
+    def model_args(self) -> dict[str, Any]:
+        """The model's adapter arguments (empty when it was given as an instance)."""
+        model = self.config.model
+        return dict(model.args) if isinstance(model, ModelRef) else {}
+
+    @property
+    def user_model_args(self) -> dict[str, Any]:
+        model = self.config.user_model
+        return dict(model.args) if isinstance(model, ModelRef) else {}
+
     def _adapter(self, choice: ModelChoice) -> _BoundModel:
         """The adapter for a model reference (built here, owned) or instance (the
         caller's), bound to this simulator's budgets."""
@@ -384,6 +402,9 @@ class Simulator:
                 "max_turns": self.config.max_turns,
                 "model_args": _redacted(self.config.model),
                 "judge": self.judge_name,
+                "judge_args": _redacted(self.config.judge.model if self.config.judge else None),
+                "judge_samples": self.config.judge.samples if self.config.judge else None,
+                "judge_combine": self.config.judge.combine if self.config.judge else None,
                 "user_model_args": _redacted(self.config.user_model),
                 "limit": limit,
                 "grace_period": self.grace_period,

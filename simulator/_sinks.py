@@ -27,7 +27,13 @@ RESULT_SETTINGS = (
     "conversation_timeout",
     "model_args",
     "user_model_args",
+    "judge",
+    "judge_args",
+    "judge_samples",
+    "judge_combine",
 )
+"""Settings that change what results say: resuming with others would mix results. A
+setting a file's manifest does not record (an older version wrote it) is not compared."""
 
 #: Adapter arguments that change how fast or how politely calls go, not what comes back.
 OPERATIONAL_ARGS = frozenset(
@@ -231,6 +237,7 @@ class JsonlSink:
             checks += [
                 (key, _shaping(old.settings.get(key)), _shaping(manifest.settings.get(key)))
                 for key in RESULT_SETTINGS
+                if key in old.settings
             ]
             for what, before, now in checks:
                 if before != now:

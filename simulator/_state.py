@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from convsim._errors import InvalidTransition
-from convsim.scenarios._pack import Conversation, PreparedTurn
+from convsim.scenarios import Conversation, PreparedTurn
 
 from ._records import Status, TerminationReason, TurnStatus
 

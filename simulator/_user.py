@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from convsim._types import Completion, GenerationParams, Message
 from convsim.adapters import ModelAdapter
-from convsim.metrics._goal import goal_met
-from convsim.scenarios import Scenario
-from convsim.scenarios._schema import UserProfile
+from convsim.metrics import goal_met
+from convsim.scenarios import Scenario, UserProfile
 
 __all__ = ["SimulatedUser", "NO_PROFILE", "ends_on_goal"]
 

@@ -36,6 +36,12 @@ def test_keyword_arguments_build_the_config() -> None:
     assert sim.concurrency == 8 and sim.judge is not None and sim.judge.samples == 2
 
 
+def test_the_settings_read_back_from_the_simulator() -> None:
+    sim = Simulator("scripted", model_args={"latency": "0"}, max_turns=3, grace_period=1.5)
+    assert sim.model_args == {"latency": "0"} and sim.user_model_args == {}
+    assert (sim.max_turns, sim.conversation_timeout, sim.grace_period) == (3, None, 1.5)
+
+
 def test_a_config_is_frozen_and_takes_no_other_settings() -> None:
     config = SimulatorConfig(model="scripted", concurrency=4)
     with pytest.raises(ValidationError):
@@ -81,8 +87,15 @@ def test_an_object_that_is_not_an_adapter_is_refused_with_what_to_do() -> None:
 
 def test_secrets_in_model_arguments_never_show() -> None:
     ref = ModelRef(spec="openai:gpt-4o-mini", args={"api_key": "sk-secret", "rpm": 60})
-    assert "sk-secret" not in repr(ref) and "sk-secret" not in repr(SimulatorConfig(model=ref))
+    config = SimulatorConfig(model=ref)
+    assert "sk-secret" not in repr(ref) and "sk-secret" not in repr(config)
     assert ref.redacted_args() == {"api_key": "***", "rpm": "60"}
+    assert "sk-secret" not in config.model_dump_json()
+    assert config.model_dump()["model"]["args"] == {"api_key": "***", "rpm": 60}
+    assert ref.args["api_key"] == "sk-secret"  # what builds the adapter keeps it
+    with pytest.raises(ValidationError) as info:  # a bad config does not echo its input
+        SimulatorConfig(model={"spec": "openai:x", "args": {"api_key": "sk-secret"}, "x": 1})
+    assert "sk-secret" not in str(info.value)
 
 
 def test_the_command_line_builds_the_same_config(

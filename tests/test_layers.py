@@ -160,3 +160,8 @@ def test_names_that_moved_up_stay_reachable_where_they_were() -> None:
     assert convsim.adapters.register_lm_eval_model is convsim.lm_eval.register_lm_eval_model
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
         _ = convsim.scenarios.NoSuchThing
+    # and a star import still gets every name the old __all__ listed
+    names: dict[str, object] = {}
+    exec("from convsim.scenarios import *", names)
+    assert {"AdvancedTask", "MultiTurnTask", "MetricsEngine", "register_task"} <= set(names)
+    assert "register_lm_eval_model" in convsim.adapters.__all__

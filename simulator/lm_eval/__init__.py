@@ -35,7 +35,6 @@ _public = _lazy_module(
         "._task_pack": ["load_lm_eval_task"],
     },
 )
-__all__ = _public.all
 __getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:

@@ -31,8 +31,7 @@ import yaml
 
 from convsim._errors import ConfigError
 from convsim.metrics import DEFAULT_METRICS, METRICS, score_transcript
-from convsim.scenarios import Pack, list_packs, load_pack
-from convsim.scenarios._loader import SINGLE_TURN_ID
+from convsim.scenarios import SINGLE_TURN_ID, Pack, list_packs, load_pack
 
 __all__ = [
     "CONVERSATION_MARKER",
@@ -56,7 +55,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convsim.lm_eval._export import (
+from convsim.lm_eval.task_support import (
     conversation_request,
     conversation_scores,
     require_convsim_model,
@@ -91,7 +90,7 @@ from __future__ import annotations
 from typing import Any
 
 from convsim.metrics import score_transcript
-from convsim.lm_eval._export import std, with_std
+from convsim.lm_eval.task_support import std, with_std
 
 METRICS = {metrics!r}
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from convsim._errors import ConfigError
 from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
-from convsim.metrics._corpus import CORPUS_AGGREGATION, CORPUS_ITEM
+from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM
 
 from ._task_pack import aggregation_name, score_document
 
@@ -222,10 +222,10 @@ class _LmEvalTaskScorer:
         if aggregation in (None, "mean"):
             return Score(value=float(value), details=details)
         details.update({CORPUS_ITEM: value, CORPUS_AGGREGATION: f"lm_eval:{aggregation}"})
-        return Score(value=corpus_value(f"lm_eval:{aggregation}", [value]), details=details)
+        return Score(value=lm_eval_corpus_value(f"lm_eval:{aggregation}", [value]), details=details)
 
 
-def corpus_value(aggregation: str, items: list[Any]) -> float:
+def lm_eval_corpus_value(aggregation: str, items: list[Any]) -> float:
     """``items`` reduced by ``aggregation`` (``lm_eval:bleu`` ...), as lm-eval does: the
     ``lm_eval`` corpus aggregation (entry point ``convsim.corpus_aggregations``)."""
     prefix, _, name = aggregation.partition(":")

@@ -45,15 +45,17 @@ from convsim._errors import ConfigError
 from convsim._log import get_logger
 from convsim._runtime import Simulator
 from convsim._types import GenerationParams, Message, Usage
-from convsim.adapters._budget import Budgets
-from convsim.adapters._openai import render_prompt
-from convsim.adapters._protocol import (
+from convsim.adapters import (
+    ADAPTERS,
+    Budgets,
     LogprobsUnsupported,
     ModelAdapter,
     PromptLogprobs,
     can_score_prompts,
+    create_adapter,
+    parse_model_spec,
+    render_prompt,
 )
-from convsim.adapters._registry import ADAPTERS, create_adapter, parse_model_spec
 
 from ._export import CONVERSATION_MARKER
 from ._logprobs import ContinuationScore, continuation_logprob, rolling_logprob

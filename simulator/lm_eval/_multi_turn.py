@@ -38,11 +38,15 @@ import yaml
 from convsim._errors import ConfigError
 from convsim._records import TurnRecord
 from convsim._types import Message
-from convsim.metrics import METRICS, ScoringSession
-from convsim.metrics._coherence import TfidfEmbedder, cosine
-from convsim.scenarios import Conversation, Pack, PreparedTurn, Template
-from convsim.scenarios._loader import load_multi_turn_files
-from convsim.scenarios._pack import render_context
+from convsim.metrics import METRICS, ScoringSession, TfidfEmbedder, cosine
+from convsim.scenarios import (
+    Conversation,
+    Pack,
+    PreparedTurn,
+    Template,
+    load_multi_turn_files,
+    render_context,
+)
 
 from ._export import conversation_request, conversation_scores, require_convsim_model
 from ._task_metric import TASK_METRIC_PREFIX, numeric

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from convsim.scenarios import SINGLE_TURN_ID as TURN_ID
 from convsim.scenarios import (
     Conversation,
     Flow,
@@ -19,7 +20,6 @@ from convsim.scenarios import (
     TurnConfig,
     TurnSettings,
 )
-from convsim.scenarios._loader import SINGLE_TURN_ID as TURN_ID
 
 __all__ = ["PromptPackBuilder", "TURN_ID"]
 

@@ -80,10 +80,28 @@ def _templates_compiled_once() -> Iterator[None]:
         utils.apply_template = original
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """lm-eval draws a progress bar on stderr while it builds a task's requests; convsim
+    loading a task prints nothing (the command line shows its own progress)."""
+    from lm_eval.api import task as task_module
+
+    original = task_module.tqdm
+
+    def quiet(iterable: Any, *args: Any, **kwargs: Any) -> Any:
+        return iterable
+
+    task_module.tqdm = quiet
+    try:
+        yield
+    finally:
+        task_module.tqdm = original
+
+
 def lm_eval_task(name: str, include_path: str | Path | None = None) -> Any:
     """lm-eval's task object for ``name``, its requests built (rank 0 of 1)."""
     _offline()
-    with _global_random_state_kept(), _templates_compiled_once():
+    with _global_random_state_kept(), _templates_compiled_once(), _no_progress_bar():
         return _load_task(name, include_path)
 
 

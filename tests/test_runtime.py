@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,44 @@ async def collect(sim: Simulator, pack: Any, **kw: Any) -> list[convsim.Conversa
 
 def meta(params: Any) -> tuple[str, str]:
     return params.metadata["conversation_id"], params.metadata["turn_id"]
+
+
+async def take(handle: convsim.RunHandle, n: int) -> AsyncIterator[convsim.ConversationResult]:
+    """The next ``n`` results of ``handle``, as they arrive."""
+    for _ in range(n):
+        yield await anext(handle)
+
+
+class ManualClock(asyncio.SelectorEventLoop):
+    """An asyncio event loop whose clock stands still until the test moves it on.
+
+    Deadlines (conversation timeouts, grace periods) then pass exactly when the test says
+    so, however slow or loaded the machine is: trio's MockClock, for asyncio. Work that
+    needs no time (fake adapters answering, events, worker threads) runs as usual.
+    """
+
+    def __init__(self) -> None:
+        self._now = time.monotonic()
+        super().__init__()
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+
+manual_clock = pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("asyncio", {"loop_factory": ManualClock}), id="manual_clock")]
+)
+"""Run the test on a :class:`ManualClock`; :func:`clock` moves it. The global test timeout
+guards against hangs: deadlines on this clock only pass when the test moves it."""
+
+
+def clock() -> ManualClock:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, ManualClock), "the test needs @manual_clock"
+    return loop
 
 
 def sleeper(fake_adapter: Any, *, calls: int) -> tuple[Any, anyio.Event]:
@@ -734,34 +772,79 @@ async def test_conversations_not_started_are_not_recorded(
     assert set(final) == set(resumed) and all(r.status is Status.DONE for r in final.values())
 
 
+@manual_clock
 async def test_grace_period_lets_in_flight_conversations_finish(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
+    """The caller is cancelled while four conversations are in flight: the two that can
+    still finish do, second turn included; the other two are recorded CANCELLED when the
+    grace period ends; every conversation is written once."""
+    grace = 2.0
     pack = make_pack(
         tmp_path,
         [{"turn_id": "a", "prompt_template": "A"}, {"turn_id": "b", "prompt_template": "B"}],
         n=4,
     )
+    finishing = {"s0", "s1"}
+    answer = {cid: anyio.Event() for cid in ("s0", "s1", "s2", "s3")}
+    all_in_flight = anyio.Event()
 
     async def behave(messages: Any, params: Any) -> str:
-        await anyio.sleep(0.05)
-        return "done in time"
+        cid, turn_id = meta(params)
+        if turn_id == "a":
+            if len(fake.calls) == 4:
+                all_in_flight.set()
+            await answer[cid].wait()  # set by the test, and never for s2 and s3
+        return f"{turn_id} done in time"
 
+    fake = fake_adapter(behave)
     out = tmp_path / "results.jsonl"
-    with anyio.fail_after(5):
-        with anyio.CancelScope() as caller:
-            async with Simulator(fake_adapter(behave), concurrency=4, grace_period=2) as sim:
+    caller = anyio.CancelScope()
+    running = anyio.Event()
+    handle: convsim.RunHandle | None = None
+
+    async def the_callers_code() -> None:
+        nonlocal handle
+        with caller:
+            async with Simulator(fake, concurrency=4, grace_period=grace) as sim:
                 handle = sim.run(pack, sink=JsonlSink(out))
-                await anyio.sleep(0.01)
-                caller.cancel()
-                await anyio.sleep(10)
+                running.set()
+                await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(the_callers_code)
+        await running.wait()
+        assert handle is not None
+        await all_in_flight.wait()
+        caller.cancel()
+        for cid in finishing:
+            answer[cid].set()  # answered after the stop: these go on to their turn b
+        finished = {r.conversation_id: r async for r in take(handle, 2)}
+        assert set(finished) == finishing
+        assert all(r.status is Status.DONE for r in finished.values())
+        # the clock has not moved: within the grace period, the others are still in flight
+        assert handle.statistics().in_flight == 2
+        clock().advance(grace + 1)  # the grace period ends
+
     assert caller.cancelled_caught
-    written = read_results(out)
-    assert len(written) == 4
-    for result in written:
-        assert result.status is Status.DONE, result.conversation_id
-        assert [t.status for t in result.turns] == [TurnStatus.COMPLETED, TurnStatus.COMPLETED]
-    assert handle.statistics().cancelled == 0
+    written = by_id(read_results(out))
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 4  # each once, none lost
+    assert set(written) == {"s0", "s1", "s2", "s3"}
+    for cid, result in written.items():
+        if cid in finishing:
+            assert result.status is Status.DONE, cid
+            assert [t.status for t in result.turns] == [TurnStatus.COMPLETED] * 2
+            assert result == finished[cid]
+        else:
+            assert result.status is Status.CANCELLED, cid
+            assert result.termination_reason is TerminationReason.CANCELLED
+            a, b = result.turns
+            assert a.status is TurnStatus.FAILED and a.error is not None
+            assert a.error.type == "Cancelled"
+            assert b.status is TurnStatus.SKIPPED
+    assert [meta(p)[1] for _, p in fake.calls].count("b") == 2  # only the finishing two
+    stats = handle.statistics()
+    assert (stats.started, stats.done, stats.cancelled, stats.in_flight) == (4, 2, 2, 0)
 
 
 async def test_breaking_out_early_does_not_hang(tmp_path: Path) -> None:

@@ -494,6 +494,7 @@ async def test_optional_turn_failure_skips_dependants_only(
     assert [m.content for m in d_messages] == ["A", "reply to a", "D"]
 
 
+@manual_clock
 @pytest.mark.parametrize("where", ["simulator", "flow"])
 async def test_conversation_timeout(tmp_path: Path, fake_adapter: Any, where: str) -> None:
     flow = {"conversation_timeout": 0.05} if where == "flow" else {}
@@ -508,16 +509,23 @@ async def test_conversation_timeout(tmp_path: Path, fake_adapter: Any, where: st
         n=2,
     )
 
+    stuck = anyio.Event()
+
     async def behave(messages: Any, params: Any) -> str:
         cid, turn_id = meta(params)
         if cid == "s0" and turn_id == "b":
-            await anyio.sleep(10)
+            stuck.set()
+            await anyio.sleep_forever()
         return f"reply to {turn_id}"
 
     timeout = 0.05 if where == "simulator" else None
-    with anyio.fail_after(5):  # guards against a hang, not a speed check
-        async with Simulator(fake_adapter(behave), conversation_timeout=timeout) as sim:
-            results = by_id(await collect(sim, pack))
+    async with Simulator(fake_adapter(behave), conversation_timeout=timeout) as sim:
+        handle = sim.run(pack)
+        first = await anext(handle)  # s1 needs no time at all: the clock stands still
+        await stuck.wait()
+        clock().advance(1)  # past s0's deadline
+        results = by_id([first, *[r async for r in handle]])
+    assert first.conversation_id == "s1"
     timed_out = results["s0"]
     assert timed_out.status is Status.TIMED_OUT
     assert timed_out.termination_reason is TerminationReason.CONVERSATION_TIMEOUT
@@ -697,13 +705,14 @@ async def test_an_error_in_the_callers_code_still_records_in_flight_conversation
     assert handle.statistics().in_flight == 0
 
 
+@manual_clock
 async def test_timed_out_then_cancelled_keeps_a_consistent_reason(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
     class SlowScorer:
         def update(self, turn: Any) -> None:
             if turn.status is TurnStatus.FAILED:
-                time.sleep(0.15)  # CPU-bound scoring that holds the loop past the grace deadline
+                clock().advance(1)  # scoring the timed-out turn outlasts the grace period
 
         def result(self) -> Score:
             return Score(value=1.0)
@@ -725,19 +734,22 @@ async def test_timed_out_then_cancelled_keeps_a_consistent_reason(
     )
     fake, in_flight = sleeper(fake_adapter, calls=1)
     out = tmp_path / "results.jsonl"
-    with anyio.fail_after(5):
-        with anyio.CancelScope() as caller:
-            async with Simulator(
-                fake,
-                conversation_timeout=0.02,
-                grace_period=0.05,
-                metric_registry=reg,
-                metrics=["slow"],
-            ) as sim:
-                sim.run(pack, sink=JsonlSink(out))
-                await in_flight.wait()
-                caller.cancel()  # grace deadline: after the conversation's own timeout
-                await anyio.sleep(10)
+    with anyio.CancelScope() as caller:
+        async with Simulator(
+            fake,
+            conversation_timeout=0.02,
+            grace_period=0.05,
+            metric_registry=reg,
+            metrics=["slow"],
+        ) as sim:
+            sim.run(pack, sink=JsonlSink(out))
+            await in_flight.wait()
+            caller.cancel()
+            # past the conversation's own deadline (0.02), before the grace deadline
+            # the stop sets from now (0.05 on)
+            clock().advance(0.03)
+            await anyio.sleep_forever()
+    assert caller.cancelled_caught
     (result,) = read_results(out)
     assert turn(result, "a").error is not None and turn(result, "a").error.type == "Timeout"  # type: ignore[union-attr]
     assert result.status is Status.TIMED_OUT
@@ -847,13 +859,19 @@ async def test_grace_period_lets_in_flight_conversations_finish(
     assert (stats.started, stats.done, stats.cancelled, stats.in_flight) == (4, 2, 2, 0)
 
 
-async def test_breaking_out_early_does_not_hang(tmp_path: Path) -> None:
+async def one_loop_turn(messages: Any, params: Any) -> str:
+    """An answer that takes one turn of the event loop (and no time)."""
+    await anyio.lowlevel.checkpoint()
+    return "ok"
+
+
+@manual_clock  # the grace period cannot run out however slow the machine is
+async def test_breaking_out_early_does_not_hang(tmp_path: Path, fake_adapter: Any) -> None:
     pack = make_pack(tmp_path, n=10)
-    with anyio.fail_after(5):
-        async with Simulator("scripted", model_args={"latency": 0.005}, concurrency=2) as sim:
-            handle = sim.run(pack)
-            first = await anext(handle)
-        await handle.wait()
+    async with Simulator(fake_adapter(one_loop_turn), concurrency=2) as sim:
+        handle = sim.run(pack)
+        first = await anext(handle)
+    await handle.wait()
     assert first.status is Status.DONE
     stats = handle.statistics()
     assert stats.in_flight == 0
@@ -862,15 +880,15 @@ async def test_breaking_out_early_does_not_hang(tmp_path: Path) -> None:
     assert stats.done == stats.started
 
 
-async def test_stop_starts_no_new_conversations(tmp_path: Path) -> None:
+@manual_clock
+async def test_stop_starts_no_new_conversations(tmp_path: Path, fake_adapter: Any) -> None:
     pack = make_pack(tmp_path, n=10)
-    with anyio.fail_after(5):
-        async with Simulator("scripted", model_args={"latency": 0.005}, concurrency=2) as sim:
-            handle = sim.run(pack)
-            results = []
-            async for result in handle:
-                results.append(result)
-                handle.stop()
+    async with Simulator(fake_adapter(one_loop_turn), concurrency=2) as sim:
+        handle = sim.run(pack)
+        results = []
+        async for result in handle:
+            results.append(result)
+            handle.stop()
     assert 1 <= len(results) < 10
     assert all(r.status is Status.DONE for r in results)
     assert handle.statistics().started == len(results)
@@ -1163,7 +1181,7 @@ async def _cancel_while_blocked(
         return "ok"
 
     out = tmp_path / "results.jsonl"
-    with anyio.fail_after(10), anyio.CancelScope() as caller:
+    with anyio.CancelScope() as caller:
         async with Simulator(
             fake_adapter(answer), metric_registry=reg, metrics=metrics, grace_period=0.01
         ) as sim:
@@ -1172,16 +1190,24 @@ async def _cancel_while_blocked(
 
                 async def stop_once_blocked() -> None:
                     await anyio.to_thread.run_sync(started.wait, 5)
-                    caller.cancel()  # this task too: the release comes from a timer thread
-                    threading.Timer(0.2, release.set).start()  # after the grace period
+                    # The stop fixes the grace deadline now (the cancelled caller would
+                    # set the same one a few loop turns later); then the clock passes it
+                    # and only then is the metric released: the cancellation is due
+                    # before the worker thread returns.
+                    handle.stop()
+                    caller.cancel()
+                    clock().advance(1)
+                    release.set()
 
                 tg.start_soon(stop_once_blocked)
                 async for _ in handle:
                     pass
+    assert caller.cancelled_caught
     (result,) = read_results(out)
     return result
 
 
+@manual_clock
 async def test_cancelling_while_a_heavy_turn_metric_runs_keeps_every_turn_score(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
@@ -1194,6 +1220,7 @@ async def test_cancelling_while_a_heavy_turn_metric_runs_keeps_every_turn_score(
     assert {n: s.value for n, s in result.turn_scores["a"].items()} == {"turn1": 1.0, "turn2": 1.0}
 
 
+@manual_clock
 async def test_cancelling_while_heavy_conversation_metrics_run_loses_none(
     tmp_path: Path, fake_adapter: Any
 ) -> None:

@@ -315,13 +315,16 @@ async def test_concurrency_cap_is_respected(tmp_path: Path, fake_adapter: Any) -
     pack = make_pack(tmp_path, [{"turn_id": "only", "prompt_template": "Hi {name}"}], n=10)
     in_flight = 0
     peak = 0
+    full = anyio.Event()
 
     async def behave(messages: Any, params: Any) -> str:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
+        if in_flight == 3:
+            full.set()
         try:
-            await anyio.sleep(0.01)
+            await full.wait()  # the first calls are held until the cap is reached
         finally:
             in_flight -= 1
         return "ok"
@@ -1482,12 +1485,15 @@ async def test_concurrency_is_shared_by_every_run_of_a_simulator(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
     active = peak = 0
+    full = anyio.Event()
 
     async def slow(messages: Any, params: Any) -> str:
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
-        await anyio.sleep(0.01)
+        if active == 2:
+            full.set()
+        await full.wait()  # the first calls are held until the shared cap is reached
         active -= 1
         return "ok"
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _lm_eval_cli import invoke_lm_eval
 from click.testing import CliRunner
 
 from convsim.adapters import (
@@ -269,7 +270,9 @@ def test_import_convsim_does_not_import_lm_eval() -> None:
     assert out.strip() == "[]"
 
 
-def test_cli_against_the_mock_server_with_chat_template(tmp_path: Path) -> None:
+def test_cli_against_the_mock_server_with_chat_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from anyio.from_thread import start_blocking_portal
 
     from convsim.adapters.mock import MockModelServer, MockServerConfig
@@ -282,9 +285,9 @@ def test_cli_against_the_mock_server_with_chat_template(tmp_path: Path) -> None:
         portal.wrap_async_context_manager(MockModelServer(config)) as server,
     ):
         model_args = f"model=openai-compatible:mock-model,base_url={server.base_url},concurrency=8"
-        args = ["lm-eval", "--model", "convsim", "--model_args", model_args]
+        args = ["--model", "convsim", "--model_args", model_args]
         args += ["--tasks", "tiny_mock", "--include_path", str(include), "--apply_chat_template"]
-        result = CliRunner().invoke(main, args)
+        result = invoke_lm_eval(monkeypatch, *args)
     assert result.exit_code == 0, result.output
     assert "|tiny_mock" in result.output
     assert "requests failed" not in result.output  # injected 500s were retried

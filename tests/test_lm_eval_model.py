@@ -218,6 +218,7 @@ def _cache_files(folder: Path) -> set[Path]:
     return set(folder.glob("*")) if folder.exists() else set()
 
 
+@pytest.mark.timeout(180)  # a fresh lm-eval indexes all its built-in tasks: 15-30 s
 def test_cli_runs_a_local_task_end_to_end(tmp_path: Path) -> None:
     """The one ``convsim lm-eval`` run in a process of its own, as a user runs it: lm-eval
     reads where its request cache goes when it is first imported, so only a fresh

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -171,83 +174,169 @@ def test_json_logs_on_stderr(tmp_path: Path) -> None:
     assert finished["done"] == 3 and finished["level"] == "info"
 
 
+class Convsim:
+    """``python -m convsim ARGS`` in a subprocess, its stderr read line by line as it
+    comes (stdout is not kept), so that a test can wait for what the run prints.
+    Leaving the ``with`` block kills the process if it is still running."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "convsim", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> Convsim:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._reader.join()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        with self.proc.stderr:
+            for line in self.proc.stderr:
+                self._stderr.append(line)
+                self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for_line(self, text: str, timeout: float = 30) -> None:
+        """Wait until stderr has a line containing ``text`` (a hang guard, not a clock)."""
+        give_up = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, give_up - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"convsim printed no {text!r} in {timeout} s:\n{self.stderr}")
+            if line is None:
+                pytest.fail(f"convsim ended before printing {text!r}:\n{self.stderr}")
+            if text in line:
+                return
+
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+        """Poll ``condition`` until it holds (for what only shows on disk), while the
+        process runs. A hang guard, not a clock: the test never assumes it took a while."""
+        give_up = time.monotonic() + timeout
+        while not condition():
+            assert self.proc.poll() is None, f"convsim ended before {what}:\n{self.stderr}"
+            assert time.monotonic() < give_up, f"no {what} in {timeout} s:\n{self.stderr}"
+            time.sleep(0.01)
+
+    def interrupt(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+
+    def finish(self, timeout: float = 30) -> int:
+        """Wait for the process to end; its exit code."""
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=timeout)
+        return code
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)
+
+
+def stop_pack(folder: Path) -> Path:
+    """Eight conversations: slow-0..5 each ask the model once; quick-0 and quick-1 have
+    no {topic}, so their one (optional) turn is skipped and they end DONE without a call.
+    The quick ones come third and fourth, after two slow ones have started."""
+    folder.mkdir()
+    (folder / "turn_configs.yml").write_text(
+        "default:\n  turns:\n    - turn_id: ask\n      optional: true\n"
+        "      prompt_template: 'Help me with {topic}.'\n"
+    )
+    slow = [f"slow-{i}" for i in range(6)]
+    ids = [*slow[:2], "quick-0", "quick-1", *slow[2:]]
+    (folder / "scenarios.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "scenario_id": cid,
+                    "scenario_description": "stop test",
+                    "variables": {"topic": "tea"} if cid.startswith("slow") else {},
+                }
+            )
+            + "\n"
+            for cid in ids
+        )
+    )
+    return folder
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigint_stops_gracefully_and_keeps_results(tmp_path: Path) -> None:
     """Ctrl-C: no new conversations, in-flight ones CANCELLED after the grace period,
     finished ones kept, exit code 130, no traceback."""
     out = tmp_path / "r.jsonl"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "convsim",
-            "run",
-            "customer_support",
-            "--model-arg",
-            "latency=0.3",
-            "--concurrency",
-            "4",
-            "--grace-period",
-            "0.05",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=20)
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr
+    with Convsim(
+        "run",
+        str(stop_pack(tmp_path / "pack")),
+        "--model-arg",
+        "latency=3600",  # the slow conversations cannot finish: only the stop ends them
+        "--concurrency",
+        "4",
+        "--grace-period",
+        "0.05",
+        "--out",
+        str(out),
+    ) as run:
+        # both quick conversations written: slow-0 and slow-1 are in flight by then
+        run.wait_for(lambda: out.exists() and out.read_text().count("\n") >= 2, "two results")
+        run.interrupt()
+        assert run.finish() == 130, run.stderr
+    assert "Traceback" not in run.stderr
     results = read_results(out)
-    statuses = [r.status.value for r in results]
-    assert statuses.count("DONE") >= 2
-    assert "CANCELLED" in statuses
-    assert len(results) < 14  # conversations not started were not run
     assert len({r.conversation_id for r in results}) == len(results)
-    cancelled = next(r for r in results if r.status.value == "CANCELLED")
-    assert cancelled.termination_reason.value == "cancelled"
-    assert any(t.error is not None and t.error.type == "Cancelled" for t in cancelled.turns)
+    statuses = {r.conversation_id: r.status.value for r in results}
+    assert {cid for cid, s in statuses.items() if s == "DONE"} == {"quick-0", "quick-1"}
+    cancelled = {cid for cid, s in statuses.items() if s == "CANCELLED"}
+    assert {"slow-0", "slow-1"} <= cancelled
+    assert cancelled | {"quick-0", "quick-1"} == set(statuses)
+    # four slots, held by slow conversations until the stop: slow-4 and slow-5 never start
+    assert not {"slow-4", "slow-5"} & set(statuses)
+    for result in results:
+        if result.conversation_id in cancelled:
+            assert result.termination_reason.value == "cancelled"
+            assert any(t.error is not None and t.error.type == "Cancelled" for t in result.turns)
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_second_sigint_stops_at_once(tmp_path: Path) -> None:
     """With an hour of grace and hour-long calls, only the second signal can end the run."""
     out = tmp_path / "r.jsonl"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "convsim",
-            "run",
-            "customer_support",
-            "--model-arg",
-            "latency=3600",
-            "--grace-period",
-            "3600",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    manifest = tmp_path / "r.manifest.json"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not manifest.exists():
-        time.sleep(0.05)
-    time.sleep(0.3)  # let the run start its conversations
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 130, stderr
-    assert "stopping at once" in stderr and "Traceback" not in stderr
+    with Convsim(
+        "--log-format",
+        "json",
+        "--log-level",
+        "info",
+        "run",
+        "customer_support",
+        "--model-arg",
+        "latency=3600",
+        "--grace-period",
+        "3600",
+        "--out",
+        str(out),
+    ) as run:
+        # logged once the signal handler is installed; the first conversation starts
+        # before the run next yields to the event loop
+        run.wait_for_line('"run_started"')
+        run.interrupt()
+        # the second signal only once the first has been handled: two signals sent
+        # back to back can arrive as one
+        run.wait_for_line("stopping: in-flight conversations get the grace period")
+        run.interrupt()
+        assert run.finish() == 130, run.stderr
+    assert "stopping at once" in run.stderr and "Traceback" not in run.stderr
     results = read_results(out)
     assert results and {r.status.value for r in results} == {"CANCELLED"}
 

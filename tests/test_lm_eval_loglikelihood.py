@@ -168,12 +168,17 @@ def test_loglikelihood_rolling_leaves_out_the_first_token(portal: BlockingPortal
 def test_many_requests_run_concurrently_in_order(portal: BlockingPortal) -> None:
     in_flight = 0
     most = 0
+    overlapped = anyio.Event()
 
     async def sleep(seconds: float) -> None:  # the server's time to first token
         nonlocal in_flight, most
         in_flight += 1
         most = max(most, in_flight)
-        await anyio.sleep(0.005)
+        if in_flight == 2:
+            overlapped.set()
+        # The first request is held until a second one arrives: a client that sends one
+        # request at a time never releases it (the global test timeout then fails the test).
+        await overlapped.wait()
         in_flight -= 1
 
     words = ["four", "six", "Paris", "Rome", "dog", "cat", "sea", "sky"]

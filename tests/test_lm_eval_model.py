@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _lm_eval_cli import COMMAND_ENVIRONMENT, invoke_lm_eval
 from click.testing import CliRunner
 
 from convsim.adapters import (
@@ -212,42 +214,77 @@ def test_bad_model_args_fail_early() -> None:
         ConvsimLM(model="scripted", no_such_arg=1)
 
 
+def _cache_files(folder: Path) -> set[Path]:
+    return set(folder.glob("*")) if folder.exists() else set()
+
+
+@pytest.mark.timeout(180)  # a fresh lm-eval indexes all its built-in tasks: 15-30 s
 def test_cli_runs_a_local_task_end_to_end(tmp_path: Path) -> None:
+    """The one ``convsim lm-eval`` run in a process of its own, as a user runs it: lm-eval
+    reads where its request cache goes when it is first imported, so only a fresh
+    process shows that the command sets it first."""
+    import lm_eval
+
     docs = [{"question": q, "answer": _scripted_reply(q)} for q in QUESTIONS]
     include = _write_task(tmp_path, "tiny_cli", docs)
-    args = ["lm-eval", "--model", "convsim", "--model_args", "model=scripted,concurrency=4"]
-    args += ["--tasks", "tiny_cli", "--include_path", str(include)]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    assert "tiny_cli" in result.output
-    assert "exact_match" in result.output
-    row = next(line for line in result.output.splitlines() if line.startswith("|tiny_cli"))
+    installed = Path(lm_eval.__file__).parent / "caching" / ".cache"
+    before = _cache_files(installed)
+    env = {k: v for k, v in os.environ.items() if k not in COMMAND_ENVIRONMENT}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    args = ["--model", "convsim", "--model_args", "model=scripted,concurrency=4"]
+    args += ["--tasks", "tiny_cli", "--include_path", str(include), "--cache_requests", "true"]
+    result = subprocess.run(
+        [sys.executable, "-m", "convsim", "lm-eval", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "exact_match" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if line.startswith("|tiny_cli"))
     cells = [c.strip() for c in row.split("|")]
     assert cells[cells.index("exact_match") + 2] == "1"  # every answer matches
+    cached = list((tmp_path / "cache" / "convsim" / "lm-eval").glob("*tiny_cli*"))
+    assert cached, "the request cache is written under the user's cache directory"
+    assert _cache_files(installed) == before
 
 
-def test_cli_keeps_lm_evals_request_cache_out_of_site_packages(tmp_path: Path) -> None:
+def test_cli_keeps_lm_evals_request_cache_out_of_site_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without XDG_CACHE_HOME the cache goes to ~/.cache/convsim/lm-eval."""
     import lm_eval
+    import lm_eval.__main__
+    from lm_eval.caching import cache
 
     docs = [{"question": q, "answer": _scripted_reply(q)} for q in QUESTIONS]
     include = _write_task(tmp_path, "tiny_cached", docs)
     installed = Path(lm_eval.__file__).parent / "caching" / ".cache"
-    before = set(installed.glob("*")) if installed.exists() else set()
-    env = {k: v for k, v in os.environ.items() if k != "LM_HARNESS_CACHE_PATH"}
-    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    before = _cache_files(installed)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    # lm-eval reads LM_HARNESS_CACHE_PATH when lm_eval.caching.cache is first imported:
+    # in a fresh process, after the command has set it. This process imported it long
+    # ago, so it reads it again where the command hands over to lm-eval (and its old
+    # values are put back after the test).
+    monkeypatch.setattr(cache, "PATH", cache.PATH)
+    monkeypatch.setattr(cache, "OVERRIDE_PATH", cache.OVERRIDE_PATH)
+    run_lm_eval = lm_eval.__main__.cli_evaluate
+
+    def as_if_first_imported() -> None:
+        importlib.reload(cache)
+        run_lm_eval()
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", as_if_first_imported)
     args = ["--model", "convsim", "--model_args", "model=scripted", "--tasks", "tiny_cached"]
-    args += ["--include_path", str(include), "--cache_requests", "true"]
-    subprocess.run(
-        [sys.executable, "-m", "convsim", "lm-eval", *args],
-        check=True,
-        capture_output=True,
-        env=env,
-        timeout=120,
+    result = invoke_lm_eval(
+        monkeypatch, *args, "--include_path", str(include), "--cache_requests", "true"
     )
-    cached = list((tmp_path / "cache" / "convsim" / "lm-eval").glob("*tiny_cached*"))
+    assert result.exit_code == 0, result.output
+    cached = list((tmp_path / "home" / ".cache" / "convsim" / "lm-eval").glob("*tiny_cached*"))
     assert cached, "the request cache is written under the user's cache directory"
-    after = set(installed.glob("*")) if installed.exists() else set()
-    assert after == before
+    assert _cache_files(installed) == before
 
 
 def test_cli_help_goes_to_lm_eval() -> None:
@@ -269,7 +306,9 @@ def test_import_convsim_does_not_import_lm_eval() -> None:
     assert out.strip() == "[]"
 
 
-def test_cli_against_the_mock_server_with_chat_template(tmp_path: Path) -> None:
+def test_cli_against_the_mock_server_with_chat_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from anyio.from_thread import start_blocking_portal
 
     from convsim.adapters.mock import MockModelServer, MockServerConfig
@@ -282,9 +321,9 @@ def test_cli_against_the_mock_server_with_chat_template(tmp_path: Path) -> None:
         portal.wrap_async_context_manager(MockModelServer(config)) as server,
     ):
         model_args = f"model=openai-compatible:mock-model,base_url={server.base_url},concurrency=8"
-        args = ["lm-eval", "--model", "convsim", "--model_args", model_args]
+        args = ["--model", "convsim", "--model_args", model_args]
         args += ["--tasks", "tiny_mock", "--include_path", str(include), "--apply_chat_template"]
-        result = CliRunner().invoke(main, args)
+        result = invoke_lm_eval(monkeypatch, *args)
     assert result.exit_code == 0, result.output
     assert "|tiny_mock" in result.output
     assert "requests failed" not in result.output  # injected 500s were retried

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _lm_eval_cli import invoke_lm_eval
 
 from convsim import run_sync
 from convsim.lm_eval._export import CONVERSATION_MARKER, export_lm_eval_tasks
@@ -97,14 +98,10 @@ def test_another_model_fails_at_once_with_a_clear_message(
     assert asked == []  # refused before lm-eval sent the model anything
 
 
-def test_the_cli_says_so_in_one_line(tmp_path: Path, offline: None) -> None:
-    from click.testing import CliRunner
-
-    from convsim.cli import main
-
+def test_the_cli_says_so_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     export_lm_eval_tasks(out=tmp_path)
-    args = ["lm-eval", "--model", "dummy", "--tasks", TASK, "--include_path", str(tmp_path)]
-    result = CliRunner().invoke(main, args)
+    args = ["--model", "dummy", "--tasks", TASK, "--include_path", str(tmp_path)]
+    result = invoke_lm_eval(monkeypatch, *args)
     assert result.exit_code == 2
     assert "error:" in result.output and "needs `--model convsim`" in result.output
     assert "Traceback" not in result.output

@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,44 @@ async def collect(sim: Simulator, pack: Any, **kw: Any) -> list[convsim.Conversa
 
 def meta(params: Any) -> tuple[str, str]:
     return params.metadata["conversation_id"], params.metadata["turn_id"]
+
+
+async def take(handle: convsim.RunHandle, n: int) -> AsyncIterator[convsim.ConversationResult]:
+    """The next ``n`` results of ``handle``, as they arrive."""
+    for _ in range(n):
+        yield await anext(handle)
+
+
+class ManualClock(asyncio.SelectorEventLoop):
+    """An asyncio event loop whose clock stands still until the test moves it on.
+
+    Deadlines (conversation timeouts, grace periods) then pass exactly when the test says
+    so, however slow or loaded the machine is: trio's MockClock, for asyncio. Work that
+    needs no time (fake adapters answering, events, worker threads) runs as usual.
+    """
+
+    def __init__(self) -> None:
+        self._now = time.monotonic()
+        super().__init__()
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+
+manual_clock = pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("asyncio", {"loop_factory": ManualClock}), id="manual_clock")]
+)
+"""Run the test on a :class:`ManualClock`; :func:`clock` moves it. The global test timeout
+guards against hangs: deadlines on this clock only pass when the test moves it."""
+
+
+def clock() -> ManualClock:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, ManualClock), "the test needs @manual_clock"
+    return loop
 
 
 def sleeper(fake_adapter: Any, *, calls: int) -> tuple[Any, anyio.Event]:
@@ -277,13 +315,16 @@ async def test_concurrency_cap_is_respected(tmp_path: Path, fake_adapter: Any) -
     pack = make_pack(tmp_path, [{"turn_id": "only", "prompt_template": "Hi {name}"}], n=10)
     in_flight = 0
     peak = 0
+    full = anyio.Event()
 
     async def behave(messages: Any, params: Any) -> str:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
+        if in_flight == 3:
+            full.set()
         try:
-            await anyio.sleep(0.01)
+            await full.wait()  # the first calls are held until the cap is reached
         finally:
             in_flight -= 1
         return "ok"
@@ -456,6 +497,7 @@ async def test_optional_turn_failure_skips_dependants_only(
     assert [m.content for m in d_messages] == ["A", "reply to a", "D"]
 
 
+@manual_clock
 @pytest.mark.parametrize("where", ["simulator", "flow"])
 async def test_conversation_timeout(tmp_path: Path, fake_adapter: Any, where: str) -> None:
     flow = {"conversation_timeout": 0.05} if where == "flow" else {}
@@ -470,16 +512,23 @@ async def test_conversation_timeout(tmp_path: Path, fake_adapter: Any, where: st
         n=2,
     )
 
+    stuck = anyio.Event()
+
     async def behave(messages: Any, params: Any) -> str:
         cid, turn_id = meta(params)
         if cid == "s0" and turn_id == "b":
-            await anyio.sleep(10)
+            stuck.set()
+            await anyio.sleep_forever()
         return f"reply to {turn_id}"
 
     timeout = 0.05 if where == "simulator" else None
-    with anyio.fail_after(5):  # guards against a hang, not a speed check
-        async with Simulator(fake_adapter(behave), conversation_timeout=timeout) as sim:
-            results = by_id(await collect(sim, pack))
+    async with Simulator(fake_adapter(behave), conversation_timeout=timeout) as sim:
+        handle = sim.run(pack)
+        first = await anext(handle)  # s1 needs no time at all: the clock stands still
+        await stuck.wait()
+        clock().advance(1)  # past s0's deadline
+        results = by_id([first, *[r async for r in handle]])
+    assert first.conversation_id == "s1"
     timed_out = results["s0"]
     assert timed_out.status is Status.TIMED_OUT
     assert timed_out.termination_reason is TerminationReason.CONVERSATION_TIMEOUT
@@ -659,13 +708,14 @@ async def test_an_error_in_the_callers_code_still_records_in_flight_conversation
     assert handle.statistics().in_flight == 0
 
 
+@manual_clock
 async def test_timed_out_then_cancelled_keeps_a_consistent_reason(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
     class SlowScorer:
         def update(self, turn: Any) -> None:
             if turn.status is TurnStatus.FAILED:
-                time.sleep(0.15)  # CPU-bound scoring that holds the loop past the grace deadline
+                clock().advance(1)  # scoring the timed-out turn outlasts the grace period
 
         def result(self) -> Score:
             return Score(value=1.0)
@@ -687,19 +737,22 @@ async def test_timed_out_then_cancelled_keeps_a_consistent_reason(
     )
     fake, in_flight = sleeper(fake_adapter, calls=1)
     out = tmp_path / "results.jsonl"
-    with anyio.fail_after(5):
-        with anyio.CancelScope() as caller:
-            async with Simulator(
-                fake,
-                conversation_timeout=0.02,
-                grace_period=0.05,
-                metric_registry=reg,
-                metrics=["slow"],
-            ) as sim:
-                sim.run(pack, sink=JsonlSink(out))
-                await in_flight.wait()
-                caller.cancel()  # grace deadline: after the conversation's own timeout
-                await anyio.sleep(10)
+    with anyio.CancelScope() as caller:
+        async with Simulator(
+            fake,
+            conversation_timeout=0.02,
+            grace_period=0.05,
+            metric_registry=reg,
+            metrics=["slow"],
+        ) as sim:
+            sim.run(pack, sink=JsonlSink(out))
+            await in_flight.wait()
+            caller.cancel()
+            # past the conversation's own deadline (0.02), before the grace deadline
+            # the stop sets from now (0.05 on)
+            clock().advance(0.03)
+            await anyio.sleep_forever()
+    assert caller.cancelled_caught
     (result,) = read_results(out)
     assert turn(result, "a").error is not None and turn(result, "a").error.type == "Timeout"  # type: ignore[union-attr]
     assert result.status is Status.TIMED_OUT
@@ -734,43 +787,94 @@ async def test_conversations_not_started_are_not_recorded(
     assert set(final) == set(resumed) and all(r.status is Status.DONE for r in final.values())
 
 
+@manual_clock
 async def test_grace_period_lets_in_flight_conversations_finish(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
+    """The caller is cancelled while four conversations are in flight: the two that can
+    still finish do, second turn included; the other two are recorded CANCELLED when the
+    grace period ends; every conversation is written once."""
+    grace = 2.0
     pack = make_pack(
         tmp_path,
         [{"turn_id": "a", "prompt_template": "A"}, {"turn_id": "b", "prompt_template": "B"}],
         n=4,
     )
+    finishing = {"s0", "s1"}
+    answer = {cid: anyio.Event() for cid in ("s0", "s1", "s2", "s3")}
+    all_in_flight = anyio.Event()
 
     async def behave(messages: Any, params: Any) -> str:
-        await anyio.sleep(0.05)
-        return "done in time"
+        cid, turn_id = meta(params)
+        if turn_id == "a":
+            if len(fake.calls) == 4:
+                all_in_flight.set()
+            await answer[cid].wait()  # set by the test, and never for s2 and s3
+        return f"{turn_id} done in time"
 
+    fake = fake_adapter(behave)
     out = tmp_path / "results.jsonl"
-    with anyio.fail_after(5):
-        with anyio.CancelScope() as caller:
-            async with Simulator(fake_adapter(behave), concurrency=4, grace_period=2) as sim:
+    caller = anyio.CancelScope()
+    running = anyio.Event()
+    handle: convsim.RunHandle | None = None
+
+    async def the_callers_code() -> None:
+        nonlocal handle
+        with caller:
+            async with Simulator(fake, concurrency=4, grace_period=grace) as sim:
                 handle = sim.run(pack, sink=JsonlSink(out))
-                await anyio.sleep(0.01)
-                caller.cancel()
-                await anyio.sleep(10)
+                running.set()
+                await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(the_callers_code)
+        await running.wait()
+        assert handle is not None
+        await all_in_flight.wait()
+        caller.cancel()
+        for cid in finishing:
+            answer[cid].set()  # answered after the stop: these go on to their turn b
+        finished = {r.conversation_id: r async for r in take(handle, 2)}
+        assert set(finished) == finishing
+        assert all(r.status is Status.DONE for r in finished.values())
+        # the clock has not moved: within the grace period, the others are still in flight
+        assert handle.statistics().in_flight == 2
+        clock().advance(grace + 1)  # the grace period ends
+
     assert caller.cancelled_caught
-    written = read_results(out)
-    assert len(written) == 4
-    for result in written:
-        assert result.status is Status.DONE, result.conversation_id
-        assert [t.status for t in result.turns] == [TurnStatus.COMPLETED, TurnStatus.COMPLETED]
-    assert handle.statistics().cancelled == 0
+    written = by_id(read_results(out))
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 4  # each once, none lost
+    assert set(written) == {"s0", "s1", "s2", "s3"}
+    for cid, result in written.items():
+        if cid in finishing:
+            assert result.status is Status.DONE, cid
+            assert [t.status for t in result.turns] == [TurnStatus.COMPLETED] * 2
+            assert result == finished[cid]
+        else:
+            assert result.status is Status.CANCELLED, cid
+            assert result.termination_reason is TerminationReason.CANCELLED
+            a, b = result.turns
+            assert a.status is TurnStatus.FAILED and a.error is not None
+            assert a.error.type == "Cancelled"
+            assert b.status is TurnStatus.SKIPPED
+    assert [meta(p)[1] for _, p in fake.calls].count("b") == 2  # only the finishing two
+    stats = handle.statistics()
+    assert (stats.started, stats.done, stats.cancelled, stats.in_flight) == (4, 2, 2, 0)
 
 
-async def test_breaking_out_early_does_not_hang(tmp_path: Path) -> None:
+async def one_loop_turn(messages: Any, params: Any) -> str:
+    """An answer that takes one turn of the event loop (and no time)."""
+    await anyio.lowlevel.checkpoint()
+    return "ok"
+
+
+@manual_clock  # the grace period cannot run out however slow the machine is
+async def test_breaking_out_early_does_not_hang(tmp_path: Path, fake_adapter: Any) -> None:
     pack = make_pack(tmp_path, n=10)
-    with anyio.fail_after(5):
-        async with Simulator("scripted", model_args={"latency": 0.005}, concurrency=2) as sim:
-            handle = sim.run(pack)
-            first = await anext(handle)
-        await handle.wait()
+    async with Simulator(fake_adapter(one_loop_turn), concurrency=2) as sim:
+        handle = sim.run(pack)
+        first = await anext(handle)
+    await handle.wait()
     assert first.status is Status.DONE
     stats = handle.statistics()
     assert stats.in_flight == 0
@@ -779,15 +883,15 @@ async def test_breaking_out_early_does_not_hang(tmp_path: Path) -> None:
     assert stats.done == stats.started
 
 
-async def test_stop_starts_no_new_conversations(tmp_path: Path) -> None:
+@manual_clock
+async def test_stop_starts_no_new_conversations(tmp_path: Path, fake_adapter: Any) -> None:
     pack = make_pack(tmp_path, n=10)
-    with anyio.fail_after(5):
-        async with Simulator("scripted", model_args={"latency": 0.005}, concurrency=2) as sim:
-            handle = sim.run(pack)
-            results = []
-            async for result in handle:
-                results.append(result)
-                handle.stop()
+    async with Simulator(fake_adapter(one_loop_turn), concurrency=2) as sim:
+        handle = sim.run(pack)
+        results = []
+        async for result in handle:
+            results.append(result)
+            handle.stop()
     assert 1 <= len(results) < 10
     assert all(r.status is Status.DONE for r in results)
     assert handle.statistics().started == len(results)
@@ -1080,7 +1184,7 @@ async def _cancel_while_blocked(
         return "ok"
 
     out = tmp_path / "results.jsonl"
-    with anyio.fail_after(10), anyio.CancelScope() as caller:
+    with anyio.CancelScope() as caller:
         async with Simulator(
             fake_adapter(answer), metric_registry=reg, metrics=metrics, grace_period=0.01
         ) as sim:
@@ -1089,16 +1193,24 @@ async def _cancel_while_blocked(
 
                 async def stop_once_blocked() -> None:
                     await anyio.to_thread.run_sync(started.wait, 5)
-                    caller.cancel()  # this task too: the release comes from a timer thread
-                    threading.Timer(0.2, release.set).start()  # after the grace period
+                    # The stop fixes the grace deadline now (the cancelled caller would
+                    # set the same one a few loop turns later); then the clock passes it
+                    # and only then is the metric released: the cancellation is due
+                    # before the worker thread returns.
+                    handle.stop()
+                    caller.cancel()
+                    clock().advance(1)
+                    release.set()
 
                 tg.start_soon(stop_once_blocked)
                 async for _ in handle:
                     pass
+    assert caller.cancelled_caught
     (result,) = read_results(out)
     return result
 
 
+@manual_clock
 async def test_cancelling_while_a_heavy_turn_metric_runs_keeps_every_turn_score(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
@@ -1111,6 +1223,7 @@ async def test_cancelling_while_a_heavy_turn_metric_runs_keeps_every_turn_score(
     assert {n: s.value for n, s in result.turn_scores["a"].items()} == {"turn1": 1.0, "turn2": 1.0}
 
 
+@manual_clock
 async def test_cancelling_while_heavy_conversation_metrics_run_loses_none(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
@@ -1372,12 +1485,15 @@ async def test_concurrency_is_shared_by_every_run_of_a_simulator(
     tmp_path: Path, fake_adapter: Any
 ) -> None:
     active = peak = 0
+    full = anyio.Event()
 
     async def slow(messages: Any, params: Any) -> str:
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
-        await anyio.sleep(0.01)
+        if active == 2:
+            full.set()
+        await full.wait()  # the first calls are held until the shared cap is reached
         active -= 1
         return "ok"
 

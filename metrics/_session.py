@@ -73,19 +73,17 @@ def _checked(score: object, name: str) -> Score:
     raise TypeError(f"{name}'s scorer returned {type(score).__name__}, not a Score")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Slot:
     """One conversation metric: its scorer, and its score or error once known."""
 
     name: str
     heavy: bool
     scorer: ConversationScorer | AsyncConversationScorer | None = None
+    awaits: bool = False
+    """The scorer must be awaited (it is an AsyncConversationScorer)."""
     error: str | None = None
     score: Score | None = None
-
-    @property
-    def awaits(self) -> bool:
-        return isinstance(self.scorer, AsyncConversationScorer)
 
     @property
     def open(self) -> bool:
@@ -143,8 +141,11 @@ class ScoringSession:
                 slot.scorer = metric.scorer(conversation)
             except Exception as exc:  # a broken metric must not sink the conversation
                 slot.fail(exc)
+            slot.awaits = isinstance(slot.scorer, AsyncConversationScorer)
             self._slots.append(slot)
-        self._background = any(s.awaits for s in self._slots) or any(
+        self._plain = [s for s in self._slots if s.scorer is not None and not s.awaits]
+        self._awaiting = [s for s in self._slots if s.awaits]
+        self._background = bool(self._awaiting) or any(
             t.config.evaluation_metrics for t in conversation.flow.turns
         )
         """Whether some work must be done beside the conversation (awaited, or in a
@@ -180,13 +181,13 @@ class ScoringSession:
             self._fold(record)
 
     def _fold(self, record: TurnRecord) -> None:
-        for slot in self._slots:
-            if slot.open and not slot.awaits:
+        for slot in self._plain:
+            if slot.error is None:
                 try:
                     slot.scorer.update(record)  # type: ignore[union-attr]
                 except Exception as exc:
                     slot.fail(exc)
-        if any(s.open and s.awaits for s in self._slots):
+        if self._awaiting and any(s.error is None for s in self._awaiting):
             self._to_background(_FeedAsync(record))
         if record.status is not TurnStatus.COMPLETED or not record.evaluation_metrics:
             return

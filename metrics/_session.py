@@ -166,7 +166,7 @@ class ScoringSession:
     @property
     def awaits(self) -> bool:
         """Whether some conversation scorer must be awaited (it calls a model)."""
-        return any(s.awaits and s.error is None for s in self._slots)
+        return any(s.error is None for s in self._awaiting)
 
     def add(self, record: TurnRecord) -> None:
         """Fold in one turn record. Never blocks: plain scorers take it now; scorers that
@@ -187,7 +187,7 @@ class ScoringSession:
                     slot.scorer.update(record)  # type: ignore[union-attr]
                 except Exception as exc:
                     slot.fail(exc)
-        if self._awaiting and any(s.error is None for s in self._awaiting):
+        if self.awaits:
             self._to_background(_FeedAsync(record))
         if record.status is not TurnStatus.COMPLETED or not record.evaluation_metrics:
             return
@@ -268,8 +268,8 @@ class ScoringSession:
         async with receive:
             async for work in receive:
                 if isinstance(work, _FeedAsync):
-                    for slot in self._slots:
-                        if slot.open and slot.awaits:
+                    for slot in self._awaiting:
+                        if slot.open:
                             try:
                                 await slot.scorer.update(work.record)  # type: ignore[union-attr,misc]
                             except Exception as exc:
@@ -289,16 +289,15 @@ class ScoringSession:
                     await anyio.to_thread.run_sync(_store_turn_score, scores, work)
 
     async def _complete(self) -> None:
-        for slot in self._slots:
-            if slot.open and slot.awaits:
+        for slot in self._awaiting:
+            if slot.open:
                 try:
                     slot.score = _checked(await slot.scorer.result(), slot.name)  # type: ignore[union-attr,misc]
                 except Exception as exc:
                     slot.fail(exc)
-        heavy = [s for s in self._slots if s.open and s.heavy]
+        heavy = [s for s in self._plain if s.open and s.heavy]
         if heavy:
             await anyio.to_thread.run_sync(_compute_results, heavy)
-        _compute_results([s for s in self._slots if s.open])
         self._complete_now(TURN_ENDED_EARLY, ENDED_EARLY)
 
     # -- sync use -------------------------------------------------------------------
@@ -314,7 +313,7 @@ class ScoringSession:
         if self._entered and self._scored is None:
             raise RuntimeError("the session is being scored inside 'async with'")
         if self.awaits:
-            names = ", ".join(s.name for s in self._slots if s.awaits and s.error is None)
+            names = ", ".join(s.name for s in self._awaiting if s.error is None)
             raise ConfigError(
                 f"{names} call a model and must be awaited: score from async code "
                 "(async with ScoringSession(...), or ascore_transcript)"
@@ -344,12 +343,11 @@ class ScoringSession:
         if self._scored is not None:
             return self._scored
         for record in self._waiting:  # never entered: the plain scorers still see them
-            self._inline = True
             self._fold(record)
         self._waiting = []
-        _compute_results([s for s in self._slots if s.open and not s.awaits])
-        for slot in self._slots:
-            if slot.open:  # it awaits: nothing can be awaited now
+        _compute_results(self._plain)
+        for slot in self._awaiting:
+            if slot.open:  # nothing can be awaited now
                 slot.error = reason
         for record in self._records:
             if record.status is not TurnStatus.COMPLETED or not record.evaluation_metrics:
@@ -376,7 +374,7 @@ class ScoringSession:
 def _compute_results(slots: Sequence[_Slot]) -> None:
     """Each plain scorer's result, kept on its slot (runs in a worker thread too)."""
     for slot in slots:
-        if not slot.open or slot.awaits:
+        if not slot.open:
             continue
         try:
             slot.score = _checked(slot.scorer.result(), slot.name)  # type: ignore[union-attr]

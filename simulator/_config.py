@@ -7,10 +7,11 @@ arguments or directly) and by the command line, and recorded in the run manifest
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -84,6 +85,9 @@ def _model_choice(value: Any) -> Any:
     )
 
 
+_ModelField = Annotated[ModelChoice, BeforeValidator(_model_choice)]
+
+
 class JudgeConfig(BaseModel):
     """The model that grades judge metrics (``judge:<rubric>``, the guide's rubrics)."""
 
@@ -91,16 +95,11 @@ class JudgeConfig(BaseModel):
         frozen=True, extra="forbid", arbitrary_types_allowed=True, hide_input_in_errors=True
     )
 
-    model: ModelChoice
+    model: _ModelField
     samples: int = Field(default=1, ge=1)
     """Grades per turn."""
     combine: Literal["mean", "majority"] = "mean"
     """How several grades of a turn combine (a majority tie goes to the lowest)."""
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _coerce_model(cls, value: Any) -> Any:
-        return _model_choice(value)
 
 
 class SimulatorConfig(BaseModel):
@@ -114,9 +113,9 @@ class SimulatorConfig(BaseModel):
         frozen=True, extra="forbid", arbitrary_types_allowed=True, hide_input_in_errors=True
     )
 
-    model: ModelChoice = ModelRef(spec="scripted")
+    model: _ModelField = ModelRef(spec="scripted")
     """The model under test."""
-    user_model: ModelChoice | None = None
+    user_model: _ModelField | None = None
     """The simulated user, for turns with role ``user``."""
     judge: JudgeConfig | None = None
     """The model that grades judge metrics."""
@@ -132,11 +131,6 @@ class SimulatorConfig(BaseModel):
     """Overrides every flow's max_turns."""
     grace_period: float = Field(default=5.0, ge=0)
     """Seconds in-flight conversations get to finish after a stop."""
-
-    @field_validator("model", "user_model", mode="before")
-    @classmethod
-    def _coerce_models(cls, value: Any) -> Any:
-        return _model_choice(value)
 
     @field_validator("concurrency", mode="before")
     @classmethod

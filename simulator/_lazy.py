@@ -73,8 +73,9 @@ def lazy_module(
             alias = _aliases().get(f"{package}.{name}")
             if alias is None:
                 raise AttributeError(f"module {package!r} has no attribute {name!r}")
-            module_name, _, attr = alias.partition(":")
-            value = getattr(importlib.import_module(module_name), attr)
+            from ._registry import import_object  # only for an alias: keeps roots light
+
+            value = import_object(alias)
         namespace[name] = value
         return value
 

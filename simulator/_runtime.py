@@ -385,6 +385,7 @@ class Simulator:
         plan = self._plan(pack, sink, limit, only)
         pack = plan.pack
         handle = RunHandle(uuid.uuid4().hex[:12], pack, self.grace_period, self.budgets)
+        judge = self.config.judge
         handle.manifest = RunManifest(
             run_id=handle.run_id,
             pack=pack.name,
@@ -402,9 +403,9 @@ class Simulator:
                 "max_turns": self.config.max_turns,
                 "model_args": _redacted(self.config.model),
                 "judge": self.judge_name,
-                "judge_args": _redacted(self.config.judge.model if self.config.judge else None),
-                "judge_samples": self.config.judge.samples if self.config.judge else None,
-                "judge_combine": self.config.judge.combine if self.config.judge else None,
+                "judge_args": _redacted(judge.model if judge else None),
+                "judge_samples": judge.samples if judge else None,
+                "judge_combine": judge.combine if judge else None,
                 "user_model_args": _redacted(self.config.user_model),
                 "limit": limit,
                 "grace_period": self.grace_period,

@@ -7,8 +7,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from functools import cache
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -25,7 +23,7 @@ from ._console import stdout as _stdout
 from ._errors import ConvsimError
 from ._gc import tune_gc_for_throughput
 from ._logging import configure_logging
-from ._registry import import_object
+from ._registry import Registry
 
 if TYPE_CHECKING:
     from ._records import Score
@@ -36,15 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_clear_errors = clear_errors
 
-COMMAND_GROUP = "convsim.commands"
-
-
-@cache
-def _plugged_commands() -> dict[str, str]:
-    """Commands other packages add (``convsim lm-eval`` among them), by name."""
-    return {ep.name: ep.value for ep in entry_points(group=COMMAND_GROUP)}
+COMMANDS: Registry[click.Command] = Registry("command", group="convsim.commands")
+"""Commands other packages add (``convsim lm-eval`` among them), imported when used."""
 
 
 class _Commands(click.Group):
@@ -52,15 +44,14 @@ class _Commands(click.Group):
     ``convsim.commands``, imported only when listed or run."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *_plugged_commands()})
+        return sorted({*super().list_commands(ctx), *COMMANDS.names()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
-        reference = _plugged_commands().get(cmd_name)
-        if command is None and reference is not None:
-            loaded = import_object(reference)
+        if command is None and cmd_name in COMMANDS:
+            loaded = COMMANDS.get(cmd_name)
             if not isinstance(loaded, click.Command):
-                raise click.ClickException(f"{reference} is not a click command")
+                raise click.ClickException(f"convsim.commands: {cmd_name} is not a click command")
             command = loaded
         return command
 
@@ -138,7 +129,7 @@ def main(log_format: str, log_level: str) -> None:
 
 
 @main.command("list")
-@_clear_errors
+@clear_errors
 def list_command() -> None:
     """List the bundled scenario packs."""
     from .scenarios import list_packs
@@ -154,7 +145,7 @@ def list_command() -> None:
 @main.command()
 @click.argument("pack")
 @_single_turn_options
-@_clear_errors
+@clear_errors
 def validate(
     pack: str, num_fewshot: int, context_mode: str | None, include_path: Path | None
 ) -> None:
@@ -252,7 +243,7 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
-@_clear_errors
+@clear_errors
 def run(
     pack: str,
     model_spec: str,
@@ -514,7 +505,7 @@ def _print_report(report: RunReport) -> None:
     help="Write one JSON line of scores per conversation here.",
 )
 @_judge_options
-@_clear_errors
+@clear_errors
 def score(
     recorded: Path,
     metric_names: list[str],
@@ -622,7 +613,7 @@ def _score_cell(score: Score) -> str:
 
 @main.command()
 @click.argument("results", type=click.Path(path_type=Path))
-@_clear_errors
+@clear_errors
 def report(results: Path) -> None:
     """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it."""
     from ._report import summarize

@@ -28,6 +28,7 @@ from convsim._errors import (
     ServerError,
     parse_config,
 )
+from convsim._secrets import Redactor, redact_url
 from convsim._types import (
     CallTimings,
     Completion,
@@ -201,6 +202,8 @@ class HttpModelAdapter(ModelAdapter):
             )
         self.base_url = base_url.rstrip("/")
         self._api_key = self._resolve_key(env if env is not None else os.environ)
+        self._scrub = Redactor.of(keys=[self._api_key], urls=[self.base_url])
+        """Blanks the key, and credentials inside base_url, out of errors and snippets."""
         self._headers = {**JSON_HEADERS, **self.auth_headers()}
         if cfg.stream and not self.supports_streaming:
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
@@ -230,10 +233,16 @@ class HttpModelAdapter(ModelAdapter):
             )
         return key
 
+    def url_for(self, path: str) -> str:
+        """``path`` under base_url, before base_url's query (``?api-version=...``)."""
+        base, sep, query = self.base_url.partition("?")
+        return f"{base.rstrip('/')}{path}{sep}{query}"
+
     def connection_key(self) -> str:
         """Adapters with the same key share one rate budget (same API, same key)."""
-        key_id = hashlib.sha256(self._api_key.encode()).hexdigest()[:12] if self._api_key else "-"
-        return f"{self.model_type}|{self.base_url}|{key_id}"
+        secrets = "\n".join(self._scrub.secrets + ((self._api_key,) if self._api_key else ()))
+        key_id = hashlib.sha256(secrets.encode()).hexdigest()[:12] if secrets else "-"
+        return f"{self.model_type}|{redact_url(self.base_url)}|{key_id}"
 
     def bind_budgets(self, budgets: Budgets, *, concurrency: int | None = None) -> None:
         """Share rate budgets with the other adapters of an application, and take its
@@ -443,7 +452,7 @@ class HttpModelAdapter(ModelAdapter):
             stream = False  # an exchange is one JSON answer
         else:
             call = self.request(messages, params, stream)
-        url = self.base_url + call.path
+        url = self.url_for(call.path)
         payload = call.body
         headers = self._headers
         t0 = time.perf_counter()
@@ -557,15 +566,13 @@ class HttpModelAdapter(ModelAdapter):
         )
 
     def _scrub_error(self, exc: AdapterError) -> None:
-        """Blank the API key out of an error, should a server have echoed it anywhere."""
-        if self._api_key and self._api_key in str(exc):
-            exc.args = (self._scrub(str(exc)),)
+        """Blank the API key and the URL's credentials out of an error: a server may
+        echo the key, and a connection error names the URL."""
+        scrubbed = self._scrub(str(exc))
+        if scrubbed != str(exc):
+            exc.args = (scrubbed,)
         if isinstance(exc, ProtocolError) and exc.snippet:
             exc.snippet = self._scrub(exc.snippet)
-
-    def _scrub(self, text: str) -> str:
-        """``text`` with the API key blanked out, should a server echo it."""
-        return text.replace(self._api_key, "***") if self._api_key else text
 
     @staticmethod
     def _estimated(messages: Sequence[Message], text: str) -> Usage:

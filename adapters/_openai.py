@@ -342,9 +342,7 @@ class OpenAICompatibleAdapter(OpenAIWireAdapter):
         if not prompt:
             # nothing to score (and servers refuse an empty prompt)
             return PromptLogprobs((), (), (), (), usage=Usage(), attempts=0)
-        scoring = _EchoScoring(
-            prompt, self.config.model, f"{self.base_url}/completions", self._scrub
-        )
+        scoring = _EchoScoring(prompt, self.config.model, self.url_for("/completions"), self._scrub)
         # the message and params only size the token claim (and a usage estimate)
         completion = await self._call(
             [Message(role="user", content=prompt)],

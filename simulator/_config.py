@@ -22,7 +22,7 @@ from pydantic import (
 from convsim._errors import ConfigError, describe_validation_error, parse_config
 from convsim.adapters import ModelAdapter, parse_model_spec
 
-from ._logging import is_secret_key
+from ._secrets import MASK, is_secret_key, looks_like_url, redact_url
 
 __all__ = ["ModelRef", "ModelChoice", "JudgeConfig", "SimulatorConfig"]
 
@@ -50,17 +50,24 @@ class ModelRef(BaseModel):
     @field_serializer("args")
     def _dump_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """Dumped (to JSON, to a dict), a secret-named argument is never in clear."""
-        return {k: "***" if is_secret_key(k) else v for k, v in args.items()}
+        return {k: _shown(k, v) for k, v in args.items()}
 
     def redacted_args(self) -> dict[str, str]:
         """The arguments fit for a manifest or a log: secrets replaced, values as text."""
-        return {k: "***" if is_secret_key(k) else str(v) for k, v in sorted(self.args.items())}
+        return {k: str(_shown(k, v)) for k, v in sorted(self.args.items())}
 
     def __repr_args__(self) -> Any:
         return [("spec", self.spec), ("args", self.redacted_args())]
 
     def __str__(self) -> str:
         return self.spec
+
+
+def _shown(name: str, value: Any) -> Any:
+    """An adapter argument as it may be shown: a secret masked, a URL without credentials."""
+    if is_secret_key(name):
+        return MASK
+    return redact_url(value) if looks_like_url(value) else value
 
 
 ModelChoice: TypeAlias = ModelRef | ModelAdapter

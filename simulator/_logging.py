@@ -3,30 +3,27 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
 
+from ._secrets import MASK, is_secret_key, looks_like_url, redact_url
+
 __all__ = ["configure_logging", "redact_secrets", "is_secret_key"]
-
-_SECRET_KEY = re.compile(r"(api[_-]?key|authorization|secret|password|token)$", re.IGNORECASE)
-
-
-def is_secret_key(name: str) -> bool:
-    """True for field names that hold credentials (api_key, authorization, token, ...)."""
-    return _SECRET_KEY.search(name) is not None
 
 
 def redact_secrets(
     _logger: Any, _name: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """Replace the value of any field named like a secret, so keys never reach a log."""
-    for key in event:
-        if is_secret_key(key) and event[key] is not None:
-            event[key] = "***"
+    """Replace the value of any field named like a secret, and the credentials inside
+    any URL, so keys never reach a log."""
+    for key, value in event.items():
+        if is_secret_key(key) and value is not None:
+            event[key] = MASK
+        elif looks_like_url(value):
+            event[key] = redact_url(value)
     return event
 
 

@@ -327,3 +327,39 @@ def test_cli_against_the_mock_server_with_chat_template(
     assert result.exit_code == 0, result.output
     assert "|tiny_mock" in result.output
     assert "requests failed" not in result.output  # injected 500s were retried
+
+
+def test_cli_keeps_secrets_in_model_args_out_of_lm_eval_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from anyio.from_thread import start_blocking_portal
+
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+
+    include = _write_task(
+        tmp_path, "tiny_secret", [{"question": q, "answer": "x"} for q in QUESTIONS]
+    )
+    out = tmp_path / "out"
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(
+            MockModelServer(MockServerConfig(api_key="sk-secret-key-1"))
+        ) as server,
+    ):
+        base_url = (
+            server.base_url.replace("http://", "http://user:pw-secret-2@") + "?key=qs-secret-3"
+        )
+        model_args = (
+            f"model=openai-compatible:mock-model,base_url={base_url},api_key=sk-secret-key-1"
+        )
+        args = ["--model", "convsim", "--model_args", model_args, "--tasks", "tiny_secret"]
+        args += ["--include_path", str(include), "--output_path", str(out), "--log_samples"]
+        result = invoke_lm_eval(monkeypatch, *args)
+    assert result.exit_code == 0, result.output
+    assert "requests failed" not in result.output  # the key still reached the server
+    written = "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+    assert "tiny_secret" in written
+    seen = result.output + written + "".join(capfd.readouterr())
+    for secret in ("sk-secret-key-1", "pw-secret-2", "qs-secret-3"):
+        assert secret not in seen
+    assert "CONVSIM_LM_EVAL_API_KEY" in seen  # what lm-eval shows instead

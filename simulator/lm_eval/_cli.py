@@ -32,7 +32,9 @@ def lm_eval_command(args: tuple[str, ...]) -> None:
 
     e.g. convsim lm-eval --model convsim --model_args model=scripted --tasks TASK
     --include_path DIR. HF_DATASETS_OFFLINE and HF_HUB_OFFLINE default to 1, and
-    LM_HARNESS_CACHE_PATH (--cache_requests) to ~/.cache/convsim/lm-eval.
+    LM_HARNESS_CACHE_PATH (--cache_requests) to ~/.cache/convsim/lm-eval. A secret in
+    --model_args (api_key=, a base_url with credentials) reaches lm-eval only as the
+    name of an environment variable, so lm-eval's output never shows it.
     """
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # before lm_eval imports datasets
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,9 +47,11 @@ def lm_eval_command(args: tuple[str, ...]) -> None:
         from ._model import register_lm_eval_model
     except ImportError as exc:  # pragma: no cover - lm-eval is a dependency
         raise click.ClickException(f"lm-eval is not installed: {exc}") from exc
+    from ._secret_args import hide_model_arg_secrets
+
     register_lm_eval_model()
     saved = sys.argv
-    sys.argv = ["lm-eval", *args]
+    sys.argv = ["lm-eval", *hide_model_arg_secrets(args, os.environ)]
     try:
         cli_evaluate()
     finally:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
@@ -159,6 +160,11 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         # lm-eval parses "600" to 600 and "true" to True; convsim adapters take the
         # strings a --model-arg gives them and validate them themselves.
         self.adapter_args = {k: _as_arg(v) for k, v in adapter_args.items()}
+        if "base_url_env" in self.adapter_args:  # see convsim lm-eval's secret arguments
+            variable = self.adapter_args.pop("base_url_env")
+            if variable not in os.environ:
+                raise ConfigError(f"base_url_env={variable}: no such environment variable")
+            self.adapter_args["base_url"] = os.environ[variable]
         ADAPTERS.get(parse_model_spec(self.spec).type)  # an unknown type fails now
         self.seed = int(seed)
         """The run seed of multi-turn conversations (as ``convsim run --seed``)."""

@@ -70,6 +70,12 @@ class AnthropicAdapter(HttpModelAdapter):
             headers["x-api-key"] = self._api_key
         return headers
 
+    def listing_path(self) -> str | None:
+        return "/v1/models"
+
+    def base_url_hint(self) -> str:
+        return "base_url is the API's root, without /v1 (convsim adds /v1/messages)"
+
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
     ) -> HttpRequest:

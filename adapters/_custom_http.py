@@ -61,6 +61,9 @@ class CustomHttpAdapter(HttpModelAdapter):
             }
         )
 
+    def base_url_hint(self) -> str:
+        return f"check base_url (api_endpoint): requests go to {self.base_url}/generate"
+
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
     ) -> HttpRequest:

@@ -6,12 +6,14 @@ than httpx's default transport at high concurrency) and :class:`HttpxTransport` 
 httpx transports, proxies and auth, and for tests with ``httpx.MockTransport``). Both
 translate their library's failures into convsim's errors at this boundary: a timeout
 becomes :class:`~convsim.Timeout`, a refused or dropped connection a
-:class:`~convsim.ServerError` without a status code.
+:class:`~convsim.ServerError` without a status code, and a connection that cannot be
+opened for want of file descriptors a :class:`~convsim.LocalResourceError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -20,7 +22,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from convsim._errors import ServerError, Timeout
+from convsim._errors import LocalResourceError, ServerError, Timeout
 
 __all__ = [
     "HttpTimeouts",
@@ -144,7 +146,25 @@ def _translated(
     except timeouts as exc:  # checked first: some libraries' timeouts are failures too
         raise Timeout(f"no response from {url} in time") from exc
     except failures as exc:
+        if _out_of_descriptors(exc):
+            raise LocalResourceError(
+                f"cannot open a connection to {url}: too many open files in this process; "
+                "raise the limit (ulimit -n) or lower --concurrency"
+            ) from exc
         raise ServerError(f"connection to {url} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _out_of_descriptors(exc: BaseException) -> bool:
+    """Whether a connection failed for want of a file descriptor (EMFILE, ENFILE)
+    anywhere among the exception's causes: a local limit, not the server's doing."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _encode(payload: Any) -> bytes:
@@ -152,6 +172,8 @@ def _encode(payload: Any) -> bytes:
 
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+PROBE_BODY_LIMIT = 64 * 1024
+"""Bytes of a check's answer that are read (see ``get``); the rest is dropped."""
 
 
 class AiohttpTransport:
@@ -224,6 +246,21 @@ class AiohttpTransport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def get(
+        self, url: str, headers: Mapping[str, str], timeouts: HttpTimeouts
+    ) -> HttpResponse:
+        """A GET for a check (such as a model listing): the body is cut at
+        :data:`PROBE_BODY_LIMIT` bytes, as only its start is ever shown."""
+        import aiohttp
+
+        proxy = await self._proxy(url)
+        with _translated(url, asyncio.TimeoutError, aiohttp.ClientError):
+            async with self._client().get(
+                url, headers=headers, timeout=self._timeout(timeouts), **proxy
+            ) as response:
+                body = await response.content.read(PROBE_BODY_LIMIT)
+                return HttpResponse(response.status, response.headers, body)
 
 
 def _env_proxy(url: Any) -> dict[str, Any]:
@@ -310,6 +347,24 @@ class HttpxTransport:
     async def aclose(self) -> None:
         if self._owned:
             await self._client.aclose()
+
+    async def get(
+        self, url: str, headers: Mapping[str, str], timeouts: HttpTimeouts
+    ) -> HttpResponse:
+        """A GET for a check (such as a model listing): the body is cut at
+        :data:`PROBE_BODY_LIMIT` bytes, as only its start is ever shown."""
+        import httpx
+
+        with _translated(url, httpx.TimeoutException, httpx.TransportError):
+            async with self._client.stream(
+                "GET", url, headers=headers, timeout=self._timeout(timeouts)
+            ) as response:
+                body = b""
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) >= PROBE_BODY_LIMIT:
+                        break
+                return HttpResponse(response.status_code, response.headers, body[:PROBE_BODY_LIMIT])
 
 
 class _HttpxStream:

@@ -8,14 +8,17 @@ base does the rest the same way for all of them. A call that is not a generation
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import socket
 import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
+from urllib.parse import urlsplit
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -23,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from convsim._errors import (
     AdapterError,
     ConfigError,
+    EndpointError,
     ProtocolError,
     RateLimited,
     ServerError,
@@ -599,3 +603,110 @@ class HttpModelAdapter(ModelAdapter):
     @abstractmethod
     def parse_event(self, event: SSEEvent) -> Delta:
         """What one streamed event adds."""
+
+    # -- the check before a run -------------------------------------------------------
+
+    def listing_path(self) -> str | None:
+        """Where a GET lists the models, after base_url: the cheapest check (no tokens);
+        None when the API has no such listing."""
+        return None
+
+    def base_url_hint(self) -> str:
+        """What to check when the generation path answers 404."""
+        return "check base_url"
+
+    async def preflight(self) -> None:
+        """One cheap call, no retries: the model listing when the API has one, else (or
+        when the listing does not answer 2xx) a generation of one token. Raises
+        EndpointError on a refused connection, an unknown host, a refused key (401/403)
+        or a 404 from the generation path; any other answer passes (the run's retries
+        and circuit breaker handle those).
+        """
+        listing = self.listing_path()
+        # convsim's transports can GET; another transport is checked by a generation
+        get = getattr(self._http(), "get", None)
+        if listing is not None and get is not None:
+            try:
+                response = await get(self.url_for(listing), self._headers, self._timeouts)
+            except Exception as exc:
+                self._raise_unreachable(exc)
+                return  # inconclusive (a timeout, a dropped connection): let the run try
+            if response.status < 300:
+                return
+        call = self.request(
+            [Message(role="user", content="Hi")], GenerationParams(max_tokens=1), False
+        )
+        url = self.url_for(call.path)
+        try:
+            response = await self._http().post_json(url, call.body, self._headers, self._timeouts)
+        except Exception as exc:
+            self._raise_unreachable(exc)
+            return  # inconclusive: a check never fails a run it cannot judge
+        said = _server_message(self._scrub(response.body.decode("utf-8", "replace")))
+        url = redact_url(url)
+        if response.status in (401, 403):
+            raise EndpointError(
+                f"{response.status} from {url}: {self._key_advice()}{said}",
+                url=url,
+                status_code=response.status,
+            )
+        if response.status == 404:
+            raise EndpointError(
+                f"404 from {url} — {self.base_url_hint()}{said}", url=url, status_code=404
+            )
+
+    def _key_advice(self) -> str:
+        """What to check when the server refuses the key (or wants one)."""
+        if self.config.api_key is not None:
+            return "the API key was refused — check api_key"
+        name = self.config.api_key_env or self.default_key_env
+        if self._api_key:
+            return f"the API key was refused — check {name} / api_key_env"
+        return "no API key was sent — set api_key_env=NAME (or api_key)"
+
+    def _raise_unreachable(self, exc: Exception) -> None:
+        """Raise EndpointError when ``exc`` shows the endpoint cannot be reached."""
+        what = _unreachable(exc, self.base_url)
+        if what is not None:
+            shown = redact_url(self.base_url)
+            raise EndpointError(f"{shown}: {what}", url=shown) from exc
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and all(cause is not c for c in chain):
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return chain
+
+
+def _unreachable(exc: BaseException, base_url: str) -> str | None:
+    """What a failed connection means, when it means the endpoint cannot be reached
+    (a refused connection, an unknown host, no route); None otherwise."""
+    for cause in _causes(exc):
+        if isinstance(cause, socket.gaierror):
+            host = urlsplit(base_url).hostname or base_url
+            return f"cannot resolve host {host} — check base_url"
+        if not isinstance(cause, OSError):
+            continue
+        if isinstance(cause, ConnectionRefusedError) or cause.errno == errno.ECONNREFUSED:
+            return "connection refused — is the server running?"
+        if cause.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return "no route to the host — check base_url and the network"
+    return None
+
+
+def _server_message(body: str) -> str:
+    """The server's own words about an error, short, to append to a message."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    if not isinstance(message, str) or not message.strip():
+        return ""
+    message = " ".join(message.split())
+    return f" (server: {message[:120]})"

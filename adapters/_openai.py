@@ -212,6 +212,13 @@ class OpenAIWireAdapter(HttpModelAdapter):
         """The body field that carries ``max_tokens``."""
         return "max_tokens"
 
+    def listing_path(self) -> str | None:
+        """``GET /models``: OpenAI, vLLM, Ollama, llama.cpp and TGI list their models."""
+        return "/models"
+
+    def base_url_hint(self) -> str:
+        return f"does base_url end in /v1, and does the server serve model {self.config.model!r}?"
+
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
     ) -> HttpRequest:

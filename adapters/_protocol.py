@@ -123,6 +123,13 @@ class ModelAdapter(ABC):
         and concurrency cap). Called once, before the first call."""
         return None
 
+    async def preflight(self) -> None:
+        """Check, with one cheap call, that the endpoint can serve a run; called once
+        before the first conversation. Raise :class:`~convsim.EndpointError` saying what
+        to fix when it cannot (unreachable, key refused, wrong URL); anything less
+        certain passes. Default: nothing to check."""
+        return None
+
     def should_retry(self, error: AdapterError) -> bool:
         """Whether a failed attempt is worth trying again (default: what the error
         declares, ``error.retryable``)."""

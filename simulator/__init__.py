@@ -43,6 +43,8 @@ _public = _lazy_module(
             "BadRequest",
             "AuthError",
             "ProtocolError",
+            "LocalResourceError",
+            "EndpointError",
         ],
     },
     also=["__version__"],
@@ -58,7 +60,9 @@ if TYPE_CHECKING:
     from ._errors import BadRequest as BadRequest
     from ._errors import ConfigError as ConfigError
     from ._errors import ConvsimError as ConvsimError
+    from ._errors import EndpointError as EndpointError
     from ._errors import InvalidTransition as InvalidTransition
+    from ._errors import LocalResourceError as LocalResourceError
     from ._errors import PackError as PackError
     from ._errors import PackProblem as PackProblem
     from ._errors import ProtocolError as ProtocolError

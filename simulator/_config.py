@@ -138,12 +138,25 @@ class SimulatorConfig(BaseModel):
     """Overrides every flow's max_turns."""
     grace_period: float = Field(default=5.0, ge=0)
     """Seconds in-flight conversations get to finish after a stop."""
+    preflight: bool = True
+    """Check each model endpoint with one cheap call before the first conversation,
+    and stop at once when one is unreachable, refuses the key or has a wrong URL."""
+    circuit_breaker: int = Field(default=20, ge=0)
+    """Start no more conversations after this many in a row failed for infrastructure
+    reasons with no answer from the model (0: never stop early)."""
 
     @field_validator("concurrency", mode="before")
     @classmethod
     def _no_bool(cls, value: Any) -> Any:
         if isinstance(value, bool):
             raise ValueError("must be a positive integer")
+        return value
+
+    @field_validator("circuit_breaker", mode="before")
+    @classmethod
+    def _count_not_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number of conversations (0: off)")
         return value
 
     @field_validator("metrics", mode="before")

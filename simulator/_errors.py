@@ -9,13 +9,15 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
     ├── TemplateError            a prompt template is malformed or unsafe
     ├── InvalidTransition        a conversation state machine was driven illegally
     ├── ResultsError             the results file cannot be written or resumed
+    ├── EndpointError            a model endpoint cannot serve a run (checked before it)
     └── AdapterError             a model call failed (carries model and attempts)
         ├── RateLimited          429, after retries (retry_after)
         ├── ServerError          5xx or a dropped connection, after retries (status_code)
         ├── Timeout              the call did not finish in time
         ├── BadRequest           400/404/422: the request itself is wrong (status_code)
         ├── AuthError            401/403: the key is missing or refused
-        └── ProtocolError        the response could not be understood (snippet)
+        ├── ProtocolError        the response could not be understood (snippet)
+        └── LocalResourceError   this machine ran out of open files for a connection
 
 Infrastructure failures (rate limits, servers down, timeouts) are kept apart from
 failures of the request or of the model so results can tell them apart. Each
@@ -51,6 +53,8 @@ __all__ = [
     "BadRequest",
     "AuthError",
     "ProtocolError",
+    "LocalResourceError",
+    "EndpointError",
     "RETRYABLE_STATUSES",
     "describe_validation_error",
     "parse_config",
@@ -198,6 +202,27 @@ class ProtocolError(AdapterError):
     def __init__(self, message: str, *, snippet: str = "", **kw: Any) -> None:
         super().__init__(message, **kw)
         self.snippet = snippet[:200]
+
+
+class LocalResourceError(AdapterError):
+    """A connection could not be opened because this process ran out of file
+    descriptors (EMFILE/ENFILE): a local limit, not the server's fault. Worth retrying
+    once other connections close."""
+
+    retryable = True
+
+
+class EndpointError(ConvsimError):
+    """A model endpoint cannot serve a run: unreachable, its key refused, or its URL
+    wrong. Raised by the check before the first conversation; the message says what to
+    fix."""
+
+    def __init__(
+        self, message: str, *, url: str | None = None, status_code: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status_code = status_code
 
 
 def describe_validation_error(exc: ValidationError, what: str) -> str:

@@ -22,9 +22,11 @@ from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric, jud
 from convsim.scenarios import Conversation, Pack
 
 from ._actor import ActorSettings, ConversationActor
+from ._breaker import CircuitBreaker, is_infrastructure_failure
 from ._call_settings import CallSettings
 from ._config import ModelChoice, ModelRef, SimulatorConfig
-from ._errors import ConfigError, RegistryError
+from ._descriptors import DESCRIPTOR_HEADROOM, ensure_descriptors
+from ._errors import ConfigError, EndpointError, RegistryError
 from ._log import get_logger
 from ._packs import load_pack
 from ._records import ConversationResult, Status, TurnStatus
@@ -62,6 +64,12 @@ class RunStatistics:
     retrying: int
     """Model calls waiting to retry after a failed attempt (all of the simulator's)."""
     elapsed_s: float
+    infrastructure_failures: int = 0
+    """Conversations of this run that failed for infrastructure reasons: FAILED with
+    ``infrastructure_error``, or TIMED_OUT."""
+    stopped_early: str | None = None
+    """Why the circuit breaker stopped the run before its last conversation (the
+    endpoint looked gone); None when it did not."""
 
     @property
     def finished(self) -> int:
@@ -77,6 +85,7 @@ class _Counters:
     resumed: int = 0
     started: int = 0
     turns: int = 0
+    infrastructure_failures: int = 0
     by_status: dict[Status, int] = field(default_factory=lambda: dict.fromkeys(Status, 0))
 
 
@@ -146,6 +155,7 @@ class RunHandle:
         self._finished = anyio.Event()
         self._stopping = _Stopping(grace_period)
         self._budgets = budgets
+        self._stopped_early: str | None = None
         self.manifest: RunManifest | None = None
 
     def __aiter__(self) -> RunHandle:
@@ -197,6 +207,8 @@ class RunHandle:
             turns=c.turns,
             retrying=sum(b.retrying for b in self._budgets.statistics()),
             elapsed_s=time.perf_counter() - self._started,
+            infrastructure_failures=c.infrastructure_failures,
+            stopped_early=self._stopped_early,
         )
 
 
@@ -234,6 +246,10 @@ class Simulator:
         conversation_timeout: overrides every flow's conversation_timeout (seconds).
         max_turns: overrides every flow's max_turns.
         grace_period: seconds in-flight conversations get to finish after a stop.
+        preflight: check each model endpoint with one cheap call when the ``async
+            with`` block starts (default on); EndpointError says what to fix.
+        circuit_breaker: start no more conversations after this many in a row failed
+            for infrastructure reasons (default 20; 0: never).
         metric_registry: where metric names are looked up (default: convsim's).
         adapter_registry: where model specs are looked up (default: convsim's).
 
@@ -336,7 +352,67 @@ class Simulator:
         choice.bind_budgets(self.budgets)
         return _BoundModel(choice, choice.model_info().model_id)
 
+    def _endpoints(self) -> list[tuple[str, ModelAdapter]]:
+        """The models of this simulator, each with the role it plays."""
+        roles: list[tuple[str, ModelAdapter | None]] = [
+            ("model under test", self.model),
+            ("simulated user", self.user_model),
+            ("judge", self.judge.adapter if self.judge is not None else None),
+        ]
+        return [(role, adapter) for role, adapter in roles if adapter is not None]
+
+    async def preflight(self) -> None:
+        """Check each distinct model endpoint (model under test, simulated user, judge)
+        with one cheap call, before any conversation; ``async with`` does it unless
+        the config's ``preflight`` is off.
+
+        Raises:
+            EndpointError: naming the role and what to fix (server down, key refused,
+                wrong base_url).
+        """
+        checked: list[ModelAdapter] = []
+        keys: set[str] = set()
+        for role, adapter in self._endpoints():
+            key = adapter.connection_key()
+            if any(adapter is seen for seen in checked) or (key is not None and key in keys):
+                continue  # one check per endpoint
+            checked.append(adapter)
+            if key is not None:
+                keys.add(key)
+            try:
+                await adapter.preflight()
+            except EndpointError as exc:
+                raise EndpointError(
+                    f"{role}: {exc}", url=exc.url, status_code=exc.status_code
+                ) from exc
+            log.debug("endpoint_checked", role=role, model=adapter.model_info().model_id)
+
+    def _connections_needed(self) -> int:
+        """Connections the simulator may hold at once: one per call in flight to each
+        model that talks to a server (one with a connection key), capped by its own
+        concurrency."""
+        needed = 0
+        seen: list[ModelAdapter] = []
+        for _, adapter in self._endpoints():
+            if any(adapter is other for other in seen) or adapter.connection_key() is None:
+                continue
+            seen.append(adapter)
+            cap = adapter.rate_limits().concurrency
+            needed += self.concurrency if cap is None else min(cap, self.concurrency)
+        return needed
+
     async def __aenter__(self) -> Simulator:
+        connections = self._connections_needed()
+        if connections:
+            ensure_descriptors(connections + DESCRIPTOR_HEADROOM, concurrency=self.concurrency)
+        if self.config.preflight:
+            try:
+                await self.preflight()
+            except BaseException:
+                with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                    for adapter in self._owned:
+                        await adapter.aclose()
+                raise
         # one cap for every run of this simulator: concurrent runs share it
         self._slots = anyio.Semaphore(self.concurrency)
         self._tg = anyio.create_task_group()
@@ -409,6 +485,7 @@ class Simulator:
                 "user_model_args": _redacted(self.config.user_model),
                 "limit": limit,
                 "grace_period": self.grace_period,
+                "circuit_breaker": self.config.circuit_breaker,
             },
         )
         self._tg.start_soon(self._produce, handle, plan)
@@ -527,6 +604,7 @@ class Simulator:
             max_turns=self.config.max_turns,
         )
         slots = self._slots
+        breaker = CircuitBreaker(self.config.circuit_breaker)
         log.info(
             "run_started",
             run_id=handle.run_id,
@@ -544,6 +622,8 @@ class Simulator:
                     result = await converse(conv)
                 counters.by_status[result.status] += 1
                 counters.turns += sum(1 for t in result.turns if t.status is TurnStatus.COMPLETED)
+                if is_infrastructure_failure(result):
+                    counters.infrastructure_failures += 1
                 if sink is not None and handle._error is None:
                     try:
                         await sink.write(result)
@@ -553,6 +633,11 @@ class Simulator:
                         # caller) and raise this error from the iteration.
                         handle._error = exc
                         stopping.begin()
+                if breaker.record(result):
+                    # the endpoint looks gone: start no more (they stay unrecorded)
+                    handle._stopped_early = breaker.reason
+                    log.info("run_stopped_early", reason=breaker.reason)
+                    stopping.begin()
                 # nobody reading any more is fine: the sink has the result
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     handle._send.send_nowait(result)

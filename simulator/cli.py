@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from ._console import EXIT_BAD_INPUT, EXIT_INTERRUPTED, clear_errors
+from ._console import EXIT_BAD_INPUT, EXIT_INTERRUPTED, clear_errors, print_error, run_verdict
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
 from ._errors import ConvsimError
@@ -28,7 +28,7 @@ from ._registry import Registry
 if TYPE_CHECKING:
     from ._records import Score
     from ._report import MetricSummary, RunReport
-    from ._runtime import RunHandle, Simulator
+    from ._runtime import RunHandle, RunStatistics, Simulator
     from ._sinks import JsonlSink
 
 __all__ = ["main"]
@@ -241,6 +241,29 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
 )
 @_judge_options
 @click.option(
+    "--preflight/--no-preflight",
+    default=True,
+    show_default=True,
+    help="Check each model endpoint with one cheap call before the first conversation.",
+)
+@click.option(
+    "--circuit-breaker",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Stop starting conversations after N in a row failed for infrastructure "
+    "reasons (0: never); --resume runs the rest.",
+)
+@click.option(
+    "--max-failure-rate",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Fraction of conversations that may fail for infrastructure reasons before "
+    "the exit code is 3.",
+)
+@click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
 @clear_errors
@@ -267,9 +290,26 @@ def run(
     judge_args: tuple[str, ...],
     judge_samples: int,
     judge_combine: str,
+    preflight: bool,
+    circuit_breaker: int,
+    max_failure_rate: float,
     progress: bool | None,
 ) -> None:
-    """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model."""
+    """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model.
+
+    \b
+    Exit codes:
+      0    the run finished (conversations that failed for the model's own
+           reasons, such as model_error, included)
+      2    bad input: files, options, settings, too few open files for --concurrency
+      3    conversations failed for infrastructure reasons (infrastructure_error or
+           timed out) beyond --max-failure-rate
+      4    a model endpoint is unreachable, refused the key or has a wrong URL (checked
+           before the run; the results file is not touched), or went away during the
+           run (the circuit breaker stopped it; --resume runs the rest)
+      130  interrupted
+    Once a run has started, its results and summaries are written before any exit.
+    """
     from ._config import SimulatorConfig
     from ._packs import load_pack
     from ._runtime import Simulator
@@ -302,6 +342,8 @@ def run(
         judge_args=parse_model_args(judge_args) if judge_spec else None,
         judge_samples=judge_samples,
         judge_combine=judge_combine,
+        preflight=preflight,
+        circuit_breaker=circuit_breaker,
     )
     simulator = Simulator(config)
     simulator.check(loaded)
@@ -310,11 +352,13 @@ def run(
             Path("runs") / f"{loaded.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         )
     sink = JsonlSink(out, resume=resume, overwrite=overwrite)
-    sink.prepare()
     tune_gc_for_throughput()
     err = _stderr()
     show_progress = err.is_terminal if progress is None else progress
-    interrupted = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)
+    try:
+        outcome = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)
+    except KeyboardInterrupt:  # before the run's own signal handling (the endpoint check)
+        sys.exit(EXIT_INTERRUPTED)
     from ._report import summarize
 
     results = read_results(out)
@@ -324,8 +368,20 @@ def run(
     _stdout().print(
         f"results: {out}\nsummary: {written.json_path}, {written.markdown_path}", highlight=False
     )
-    if interrupted:
-        sys.exit(EXIT_INTERRUPTED)
+    verdict = run_verdict(
+        outcome.statistics, interrupted=outcome.interrupted, max_failure_rate=max_failure_rate
+    )
+    if verdict.message is not None:
+        print_error(verdict.message)
+    if verdict.code:
+        sys.exit(verdict.code)
+
+
+class _RunOutcome(NamedTuple):
+    """How a run of the CLI ended."""
+
+    interrupted: bool
+    statistics: RunStatistics
 
 
 async def _run_with_progress(
@@ -335,11 +391,13 @@ async def _run_with_progress(
     limit: int | None,
     show_progress: bool,
     err: Console,
-) -> bool:
+) -> _RunOutcome:
     """Run to the end; on SIGINT/SIGTERM stop gracefully (a second signal: at once)."""
     interrupted = False
     error: ConvsimError | None = None
     async with simulator as sim:
+        # entering checked the endpoints: only now is the results file created
+        sink.prepare()
         handle = sim.run(pack, sink=sink, limit=limit)  # errors here are not wrapped
 
         async def watch_signals() -> None:
@@ -377,7 +435,7 @@ async def _run_with_progress(
             f"{stats.cancelled} cancelled, {stats.resumed} resumed in {stats.elapsed_s:.2f} s",
             highlight=False,
         )
-    return interrupted
+    return _RunOutcome(interrupted, stats)
 
 
 def _progress(console: Console, enabled: bool) -> Progress:

@@ -93,9 +93,12 @@ def test_run_writes_no_credentials_from_base_url(
     args = ["--log-format", "json", "--log-level", "debug", "run", "single_turn_qa"]
     args += ["--model", "openai-compatible:m", "--model-arg", f"base_url={base_url}"]
     args += ["--model-arg", "max_retries=0", "--limit", "2", "--out", "r.jsonl"]
-    result = CliRunner().invoke(main, args)
+    checked = CliRunner().invoke(main, args)  # the check before the run stops it
+    assert checked.exit_code == 4
+    assert "http://***@127.0.0.1:9/v1?key=***: connection refused" in checked.output
+    result = CliRunner().invoke(main, [*args, "--no-preflight", "--circuit-breaker", "0"])
     written = "".join(p.read_text() for p in tmp_path.iterdir() if p.is_file())
-    seen = result.output + written + "".join(capfd.readouterr())
+    seen = checked.output + result.output + written + "".join(capfd.readouterr())
     assert "127.0.0.1:9" in written  # the errors were recorded, with the URL
     assert (
         json.loads((tmp_path / "r.manifest.json").read_text())["settings"]["model_args"]["base_url"]

@@ -1,0 +1,52 @@
+"""The circuit breaker: a run stops starting conversations once its endpoint looks gone,
+rather than failing every conversation left (they stay unrecorded, for ``--resume``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._records import ConversationResult, Status, TerminationReason, TurnStatus
+
+__all__ = ["CircuitBreaker", "is_infrastructure_failure"]
+
+
+def is_infrastructure_failure(result: ConversationResult) -> bool:
+    """Whether a conversation failed for reasons outside the model: a call that failed
+    on the server, the network, a rate limit or a local limit (``infrastructure_error``),
+    or the conversation's deadline (TIMED_OUT)."""
+    return result.status is Status.TIMED_OUT or (
+        result.status is Status.FAILED
+        and result.termination_reason is TerminationReason.INFRASTRUCTURE_ERROR
+    )
+
+
+@dataclass
+class CircuitBreaker:
+    """Trips after ``threshold`` conversations in a row failed for infrastructure
+    reasons without a single answer from the model; any conversation with an answered
+    turn, or that failed for another reason, starts the count again."""
+
+    threshold: int
+    """Conversations in a row; 0 never trips."""
+    streak: int = 0
+    reason: str | None = None
+    """Why it tripped (one line); None while it has not."""
+
+    def record(self, result: ConversationResult) -> bool:
+        """Count one finished conversation; True when this one trips the breaker."""
+        if not self.threshold or self.reason is not None or result.status is Status.CANCELLED:
+            return False
+        answered = any(turn.status is TurnStatus.COMPLETED for turn in result.turns)
+        if answered or not is_infrastructure_failure(result):
+            self.streak = 0
+            return False
+        self.streak += 1
+        if self.streak < self.threshold:
+            return False
+        error = result.error
+        last = f"{error.type}: {error.message}" if error else result.termination_reason.value
+        self.reason = (
+            f"{self.streak} conversations in a row failed for infrastructure reasons "
+            f"(last: {' '.join(last.split())[:200]})"
+        )
+        return True

@@ -390,7 +390,8 @@ class HttpModelAdapter(ModelAdapter):
                 return completion
             except AdapterError as exc:
                 if exc.status_code == 429:
-                    budget.rate_limited(exc.retry_after if isinstance(exc, RateLimited) else None)
+                    retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+                    budget.rate_limited(retry_after, permit)
                 if delivered:  # text already reached the caller: it cannot be taken back
                     exc.retryable = False
                 self._scrub_error(exc)

@@ -684,6 +684,14 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     help="Fault mix over 429, 500, drop, malformed, truncated_sse (default: all equally).",
 )
 @click.option(
+    "--retry-after",
+    "retry_after_s",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Retry-After (seconds) of an injected 429.",
+)
+@click.option(
     "--rpm", type=click.IntRange(min=1), default=None, help="Requests per minute, then 429."
 )
 @click.option(
@@ -703,6 +711,7 @@ def mock_server(
     output_tokens: int | None,
     fault_rate: float,
     faults: dict[str, float] | None,
+    retry_after_s: float,
     rpm: int | None,
     memory_turns: int | None,
     seed: int,
@@ -726,6 +735,7 @@ def mock_server(
         "itl_ms": itl_ms,
         "output_tokens": output_tokens,
         "fault_rate": fault_rate,
+        "retry_after_s": retry_after_s,
         "rpm": rpm,
         "memory_turns": memory_turns,
         "seed": seed,

@@ -23,11 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from convsim._errors import (
     AdapterError,
     ConfigError,
+    MalformedResponse,
     ProtocolError,
     RateLimited,
     ServerError,
     parse_config,
 )
+from convsim._log import get_logger
 from convsim._types import (
     CallTimings,
     Completion,
@@ -53,6 +55,7 @@ from ._http import (
 from ._pricing import price_of
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status
+from ._text import StreamedText, repair_text
 
 __all__ = [
     "HttpAdapterConfig",
@@ -150,6 +153,16 @@ class Exchange(Protocol):
     def parse(self, data: Any) -> ParsedAnswer:
         """Text, finish reason and usage (None if the server sent none) of the answer."""
         ...
+
+
+log = get_logger("convsim.adapters")
+
+
+def _optional_text(value: Any, what: str) -> str | None:
+    """``value`` if it is a string or None; a wrong shape raises (a malformed answer)."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{what} is {type(value).__name__}, not a string")
+    return value
 
 
 def estimate_tokens(text: str) -> int:
@@ -428,6 +441,7 @@ class HttpModelAdapter(ModelAdapter):
             ),
             attempts=attempts,
             model=completion.model,
+            replaced_chars=completion.replaced_chars,
         )
 
     async def _attempt(
@@ -463,21 +477,23 @@ class HttpModelAdapter(ModelAdapter):
                 data = json.loads(response.body)
                 parse = exchange.parse if exchange is not None else self.parse_response
                 answer = parse(data)
+                text = repair_text(_optional_text(answer.text, "the answer's text") or "")
+                finish = _optional_text(answer.finish_reason, "the finish reason")
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
-                raise ProtocolError(
+                raise MalformedResponse(
                     f"unreadable response from {url}: {exc}",
                     snippet=self._scrub(response.body.decode("utf-8", "replace"))[:200],
                     model=self.config.model,
                 ) from exc
             total = time.perf_counter() - t0
-            return Completion(
-                text=answer.text,
-                finish_reason=answer.finish_reason,
-                usage=answer.usage or self._estimated(messages, answer.text),
-                timings=CallTimings(total_s=total),
-                model=self.config.model,
+            return self._completion(
+                text.text,
+                finish,
+                answer.usage or self._estimated(messages, text.text),
+                CallTimings(total_s=total),
+                text.replaced,
             )
         async with self._http().stream(url, payload, headers, self._timeouts) as streamed:
             if streamed.status >= 300:
@@ -501,68 +517,120 @@ class HttpModelAdapter(ModelAdapter):
         on_text: Callable[[str], None] | None,
     ) -> Completion:
         decoder = SSEDecoder()
+        repair = StreamedText()
         pieces: list[str] = []
         gaps: list[float] = []
         first = last = None
         finish_reason: str | None = None
         usage: Usage | None = None
         done = False
+        events = 0
+        opening = b""
+        """The stream's first bytes, shown should no event ever come."""
+
+        def hand_on(text: str) -> None:
+            nonlocal first, last
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)  # type: ignore[operator]
+            last = now
+            pieces.append(text)
+            if on_text is not None:
+                on_text(text)
 
         def take(event: SSEEvent) -> None:
-            nonlocal first, last, finish_reason, usage, done
+            nonlocal finish_reason, usage, done, events
+            events += 1
             try:
                 delta = self.parse_event(event)
+                piece = _optional_text(delta.text, "a streamed piece of text")
+                finish = _optional_text(delta.finish_reason, "the finish reason")
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
-                raise ProtocolError(
+                raise MalformedResponse(
                     f"unreadable stream event from {url}: {exc}",
                     snippet=self._scrub(event.data)[:200],
                     model=self.config.model,
                 ) from exc
-            if delta.text:
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                else:
-                    gaps.append(now - last)  # type: ignore[operator]
-                last = now
-                pieces.append(delta.text)
-                if on_text is not None:
-                    on_text(delta.text)
-            finish_reason = delta.finish_reason or finish_reason
+            if piece:
+                text = repair.feed(piece)  # may hold back half an emoji for the next event
+                if text:
+                    hand_on(text)
+            finish_reason = finish or finish_reason
             usage = _merge_usage(usage, delta.usage)
             done = done or delta.done
 
         async for chunk in response.chunks():
+            if len(opening) < 200:
+                opening += chunk[: 200 - len(opening)]
             for event in decoder.feed(chunk):
                 take(event)
         for event in decoder.flush():
             take(event)
+        tail = repair.flush()
+        if tail:
+            hand_on(tail)
         if not done:
+            if not events:  # not a stream cut short: no stream at all (a proxy's page?)
+                raise MalformedResponse(
+                    f"the answer from {url} carried no server-sent events",
+                    snippet=self._scrub(opening.decode("utf-8", "replace")),
+                    model=self.config.model,
+                )
             raise ServerError(
                 f"the stream from {url} ended before it was complete", model=self.config.model
             )
         text = "".join(pieces)
         end = time.perf_counter()
-        return Completion(
-            text=text,
-            finish_reason=finish_reason,
-            usage=usage or self._estimated(messages, text),
-            timings=CallTimings(
+        return self._completion(
+            text,
+            finish_reason,
+            usage or self._estimated(messages, text),
+            CallTimings(
                 ttft_s=(first - t0) if first is not None else None,
                 total_s=end - t0,
                 inter_token_s=tuple(gaps),
             ),
+            repair.replaced,
+        )
+
+    def _completion(
+        self,
+        text: str,
+        finish_reason: str | None,
+        usage: Usage,
+        timings: CallTimings,
+        replaced_chars: int,
+    ) -> Completion:
+        """One attempt's answer; text that had to be repaired is logged as such."""
+        if replaced_chars:
+            log.warning(
+                "model_answer_repaired",
+                model=self.config.model,
+                replaced_chars=replaced_chars,
+                reason="lone UTF-16 surrogates replaced with U+FFFD",
+            )
+        return Completion(
+            text=text,
+            finish_reason=None if finish_reason is None else repair_text(finish_reason).text,
+            usage=usage,
+            timings=timings,
             model=self.config.model,
+            replaced_chars=replaced_chars,
         )
 
     def _scrub_error(self, exc: AdapterError) -> None:
-        """Blank the API key out of an error, should a server have echoed it anywhere."""
-        if self._api_key and self._api_key in str(exc):
-            exc.args = (self._scrub(str(exc)),)
+        """Blank the API key out of an error, should a server have echoed it anywhere,
+        and replace lone surrogates (from an error message in JSON) in its text."""
+        message = str(exc)
+        clean = repair_text(self._scrub(message)).text
+        if clean != message:
+            exc.args = (clean,)
         if isinstance(exc, ProtocolError) and exc.snippet:
-            exc.snippet = self._scrub(exc.snippet)
+            exc.snippet = repair_text(self._scrub(exc.snippet)).text
 
     def _scrub(self, text: str) -> str:
         """``text`` with the API key blanked out, should a server echo it."""

@@ -43,6 +43,7 @@ _public = _lazy_module(
             "BadRequest",
             "AuthError",
             "ProtocolError",
+            "MalformedResponse",
         ],
     },
     also=["__version__"],
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from ._errors import ConfigError as ConfigError
     from ._errors import ConvsimError as ConvsimError
     from ._errors import InvalidTransition as InvalidTransition
+    from ._errors import MalformedResponse as MalformedResponse
     from ._errors import PackError as PackError
     from ._errors import PackProblem as PackProblem
     from ._errors import ProtocolError as ProtocolError

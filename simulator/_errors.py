@@ -16,13 +16,14 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
         ├── BadRequest           400/404/422: the request itself is wrong (status_code)
         ├── AuthError            401/403: the key is missing or refused
         └── ProtocolError        the response could not be understood (snippet)
+            └── MalformedResponse  a 2xx answer that arrived broken; retried
 
 Infrastructure failures (rate limits, servers down, timeouts) are kept apart from
 failures of the request or of the model so results can tell them apart. Each
 :class:`AdapterError` also says whether trying the call again could help
-(``retryable``): a 429, a 5xx, a dropped connection or a timeout can; a 400, a refused
-key or an unreadable answer cannot, and neither can a stream whose text already reached
-the caller.
+(``retryable``): a 429, a 5xx, a dropped connection, a timeout or an answer that
+arrived broken (:class:`MalformedResponse`) can; a 400 or a refused key cannot, and
+neither can a stream whose text already reached the caller.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "BadRequest",
     "AuthError",
     "ProtocolError",
+    "MalformedResponse",
     "RETRYABLE_STATUSES",
     "describe_validation_error",
     "parse_config",
@@ -198,6 +200,19 @@ class ProtocolError(AdapterError):
     def __init__(self, message: str, *, snippet: str = "", **kw: Any) -> None:
         super().__init__(message, **kw)
         self.snippet = snippet[:200]
+
+
+class MalformedResponse(ProtocolError):
+    """A 2xx answer that arrived broken: truncated or malformed JSON, a body of the
+    wrong shape, an HTML page from a proxy, an unparsable stream event.
+
+    A fault on the way (a proxy, a gateway, a server cut short), not the model's: it
+    is retried like a 5xx and counts as infrastructure when retries run out. ``snippet``
+    shows what came back.
+    """
+
+    infrastructure = True
+    retryable = True
 
 
 def describe_validation_error(exc: ValidationError, what: str) -> str:

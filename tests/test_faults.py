@@ -75,7 +75,7 @@ async def test_a_run_against_twenty_percent_faults_ends_cleanly(
             assert result.error is not None and result.error.type in {
                 "ServerError",
                 "RateLimited",
-                "ProtocolError",
+                "MalformedResponse",
                 "Timeout",
             }
             assert result.termination_reason.value in {"infrastructure_error", "model_error"}

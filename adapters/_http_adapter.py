@@ -51,6 +51,8 @@ from ._http import (
     SSEDecoder,
     SSEEvent,
     StreamResponse,
+    read_limited,
+    too_large,
 )
 from ._pricing import price_of
 from ._protocol import ModelAdapter
@@ -100,6 +102,11 @@ class HttpAdapterConfig(BaseModel):
     max_retry_time: float = Field(default=120.0, gt=0)
     """No retry starts after this many seconds since the first attempt."""
     http: Literal["aiohttp", "httpx"] = "aiohttp"
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
+    """The largest answer read, in bytes after decompression (a whole stream counts);
+    beyond it the call fails with ResponseTooLarge rather than filling memory."""
+    max_event_bytes: int = Field(default=2**20, ge=1024)
+    """The largest server-sent event (or line of one) of a stream, in bytes."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     max_tokens: int | None = Field(default=None, gt=0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -156,6 +163,9 @@ class Exchange(Protocol):
 
 
 log = get_logger("convsim.adapters")
+
+_ERROR_BODY_BYTES = 64 * 1024
+"""What is read of an error answer: its message is in the first few hundred bytes."""
 
 
 def _optional_text(value: Any, what: str) -> str | None:
@@ -462,19 +472,24 @@ class HttpModelAdapter(ModelAdapter):
         payload = call.body
         headers = self._headers
         t0 = time.perf_counter()
-        if not stream:
-            response = await self._http().post_json(url, payload, headers, self._timeouts)
+        async with self._http().stream(url, payload, headers, self._timeouts) as response:
             if response.status >= 300:
+                body = await read_limited(response, _ERROR_BODY_BYTES, truncate=True)
                 raise error_for_status(
                     response.status,
                     response.headers,
-                    response.body,
+                    body,
                     model=self.config.model,
                     url=url,
                     secret=self._api_key,
                 )
+            if stream:
+                return await self._read_stream(response, messages, url, t0, on_text)
+            body = await read_limited(
+                response, self.config.max_body_bytes, what=f"the answer from {url}"
+            )
             try:
-                data = json.loads(response.body)
+                data = json.loads(body)
                 parse = exchange.parse if exchange is not None else self.parse_response
                 answer = parse(data)
                 text = repair_text(_optional_text(answer.text, "the answer's text") or "")
@@ -484,29 +499,17 @@ class HttpModelAdapter(ModelAdapter):
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
                 raise MalformedResponse(
                     f"unreadable response from {url}: {exc}",
-                    snippet=self._scrub(response.body.decode("utf-8", "replace"))[:200],
+                    snippet=self._scrub(body[:400].decode("utf-8", "replace"))[:200],
                     model=self.config.model,
                 ) from exc
-            total = time.perf_counter() - t0
-            return self._completion(
-                text.text,
-                finish,
-                answer.usage or self._estimated(messages, text.text),
-                CallTimings(total_s=total),
-                text.replaced,
-            )
-        async with self._http().stream(url, payload, headers, self._timeouts) as streamed:
-            if streamed.status >= 300:
-                body = await streamed.read()
-                raise error_for_status(
-                    streamed.status,
-                    streamed.headers,
-                    body,
-                    model=self.config.model,
-                    url=url,
-                    secret=self._api_key,
-                )
-            return await self._read_stream(streamed, messages, url, t0, on_text)
+        total = time.perf_counter() - t0
+        return self._completion(
+            text.text,
+            finish,
+            answer.usage or self._estimated(messages, text.text),
+            CallTimings(total_s=total),
+            text.replaced,
+        )
 
     async def _read_stream(
         self,
@@ -516,7 +519,9 @@ class HttpModelAdapter(ModelAdapter):
         t0: float,
         on_text: Callable[[str], None] | None,
     ) -> Completion:
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(max_event_bytes=self.config.max_event_bytes)
+        limit = self.config.max_body_bytes
+        received = 0
         repair = StreamedText()
         pieces: list[str] = []
         gaps: list[float] = []
@@ -564,6 +569,9 @@ class HttpModelAdapter(ModelAdapter):
             done = done or delta.done
 
         async for chunk in response.chunks():
+            received += len(chunk)
+            if received > limit:
+                raise too_large(f"the stream from {url}", "max_body_bytes", limit)
             if len(opening) < 200:
                 opening += chunk[: 200 - len(opening)]
             for event in decoder.feed(chunk):

@@ -44,6 +44,7 @@ _public = _lazy_module(
             "AuthError",
             "ProtocolError",
             "MalformedResponse",
+            "ResponseTooLarge",
         ],
     },
     also=["__version__"],
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from ._errors import ProtocolError as ProtocolError
     from ._errors import RateLimited as RateLimited
     from ._errors import RegistryError as RegistryError
+    from ._errors import ResponseTooLarge as ResponseTooLarge
     from ._errors import ResultsError as ResultsError
     from ._errors import ServerError as ServerError
     from ._errors import TemplateError as TemplateError

@@ -15,6 +15,7 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
         ├── Timeout              the call did not finish in time
         ├── BadRequest           400/404/422: the request itself is wrong (status_code)
         ├── AuthError            401/403: the key is missing or refused
+        ├── ResponseTooLarge     the answer went past a size limit (limit, setting)
         └── ProtocolError        the response could not be understood (snippet)
             └── MalformedResponse  a 2xx answer that arrived broken; retried
 
@@ -53,6 +54,7 @@ __all__ = [
     "AuthError",
     "ProtocolError",
     "MalformedResponse",
+    "ResponseTooLarge",
     "RETRYABLE_STATUSES",
     "describe_validation_error",
     "parse_config",
@@ -190,6 +192,21 @@ class BadRequest(AdapterError):
 
 class AuthError(AdapterError):
     """The API key is missing or was refused (401, 403)."""
+
+
+class ResponseTooLarge(AdapterError):
+    """An answer went past a size limit: an endless body or server-sent event, or a
+    compression bomb (sizes count after decompression). Reading stopped at the limit.
+
+    ``setting`` names the adapter argument that sets the limit, ``limit`` its value in
+    bytes. The server's fault, not the model's; not retried, as the server would most
+    likely do it again.
+    """
+
+    def __init__(self, message: str, *, limit: int, setting: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.limit = limit
+        self.setting = setting
 
 
 class ProtocolError(AdapterError):

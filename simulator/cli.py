@@ -681,7 +681,11 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     callback=_parse_faults,
     default=None,
     metavar="KIND[=W],...",
-    help="Fault mix over 429, 500, drop, malformed, truncated_sse (default: all equally).",
+    help="Fault mix over: 429; 500; drop (the connection closes); malformed (a 200 of "
+    "broken JSON); html (a 200 with a proxy's HTML page); truncated_sse, stream_error, "
+    "stream_drop (a stream that ends, reports an error, or drops after a few words); "
+    "lone_surrogate (half an emoji in the text); split_surrogate (an emoji split across two "
+    "stream events). Default: all equally.",
 )
 @click.option(
     "--retry-after",

@@ -947,6 +947,7 @@ async def test_server_from_a_mapping_and_explicit_start_stop() -> None:
         ["--memory-turns", "0"],
         ["--faults", "teapot=1"],
         ["--faults", "500=x"],
+        ["--retry-after", "-1"],
     ],
 )
 def test_cli_bad_values_are_usage_errors(args: list[str]) -> None:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from convsim._errors import ConfigError, RateLimited, ServerError
+from convsim._errors import AuthError, BadRequest, ConfigError, RateLimited, ServerError
 from convsim._types import GenerationParams, Message, Usage
 
 from ._http import SSEEvent
@@ -133,7 +133,10 @@ class AnthropicAdapter(HttpModelAdapter):
             message = f"the stream reported {error.get('type')}: {error.get('message')}"
             if error.get("type") == "rate_limit_error":
                 raise RateLimited(message, model=self.config.model, status_code=429)
-            if error.get("type") in ("overloaded_error", "api_error"):
-                raise ServerError(message, model=self.config.model, status_code=529)
-            raise ValueError(message)
+            if error.get("type") in ("authentication_error", "permission_error"):
+                raise AuthError(message, model=self.config.model)
+            if error.get("type") in ("invalid_request_error", "not_found_error"):
+                raise BadRequest(message, model=self.config.model)
+            # overloaded_error, api_error and whatever else the server ran into
+            raise ServerError(message, model=self.config.model, status_code=529)
         return Delta()  # ping, content_block_start, content_block_stop

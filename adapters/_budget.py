@@ -3,9 +3,15 @@
 A :class:`ProviderBudget` paces requests per minute (smoothed: evenly spaced at 99% of
 the rate, so no 60 s window ever sees more than R) and tokens per minute (acquired
 as the estimated prompt + max_tokens, then corrected to the real usage). Concurrency is
-capped per adapter (per role). A 429 pauses the key for its Retry-After and halves the
-calls it may have in flight; each success adds back about one call per cap's worth of
-successes, until the cap is gone. :class:`Budgets` hands out one budget per key, so the
+capped per adapter (per role).
+
+A 429 pauses the key for exactly what the server asked (Retry-After; 0 is no pause, an
+absent header one second) and halves the calls it may have in flight, once per burst:
+429s of calls sent before that cut are answers to the same overload and cut nothing more.
+Each success then adds one call back (the cap doubles per round of calls), and the cap is
+gone once it is back where the calls in flight were at the cut. A rare 429 so costs a
+few calls' worth of concurrency for a moment, not the run's pace, while a real overload
+still halves the load at once. :class:`Budgets` hands out one budget per key, so the
 model under test, the simulated user and a judge that share an API key share its limits.
 """
 
@@ -68,6 +74,9 @@ class Permit:
 
     tokens: float
     queue_wait_s: float
+    sequence: int = 0
+    """The order in which the key admitted it (1, 2, ...): tells a 429 of a call sent
+    before the last cut of the cap from one sent after it."""
 
 
 @dataclass
@@ -81,6 +90,10 @@ class ProviderBudget:
     _paused_until: float = 0.0
     _cap: float | None = None
     """Calls the key may have in flight since a 429 (None: no cap); see rate_limited."""
+    _admitted: int = 0
+    """Calls admitted so far (the last permit's sequence)."""
+    _cut_after: int = -1
+    """The sequence of the last call admitted before the cap was last cut."""
     _freed: anyio.Event | None = None
     _stats: dict[str, int] = field(
         default_factory=lambda: {
@@ -139,7 +152,8 @@ class ProviderBudget:
             self._stats["waiting"] -= 1
         self._stats["in_flight"] += 1
         self._stats["requests"] += 1
-        return Permit(tokens, self.clock() - started)
+        self._admitted += 1
+        return Permit(tokens, self.clock() - started, self._admitted)
 
     def release(self, permit: Permit, used_tokens: float | None, *, ok: bool) -> None:
         """End the call and correct its token claim to ``used_tokens``."""
@@ -155,23 +169,31 @@ class ProviderBudget:
                 # over budget: claim the rest now, without waiting (the tokens are spent)
                 self._tokens._level += -difference
         if ok and self._cap is not None:
-            # additive increase: about one more call in flight per cap's worth of successes
-            self._cap += 1.0 / self._cap
+            # quick recovery: one more call in flight per success (the cap doubles per
+            # round of calls), and no cap once back where the cut started
+            self._cap += 1.0
             if self._cap >= self._uncapped_at:
                 self._cap = None
 
-    def rate_limited(self, retry_after: float | None) -> None:
-        """A 429: pause the key for Retry-After (or 1 s) and halve the calls it may
-        have in flight; successes raise that cap again gradually."""
+    def rate_limited(self, retry_after: float | None, permit: Permit | None = None) -> None:
+        """A 429 for the call holding ``permit``: pause the key for Retry-After (0: not
+        at all; absent: 1 s), and halve the calls it may have in flight unless the cap
+        was already cut after that call was sent (one cut per burst of 429s)."""
         self._stats["rate_limited"] += 1
         pause = 1.0 if retry_after is None else retry_after
         self._paused_until = max(self._paused_until, self.clock() + pause)
-        in_flight = self._stats["in_flight"]
-        current = self._cap if self._cap is not None else float(in_flight)
-        self._cap = max(1.0, current / 2)
-        self._uncapped_at = max(2.0, 2 * in_flight)
+        if permit is not None and permit.sequence <= self._cut_after:
+            return  # sent before the last cut: the same overload, already answered
+        self._cut_after = self._admitted
+        if self._cap is None:
+            in_flight = float(self._stats["in_flight"])
+            self._uncapped_at = max(2.0, in_flight)
+            self._cap = max(1.0, in_flight / 2)
+        else:
+            self._cap = max(1.0, self._cap / 2)
 
     _uncapped_at: float = 2.0
+    """Where a recovering cap is lifted: the calls in flight at the first cut."""
 
     def retrying(self, delta: int) -> None:
         self._stats["retrying"] += delta

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from pydantic import model_validator
 
+from convsim._secrets import redact_url
 from convsim._types import GenerationParams, Message, ModelInfo
 
 from ._http import SSEEvent
@@ -62,7 +63,8 @@ class CustomHttpAdapter(HttpModelAdapter):
         )
 
     def base_url_hint(self) -> str:
-        return f"check base_url (api_endpoint): requests go to {self.base_url}/generate"
+        where = redact_url(self.url_for("/generate"))
+        return f"check base_url (api_endpoint): requests go to {where}"
 
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool

@@ -8,6 +8,13 @@ translate their library's failures into convsim's errors at this boundary: a tim
 becomes :class:`~convsim.Timeout`, a refused or dropped connection a
 :class:`~convsim.ServerError` without a status code, and a connection that cannot be
 opened for want of file descriptors a :class:`~convsim.LocalResourceError`.
+
+Answers are read within size limits (:func:`read_limited`, :class:`SSEDecoder`), counted
+in the bytes the libraries hand over, that is after decompression: an endless body, an
+endless event or a compression bomb stops at the limit with
+:class:`~convsim.ResponseTooLarge`. aiohttp decompresses in bounded pieces and stops
+reading while its buffer is full; httpx decompresses one network read (up to 64 KiB
+compressed) at a time, so past the limit it may hold one read's worth more.
 """
 
 from __future__ import annotations
@@ -22,13 +29,15 @@ from typing import Any, Protocol
 
 import anyio
 
-from convsim._errors import LocalResourceError, ServerError, Timeout
+from convsim._errors import LocalResourceError, ResponseTooLarge, ServerError, Timeout
 
 __all__ = [
     "HttpTimeouts",
     "HttpResponse",
     "SSEEvent",
     "SSEDecoder",
+    "read_limited",
+    "too_large",
     "StreamResponse",
     "HttpTransport",
     "AiohttpTransport",
@@ -64,31 +73,70 @@ class SSEEvent:
     data: str
 
 
-class SSEDecoder:
-    """Incremental server-sent-events parser (the ``event:`` and ``data:`` fields)."""
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
 
-    def __init__(self) -> None:
-        self._buffer = b""
+
+def too_large(what: str, setting: str, limit: int) -> ResponseTooLarge:
+    """The error for ``what`` going past ``limit`` bytes (set by ``setting``)."""
+    return ResponseTooLarge(
+        f"{what} went past {setting}={limit} ({_size(limit)}, counted after "
+        f"decompression); reading stopped there. If the answer is genuine, raise the limit "
+        f"with --model-arg {setting}=BYTES",
+        limit=limit,
+        setting=setting,
+    )
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+class SSEDecoder:
+    """Incremental server-sent-events parser (the ``event:`` and ``data:`` fields).
+
+    With ``max_event_bytes``, a line or an event (its data lines together) longer than
+    that raises :class:`~convsim.ResponseTooLarge` instead of growing without end.
+    """
+
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._buffer = bytearray()
+        self._scanned = 0
+        """How much of the buffer holds no newline (not searched again)."""
         self._event: str | None = None
         self._data: list[str] = []
+        self._data_bytes = 0
         self._started = False
+        self._limit = max_event_bytes
+
+    def _too_large(self) -> ResponseTooLarge:
+        assert self._limit is not None
+        return too_large("a server-sent event", "max_event_bytes", self._limit)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        if not self._started:
+        buffer = self._buffer
+        buffer += chunk
+        if not self._started:  # a byte-order mark may open the stream, in any pieces
+            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
+                return []
             self._started = True
-            chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark may open the stream
-        self._buffer += chunk
+            if buffer.startswith(_BOM):
+                del buffer[: len(_BOM)]
         events: list[SSEEvent] = []
+        start = 0
         while True:
-            newline = self._buffer.find(b"\n")
+            newline = buffer.find(b"\n", max(start, self._scanned))
             if newline < 0:
-                return events
-            line = self._buffer[:newline].rstrip(b"\r").decode("utf-8", errors="replace")
-            self._buffer = self._buffer[newline + 1 :]
+                break
+            length = newline - start
+            line = bytes(buffer[start:newline]).rstrip(b"\r").decode("utf-8", errors="replace")
+            start = newline + 1
             if not line:
                 if self._data:
                     events.append(SSEEvent(self._event, "\n".join(self._data)))
-                self._event, self._data = None, []
+                self._event, self._data, self._data_bytes = None, [], 0
             elif line.startswith(":"):
                 continue  # a comment (keep-alive)
             else:
@@ -96,14 +144,45 @@ class SSEDecoder:
                 value = value[1:] if value.startswith(" ") else value
                 if name == "data":
                     self._data.append(value)
+                    self._data_bytes += length
+                    if self._limit is not None and self._data_bytes > self._limit:
+                        raise self._too_large()
                 elif name == "event":
                     self._event = value
+        del buffer[:start]
+        self._scanned = len(buffer)
+        if self._limit is not None and len(buffer) > self._limit:
+            raise self._too_large()  # a line that never ends
+        return events
 
     def flush(self) -> list[SSEEvent]:
         """At the end of the stream: an unfinished event is discarded, as the SSE
         specification says (a stream cut mid-event then reads as incomplete)."""
-        self._buffer, self._event, self._data = b"", None, []
+        self._buffer, self._scanned = bytearray(), 0
+        self._event, self._data, self._data_bytes = None, [], 0
         return []
+
+
+async def read_limited(
+    response: StreamResponse, limit: int, *, truncate: bool = False, what: str = "the answer"
+) -> bytes:
+    """The body of ``response``, at most ``limit`` bytes (after decompression).
+
+    Past the limit: :class:`~convsim.ResponseTooLarge` naming ``what`` and the setting
+    ``max_body_bytes``; or with ``truncate`` the first ``limit`` bytes (for error
+    bodies, where the status says what happened and the text only adds to it).
+    """
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.chunks():
+        size += len(chunk)
+        if size > limit:
+            if truncate:
+                parts.append(chunk[: len(chunk) - (size - limit)])
+                break
+            raise too_large(what, "max_body_bytes", limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 class StreamResponse(Protocol):

@@ -27,11 +27,13 @@ from convsim._errors import (
     AdapterError,
     ConfigError,
     EndpointError,
+    MalformedResponse,
     ProtocolError,
     RateLimited,
     ServerError,
     parse_config,
 )
+from convsim._log import get_logger
 from convsim._secrets import Redactor, redact_url
 from convsim._types import (
     CallTimings,
@@ -47,6 +49,7 @@ from convsim._types import (
 from ._budget import BudgetLimits, Budgets, ProviderBudget
 from ._http import (
     JSON_HEADERS,
+    PROBE_BODY_LIMIT,
     AiohttpTransport,
     HttpTimeouts,
     HttpTransport,
@@ -54,10 +57,13 @@ from ._http import (
     SSEDecoder,
     SSEEvent,
     StreamResponse,
+    read_limited,
+    too_large,
 )
 from ._pricing import price_of
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status
+from ._text import StreamedText, repair_text
 
 __all__ = [
     "HttpAdapterConfig",
@@ -102,6 +108,11 @@ class HttpAdapterConfig(BaseModel):
     max_retry_time: float = Field(default=120.0, gt=0)
     """No retry starts after this many seconds since the first attempt."""
     http: Literal["aiohttp", "httpx"] = "aiohttp"
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
+    """The largest answer read, in bytes after decompression (a whole stream counts);
+    beyond it the call fails with ResponseTooLarge rather than filling memory."""
+    max_event_bytes: int = Field(default=2**20, ge=1024)
+    """The largest server-sent event (or line of one) of a stream, in bytes."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     max_tokens: int | None = Field(default=None, gt=0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -155,6 +166,19 @@ class Exchange(Protocol):
     def parse(self, data: Any) -> ParsedAnswer:
         """Text, finish reason and usage (None if the server sent none) of the answer."""
         ...
+
+
+log = get_logger("convsim.adapters")
+
+_ERROR_BODY_BYTES = 64 * 1024
+"""What is read of an error answer: its message is in the first few hundred bytes."""
+
+
+def _optional_text(value: Any, what: str) -> str | None:
+    """``value`` if it is a string or None; a wrong shape raises (a malformed answer)."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{what} is {type(value).__name__}, not a string")
+    return value
 
 
 def estimate_tokens(text: str) -> int:
@@ -403,7 +427,8 @@ class HttpModelAdapter(ModelAdapter):
                 return completion
             except AdapterError as exc:
                 if exc.status_code == 429:
-                    budget.rate_limited(exc.retry_after if isinstance(exc, RateLimited) else None)
+                    retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+                    budget.rate_limited(retry_after, permit)
                 if delivered:  # text already reached the caller: it cannot be taken back
                     exc.retryable = False
                 self._scrub_error(exc)
@@ -440,6 +465,7 @@ class HttpModelAdapter(ModelAdapter):
             ),
             attempts=attempts,
             model=completion.model,
+            replaced_chars=completion.replaced_chars,
         )
 
     async def _attempt(
@@ -460,49 +486,44 @@ class HttpModelAdapter(ModelAdapter):
         payload = call.body
         headers = self._headers
         t0 = time.perf_counter()
-        if not stream:
-            response = await self._http().post_json(url, payload, headers, self._timeouts)
+        async with self._http().stream(url, payload, headers, self._timeouts) as response:
             if response.status >= 300:
+                body = await read_limited(response, _ERROR_BODY_BYTES, truncate=True)
                 raise error_for_status(
                     response.status,
                     response.headers,
-                    response.body,
-                    model=self.config.model,
-                    url=url,
-                    secret=self._api_key,
-                )
-            try:
-                data = json.loads(response.body)
-                parse = exchange.parse if exchange is not None else self.parse_response
-                answer = parse(data)
-            except AdapterError:
-                raise
-            except Exception as exc:  # any misshapen answer, whatever the parser tripped on
-                raise ProtocolError(
-                    f"unreadable response from {url}: {exc}",
-                    snippet=self._scrub(response.body.decode("utf-8", "replace"))[:200],
-                    model=self.config.model,
-                ) from exc
-            total = time.perf_counter() - t0
-            return Completion(
-                text=answer.text,
-                finish_reason=answer.finish_reason,
-                usage=answer.usage or self._estimated(messages, answer.text),
-                timings=CallTimings(total_s=total),
-                model=self.config.model,
-            )
-        async with self._http().stream(url, payload, headers, self._timeouts) as streamed:
-            if streamed.status >= 300:
-                body = await streamed.read()
-                raise error_for_status(
-                    streamed.status,
-                    streamed.headers,
                     body,
                     model=self.config.model,
                     url=url,
                     secret=self._api_key,
                 )
-            return await self._read_stream(streamed, messages, url, t0, on_text)
+            if stream:
+                return await self._read_stream(response, messages, url, t0, on_text)
+            body = await read_limited(
+                response, self.config.max_body_bytes, what=f"the answer from {url}"
+            )
+            try:
+                data = json.loads(body)
+                parse = exchange.parse if exchange is not None else self.parse_response
+                answer = parse(data)
+                text = repair_text(_optional_text(answer.text, "the answer's text") or "")
+                finish = _optional_text(answer.finish_reason, "the finish reason")
+            except AdapterError:
+                raise
+            except Exception as exc:  # any misshapen answer, whatever the parser tripped on
+                raise MalformedResponse(
+                    f"unreadable response from {url}: {exc}",
+                    snippet=self._scrub(body[:400].decode("utf-8", "replace"))[:200],
+                    model=self.config.model,
+                ) from exc
+        total = time.perf_counter() - t0
+        return self._completion(
+            text.text,
+            finish,
+            answer.usage or self._estimated(messages, text.text),
+            CallTimings(total_s=total),
+            text.replaced,
+        )
 
     async def _read_stream(
         self,
@@ -512,71 +533,127 @@ class HttpModelAdapter(ModelAdapter):
         t0: float,
         on_text: Callable[[str], None] | None,
     ) -> Completion:
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(max_event_bytes=self.config.max_event_bytes)
+        limit = self.config.max_body_bytes
+        received = 0
+        repair = StreamedText()
         pieces: list[str] = []
         gaps: list[float] = []
         first = last = None
         finish_reason: str | None = None
         usage: Usage | None = None
         done = False
+        events = 0
+        opening = b""
+        """The stream's first bytes, shown should no event ever come."""
+
+        def hand_on(text: str) -> None:
+            nonlocal first, last
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)  # type: ignore[operator]
+            last = now
+            pieces.append(text)
+            if on_text is not None:
+                on_text(text)
 
         def take(event: SSEEvent) -> None:
-            nonlocal first, last, finish_reason, usage, done
+            nonlocal finish_reason, usage, done, events
+            events += 1
             try:
                 delta = self.parse_event(event)
+                piece = _optional_text(delta.text, "a streamed piece of text")
+                finish = _optional_text(delta.finish_reason, "the finish reason")
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
-                raise ProtocolError(
+                raise MalformedResponse(
                     f"unreadable stream event from {url}: {exc}",
                     snippet=self._scrub(event.data)[:200],
                     model=self.config.model,
                 ) from exc
-            if delta.text:
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                else:
-                    gaps.append(now - last)  # type: ignore[operator]
-                last = now
-                pieces.append(delta.text)
-                if on_text is not None:
-                    on_text(delta.text)
-            finish_reason = delta.finish_reason or finish_reason
+            if piece:
+                text = repair.feed(piece)  # may hold back half an emoji for the next event
+                if text:
+                    hand_on(text)
+            finish_reason = finish or finish_reason
             usage = _merge_usage(usage, delta.usage)
             done = done or delta.done
 
         async for chunk in response.chunks():
+            received += len(chunk)
+            if received > limit:
+                raise too_large(f"the stream from {url}", "max_body_bytes", limit)
+            if len(opening) < 200:
+                opening += chunk[: 200 - len(opening)]
             for event in decoder.feed(chunk):
                 take(event)
         for event in decoder.flush():
             take(event)
+        tail = repair.flush()
+        if tail:
+            hand_on(tail)
         if not done:
+            if not events:  # not a stream cut short: no stream at all (a proxy's page?)
+                raise MalformedResponse(
+                    f"the answer from {url} carried no server-sent events",
+                    snippet=self._scrub(opening.decode("utf-8", "replace")),
+                    model=self.config.model,
+                )
             raise ServerError(
                 f"the stream from {url} ended before it was complete", model=self.config.model
             )
         text = "".join(pieces)
         end = time.perf_counter()
-        return Completion(
-            text=text,
-            finish_reason=finish_reason,
-            usage=usage or self._estimated(messages, text),
-            timings=CallTimings(
+        return self._completion(
+            text,
+            finish_reason,
+            usage or self._estimated(messages, text),
+            CallTimings(
                 ttft_s=(first - t0) if first is not None else None,
                 total_s=end - t0,
                 inter_token_s=tuple(gaps),
             ),
+            repair.replaced,
+        )
+
+    def _completion(
+        self,
+        text: str,
+        finish_reason: str | None,
+        usage: Usage,
+        timings: CallTimings,
+        replaced_chars: int,
+    ) -> Completion:
+        """One attempt's answer; text that had to be repaired is logged as such."""
+        if replaced_chars:
+            log.warning(
+                "model_answer_repaired",
+                model=self.config.model,
+                replaced_chars=replaced_chars,
+                reason="lone UTF-16 surrogates replaced with U+FFFD",
+            )
+        return Completion(
+            text=text,
+            finish_reason=None if finish_reason is None else repair_text(finish_reason).text,
+            usage=usage,
+            timings=timings,
             model=self.config.model,
+            replaced_chars=replaced_chars,
         )
 
     def _scrub_error(self, exc: AdapterError) -> None:
-        """Blank the API key and the URL's credentials out of an error: a server may
-        echo the key, and a connection error names the URL."""
-        scrubbed = self._scrub(str(exc))
-        if scrubbed != str(exc):
-            exc.args = (scrubbed,)
+        """Blank the API key and the URL's credentials out of an error (a server may echo
+        the key, and a connection error names the URL), and replace lone surrogates (from
+        an error message in JSON) in its text."""
+        message = str(exc)
+        clean = repair_text(self._scrub(message)).text
+        if clean != message:
+            exc.args = (clean,)
         if isinstance(exc, ProtocolError) and exc.snippet:
-            exc.snippet = self._scrub(exc.snippet)
+            exc.snippet = repair_text(self._scrub(exc.snippet)).text
 
     @staticmethod
     def _estimated(messages: Sequence[Message], text: str) -> Usage:
@@ -638,11 +715,14 @@ class HttpModelAdapter(ModelAdapter):
         )
         url = self.url_for(call.path)
         try:
-            response = await self._http().post_json(url, call.body, self._headers, self._timeouts)
+            async with self._http().stream(
+                url, call.body, self._headers, self._timeouts
+            ) as response:
+                body = await read_limited(response, PROBE_BODY_LIMIT, truncate=True)
         except Exception as exc:
             self._raise_unreachable(exc)
             return  # inconclusive: a check never fails a run it cannot judge
-        said = _server_message(self._scrub(response.body.decode("utf-8", "replace")))
+        said = _server_message(self._scrub(body.decode("utf-8", "replace")))
         url = redact_url(url)
         if response.status in (401, 403):
             raise EndpointError(

@@ -70,8 +70,50 @@ __all__ = [
 
 log = get_logger("convsim.mock_server")
 
-FaultKind = Literal["429", "500", "drop", "malformed", "truncated_sse"]
+FaultKind = Literal[
+    "429",
+    "500",
+    "drop",
+    "malformed",
+    "html",
+    "truncated_sse",
+    "stream_error",
+    "stream_drop",
+    "lone_surrogate",
+    "split_surrogate",
+]
+"""What an injected fault does:
+
+- ``429``: a rate-limit error with Retry-After (``retry_after_s``);
+- ``500``: a server error;
+- ``drop``: the connection closes without an answer;
+- ``malformed``: a 200 whose JSON is cut short (streaming: an event of broken JSON);
+- ``html``: a 200 carrying a proxy's HTML error page instead of the answer;
+- ``truncated_sse``: a couple of words, then the stream ends cleanly, without finish
+  reason or ``[DONE]``;
+- ``stream_error``: a couple of words, then an ``{"error": ...}`` event ends the stream;
+- ``stream_drop``: a couple of words, then the connection drops mid-stream;
+- ``lone_surrogate``: the answer ends in half an emoji (``"\\ud83d"`` escaped in JSON);
+- ``split_surrogate``: an emoji whose two UTF-16 halves come in two stream events, as
+  JavaScript gateways send them.
+
+Stream-only kinds in a non-streaming call do what comes closest and count as that:
+``truncated_sse`` as ``malformed``, ``stream_error`` as ``500``, ``stream_drop`` as
+``drop``, ``split_surrogate`` as ``lone_surrogate``.
+"""
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
+_NOT_STREAMED: dict[FaultKind, FaultKind] = {
+    "truncated_sse": "malformed",
+    "stream_error": "500",
+    "stream_drop": "drop",
+    "split_surrogate": "lone_surrogate",
+}
+_HALF_EMOJI, _OTHER_HALF = "\ud83d", "\ude00"
+_PROXY_PAGE = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
 
 ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/generate")
 
@@ -255,8 +297,8 @@ class MockServerStatistics:
     by_endpoint: dict[str, int]
     """Requests per known endpoint path."""
     faults_injected: dict[str, int]
-    """Injected faults by kind (``truncated_sse`` of a non-streaming call counts as
-    ``malformed``, which is what it got)."""
+    """Injected faults by kind (a stream-only kind in a non-streaming call counts as what
+    it got instead: see :data:`FaultKind`)."""
     rate_limited: int
     """429s from the ``rpm`` limit (injected 429s are under ``faults_injected``)."""
     unauthorized: int
@@ -783,13 +825,16 @@ class MockModelServer:
 
     # ------------------------------------------------------------------ faults
 
-    def _fault_response(
-        self, request: web.Request, kind: FaultKind, stream: bool
-    ) -> web.StreamResponse | None:
-        """The response of a fault, or None when the fault is streamed by the caller."""
-        if kind == "truncated_sse" and not stream:
-            kind = "malformed"
+    def _injected(self, kind: FaultKind, stream: bool) -> FaultKind:
+        """The fault a call gets (a stream-only kind falls back when not streaming),
+        counted."""
+        if not stream:
+            kind = _NOT_STREAMED.get(kind, kind)
         self._faults[kind] += 1
+        return kind
+
+    def _fault_response(self, request: web.Request, kind: FaultKind) -> web.StreamResponse | None:
+        """The response of a fault, or None when the answer itself carries it."""
         if kind == "429":
             response = _error(
                 429, "Rate limit reached (injected fault).", "requests", "rate_limit_exceeded"
@@ -805,11 +850,8 @@ class MockModelServer:
             )
         if kind == "drop":
             return _Dropped(request)
-        if kind == "malformed" and not stream:
-            return web.Response(
-                body=b'{"id": "malformed", "choices": [{"index": 0, "mess',
-                content_type="application/json",
-            )
+        if kind == "html":
+            return web.Response(body=_PROXY_PAGE, content_type="text/html")
         return None
 
     # ------------------------------------------------------------------ handlers
@@ -860,13 +902,16 @@ class MockModelServer:
             return _bad_request(str(exc))
         fault = self._draw_fault() if cfg.fault_rate else None
         if fault is not None:
-            response = self._fault_response(request, fault, params.stream)
+            fault = self._injected(fault, params.stream)
+            response = self._fault_response(request, fault)
             if response is not None:
                 return response
         seed = cfg.seed if params.seed is None else params.seed
         answer = _answer(turns, cfg.memory_turns, seed, cfg.output_tokens)
         cut = _cut(answer.words, params)
         words, finish, prompt_tokens = cut.words, cut.finish_reason, answer.prompt_tokens
+        if fault == "lone_surrogate":  # the last word ends in half an emoji
+            words = (*words[:-1], (words[-1] if words else "") + _HALF_EMOJI)
         n = len(words)
         usage = (
             f'{{"prompt_tokens":{prompt_tokens},"completion_tokens":{n},'
@@ -878,6 +923,11 @@ class MockModelServer:
             return await self._stream(request, chat, words, finish, usage, model, params, fault)
         await self._delay(cfg.ttft_ms)
         await self._delay(cfg.itl_ms, n - 1)
+        if fault == "malformed":
+            return web.Response(
+                body=b'{"id": "malformed", "choices": [{"index": 0, "mess',
+                content_type="application/json",
+            )
         if echo is not _NO_ECHO:
             return self._echo_response(
                 turns[0].text, " ".join(words), finish, usage, model, echo, seed
@@ -957,20 +1007,30 @@ class MockModelServer:
             '"choices":[{"index":0,'
         )
         more = ',"usage":null}' if params.include_usage else "}"
+        pieces = _json_pieces(words)
+        if fault == "split_surrogate":  # an emoji after the first word, its halves apart
+            halves = (json.dumps(" " + _HALF_EMOJI), json.dumps(_OTHER_HALF))
+            pieces = (*pieces[:1], *halves, *pieces[1:])
         if chat:
             role = f'{head}"delta":{{"role":"assistant"}},"logprobs":null,"finish_reason":null}}]'
             before = head + '"delta":{"content":'
             after = '},"logprobs":null,"finish_reason":null}]' + more + "\n\n"
-            events = [before + p + after for p in _json_pieces(words)]
+            events = [before + p + after for p in pieces]
             end = f'{head}"delta":{{}},"logprobs":null,"finish_reason":"{finish}"}}]{more}\n\n'
         else:
             role = ""
             before = head + '"text":'
             after = ',"logprobs":null,"finish_reason":null}]' + more + "\n\n"
-            events = [before + p + after for p in _json_pieces(words)]
+            events = [before + p + after for p in pieces]
             end = f'{head}"text":"","logprobs":null,"finish_reason":"{finish}"}}]{more}\n\n'
-        if fault == "truncated_sse":
+        if fault in ("truncated_sse", "stream_drop"):
             events = events[:2]  # a couple of words, then the stream ends: no finish, no [DONE]
+        elif fault == "stream_error":
+            error = _error_body(
+                "The server had an error while streaming the answer (injected fault).",
+                "server_error",
+            )
+            events = [*events[:2], f"data: {error.decode()}\n\n"]
         elif fault == "malformed":
             events = [f'{head}"delta":{{"content":"oops"}},"finish_reas\n\n{_DONE}']
         else:
@@ -989,7 +1049,7 @@ class MockModelServer:
             events = [role + events[0], *events[1:]] if events else [role]
         cfg = self.config
         await self._delay(cfg.ttft_ms)
-        if cfg.itl_ms.is_zero or len(events) == 1:
+        if fault != "stream_drop" and (cfg.itl_ms.is_zero or len(events) == 1):
             return web.Response(
                 body="".join(events).encode(),
                 content_type="text/event-stream",
@@ -1003,6 +1063,9 @@ class MockModelServer:
                 if i:
                     await self._delay(cfg.itl_ms)
                 await response.write(event.encode())
+            if fault == "stream_drop" and request.transport is not None:
+                request.transport.abort()  # mid-stream: the chunked body never ends
+                return response
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away; nothing to tell it

@@ -173,8 +173,14 @@ class _EchoScoring:
                 snippet=self.scrub(json.dumps(choice))[:200],
                 model=self.model,
             )
-        # a misshapen part raises here, inside the attempt: a ProtocolError with a snippet
-        self.result = _read_prompt_logprobs(self.prompt, logprobs)
+        try:
+            self.result = _read_prompt_logprobs(self.prompt, logprobs)
+        except ValueError as exc:  # the server's logprobs, not the transfer: no retry helps
+            raise ProtocolError(
+                f"{self.url} answered an echo request with unusable logprobs: {exc}",
+                snippet=self.scrub(json.dumps(choice))[:200],
+                model=self.model,
+            ) from exc
         return ParsedAnswer(text, choice.get("finish_reason"), _usage(data.get("usage")))
 
 

@@ -47,9 +47,9 @@ class RetryPolicy:
     """Which failures to retry and how long to keep trying; never unbounded.
 
     Retried: what the error declares ``retryable`` (408, 409, 429, 5xx, connection
-    errors and timeouts); never 400, 401, 403, 404, 422 or unparsable responses. Waits
-    grow exponentially with jitter up to ``max_backoff_s``, and are at least the server's
-    Retry-After.
+    errors and timeouts, answers that arrived broken); never 400, 401, 403, 404 or 422.
+    Waits grow exponentially with jitter up to ``max_backoff_s``; a 429 that says
+    Retry-After is waited just that long (0 included: the server asked for no wait).
     """
 
     max_retries: int = 3
@@ -61,12 +61,17 @@ class RetryPolicy:
     jitter_s: float = 0.5
 
     def backoff(self, failed_attempt: int, exc: BaseException | None) -> float:
-        """Seconds to wait after attempt ``failed_attempt`` failed with ``exc``:
-        exponential with jitter, capped, and never less than a 429's Retry-After."""
+        """Seconds to wait after attempt ``failed_attempt`` failed with ``exc``.
+
+        A 429 with Retry-After is waited as the server asked, plus up to 10% of it so
+        that the callers it refused together do not all come back at once (the rate
+        budget halves the calls in flight meanwhile). Otherwise exponential with
+        jitter, capped at ``max_backoff_s``.
+        """
+        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+            return exc.retry_after + random.uniform(0, 0.1 * exc.retry_after)
         exponential = self.initial_backoff_s * 2 ** (failed_attempt - 1)
-        delay = min(exponential + random.uniform(0, self.jitter_s), self.max_backoff_s)
-        floor = exc.retry_after if isinstance(exc, RateLimited) and exc.retry_after else 0.0
-        return max(floor, delay)
+        return min(exponential + random.uniform(0, self.jitter_s), self.max_backoff_s)
 
     @staticmethod
     def should_retry(exc: BaseException) -> bool:

@@ -45,6 +45,8 @@ _public = _lazy_module(
             "ProtocolError",
             "LocalResourceError",
             "EndpointError",
+            "MalformedResponse",
+            "ResponseTooLarge",
         ],
     },
     also=["__version__"],
@@ -63,11 +65,13 @@ if TYPE_CHECKING:
     from ._errors import EndpointError as EndpointError
     from ._errors import InvalidTransition as InvalidTransition
     from ._errors import LocalResourceError as LocalResourceError
+    from ._errors import MalformedResponse as MalformedResponse
     from ._errors import PackError as PackError
     from ._errors import PackProblem as PackProblem
     from ._errors import ProtocolError as ProtocolError
     from ._errors import RateLimited as RateLimited
     from ._errors import RegistryError as RegistryError
+    from ._errors import ResponseTooLarge as ResponseTooLarge
     from ._errors import ResultsError as ResultsError
     from ._errors import ServerError as ServerError
     from ._errors import TemplateError as TemplateError

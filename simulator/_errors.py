@@ -16,15 +16,17 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
         ├── Timeout              the call did not finish in time
         ├── BadRequest           400/404/422: the request itself is wrong (status_code)
         ├── AuthError            401/403: the key is missing or refused
-        ├── ProtocolError        the response could not be understood (snippet)
-        └── LocalResourceError   this machine ran out of open files for a connection
+        ├── LocalResourceError   this machine ran out of open files for a connection
+        ├── ResponseTooLarge     the answer went past a size limit (limit, setting)
+        └── ProtocolError        the response could not be understood (snippet)
+            └── MalformedResponse  a 2xx answer that arrived broken; retried
 
 Infrastructure failures (rate limits, servers down, timeouts) are kept apart from
 failures of the request or of the model so results can tell them apart. Each
 :class:`AdapterError` also says whether trying the call again could help
-(``retryable``): a 429, a 5xx, a dropped connection or a timeout can; a 400, a refused
-key or an unreadable answer cannot, and neither can a stream whose text already reached
-the caller.
+(``retryable``): a 429, a 5xx, a dropped connection, a timeout or an answer that
+arrived broken (:class:`MalformedResponse`) can; a 400 or a refused key cannot, and
+neither can a stream whose text already reached the caller.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ __all__ = [
     "ProtocolError",
     "LocalResourceError",
     "EndpointError",
+    "MalformedResponse",
+    "ResponseTooLarge",
     "RETRYABLE_STATUSES",
     "describe_validation_error",
     "parse_config",
@@ -194,6 +198,21 @@ class AuthError(AdapterError):
     """The API key is missing or was refused (401, 403)."""
 
 
+class ResponseTooLarge(AdapterError):
+    """An answer went past a size limit: an endless body or server-sent event, or a
+    compression bomb (sizes count after decompression). Reading stopped at the limit.
+
+    ``setting`` names the adapter argument that sets the limit, ``limit`` its value in
+    bytes. The server's fault, not the model's; not retried, as the server would most
+    likely do it again.
+    """
+
+    def __init__(self, message: str, *, limit: int, setting: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.limit = limit
+        self.setting = setting
+
+
 class ProtocolError(AdapterError):
     """The response could not be understood; ``snippet`` shows what came back."""
 
@@ -223,6 +242,19 @@ class EndpointError(ConvsimError):
         super().__init__(message)
         self.url = url
         self.status_code = status_code
+
+
+class MalformedResponse(ProtocolError):
+    """A 2xx answer that arrived broken: truncated or malformed JSON, a body of the
+    wrong shape, an HTML page from a proxy, an unparsable stream event.
+
+    A fault on the way (a proxy, a gateway, a server cut short), not the model's: it
+    is retried like a 5xx and counts as infrastructure when retries run out. ``snippet``
+    shows what came back.
+    """
+
+    infrastructure = True
+    retryable = True
 
 
 def describe_validation_error(exc: ValidationError, what: str) -> str:

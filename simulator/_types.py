@@ -83,6 +83,9 @@ class Completion(BaseModel):
     timings: CallTimings = Field(default_factory=CallTimings)
     attempts: int = 1
     model: str | None = None
+    replaced_chars: int = 0
+    """Characters of the answer that were not valid Unicode (lone UTF-16 surrogates:
+    half an emoji) and were replaced with U+FFFD; 0 for a clean answer."""
 
 
 class GenerationParams(BaseModel):

@@ -739,7 +739,19 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     callback=_parse_faults,
     default=None,
     metavar="KIND[=W],...",
-    help="Fault mix over 429, 500, drop, malformed, truncated_sse (default: all equally).",
+    help="Fault mix over: 429; 500; drop (the connection closes); malformed (a 200 of "
+    "broken JSON); html (a 200 with a proxy's HTML page); truncated_sse, stream_error, "
+    "stream_drop (a stream that ends, reports an error, or drops after a few words); "
+    "lone_surrogate (half an emoji in the text); split_surrogate (an emoji split across two "
+    "stream events). Default: all equally.",
+)
+@click.option(
+    "--retry-after",
+    "retry_after_s",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Retry-After (seconds) of an injected 429.",
 )
 @click.option(
     "--rpm", type=click.IntRange(min=1), default=None, help="Requests per minute, then 429."
@@ -761,6 +773,7 @@ def mock_server(
     output_tokens: int | None,
     fault_rate: float,
     faults: dict[str, float] | None,
+    retry_after_s: float,
     rpm: int | None,
     memory_turns: int | None,
     seed: int,
@@ -784,6 +797,7 @@ def mock_server(
         "itl_ms": itl_ms,
         "output_tokens": output_tokens,
         "fault_rate": fault_rate,
+        "retry_after_s": retry_after_s,
         "rpm": rpm,
         "memory_turns": memory_turns,
         "seed": seed,

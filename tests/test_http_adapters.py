@@ -29,6 +29,7 @@ from convsim import (
     BadRequest,
     ConfigError,
     JsonlSink,
+    MalformedResponse,
     ProtocolError,
     RateLimited,
     RegistryError,
@@ -851,19 +852,24 @@ async def test_a_key_echoed_in_a_stream_error_is_scrubbed(http: Seam, api: str) 
     assert SECRET not in getattr(info.value, "snippet", "")
 
 
-async def test_malformed_json_is_a_protocol_error_not_retried(http: Seam) -> None:
+async def test_malformed_json_is_a_retried_malformed_response(http: Seam) -> None:
     adapter = await http.adapter(
-        OpenAICompatibleAdapter, sequence(Reply(body=b"<html>502 Bad Gateway</html>"))
+        OpenAICompatibleAdapter,
+        sequence(Reply(body=b"<html>502 Bad Gateway</html>")),
+        max_retries=2,
     )
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(MalformedResponse) as info:
         await adapter.generate(HI, GenerationParams())
     assert info.value.snippet == "<html>502 Bad Gateway</html>"
-    assert info.value.attempts == 1 and len(http.seen) == 1 and http.sleeps == []
+    assert info.value.infrastructure and isinstance(info.value, ProtocolError)
+    assert info.value.attempts == 3 and len(http.seen) == 3 and len(http.sleeps) == 2
 
 
-async def test_json_of_the_wrong_shape_is_a_protocol_error(http: Seam) -> None:
-    adapter = await http.adapter(OpenAICompatibleAdapter, sequence(Reply(body={"choices": []})))
-    with pytest.raises(ProtocolError) as info:
+async def test_json_of_the_wrong_shape_is_a_malformed_response(http: Seam) -> None:
+    adapter = await http.adapter(
+        OpenAICompatibleAdapter, sequence(Reply(body={"choices": []})), max_retries=0
+    )
+    with pytest.raises(MalformedResponse) as info:
         await adapter.generate(HI, GenerationParams())
     assert '"choices"' in info.value.snippet and info.value.attempts == 1
 

@@ -196,13 +196,13 @@ def test_many_requests_run_concurrently_in_order(portal: BlockingPortal) -> None
 
 
 def test_a_failed_request_is_recorded_and_the_others_scored(portal: BlockingPortal) -> None:
-    # malformed answers are not retried: each injected one fails its request
+    # without retries, each injected malformed answer fails its request
     pairs = [(f"Question {i}:", " four six") for i in range(30)]
     with (
         serve(portal, fault_rate=0.3, faults={"malformed": 1.0}, seed=3) as server,
         structlog.testing.capture_logs() as logs,
     ):
-        lm = scoring_lm(server, concurrency=4)
+        lm = scoring_lm(server, concurrency=4, max_retries=0)
         results = lm.loglikelihood(ll_requests(pairs))
         texts = [f"Some text {i} here" for i in range(10)]
         rolling = lm.loglikelihood_rolling(rolling_requests(texts))
@@ -211,7 +211,7 @@ def test_a_failed_request_is_recorded_and_the_others_scored(portal: BlockingPort
     failed_rolling = {f.index for f in lm.failures if f.request_type == "loglikelihood_rolling"}
     assert len(failed) + len(failed_rolling) == stats.faults_injected["malformed"]
     assert 0 < len(failed) < len(pairs)
-    assert {f.error_type for f in lm.failures} == {"ProtocolError"}
+    assert {f.error_type for f in lm.failures} == {"MalformedResponse"}
     for index, result in enumerate(results):
         if index in failed:
             assert result == (-math.inf, False)  # never the chosen answer
@@ -225,7 +225,7 @@ def test_a_failed_request_is_recorded_and_the_others_scored(portal: BlockingPort
     (reported, _) = [e for e in logs if e["event"] == "lm_eval.requests_failed"]
     assert reported["request_type"] == "loglikelihood" and reported["log_level"] == "warning"
     assert reported["failed"] == len(failed) and reported["total"] == 30
-    assert "-inf" in reported["scored_as"] and "ProtocolError" in reported["first_error"]
+    assert "-inf" in reported["scored_as"] and "MalformedResponse" in reported["first_error"]
 
 
 def test_an_empty_context_fails_that_request_only(portal: BlockingPortal) -> None:

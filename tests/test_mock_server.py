@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from convsim import ConfigError
 from convsim.adapters import Message
 from convsim.adapters._mock_server import (
+    FAULT_KINDS,
     MOCK_ALTERNATIVE,
     MOCK_GREEDY_MIN,
     mock_token_logprob,
@@ -653,12 +654,78 @@ async def test_fault_truncated_stream_lacks_done() -> None:
     with pytest.raises(json.JSONDecodeError):  # not streaming: falls back to malformed
         json.loads(plain.text)
     assert stats.faults_injected == {
-        "429": 0,
-        "500": 0,
-        "drop": 0,
+        **dict.fromkeys(FAULT_KINDS, 0),
         "malformed": 1,
         "truncated_sse": 2,
     }
+
+
+async def test_fault_html_is_a_proxy_page_with_status_200() -> None:
+    async with serve(fault_rate=1, faults={"html": 1}) as (server, client):
+        plain = await client.post("/v1/chat/completions", json=CHAT)
+        streamed = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        stats = server.statistics()
+    for response in (plain, streamed):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/html")
+        assert "502 Bad Gateway" in response.text
+    assert stats.faults_injected["html"] == 2
+
+
+async def test_fault_stream_error_reports_an_error_after_some_words() -> None:
+    async with serve(fault_rate=1, faults={"stream_error": 1}) as (server, client):
+        streamed = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        plain = await client.post("/v1/chat/completions", json=CHAT)
+        stats = server.statistics()
+    events = [json.loads(e) for e in sse_events(streamed.text)]
+    assert "error" in events[-1] and events[-1]["error"]["type"] == "server_error"
+    assert [e["choices"][0]["delta"].get("content") for e in events[1:-1]] != []
+    assert plain.status_code == 500  # not streaming: the closest thing, a 500
+    assert (stats.faults_injected["stream_error"], stats.faults_injected["500"]) == (1, 1)
+
+
+async def test_fault_stream_drop_breaks_the_stream_after_some_words() -> None:
+    async with serve(fault_rate=1, faults={"stream_drop": 1}) as (server, client):
+        received = b""
+        with pytest.raises(httpx.RemoteProtocolError):
+            async with client.stream(
+                "POST", "/v1/chat/completions", json={**CHAT, "stream": True}
+            ) as response:
+                async for chunk in response.aiter_bytes():
+                    received += chunk
+        with pytest.raises(httpx.TransportError):  # not streaming: dropped at once
+            await client.post("/v1/chat/completions", json=CHAT)
+        stats = server.statistics()
+    assert b'"content"' in received and b"[DONE]" not in received
+    assert (stats.faults_injected["stream_drop"], stats.faults_injected["drop"]) == (1, 1)
+
+
+async def test_fault_surrogates_put_half_an_emoji_in_the_answer() -> None:
+    async with serve(fault_rate=1, faults={"lone_surrogate": 1}) as (_, client):
+        plain = await client.post("/v1/chat/completions", json=CHAT)
+        streamed = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert plain.json()["choices"][0]["message"]["content"].endswith("\ud83d")
+    assert '\\ud83d"' in plain.text  # escaped in the JSON, as the fault intends
+    pieces = [
+        json.loads(e)["choices"][0]["delta"].get("content") for e in sse_events(streamed.text)[:-1]
+    ]
+    assert "".join(p for p in pieces if p).endswith("\ud83d")
+
+    async with serve(fault_rate=1, faults={"split_surrogate": 1}) as (server, client):
+        streamed = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        plain = await client.post("/v1/chat/completions", json=CHAT)
+        stats = server.statistics()
+    pieces = [
+        json.loads(e)["choices"][0]["delta"].get("content") for e in sse_events(streamed.text)[:-1]
+    ]
+    halves = [i for i, p in enumerate(pieces) if p and ("\ud83d" in p or "\ude00" in p)]
+    assert len(halves) == 2 and halves[1] == halves[0] + 1  # one half per event, in a row
+    assert pieces[halves[0]].endswith("\ud83d") and pieces[halves[1]].startswith("\ude00")
+    assert plain.json()["choices"][0]["message"]["content"].endswith("\ud83d")
+    assert (stats.faults_injected["split_surrogate"], stats.faults_injected["lone_surrogate"]) == (
+        1,
+        1,
+    )
 
 
 async def test_fault_mix_follows_rate_and_weights() -> None:
@@ -815,7 +882,19 @@ def test_config_defaults_and_validation() -> None:
     config = MockServerConfig(ttft_ms=50, itl_ms="uniform:1:3")
     assert config.ttft_ms == Delay("fixed", (50.0,))
     assert config.itl_ms.kind == "uniform"
-    assert config.faults == dict.fromkeys(["429", "500", "drop", "malformed", "truncated_sse"], 1)
+    assert config.faults == dict.fromkeys(FAULT_KINDS, 1)
+    assert FAULT_KINDS == (
+        "429",
+        "500",
+        "drop",
+        "malformed",
+        "html",
+        "truncated_sse",
+        "stream_error",
+        "stream_drop",
+        "lone_surrogate",
+        "split_surrogate",
+    )
     assert MockServerConfig().ttft_ms.is_zero and MockServerConfig().port == 0
     assert config.model_dump()["itl_ms"] == "uniform:1:3"
     for bad in (
@@ -868,6 +947,7 @@ async def test_server_from_a_mapping_and_explicit_start_stop() -> None:
         ["--memory-turns", "0"],
         ["--faults", "teapot=1"],
         ["--faults", "500=x"],
+        ["--retry-after", "-1"],
     ],
 )
 def test_cli_bad_values_are_usage_errors(args: list[str]) -> None:

@@ -83,10 +83,17 @@ class Template:
             if part.spec:
                 try:
                     out.append(format(value, part.spec))
-                except (ValueError, TypeError) as exc:
+                except (ValueError, TypeError, OverflowError) as exc:
                     raise TemplateError(
-                        f"cannot format {{{part.field}:{part.spec}}} with {value!r}: {exc}"
+                        f"cannot format {{{part.field}:{part.spec}}} with {_short(value)}: {exc}",
+                        part.field,
                     ) from None
             else:
                 out.append(value if isinstance(value, str) else str(value))
         return "".join(out)
+
+
+def _short(value: Any) -> str:
+    """A value as an error message shows it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -131,6 +131,9 @@ class SimulatorConfig(BaseModel):
     """Overrides every flow's max_turns."""
     grace_period: float = Field(default=5.0, ge=0)
     """Seconds in-flight conversations get to finish after a stop."""
+    allow_code: bool = False
+    """Let packs the simulator loads by name or folder run the code they name (python
+    goal criteria); packs with code are code, so only for packs you trust."""
 
     @field_validator("concurrency", mode="before")
     @classmethod

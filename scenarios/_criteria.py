@@ -19,9 +19,10 @@ from ._schema import Criterion, Goal
 __all__ = ["CriterionProblem", "goal_problems", "CODE_REFUSED"]
 
 CODE_REFUSED = (
-    "runs Python code: code from a pack runs only when allowed (--allow-code, or "
-    "allow_code=True); allow it only for packs you trust"
+    "code from a pack runs only when allowed (--allow-code, or allow_code=True); "
+    "allow it only for packs you trust"
 )
+"""The end of every refusal of code a pack names."""
 
 
 class CriterionProblem(NamedTuple):
@@ -70,7 +71,7 @@ def _criterion_problem(criterion: Criterion, allow_code: bool) -> str | None:
 
 def _code_problem(value: Any, allow_code: bool) -> str | None:
     if not allow_code:
-        return f"{value!r} {CODE_REFUSED}"
+        return f"{value!r} runs Python code: {CODE_REFUSED}"
     module, sep, attr = str(value).partition(":")
     if not isinstance(value, str) or not sep or not module or not attr:
         return f"a python criterion names a function as 'module:function', not {value!r}"

@@ -341,3 +341,20 @@ def test_a_4000_turn_flow_validates_in_linear_time(tmp_path: Path) -> None:
     pack = write_multi(tmp_path / "pack", flows="default:\n  turns:\n" + turns)
     loaded = load_pack(pack)
     assert [t.turn_id for t in loaded.conversations[0].flow.turns][-2:] == ["t3998", "t3999"]
+
+
+def test_an_lm_eval_task_folder_is_code_and_needs_allow_code(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    # lm-eval imports the function a !function tag names when the task loads
+    (tasks / "evil.yaml").write_text(
+        "task: evil\ndataset_path: json\noutput_type: generate_until\n"
+        "process_docs: !function shutil.rmtree\ndoc_to_text: q\ndoc_to_target: a\n"
+    )
+    err = refused("lm-eval:evil", "--include-path", str(tasks))
+    assert "include_path" in err and "--allow-code" in err
+    with pytest.raises(PackError, match="allow_code=True"):
+        load_pack("lm-eval:evil", include_path=tasks)
+    assert victim.is_dir()

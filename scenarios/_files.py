@@ -317,9 +317,12 @@ class _StrictConstructor(yaml.constructor.SafeConstructor):
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep=deep)  # type: ignore[no-untyped-call]
-        except (ValueError, TypeError, OverflowError) as exc:
+        except yaml.YAMLError:
+            raise
+        except Exception as exc:  # a scalar its tag's constructor cannot read, whatever it raises
+            text = node.value if isinstance(node, yaml.ScalarNode) else node.tag
             raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read {node.value!r}: {exc}", node.start_mark
+                None, None, f"cannot read {_cut(str(text))} as {node.tag}: {exc}", node.start_mark
             ) from None
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
@@ -328,30 +331,17 @@ class _StrictConstructor(yaml.constructor.SafeConstructor):
             raise yaml.constructor.ConstructorError(
                 None, None, f"a number with {len(digits)} digits is too large", node.start_mark
             )
-        try:
-            return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
-        except ValueError as exc:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read {node.value!r}: {exc}", node.start_mark
-            ) from None
-
-    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
-        try:
-            return super().construct_yaml_timestamp(node)  # type: ignore[no-untyped-call]
-        except (ValueError, OverflowError) as exc:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"not a date: {exc}", node.start_mark
-            ) from None
+        return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
 
 
 _StrictConstructor.add_constructor(
     "tag:yaml.org,2002:int",
     _StrictConstructor.construct_yaml_int,  # type: ignore[arg-type]
 )
-_StrictConstructor.add_constructor(
-    "tag:yaml.org,2002:timestamp",
-    _StrictConstructor.construct_yaml_timestamp,  # type: ignore[arg-type]
-)
+
+
+def _cut(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
 
 
 def iter_lines(text: str) -> Iterator[tuple[int, str]]:

@@ -358,3 +358,10 @@ def test_an_lm_eval_task_folder_is_code_and_needs_allow_code(tmp_path: Path) -> 
     with pytest.raises(PackError, match="allow_code=True"):
         load_pack("lm-eval:evil", include_path=tasks)
     assert victim.is_dir()
+
+
+def test_line_numbers_print_as_numbers_not_emoji(tmp_path: Path) -> None:
+    pack = write_multi(tmp_path / "pack", *[scenario(scenario_id=f"s{i}") for i in range(99)])
+    with open(pack / "scenarios.jsonl", "a") as fh:
+        fh.write(json.dumps(scenario(scenario_id="s100", tags=[1])) + "\n")
+    assert "scenarios.jsonl:100: tags.0" in refused(pack)

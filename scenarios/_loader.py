@@ -114,6 +114,10 @@ def load_pack(
         ConfigError: no such pack.
         PackError: the pack is invalid; ``problems`` lists every problem found.
     """
+    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int):
+        raise ConfigError(f"max_file_bytes must be an integer, not {max_file_bytes!r}")
+    if max_file_bytes < 1:
+        raise ConfigError(f"max_file_bytes must be >= 1, not {max_file_bytes}")
     options = LoadOptions(
         num_fewshot=num_fewshot,
         context_mode=context_mode,

@@ -365,3 +365,34 @@ def test_line_numbers_print_as_numbers_not_emoji(tmp_path: Path) -> None:
     with open(pack / "scenarios.jsonl", "a") as fh:
         fh.write(json.dumps(scenario(scenario_id="s100", tags=[1])) + "\n")
     assert "scenarios.jsonl:100: tags.0" in refused(pack)
+
+
+def test_scoring_a_stored_run_asks_again_before_running_its_packs_code(tmp_path: Path) -> None:
+    sys.path.insert(0, str(TESTS))
+    try:
+        goal = python_goal("test_pack_safety:says_ada")
+        pack = write_multi(tmp_path / "pack", scenario(goal=goal))
+        out = tmp_path / "r.jsonl"
+        code, _, err = invoke("run", str(pack), "--allow-code", "--out", str(out))
+        assert code == 0, err
+        manifest = next(tmp_path.glob("r*.manifest.json"))
+        data = json.loads(manifest.read_text())
+        data["pack_options"]["allow_code"] = True  # a results file cannot allow code
+        manifest.write_text(json.dumps(data))
+        code, output, err = invoke("score", str(out), "--metrics", "goal_achievement")
+        assert code == 0, err
+        assert "runs Python code (pass --allow-code" in output
+        code, output, err = invoke(
+            "score", str(out), "--metrics", "goal_achievement", "--allow-code"
+        )
+        assert code == 0, err
+        assert "note:" not in output and "1" in output
+    finally:
+        sys.path.remove(str(TESTS))
+
+
+def test_max_file_bytes_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(convsim.ConfigError, match="max_file_bytes"):
+        load_pack(write_multi(tmp_path / "pack"), max_file_bytes=0)
+    err = refused(write_multi(tmp_path / "pack"), "--max-file-size", "lots")
+    assert "256MB" in err

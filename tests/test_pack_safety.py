@@ -396,3 +396,10 @@ def test_max_file_bytes_must_be_positive(tmp_path: Path) -> None:
         load_pack(write_multi(tmp_path / "pack"), max_file_bytes=0)
     err = refused(write_multi(tmp_path / "pack"), "--max-file-size", "lots")
     assert "256MB" in err
+
+
+def test_a_template_cannot_pad_its_prompt_to_megabytes(tmp_path: Path) -> None:
+    flows = FLOW.replace("{name}", "{name:>999}" * 200)
+    err = refused(write_multi(tmp_path / "pack", flows=flows))
+    assert "turn_configs.yml:4: default.turns.0.prompt_template" in err and "pad" in err
+    assert load_pack(write_multi(tmp_path / "ok", flows=FLOW.replace("{name}", "{name:>99}")))

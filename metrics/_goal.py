@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import functools
 import json
 import math
 import re
@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from convsim._records import Score
+from convsim._registry import import_object
 from convsim._types import Usage
+from convsim.scenarios._regex import RegexError, compile_pack_regex, pack_regex_search
 from convsim.scenarios._schema import Criterion, Goal
 
 from ._judge import ask_judge, judge_details
@@ -35,7 +37,11 @@ def check_criterion(criterion: Criterion, text: str) -> bool | None:
     if criterion.kind == "contains":
         return str(criterion.value).casefold() in text.casefold()
     if criterion.kind == "regex":
-        return re.search(str(criterion.value), text, re.IGNORECASE) is not None
+        # RE2: linear in the text, whatever the pattern (validation refused what it lacks)
+        try:
+            return pack_regex_search(str(criterion.value), text)
+        except RegexError:
+            return False
     if criterion.kind == "number":
         target = float(criterion.value)
         tolerance = criterion.tolerance or 0.0
@@ -89,19 +95,63 @@ def criterion_credit(criterion: Criterion, text: str, scenario: Any) -> float | 
     if decided is not None:
         return 1.0 if decided else 0.0
     if criterion.kind == "json_schema":
-        import jsonschema
-
-        try:
-            jsonschema.validate(_json_in(text), criterion.value)
-        except (ValueError, jsonschema.ValidationError):
-            return 0.0
-        return 1.0
+        return _schema_credit(criterion.value, text)
     if criterion.kind == "python":
-        module_name, _, attr = str(criterion.value).partition(":")
-        checker = getattr(importlib.import_module(module_name), attr)
+        # only packs loaded with allow_code reach here with a python criterion
+        checker: Any = import_object(str(criterion.value))
         outcome = checker(text, scenario)
         return max(0.0, min(1.0, float(outcome)))
     return None  # judge: needs a judge model
+
+
+def _schema_credit(schema: Any, text: str) -> float:
+    """1.0 when the first JSON value in ``text`` fits ``schema``, else 0.0. The schema's
+    ``pattern`` and ``patternProperties`` run on RE2 (linear time) as goal regexes do."""
+    import jsonschema
+    import referencing.exceptions
+
+    try:
+        instance = _json_in(text)
+        validator = _re2_validator(jsonschema.validators.validator_for(schema))
+        error = jsonschema.exceptions.best_match(validator(schema).iter_errors(instance))
+    except (
+        ValueError,
+        RecursionError,
+        jsonschema.SchemaError,
+        referencing.exceptions.Unresolvable,
+    ):
+        return 0.0
+    return 0.0 if error is not None else 1.0
+
+
+def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    import jsonschema
+
+    if validator.is_type(instance, "string") and not _schema_search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _re2_pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _schema_search(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _schema_search(pattern: str, text: str) -> bool:
+    compile_pack_regex(pattern, ignore_case=False)  # RegexError is a ValueError
+    return pack_regex_search(pattern, text, ignore_case=False)
+
+
+@functools.cache
+def _re2_validator(base: Any) -> Any:
+    import jsonschema
+
+    return jsonschema.validators.extend(
+        base, {"pattern": _re2_pattern, "patternProperties": _re2_pattern_properties}
+    )
 
 
 GOAL_PROMPT = """You are checking whether an AI assistant's reply meets a goal.

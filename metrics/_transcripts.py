@@ -15,7 +15,7 @@ scenario format; a turn is named ``t3`` or given by its number, 3 (or "3" as a k
 from __future__ import annotations
 
 import asyncio
-import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -30,6 +30,7 @@ from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._registry import Registry
 from convsim._types import Message
 from convsim.scenarios import (
+    DEFAULT_MAX_FILE_BYTES,
     Conversation,
     Flow,
     Goal,
@@ -38,7 +39,9 @@ from convsim.scenarios import (
     Scenario,
     Template,
     TurnConfig,
+    goal_problems,
 )
+from convsim.scenarios._files import FileProblem, iter_lines, parse_json_value, read_pack_file
 
 from ._judge import JudgeSettings, judged
 from ._protocol import Metric
@@ -312,24 +315,24 @@ def _loop_running() -> bool:
     return True
 
 
-def read_transcripts(path: str | Path) -> list[Transcript]:
-    """Every conversation of a transcript file; PackError names each bad line and field."""
+def read_transcripts(
+    path: str | Path, *, allow_code: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> list[Transcript]:
+    """Every conversation of a transcript file; PackError names each bad line and field.
+
+    The file must be a regular file of at most ``max_file_bytes``. A goal criterion that
+    runs code (``python``) is refused unless ``allow_code``: a transcript file, like a
+    pack, is data unless its user trusts it.
+    """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PackError(
-            [PackProblem(str(path), None, None, f"cannot read: {exc.strerror}")]
-        ) from None
+    text = _read_text(path, max_file_bytes)
     problems: list[PackProblem] = []
     out: list[Transcript] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
+    for lineno, line in iter_lines(text):
         where = f"{path.name}:{lineno}"
         try:
-            raw = json.loads(line)
+            raw = parse_json_value(line)
             if not isinstance(raw, dict):
                 raise ValueError("a line must be a JSON object")
             known = {"conversation_id", "messages", "facts", "probes", "goal", *SCENARIO_FIELDS}
@@ -358,9 +361,15 @@ def read_transcripts(path: str | Path) -> list[Transcript]:
                 source=where,
                 **{k: raw[k] for k in SCENARIO_FIELDS if raw.get(k) is not None},
             )
-            out.append(transcript)
-        except json.JSONDecodeError as exc:
-            problems.append(PackProblem(path.name, lineno, None, f"invalid JSON: {exc.msg}"))
+            wrong = list(
+                goal_problems(transcript.conversation.scenario.goal, allow_code=allow_code)
+            )
+            for field, message in wrong:
+                problems.append(PackProblem(path.name, lineno, field, message))
+            if not wrong:
+                out.append(transcript)
+        except FileProblem as exc:
+            problems.append(PackProblem(path.name, lineno, exc.field, exc.message))
         except ValidationError as exc:
             err = exc.errors()[0]
             problems.append(
@@ -375,6 +384,22 @@ def read_transcripts(path: str | Path) -> list[Transcript]:
     if not out:
         raise PackError([PackProblem(path.name, None, None, "holds no conversations")])
     return out
+
+
+def _read_text(path: Path, max_file_bytes: int) -> str:
+    """A transcript file's text: a regular file (a FIFO or a device is refused before it
+    is opened) of bounded size, in UTF-8."""
+    real = Path(os.path.realpath(path))
+    try:
+        data = read_pack_file(real.parent, real.name, max_file_bytes)
+        return data.decode("utf-8")
+    except FileProblem as exc:
+        message = exc.message
+    except UnicodeDecodeError as exc:
+        message = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+    except OSError as exc:
+        message = f"cannot read: {exc.strerror}"
+    raise PackError([PackProblem(str(path), None, None, message)])
 
 
 async def score_transcripts(

@@ -36,11 +36,17 @@ _public = _lazy_module(
             "TurnSettings",
         ],
         "._templates": ["Template"],
+        "._files": ["DEFAULT_MAX_FILE_BYTES"],
+        "._criteria": ["CriterionProblem", "goal_problems"],
+        "._regex": ["RegexError"],
     },
 )
 __getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
+    from ._criteria import CriterionProblem as CriterionProblem
+    from ._criteria import goal_problems as goal_problems
+    from ._files import DEFAULT_MAX_FILE_BYTES as DEFAULT_MAX_FILE_BYTES
     from ._loader import BUNDLED_PACKS_DIR as BUNDLED_PACKS_DIR
     from ._loader import SINGLE_TURN_ID as SINGLE_TURN_ID
     from ._loader import MultiTurnFiles as MultiTurnFiles
@@ -53,6 +59,7 @@ if TYPE_CHECKING:
     from ._pack import PreparedFlow as PreparedFlow
     from ._pack import PreparedTurn as PreparedTurn
     from ._pack import render_context as render_context
+    from ._regex import RegexError as RegexError
     from ._schema import BUILTIN_VARIABLES as BUILTIN_VARIABLES
     from ._schema import Criterion as Criterion
     from ._schema import Fact as Fact

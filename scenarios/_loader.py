@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
+import heapq
 import os
 import random
 import re
@@ -18,10 +18,19 @@ from pydantic import BaseModel, ValidationError
 
 from convsim._errors import ConfigError, PackError, PackProblem, TemplateError
 
+from ._criteria import goal_problems
+from ._files import (
+    DEFAULT_MAX_FILE_BYTES,
+    FileProblem,
+    ParsedYaml,
+    iter_lines,
+    parse_json_value,
+    parse_yaml,
+    read_pack_file,
+)
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
 from ._schema import (
     BUILTIN_VARIABLES,
-    Criterion,
     Flow,
     Problem,
     Scenario,
@@ -77,6 +86,8 @@ def load_pack(
     context_mode: str | None = None,
     metric_names: Container[str] | None = None,
     include_path: str | Path | None = None,
+    allow_code: bool = False,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> Pack:
     """Load and validate a bundled pack by name, or a pack folder by path, or a pack from
     a registered source (``lm-eval:TASK``, ``task:NAME``; see :data:`PACK_SOURCES`).
@@ -94,16 +105,26 @@ def load_pack(
             name is accepted when None, and the caller checks them.
         include_path: ``lm-eval:TASK`` only: a folder of lm-eval task YAML files; without
             it the task is looked up among lm-eval's own tasks.
+        allow_code: run code the pack names (``python`` goal criteria, lm-eval
+            ``!function`` tags); without it such a pack is refused. Packs with code are
+            code: allow it only for packs you trust.
+        max_file_bytes: the largest file the pack may hold (default 256 MB).
 
     Raises:
         ConfigError: no such pack.
         PackError: the pack is invalid; ``problems`` lists every problem found.
     """
+    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int):
+        raise ConfigError(f"max_file_bytes must be an integer, not {max_file_bytes!r}")
+    if max_file_bytes < 1:
+        raise ConfigError(f"max_file_bytes must be >= 1, not {max_file_bytes}")
     options = LoadOptions(
         num_fewshot=num_fewshot,
         context_mode=context_mode,
         include_path=Path(include_path) if include_path is not None else None,
         metric_names=metric_names,
+        allow_code=allow_code,
+        max_file_bytes=max_file_bytes,
     )
     pack = _load(name_or_path, options)
     recorded = options.recorded()
@@ -114,11 +135,7 @@ def _load(name_or_path: str | Path, options: LoadOptions) -> Pack:
     if isinstance(name_or_path, str) and ":" in name_or_path and name_or_path in PACK_SOURCES:
         pack: Pack = PACK_SOURCES.get(name_or_path)(options)
         return pack
-    num_fewshot, context_mode, metric_names = (
-        options.num_fewshot,
-        options.context_mode,
-        options.metric_names,
-    )
+    num_fewshot, context_mode = options.num_fewshot, options.context_mode
     if options.include_path is not None:
         raise ConfigError("include_path applies to lm-eval:TASK packs only")
     folder = _resolve(name_or_path)
@@ -132,11 +149,11 @@ def _load(name_or_path: str | Path, options: LoadOptions) -> Pack:
     if has_multi:
         if num_fewshot or context_mode is not None:
             raise ConfigError("--num-fewshot and --context-mode apply to single-turn packs only")
-        return _MultiTurnLoader(folder, metric_names).load()
+        return _MultiTurnLoader(folder, options).load()
     if has_single:
         if num_fewshot < 0:
             raise ConfigError("--num-fewshot must be >= 0")
-        return _SingleTurnLoader(folder, metric_names, num_fewshot, context_mode).load()
+        return _SingleTurnLoader(folder, options).load()
     raise ConfigError(
         f"{folder}: not a scenario pack: expected {' + '.join(MULTI_TURN_FILES)} (multi-turn) "
         f"or {' + '.join(SINGLE_TURN_FILES)} (single-turn)"
@@ -151,11 +168,21 @@ class MultiTurnFiles(NamedTuple):
 
 
 def load_multi_turn_files(
-    scenarios: Path, turn_configs: Path, metric_names: Container[str] | None = None
+    scenarios: Path,
+    turn_configs: Path,
+    metric_names: Container[str] | None = None,
+    *,
+    allow_code: bool = False,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> MultiTurnFiles:
     """A multi-turn pack from two named files (a task class's DATASET_PATH and
-    TURN_CONFIG_PATH), validated as a pack folder is; also its flows by name."""
-    loader = _MultiTurnLoader(scenarios.parent, metric_names)
+    TURN_CONFIG_PATH), validated as a pack folder is; also its flows by name. The
+    files may be in different folders; their common folder is the pack's."""
+    options = LoadOptions(
+        metric_names=metric_names, allow_code=allow_code, max_file_bytes=max_file_bytes
+    )
+    root = Path(os.path.commonpath([scenarios.parent.resolve(), turn_configs.parent.resolve()]))
+    loader = _MultiTurnLoader(scenarios.parent, options, root=root)
     loader.DATA = scenarios.name
     loader.CONFIG = os.path.relpath(turn_configs, scenarios.parent)
     pack = loader.load()
@@ -177,46 +204,48 @@ def _resolve(name_or_path: str | Path) -> Path:
     )
 
 
-def _describe(folder: Path) -> str:
-    readme = folder / "README.md"
-    if not readme.exists():
-        return ""
-    for block in readme.read_text(encoding="utf-8").split("\n\n"):
-        block = block.strip()
-        if block and not block.startswith("#"):
-            return " ".join(block.split())
-    return ""
-
-
 # -- shared machinery ---------------------------------------------------------------
 
 
-class ParsedYaml(NamedTuple):
-    """A YAML file's data, and its node tree (where each value is, for error lines)."""
+class Where(NamedTuple):
+    """Where a pack names a file (``config.yml`` line 3, ``dataset.path``)."""
 
-    data: Any
-    node: yaml.Node | None
+    file: str
+    line: int | None
+    field: str | None
 
 
 class _Loader:
-    def __init__(self, folder: Path, metric_names: Container[str] | None) -> None:
+    def __init__(self, folder: Path, options: LoadOptions, root: Path | None = None) -> None:
         self.folder = folder
-        self.metric_names = metric_names
+        self.root = root if root is not None else folder
+        """Every file the pack reads must be inside this folder."""
+        self.metric_names = options.metric_names
+        self.allow_code = options.allow_code
+        self.max_file_bytes = options.max_file_bytes
         self.problems: list[PackProblem] = []
         self.digest = hashlib.sha256()
 
     def problem(self, file: str, line: int | None, field: str | None, message: str) -> None:
         self.problems.append(PackProblem(file, line, field, message))
 
-    def read(self, name: str) -> str | None:
-        path = self.folder / name
+    def read_bytes(self, name: str, named_at: Where | None = None) -> bytes | None:
+        """A pack file's bytes, if it is a regular file inside the pack of bounded size;
+        else None and a problem where the file is named (or on the file itself)."""
+        where = named_at or Where(name, None, None)
         try:
-            data = path.read_bytes()
+            return read_pack_file(self.root, str(self.folder / name), self.max_file_bytes)
         except FileNotFoundError:
-            self.problem(name, None, None, "file is missing")
-            return None
+            self.problem(*where, "file is missing" if named_at is None else f"{name}: missing")
+        except FileProblem as exc:
+            self.problem(*where, exc.message if named_at is None else f"{name}: {exc.message}")
         except OSError as exc:
-            self.problem(name, None, None, f"cannot read: {exc.strerror}")
+            self.problem(*where, f"cannot read {name}: {exc.strerror}")
+        return None
+
+    def read(self, name: str, named_at: Where | None = None) -> str | None:
+        data = self.read_bytes(name, named_at)
+        if data is None:
             return None
         self.digest.update(name.encode() + b"\0" + data + b"\0")
         try:
@@ -230,29 +259,51 @@ class _Loader:
         if text is None:
             return ParsedYaml(None, None)
         try:
-            node = yaml.compose(text, Loader=_StrictLoader)
-            data = yaml.load(text, Loader=_StrictLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            reason = getattr(exc, "problem", None) or str(exc)
-            self.problem(name, line, None, f"invalid YAML: {reason}")
+            return parse_yaml(text)
+        except FileProblem as exc:
+            self.problem(name, exc.line, exc.field, exc.message)
             return ParsedYaml(None, None)
-        return ParsedYaml(data, node)
 
-    def read_jsonl(self, name: str) -> Iterator[tuple[int, Any]]:
-        text = self.read(name)
+    def read_jsonl(self, name: str, named_at: Where | None = None) -> Iterator[tuple[int, Any]]:
+        text = self.read(name, named_at)
         if text is None:
             return
-        # split on "\n" only: JSON strings may hold U+2028 and friends, which
-        # str.splitlines() would treat as line breaks
-        for lineno, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
-                continue
+        for lineno, line in iter_lines(text):
             try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                self.problem(name, lineno, None, f"invalid JSON: {exc.msg} (column {exc.colno})")
+                yield lineno, parse_json_value(line)
+            except FileProblem as exc:
+                self.problem(name, lineno, exc.field, exc.message)
+
+    def describe(self) -> str:
+        """The first paragraph of the pack's README.md (not a heading), if it has one."""
+        if not (self.folder / "README.md").exists():
+            return ""
+        data = self.read_bytes("README.md")
+        if data is None:
+            return ""
+        for block in data.decode("utf-8", "replace").split("\n\n"):
+            block = block.strip()
+            if block and not block.startswith("#"):
+                return " ".join(block.split())
+        return ""
+
+    def check_render(
+        self, conv: Conversation, turn: PreparedTurn, file: str, line: int | None
+    ) -> None:
+        """Render ``turn``'s template with the conversation's values, as a run will, so a
+        format spec that does not fit its value (``{name:%Y}`` of a name) is found now."""
+        try:
+            conv.render(turn, ())
+        except TemplateError as exc:
+            field = exc.field
+            if conv.kind == "multi_turn" and field in conv.scenario.variables:
+                field = f"variables.{field}"
+            self.problem(
+                file,
+                line,
+                field,
+                f"turn {turn.turn_id!r} of flow {conv.flow.scenario_type!r}: {exc}",
+            )
 
     def validate(
         self, model: type[BaseModel], data: Any, file: str, line_of: Any, prefix: tuple = ()
@@ -287,49 +338,16 @@ class _Loader:
             return None
 
     def finish(self, **fields: Any) -> Pack:
+        description = self.describe()
         if self.problems:
             raise PackError(self.problems)
         return Pack(
             name=self.folder.name,
             path=self.folder,
-            description=_describe(self.folder),
+            description=description,
             pack_hash=self.digest.hexdigest(),
             **fields,
         )
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate keys instead of keeping the last one."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key {key!r} (first on line {seen[key]})",
-                    key_node.start_mark,
-                )
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _criterion_problem(criterion: Criterion) -> str | None:
-    """What is wrong with a criterion's value for its kind, if anything."""
-    if criterion.kind == "regex":
-        try:
-            re.compile(str(criterion.value))
-        except re.error as exc:
-            return f"not a valid regular expression: {exc}"
-    elif criterion.kind == "number":
-        try:
-            float(criterion.value)
-        except (TypeError, ValueError):
-            return f"a number criterion needs a number, not {criterion.value!r}"
-    return None
 
 
 def _context(text: str, mode: str) -> str:
@@ -341,7 +359,7 @@ def _context(text: str, mode: str) -> str:
     return text
 
 
-def _yaml_line(node: yaml.Node | None, loc: tuple) -> int | None:
+def _yaml_line(node: Any, loc: tuple) -> int | None:
     """The line of the deepest node along ``loc`` (1-based)."""
     if node is None:
         return None
@@ -371,17 +389,30 @@ class ExecutionOrder(NamedTuple):
 
 
 def _execution_order(turns: list[TurnConfig]) -> ExecutionOrder:
-    """Stable topological order of turn positions; the turn ids on a cycle, if any."""
+    """Stable topological order of turn positions: of the turns whose dependencies have
+    all run, the first in the file runs next. The turn ids left on or after a cycle, if
+    any. Kahn's algorithm with a heap: O(n log n + dependencies)."""
     index = {t.turn_id: i for i, t in enumerate(turns)}
-    remaining = {i: {index[d] for d in t.depends_on if d in index} for i, t in enumerate(turns)}
+    waiting = [0] * len(turns)  # dependencies not yet placed, per turn
+    dependants: list[list[int]] = [[] for _ in turns]
+    for i, turn in enumerate(turns):
+        for dep in set(turn.depends_on):
+            if dep in index:
+                waiting[i] += 1
+                dependants[index[dep]].append(i)
+    ready = [i for i, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
     order: list[int] = []
-    while remaining:
-        ready = [i for i, deps in sorted(remaining.items()) if not deps - set(order)]
-        if not ready:
-            return ExecutionOrder(order, [turns[i].turn_id for i in sorted(remaining)])
-        order.append(ready[0])
-        del remaining[ready[0]]
-    return ExecutionOrder(order, [])
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in dependants[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    placed = set(order)
+    cycle = [t.turn_id for i, t in enumerate(turns) if i not in placed]
+    return ExecutionOrder(order, cycle)
 
 
 # -- multi-turn ---------------------------------------------------------------------
@@ -545,7 +576,9 @@ class _MultiTurnLoader(_Loader):
         sc, turn_ids = conv.scenario, {t.turn_id for t in conv.flow.turns}
         for turn in conv.flow.turns:
             missing = conv.missing_variables(turn)
-            if missing and not turn.config.optional:
+            if not missing:
+                self.check_render(conv, turn, self.DATA, lineno)
+            elif not turn.config.optional:
                 self.problem(
                     self.DATA,
                     lineno,
@@ -585,9 +618,8 @@ class _MultiTurnLoader(_Loader):
                             f"goal.{group}.{i}.turn_id",
                             f"unknown turn {crit.turn_id!r}",
                         )
-                    wrong = _criterion_problem(crit)
-                    if wrong:
-                        self.problem(self.DATA, lineno, f"goal.{group}.{i}.value", wrong)
+        for wrong in goal_problems(sc.goal, allow_code=self.allow_code):
+            self.problem(self.DATA, lineno, wrong.field, wrong.message)
 
     def _flow_notes(self, flows: dict[str, PreparedFlow]) -> Iterator[str]:
         for name, prepared in flows.items():
@@ -616,17 +648,11 @@ class _MultiTurnLoader(_Loader):
 class _SingleTurnLoader(_Loader):
     CONFIG = "config.yml"
 
-    def __init__(
-        self,
-        folder: Path,
-        metric_names: Container[str] | None,
-        num_fewshot: int,
-        context_mode: str | None,
-    ) -> None:
-        super().__init__(folder, metric_names)
-        self.num_fewshot = num_fewshot
-        self.context_mode = context_mode
-        self.digest.update(f"num_fewshot={num_fewshot}\0".encode())
+    def __init__(self, folder: Path, options: LoadOptions) -> None:
+        super().__init__(folder, options)
+        self.num_fewshot = options.num_fewshot
+        self.context_mode = options.context_mode
+        self.digest.update(f"num_fewshot={self.num_fewshot}\0".encode())
 
     def load(self) -> Pack:
         data, root = self.read_yaml(self.CONFIG)
@@ -659,7 +685,10 @@ class _SingleTurnLoader(_Loader):
             )
         self.digest.update(f"context_mode={mode}\0".encode())
         template = self._template(config, line_of)
-        problems = self._problems(config)
+        dataset = data.get("dataset") if isinstance(data, dict) else None
+        named = isinstance(dataset, dict) and "path" in dataset  # else the default name
+        at = Where(self.CONFIG, line_of(("dataset", "path")), "dataset.path") if named else None
+        problems = self._problems(config, at)
         if template is None or self.problems:
             raise PackError(self.problems)
         flow = Flow(
@@ -702,9 +731,11 @@ class _SingleTurnLoader(_Loader):
                 tags=problem.tags,
                 metadata={**problem.metadata, "domain": problem.domain},
             )
-            conversations.append(
-                Conversation(scenario, prepared, "single_turn", f"{config.dataset.path}:{lineno}")
+            conv = Conversation(
+                scenario, prepared, "single_turn", f"{config.dataset.path}:{lineno}"
             )
+            self.check_render(conv, prepared.turns[0], config.dataset.path, lineno)
+            conversations.append(conv)
         return self.finish(
             kind="single_turn", conversations=tuple(conversations), metrics=tuple(metrics)
         )
@@ -738,12 +769,14 @@ class _SingleTurnLoader(_Loader):
             return None
         return Template.parse(source) if not self.problems else None
 
-    def _problems(self, config: SingleTurnConfig) -> list[tuple[int, Problem]]:
+    def _problems(
+        self, config: SingleTurnConfig, named_at: Where | None
+    ) -> list[tuple[int, Problem]]:
         file = config.dataset.path
         levels = config.evaluation_config.difficulty_levels
         problems: list[tuple[int, Problem]] = []
         seen: dict[str, int] = {}
-        for lineno, raw in self.read_jsonl(file):
+        for lineno, raw in self.read_jsonl(file, named_at):
             problem = self.validate(Problem, raw, file, lambda loc, n=lineno: n)
             if problem is None:
                 continue

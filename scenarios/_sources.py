@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from convsim._registry import Registry
 
+from ._files import DEFAULT_MAX_FILE_BYTES
 from ._pack import Pack
 
 __all__ = ["LoadOptions", "PackSource", "PACK_SOURCES"]
@@ -30,6 +31,11 @@ class LoadOptions:
     include_path: Path | None = None
     metric_names: Container[str] | None = None
     """The metric names to accept; None accepts any (the caller checks them)."""
+    allow_code: bool = False
+    """Whether code the pack names may run (python goal criteria, lm-eval
+    ``!function`` tags); never recorded, so loading a pack again asks again."""
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    """The largest file the pack may hold."""
 
     def recorded(self) -> dict[str, Any]:
         """The options that shape a pack, as a results manifest records them."""

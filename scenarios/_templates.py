@@ -22,6 +22,9 @@ __all__ = ["Template"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WIDE = re.compile(r"\d{4,}")  # widths/precisions >= 1000 would only waste memory
+_NUMBER = re.compile(r"\d+")
+#: The most characters a template's format specs may pad to, all placeholders together.
+MAX_PADDING = 100_000
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,12 @@ class Template:
             if spec and _WIDE.search(spec):
                 raise TemplateError(f"format spec {spec!r} of {{{field}}} is too wide")
             parts.append(_Part(literal, field, spec or ""))
+        padding = sum(int(n) for p in parts for n in _NUMBER.findall(p.spec))
+        if padding > MAX_PADDING:
+            # each width is < 1000, but thousands of them would make every prompt huge
+            raise TemplateError(
+                f"the format specs pad to {padding:,} characters in all, over {MAX_PADDING:,}"
+            )
         fields = frozenset(p.field for p in parts if p.field is not None)
         return cls(source, fields, tuple(parts))
 
@@ -83,10 +92,17 @@ class Template:
             if part.spec:
                 try:
                     out.append(format(value, part.spec))
-                except (ValueError, TypeError) as exc:
+                except (ValueError, TypeError, OverflowError) as exc:
                     raise TemplateError(
-                        f"cannot format {{{part.field}:{part.spec}}} with {value!r}: {exc}"
+                        f"cannot format {{{part.field}:{part.spec}}} with {_short(value)}: {exc}",
+                        part.field,
                     ) from None
             else:
                 out.append(value if isinstance(value, str) else str(value))
         return "".join(out)
+
+
+def _short(value: Any) -> str:
+    """A value as an error message shows it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -144,6 +144,9 @@ class SimulatorConfig(BaseModel):
     circuit_breaker: int = Field(default=20, ge=0)
     """Start no more conversations after this many in a row failed for infrastructure
     reasons with no answer from the model (0: never stop early)."""
+    allow_code: bool = False
+    """Let packs the simulator loads by name or folder run the code they name (python
+    goal criteria); packs with code are code, so only for packs you trust."""
 
     @field_validator("concurrency", mode="before")
     @classmethod

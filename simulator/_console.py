@@ -49,11 +49,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def stdout() -> Console:
-    return Console(soft_wrap=True)
+    # emoji=False: "scenarios.jsonl:100:" would otherwise print as "scenarios.jsonl💯"
+    return Console(soft_wrap=True, emoji=False)
 
 
 def stderr() -> Console:
-    return Console(stderr=True, soft_wrap=True)
+    return Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def print_error(message: str) -> None:

@@ -114,7 +114,12 @@ class PackError(ConvsimError):
 
 
 class TemplateError(ConvsimError):
-    """A prompt template is malformed, unsafe, or misses a variable."""
+    """A prompt template is malformed, unsafe, or misses a variable; ``field`` names the
+    placeholder to blame when there is one."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class InvalidTransition(ConvsimError):

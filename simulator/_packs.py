@@ -6,7 +6,7 @@ from collections.abc import Container
 from pathlib import Path
 
 from convsim.metrics import METRICS
-from convsim.scenarios import Pack
+from convsim.scenarios import DEFAULT_MAX_FILE_BYTES, Pack
 from convsim.scenarios import load_pack as _load_pack
 
 __all__ = ["load_pack"]
@@ -19,6 +19,8 @@ def load_pack(
     context_mode: str | None = None,
     metric_names: Container[str] | None = None,
     include_path: str | Path | None = None,
+    allow_code: bool = False,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> Pack:
     """Load and validate a pack (see :func:`convsim.scenarios.load_pack`), checking the
     metrics it names against ``metric_names``: convsim's metric registry by default, so
@@ -29,4 +31,6 @@ def load_pack(
         context_mode=context_mode,
         metric_names=METRICS if metric_names is None else metric_names,
         include_path=include_path,
+        allow_code=allow_code,
+        max_file_bytes=max_file_bytes,
     )

@@ -18,8 +18,9 @@ from pydantic import ValidationError
 
 from convsim.metrics import Transcript, recorded_transcript
 from convsim.scenarios import Pack, Scenario
+from convsim.scenarios._criteria import CODE_REFUSED
 
-from ._errors import ConvsimError, ResultsError
+from ._errors import ConvsimError, PackError, ResultsError
 from ._packs import load_pack
 from ._records import ConversationResult
 from ._sinks import RunManifest, manifest_path, read_results
@@ -39,7 +40,9 @@ class RecordedRun(NamedTuple):
 
 def is_results_file(path: Path) -> bool:
     """Whether ``path`` holds convsim results (its first line is a ConversationResult)
-    rather than transcripts."""
+    rather than transcripts. A FIFO or a device is not opened (it is no results file)."""
+    if not path.is_file():
+        return False
     try:
         with path.open(encoding="utf-8") as fh:
             for line in fh:
@@ -51,9 +54,10 @@ def is_results_file(path: Path) -> bool:
     return False
 
 
-def read_recorded_run(path: Path) -> RecordedRun:
+def read_recorded_run(path: Path, *, allow_code: bool = False) -> RecordedRun:
     """The conversations of a results file; a conversation recorded more than once (a
-    resumed run) counts by its last line.
+    resumed run) counts by its last line. The run's pack is loaded again with
+    ``allow_code`` (a results file cannot allow code by itself).
 
     Raises:
         ResultsError: the file cannot be read, or a line is not a convsim result.
@@ -65,7 +69,7 @@ def read_recorded_run(path: Path) -> RecordedRun:
     if not latest:
         raise ResultsError(f"{path}: holds no conversations")
     notes: list[str] = []
-    pack = _pack_of(path, list(latest.values()), notes)
+    pack = _pack_of(path, list(latest.values()), notes, allow_code)
     by_id = {c.conversation_id: c for c in pack.conversations} if pack is not None else {}
     transcripts = []
     for cid, result in latest.items():
@@ -88,7 +92,13 @@ def read_recorded_run(path: Path) -> RecordedRun:
     return RecordedRun(transcripts, notes)
 
 
-def _pack_of(path: Path, results: list[ConversationResult], notes: list[str]) -> Pack | None:
+#: The load options a manifest may give again; anything else in it is ignored.
+_PACK_OPTIONS = ("num_fewshot", "context_mode", "include_path")
+
+
+def _pack_of(
+    path: Path, results: list[ConversationResult], notes: list[str], allow_code: bool
+) -> Pack | None:
     """The pack the run used, loaded again the same way, if it is unchanged; else None
     with a note."""
     hashes = {r.pack_hash for r in results}
@@ -102,7 +112,8 @@ def _pack_of(path: Path, results: list[ConversationResult], notes: list[str]) ->
         except (OSError, ValidationError):
             manifest = None
         if manifest is not None:
-            name, options = manifest.pack, dict(manifest.pack_options)
+            name = manifest.pack
+            options = {k: v for k, v in manifest.pack_options.items() if k in _PACK_OPTIONS}
             if manifest.pack_path != "." and Path(manifest.pack_path).is_dir():
                 candidates.append(manifest.pack_path)
     candidates.append(name)
@@ -116,8 +127,15 @@ def _pack_of(path: Path, results: list[ConversationResult], notes: list[str]) ->
     changed = False
     for candidate in candidates:
         try:
-            pack = load_pack(candidate, **options)
-        except ConvsimError:
+            pack = load_pack(candidate, allow_code=allow_code, **options)
+        except PackError as exc:
+            if not allow_code and any(CODE_REFUSED in p.message for p in exc.problems):
+                notes.append(
+                    f"pack {name!r} runs Python code (pass --allow-code if you trust it): {without}"
+                )
+                return None
+            continue
+        except (ConvsimError, TypeError):  # TypeError: an option of the wrong type
             continue
         if pack.pack_hash in hashes:
             return pack

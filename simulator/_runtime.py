@@ -509,7 +509,9 @@ class Simulator:
         if limit is not None and limit < 0:
             raise ConfigError(f"limit must be >= 0, not {limit!r}")
         if not isinstance(pack, Pack):
-            pack = load_pack(pack, metric_names=self.metric_registry)
+            pack = load_pack(
+                pack, metric_names=self.metric_registry, allow_code=self.config.allow_code
+            )
         if isinstance(only, str):
             raise ConfigError("only= takes a collection of conversation ids, not one string")
         if only is not None:

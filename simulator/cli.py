@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import anyio
 import click
@@ -75,6 +75,42 @@ def _single_turn_options(func: F) -> F:
         type=click.IntRange(min=0),
         default=0,
         help="Single-turn packs: examples in the with_examples template.",
+    )(func)
+
+
+class _ByteSize(click.ParamType):
+    """A size in bytes: 5000000, 500kB, 256MB, 2GB (powers of 1000; KiB, MiB, GiB too)."""
+
+    name = "SIZE"
+    _UNITS: ClassVar[dict[str, int]] = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6}
+    _UNITS |= {"mb": 10**6, "g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().replace(" ", "")
+        number = text.rstrip("kmgib")
+        unit = text[len(number) :]
+        if not number.isdigit() or unit not in self._UNITS or int(number) == 0:
+            self.fail(f"{value!r} is not a size such as 256MB or 1GB", param, ctx)
+        return int(number) * self._UNITS[unit]
+
+
+def _pack_input_options(func: F) -> F:
+    """--allow-code and --max-file-size, for the commands that read packs or transcripts."""
+    func = click.option(
+        "--max-file-size",
+        "max_file_bytes",
+        type=_ByteSize(),
+        default="256MB",
+        show_default=True,
+        help="Largest pack or transcript file read.",
+    )(func)
+    return click.option(
+        "--allow-code",
+        is_flag=True,
+        help="Run code the pack names (python goal criteria, lm-eval !function tags). "
+        "Packs with code are code: use only for packs you trust.",
     )(func)
 
 
@@ -145,15 +181,26 @@ def list_command() -> None:
 @main.command()
 @click.argument("pack")
 @_single_turn_options
+@_pack_input_options
 @clear_errors
 def validate(
-    pack: str, num_fewshot: int, context_mode: str | None, include_path: Path | None
+    pack: str,
+    num_fewshot: int,
+    context_mode: str | None,
+    include_path: Path | None,
+    allow_code: bool,
+    max_file_bytes: int,
 ) -> None:
     """Validate PACK (a bundled pack's name or a folder) without running it."""
     from ._packs import load_pack
 
     loaded = load_pack(
-        pack, num_fewshot=num_fewshot, context_mode=context_mode, include_path=include_path
+        pack,
+        num_fewshot=num_fewshot,
+        context_mode=context_mode,
+        include_path=include_path,
+        allow_code=allow_code,
+        max_file_bytes=max_file_bytes,
     )
     flows = sorted({c.flow.scenario_type for c in loaded.conversations})
     out = _stdout()
@@ -232,6 +279,7 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
 )
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Overrides the pack.")
 @_single_turn_options
+@_pack_input_options
 @click.option(
     "--grace-period",
     type=click.FloatRange(min=0),
@@ -285,6 +333,8 @@ def run(
     num_fewshot: int,
     context_mode: str | None,
     include_path: Path | None,
+    allow_code: bool,
+    max_file_bytes: int,
     grace_period: float,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
@@ -325,7 +375,12 @@ def run(
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
     loaded = load_pack(
-        pack, num_fewshot=num_fewshot, context_mode=context_mode, include_path=include_path
+        pack,
+        num_fewshot=num_fewshot,
+        context_mode=context_mode,
+        include_path=include_path,
+        allow_code=allow_code,
+        max_file_bytes=max_file_bytes,
     )
     config = SimulatorConfig.from_arguments(
         model_spec,
@@ -344,6 +399,7 @@ def run(
         judge_combine=judge_combine,
         preflight=preflight,
         circuit_breaker=circuit_breaker,
+        allow_code=allow_code,
     )
     simulator = Simulator(config)
     simulator.check(loaded)
@@ -563,11 +619,14 @@ def _print_report(report: RunReport) -> None:
     help="Write one JSON line of scores per conversation here.",
 )
 @_judge_options
+@_pack_input_options
 @clear_errors
 def score(
     recorded: Path,
     metric_names: list[str],
     out: Path | None,
+    allow_code: bool,
+    max_file_bytes: int,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
     judge_samples: int,
@@ -586,10 +645,11 @@ def score(
     for name in metric_names:
         METRICS.get(name)  # unknown names fail before any work
     if is_results_file(recorded):
-        run = read_recorded_run(recorded)
+        run = read_recorded_run(recorded, allow_code=allow_code)
         loaded, notes = run.transcripts, run.notes
     else:
-        loaded, notes = read_transcripts(recorded), []
+        loaded = read_transcripts(recorded, allow_code=allow_code, max_file_bytes=max_file_bytes)
+        notes = []
     judge = None
     if judge_spec is not None:
         adapter = create_adapter(judge_spec, parse_model_args(judge_args))

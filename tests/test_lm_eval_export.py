@@ -148,7 +148,7 @@ def test_cli_exports_a_multi_turn_pack_as_a_conversation_task(tmp_path: Path) ->
 
 def test_an_exported_task_runs_back_in_convsim(tmp_path: Path, offline: None) -> None:
     export_lm_eval_tasks(out=tmp_path)
-    pack = load_pack(f"lm-eval:{TASK}", include_path=tmp_path)
+    pack = load_pack(f"lm-eval:{TASK}", include_path=tmp_path, allow_code=True)
     own = load_pack(PACK)
     assert pack.metrics == tuple(f"lm_eval_task:{m}" for m in own.metrics)
     # <metric>_std is reduced by the task's own function: left out, and said so

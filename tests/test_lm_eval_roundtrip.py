@@ -40,7 +40,7 @@ def _check(results: list[convsim.ConversationResult], metrics: tuple[str, ...]) 
 
 @pytest.mark.anyio
 async def test_lm_eval_task_scores_its_documents_inside_a_running_loop(tasks: Path) -> None:
-    pack = convsim.load_pack(f"lm-eval:{TASK}", include_path=tasks)
+    pack = convsim.load_pack(f"lm-eval:{TASK}", include_path=tasks, allow_code=True)
     assert "lm_eval_task:custom_score" in pack.metrics
     async with convsim.Simulator("scripted") as sim:
         results = [r async for r in sim.run(pack, limit=6)]
@@ -51,7 +51,7 @@ def test_lm_eval_task_scores_its_documents_from_the_command_line(
     tasks: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run.jsonl"
-    args = ["run", f"lm-eval:{TASK}", "--include-path", str(tasks), "--limit", "6"]
+    args = ["run", f"lm-eval:{TASK}", "--include-path", str(tasks), "--allow-code", "--limit", "6"]
     result = CliRunner().invoke(main, [*args, "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     results = convsim.read_results(out)

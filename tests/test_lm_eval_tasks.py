@@ -47,7 +47,7 @@ def half_right(tmp_path: Path) -> Path:
 
 
 def test_a_task_becomes_one_single_turn_conversation_per_document(tmp_path: Path) -> None:
-    pack = load_pack("lm-eval:half_right", include_path=half_right(tmp_path))
+    pack = load_pack("lm-eval:half_right", include_path=half_right(tmp_path), allow_code=True)
     assert pack.name == "lm-eval:half_right" and len(pack) == len(QUESTIONS)
     assert pack.metrics == ("lm_eval_task:exact_match",)
     first = pack.conversations[0]
@@ -61,7 +61,7 @@ def test_scores_equal_lm_evals_own_on_the_same_outputs(tmp_path: Path) -> None:
     theirs = _evaluate(
         "convsim", include, "half_right", model_args="model=scripted", log_samples=True
     )
-    pack = load_pack("lm-eval:half_right", include_path=include)
+    pack = load_pack("lm-eval:half_right", include_path=include, allow_code=True)
     ours = convsim.run_sync(pack, "scripted", model_args={"use_references": "false"}, metrics=[])
     by_doc = {int(r.conversation_id.rsplit("-", 1)[1]): r for r in ours}
     for sample in theirs["samples"]["half_right"]:  # the filter saw the same text
@@ -86,7 +86,7 @@ def test_corpus_metrics_reduce_the_whole_run_as_lm_eval_does(tmp_path: Path) -> 
         encoding="utf-8",
     )
     theirs = _evaluate("convsim", include, "half_right", model_args="model=scripted")
-    pack = load_pack("lm-eval:half_right", include_path=include)
+    pack = load_pack("lm-eval:half_right", include_path=include, allow_code=True)
     names = ("bleu", "chrf", "ter", "exact_match")
     assert set(pack.metrics) == {f"lm_eval_task:{m}" for m in names}
     ours = convsim.run_sync(pack, "scripted", model_args={"use_references": "false"}, metrics=[])
@@ -116,6 +116,7 @@ def test_cli_runs_a_task_and_reports_its_metric(tmp_path: Path) -> None:
             "lm-eval:half_right",
             "--include-path",
             str(include),
+            "--allow-code",
             "--model-arg",
             "use_references=false",
             "--metrics",
@@ -135,15 +136,15 @@ def test_cli_runs_a_task_and_reports_its_metric(tmp_path: Path) -> None:
 def test_tasks_convsim_cannot_run_are_refused_clearly(tmp_path: Path) -> None:
     include = half_right(tmp_path)
     with pytest.raises(ConfigError, match="not found in"):
-        load_pack("lm-eval:no_such_task", include_path=include)
+        load_pack("lm-eval:no_such_task", include_path=include, allow_code=True)
     text = (include / "half_right.yaml").read_text(encoding="utf-8")
     (include / "half_right.yaml").write_text(
         text.replace("output_type: generate_until", "output_type: loglikelihood"), encoding="utf-8"
     )
     with pytest.raises(ConfigError, match="generate_until"):
-        load_pack("lm-eval:half_right", include_path=include)
+        load_pack("lm-eval:half_right", include_path=include, allow_code=True)
     with pytest.raises(ConfigError, match="do not apply to lm-eval"):
-        load_pack("lm-eval:half_right", include_path=include, num_fewshot=2)
+        load_pack("lm-eval:half_right", include_path=include, num_fewshot=2, allow_code=True)
 
 
 def test_loading_a_task_leaves_the_callers_random_state_and_logging_alone(
@@ -157,7 +158,7 @@ def test_loading_a_task_leaves_the_callers_random_state_and_logging_alone(
     expected = [random.random() for _ in range(3)]
     random.seed(42)
     levels = {n: logging.getLogger(n).level for n in ("", "convsim")}
-    load_pack("lm-eval:half_right", include_path=include)
+    load_pack("lm-eval:half_right", include_path=include, allow_code=True)
     assert [random.random() for _ in range(3)] == expected
     assert {n: logging.getLogger(n).level for n in ("", "convsim")} == levels
     site_packages = Path(convsim.__file__).parents[1]

@@ -29,10 +29,14 @@ def _run(tmp_path: Path, pack: str | Path = PACK, **kw: object) -> Path:
     return out
 
 
-def _score(path: Path, metrics: str, tmp_path: Path) -> tuple[str, list[dict[str, object]]]:
+def _score(
+    path: Path, metrics: str, tmp_path: Path, *extra: str
+) -> tuple[str, list[dict[str, object]]]:
     out = tmp_path / "scores.jsonl"
     result = CliRunner().invoke(
-        main, ["score", str(path), "--metrics", metrics, "--out", str(out)], terminal_width=200
+        main,
+        ["score", str(path), "--metrics", metrics, "--out", str(out), *extra],
+        terminal_width=200,
     )
     assert result.exit_code == 0, result.output
     return result.output, [json.loads(line) for line in out.read_text().splitlines()]
@@ -114,7 +118,7 @@ def test_a_pack_loaded_with_options_is_loaded_again_the_same_way(tmp_path: Path)
     assert result.exit_code == 0, result.output
     manifest = json.loads(out.with_name("fewshot.manifest.json").read_text())
     assert manifest["pack_options"] == {"num_fewshot": 2}
-    output, rows = _score(out, "exact_match", tmp_path)
+    output, rows = _score(out, "exact_match", tmp_path, "--allow-code")  # lm-eval task files
     assert "note:" not in output
     assert [row["scores"]["exact_match"]["value"] for row in rows] == [1.0] * 4  # type: ignore[index]
 
@@ -130,8 +134,9 @@ def test_an_lm_eval_task_run_is_scored_again_with_its_references(
     export_lm_eval_tasks(["single_turn_qa"], out=tasks)
     out = tmp_path / "lm.jsonl"
     args = ["run", "lm-eval:single_turn_scenarios_single_turn_qa", "--include-path", str(tasks)]
+    args.append("--allow-code")  # lm-eval task files are code
     result = CliRunner().invoke(main, [*args, "--limit", "3", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    output, rows = _score(out, "exact_match", tmp_path)
+    output, rows = _score(out, "exact_match", tmp_path, "--allow-code")  # lm-eval task files
     assert "note:" not in output
     assert [row["scores"]["exact_match"]["value"] for row in rows] == [1.0] * 3  # type: ignore[index]

@@ -122,14 +122,14 @@ def record(
     )
 
 
-def conversation_with(tmp_path: Path, **scenario: Any) -> Any:
+def conversation_with(tmp_path: Path, *, allow_code: bool = False, **scenario: Any) -> Any:
     turns = [{"turn_id": t, "prompt_template": t} for t in ("t0", "t1", "t2", "t3")]
     folder = write_pack(
         tmp_path / "p",
         {"default": {"turns": turns}},
         [{"scenario_id": "s", "scenario_description": "x", **scenario}],
     )
-    return load_pack(folder).conversations[0]
+    return load_pack(folder, allow_code=allow_code).conversations[0]
 
 
 def retention_of(conv: Any, responses: list[str]) -> Any:
@@ -213,7 +213,7 @@ def test_goal_json_schema_python_and_judge_criteria(tmp_path: Path) -> None:
             {"kind": "judge", "value": "polite?"},
         ],
     }
-    conv = conversation_with(tmp_path, goal=goal)
+    conv = conversation_with(tmp_path, goal=goal, allow_code=True)  # the checker is code
     ok = goal_of(conv, ["Opened ticket 7."])
     assert ok.value == 0.5  # no JSON for the schema; the checker says 1; judge not counted
     kinds = {row["kind"]: row["credit"] for row in ok.details["criteria"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import threading
@@ -571,11 +572,23 @@ async def test_a_template_that_fails_to_render_is_an_internal_error(
             {"turn_id": "c", "prompt_template": "C"},
         ],
         n=2,
-        scenario=lambda i: {"variables": {"price": 9.5 if i else "cheap"}},
+        scenario=lambda i: {"variables": {"price": 9.5}},
+    )
+    # validation refuses a value its format spec cannot take, so this pack is changed
+    # after loading, as code building its own Pack might do
+    loaded = load_pack(pack)
+    first = loaded.conversations[0]
+    broken_scenario = first.scenario.model_copy(update={"variables": {"price": "cheap"}})
+    loaded = dataclasses.replace(
+        loaded,
+        conversations=(
+            dataclasses.replace(first, scenario=broken_scenario),
+            *loaded.conversations[1:],
+        ),
     )
     fake = fake_adapter()
     async with Simulator(fake) as sim:
-        results = by_id(await collect(sim, pack))
+        results = by_id(await collect(sim, loaded))
     broken = results["s0"]
     assert broken.status is Status.FAILED
     assert broken.termination_reason is TerminationReason.INTERNAL_ERROR

@@ -28,8 +28,9 @@ from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
-from convsim._errors import ConfigError
+from convsim._errors import ConfigError, PackError, PackProblem
 from convsim.scenarios import LoadOptions, Pack, TurnSettings
+from convsim.scenarios._criteria import CODE_REFUSED
 
 from ._prompt_pack import PromptPackBuilder
 
@@ -148,6 +149,20 @@ def lm_eval_pack(spec: str, options: LoadOptions) -> Pack:
         raise ConfigError(
             "--num-fewshot and --context-mode do not apply to lm-eval:TASK: the task's "
             "own configuration sets them"
+        )
+    if options.include_path is not None and not options.allow_code:
+        # lm-eval task files are code: `!function` imports Python, `class:` names a task
+        # class, and their Jinja templates are not sandboxed
+        raise PackError(
+            [
+                PackProblem(
+                    str(options.include_path),
+                    None,
+                    "include_path",
+                    "lm-eval task files can run Python code (!function tags, class:, "
+                    f"Jinja templates): {CODE_REFUSED}",
+                )
+            ]
         )
     return load_lm_eval_task(
         spec, include_path=options.include_path, metric_names=options.metric_names

@@ -1,0 +1,354 @@
+"""Reading the files a pack names, safely: only regular files inside the pack folder, of
+bounded size, parsed into bounded data.
+
+A pack comes from someone else, so each file it names is checked before it is opened
+(``os.stat`` never opens a FIFO or reads a device): it must resolve, symlinks followed,
+to a regular file inside the pack folder and be at most ``max_bytes`` long. Parsed
+data is bounded too: nesting at most :data:`MAX_DEPTH` levels, integers within a float's
+range, valid Unicode text (no lone surrogates), YAML aliases that expand to at most
+:data:`MAX_YAML_NODES` nodes and never into themselves, and keys that are scalars.
+Every refusal is a :class:`FileProblem` with the line it is on, when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+__all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "MAX_DEPTH",
+    "MAX_YAML_NODES",
+    "FileProblem",
+    "ParsedYaml",
+    "read_pack_file",
+    "parse_json_value",
+    "parse_yaml",
+    "format_size",
+]
+
+DEFAULT_MAX_FILE_BYTES = 256 * 1000 * 1000
+"""The largest pack file read by default (256 MB); ``max_file_bytes`` changes it."""
+MAX_DEPTH = 100
+"""The deepest nesting of lists and mappings a pack file may hold."""
+MAX_YAML_NODES = 1_000_000
+"""The most values a YAML file may expand to, aliases counted as often as they are used."""
+_MAX_INT_DIGITS = 308  # beyond a float's range: every numeric consumer can take it
+
+
+class FileProblem(Exception):
+    """A pack file that cannot be used: why, on which line (1-based) and in which field,
+    where known."""
+
+    def __init__(self, message: str, line: int | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.field = field
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def format_size(size: int) -> str:
+    """A byte count as people read it: ``256 MB``, ``1.5 kB``."""
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} bytes"
+
+
+def read_pack_file(root: Path, name: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+    """The bytes of the file ``name`` (relative to ``root``, or absolute) after checking
+    that it is a regular file inside ``root`` of at most ``max_bytes``.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        FileProblem: the file is outside ``root``, not a regular file, or too large.
+        OSError: it cannot be read.
+    """
+    base = Path(os.path.realpath(root))
+    path = Path(os.path.realpath(base / name))  # symlinks and ".." resolved
+    if not path.is_relative_to(base):
+        raise FileProblem(f"outside the pack folder ({path}); pack files must be inside {base}")
+    _check_kind(os.stat(path), max_bytes)
+    # O_NONBLOCK: if the file became a FIFO since the stat, opening it does not wait
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as fh:
+        _check_kind(os.fstat(fd), max_bytes)
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise FileProblem(_too_large(len(data), max_bytes))
+    return data
+
+
+def _check_kind(info: os.stat_result, max_bytes: int) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise FileProblem("is a folder, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise FileProblem("not a regular file (a device, FIFO or socket); give a file")
+    if info.st_size > max_bytes:
+        raise FileProblem(_too_large(info.st_size, max_bytes))
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return (
+        f"{format_size(size)}, over the limit of {format_size(max_bytes)} "
+        "(raise it with --max-file-size or max_file_bytes=)"
+    )
+
+
+# -- JSON -----------------------------------------------------------------------------
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise FileProblem(f"a number with {len(text.lstrip('-'))} digits is too large")
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise FileProblem(f"{name} is not a JSON number")
+
+
+def parse_json_value(text: str) -> Any:
+    """One JSON value, bounded like every pack value.
+
+    Raises:
+        FileProblem: invalid JSON, too deep, a number too large, or invalid text.
+    """
+    try:
+        value = json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise FileProblem(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise FileProblem(f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # e.g. a float literal with thousands of digits
+        raise FileProblem(f"invalid JSON: {exc}") from None
+    check_value(value)
+    return value
+
+
+def check_value(value: Any) -> None:
+    """Refuse a parsed value unfit for a pack: nested too deep, or text with a lone
+    surrogate. Walks the value without recursion; the problem names the field.
+
+    Raises:
+        FileProblem: with ``field`` set (``tags.0``).
+    """
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    while stack:
+        item, loc = stack.pop()
+        if len(loc) > MAX_DEPTH:
+            raise FileProblem(f"nested deeper than {MAX_DEPTH} levels", field=_dotted(loc[:3]))
+        if isinstance(item, str):
+            if not _valid_text(item):
+                raise FileProblem(
+                    "holds a lone surrogate (text must be valid Unicode)", field=_dotted(loc)
+                )
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if isinstance(key, str) and not _valid_text(key):
+                    raise FileProblem("a key holds a lone surrogate", field=_dotted(loc))
+                stack.append((sub, (*loc, key)))
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend((sub, (*loc, i)) for i, sub in enumerate(item))
+
+
+def _valid_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _dotted(loc: tuple[Any, ...]) -> str | None:
+    return ".".join(str(p) for p in loc) or None
+
+
+# -- YAML -----------------------------------------------------------------------------
+
+_Parser: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when installed
+
+
+class ParsedYaml(NamedTuple):
+    """A YAML file's data, and its node tree (where each value is, for error lines)."""
+
+    data: Any
+    node: yaml.Node | None
+
+
+def parse_yaml(text: str) -> ParsedYaml:
+    """A YAML document, with the safe tags only and bounded as a pack value must be.
+
+    Raises:
+        FileProblem: invalid YAML, a tag that is not plain data, a duplicate, list or
+            mapping key, too deep, an alias bomb or loop, a number too large, or a lone
+            surrogate; with the line where it is.
+    """
+    try:
+        _check_events(text)
+        node = yaml.compose(text, Loader=_Parser)
+        if node is None:
+            return ParsedYaml(None, None)
+        _check_expansion(node)
+        data = _StrictConstructor().construct_document(node)  # type: ignore[no-untyped-call]
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        reason = exc.problem or exc.context or str(exc)
+        raise FileProblem(f"invalid YAML: {reason}", mark.line + 1 if mark else None) from None
+    except yaml.YAMLError as exc:
+        raise FileProblem(f"invalid YAML: {exc}") from None
+    try:
+        check_value(data)
+    except FileProblem as exc:
+        exc.line = _line_of(node, exc.field)
+        raise
+    return ParsedYaml(data, node)
+
+
+def _check_events(text: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH from the event stream, before composing
+    (which recurses) and stopping as soon as the limit is passed."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Parser):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise FileProblem(
+                    f"nested deeper than {MAX_DEPTH} levels", event.start_mark.line + 1
+                )
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse aliases that would expand past MAX_YAML_NODES values, or into themselves."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if done:
+            active.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[key] > MAX_YAML_NODES:
+                raise FileProblem(
+                    f"aliases expand to more than {MAX_YAML_NODES:,} values",
+                    node.start_mark.line + 1,
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in active:
+            raise FileProblem("an alias refers to a value that contains it", _line(node))
+        active.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in active:
+                raise FileProblem("an alias refers to a value that contains it", _line(node))
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _line(node: yaml.Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _line_of(root: yaml.Node, field: str | None) -> int:
+    """The line of the node a dotted field names (``a.0.b``), as deep as it goes."""
+    node, line = root, _line(root)
+    for key in field.split(".") if field else []:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if str(k.value) == key:
+                    node, line = v, _line(k)
+                    break
+            else:
+                break
+        elif isinstance(node, yaml.SequenceNode) and key.isdigit() and int(key) < len(node.value):
+            node = node.value[int(key)]
+            line = _line(node)
+        else:
+            break
+    return line
+
+
+class _StrictConstructor(yaml.constructor.SafeConstructor):
+    """SafeLoader's constructor that refuses duplicate and unhashable keys, and says
+    where a scalar cannot be read (an integer too long, a date that does not exist)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a {kind} cannot be a key", key_node.start_mark
+                )
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {seen[key]})",
+                    key_node.start_mark,
+                )
+            seen[key] = _line(key_node)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call,no-any-return]
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)  # type: ignore[no-untyped-call]
+        except yaml.YAMLError:
+            raise
+        except Exception as exc:  # a scalar its tag's constructor cannot read, whatever it raises
+            text = node.value if isinstance(node, yaml.ScalarNode) else node.tag
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {_cut(str(text))} as {node.tag}: {exc}", node.start_mark
+            ) from None
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        digits = str(node.value).lstrip("+-").replace("_", "")
+        if len(digits) > _MAX_INT_DIGITS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a number with {len(digits)} digits is too large", node.start_mark
+            )
+        return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+
+
+_StrictConstructor.add_constructor(
+    "tag:yaml.org,2002:int",
+    _StrictConstructor.construct_yaml_int,  # type: ignore[arg-type]
+)
+
+
+def _cut(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+
+
+def iter_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a JSONL text with their 1-based numbers.
+
+    Splits on "\\n" only: JSON strings may hold U+2028 and friends, which
+    str.splitlines() would treat as line breaks."""
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            yield lineno, line

@@ -1,0 +1,405 @@
+"""Packs are data, not code: code runs only on request, regexes run in linear time, data
+files stay inside the pack, and odd input is refused with its file, line and field."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import convsim
+from convsim import PackError, load_pack
+from convsim.cli import main
+from convsim.metrics._goal import check_criterion
+from convsim.scenarios import Criterion
+
+TESTS = Path(__file__).parent
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+FLOW = textwrap.dedent(
+    """\
+    default:
+      turns:
+        - turn_id: greet
+          prompt_template: "Hello, I am {name}."
+        - turn_id: ask
+          depends_on: [greet]
+          prompt_template: "What did I say my name was?"
+    """
+)
+
+
+def scenario(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "scenario_id": "s1",
+        "scenario_description": "a scenario",
+        "variables": {"name": "Ada"},
+    }
+    base.update(fields)
+    return base
+
+
+def write_multi(folder: Path, *rows: dict[str, Any], flows: str = FLOW) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "turn_configs.yml").write_text(flows, encoding="utf-8")
+    lines = rows or (scenario(),)
+    (folder / "scenarios.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8"
+    )
+    return folder
+
+
+SINGLE_CONFIG = textwrap.dedent(
+    """\
+    task_name: tiny
+    dataset:
+      path: {path}
+    prompt_templates:
+      default: "Q: {{question}}"
+    """
+)
+
+
+def write_single(folder: Path, path: str = "problems.jsonl") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yml").write_text(SINGLE_CONFIG.format(path=json.dumps(path)))
+    (folder / "problems.jsonl").write_text(
+        json.dumps({"id": "p1", "question": "2+2?", "expected_answer": "4"}) + "\n"
+    )
+    return folder
+
+
+def refused(folder: Path | str, *extra: str, command: str = "validate") -> str:
+    """stderr of a command that must refuse its input: exit 2, no traceback."""
+    code, _, err = invoke(command, str(folder), *extra)
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+# -- 7: code from a pack runs only with --allow-code --------------------------------
+
+
+def python_goal(checker: str) -> dict[str, Any]:
+    return {"description": "d", "all_of": [{"kind": "python", "value": checker}]}
+
+
+def test_a_python_criterion_is_refused_without_allow_code(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    pack = write_multi(tmp_path / "pack", scenario(goal=python_goal("shutil:rmtree")))
+    err = refused(pack)
+    assert "scenarios.jsonl:1: goal.all_of.0.value" in err
+    assert "--allow-code" in err and "shutil:rmtree" in err
+    err = refused(pack, "--model", "scripted", "--out", str(tmp_path / "r.jsonl"), command="run")
+    assert "--allow-code" in err
+    assert not (tmp_path / "r.jsonl").exists()
+    with pytest.raises(PackError, match="allow_code=True"):
+        load_pack(pack)
+    with pytest.raises(PackError, match="allow_code=True"):
+        convsim.run_sync(pack, "scripted")
+    assert victim.is_dir()
+
+
+def test_allow_code_loads_and_runs_the_checker(tmp_path: Path) -> None:
+    sys.path.insert(0, str(TESTS))
+    try:
+        goal = python_goal("test_pack_safety:says_ada")
+        pack = write_multi(tmp_path / "pack", scenario(goal=goal))
+        code, _, err = invoke("validate", str(pack), "--allow-code")
+        assert code == 0, err
+        assert load_pack(pack, allow_code=True).conversations[0].scenario.goal is not None
+        results = convsim.run_sync(pack, "scripted", allow_code=True, metrics=["goal_achievement"])
+        assert results[0].scores["goal_achievement"].details["criteria"][0]["credit"] == 1.0
+    finally:
+        sys.path.remove(str(TESTS))
+
+
+def says_ada(text: str, scenario: Any) -> float:
+    """A goal checker named by import path in the test above."""
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    ("checker", "message"),
+    [
+        ("no_colon_here", "module:function"),
+        ("convsim_no_such_module:f", "cannot import"),
+        ("json:no_such_function", "no_such_function"),
+        ("json:__doc__", "not callable"),
+    ],
+)
+def test_allow_code_still_checks_the_checker_at_validation(
+    tmp_path: Path, checker: str, message: str
+) -> None:
+    pack = write_multi(tmp_path / "pack", scenario(goal=python_goal(checker)))
+    err = refused(pack, "--allow-code")
+    assert "scenarios.jsonl:1: goal.all_of.0.value" in err and message in err
+
+
+def test_a_transcript_with_a_python_criterion_needs_allow_code(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    line = {
+        "conversation_id": "c1",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}],
+        "goal": {
+            "description": "d",
+            "any_of": [
+                {"kind": "contains", "value": "x"},
+                python_goal("shutil:rmtree")["all_of"][0],
+            ],
+        },
+    }
+    transcripts = tmp_path / "t.jsonl"
+    transcripts.write_text(json.dumps(line) + "\n")
+    err = refused(transcripts, "--metrics", "goal_achievement", command="score")
+    assert "t.jsonl:1: goal.any_of.1.value" in err and "--allow-code" in err
+    assert victim.is_dir()
+
+
+# -- 8: pack regexes run on RE2 -----------------------------------------------------
+
+
+def test_a_catastrophic_regex_finishes() -> None:
+    # minutes (and deaf to Ctrl-C) with a backtracking engine; linear on RE2
+    assert check_criterion(Criterion(kind="regex", value="(a+)+$"), "a" * 40 + "b") is False
+    assert check_criterion(Criterion(kind="regex", value="(a+)+b$"), "a" * 40 + "b") is True
+
+
+def test_regex_criteria_stay_case_insensitive_and_accept_any_text() -> None:
+    assert check_criterion(Criterion(kind="regex", value=r"HELLO\s+\w+"), "hello world") is True
+    assert check_criterion(Criterion(kind="regex", value="x"), "lone \ud83d surrogate x") is True
+
+
+@pytest.mark.parametrize(
+    ("pattern", "hint"),
+    [(r"(a)\1", "backreference"), (r"(?<=a)b", "lookaround"), (r"x\Z", r"\z"), ("[", "missing")],
+)
+def test_a_regex_re2_cannot_run_is_refused_at_validation(
+    tmp_path: Path, pattern: str, hint: str
+) -> None:
+    goal = {"description": "d", "all_of": [{"kind": "regex", "value": pattern}]}
+    err = refused(write_multi(tmp_path / "pack", scenario(goal=goal)))
+    assert "scenarios.jsonl:1: goal.all_of.0.value" in err and hint in err
+
+
+# -- 9: data files are regular files inside the pack ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/etc/passwd", "outside the pack folder"),
+        ("../outside.jsonl", "outside the pack folder"),
+        ("/dev/zero", "outside the pack folder"),
+        ("link.jsonl", "outside the pack folder"),
+        ("fifo.jsonl", "not a regular file"),
+        ("device", "not a regular file"),
+        ("sub", "a folder"),
+        ("missing.jsonl", "missing"),
+    ],
+)
+def test_dataset_path_must_be_a_regular_file_inside_the_pack(
+    tmp_path: Path, path: str, message: str
+) -> None:
+    pack = write_single(tmp_path / "pack", path)
+    (tmp_path / "outside.jsonl").write_text((pack / "problems.jsonl").read_text())
+    (pack / "link.jsonl").symlink_to(tmp_path / "outside.jsonl")
+    (pack / "device").symlink_to("/dev/zero")  # inside by name, a device in fact
+    os.mkfifo(pack / "fifo.jsonl")
+    (pack / "sub").mkdir()
+    if path == "device":
+        (pack / "device").unlink()
+        (pack / "device").symlink_to(pack / "fifo.jsonl")
+    err = refused(pack)
+    assert "config.yml:3: dataset.path" in err and message in err
+
+
+def test_pack_files_over_the_size_limit_are_refused(tmp_path: Path) -> None:
+    pack = write_single(tmp_path / "pack")
+    with open(pack / "problems.jsonl", "a") as fh:
+        fh.write(" " * 2_000_000 + "\n")
+    err = refused(pack, "--max-file-size", "1MB")
+    assert "problems.jsonl" in err and "1 MB" in err and "--max-file-size" in err
+    with pytest.raises(PackError, match="over the limit"):
+        load_pack(pack, max_file_bytes=1_000_000)
+    assert load_pack(pack).name == "pack"  # the default limit is generous
+
+
+def test_pack_files_are_checked_too_scenarios_and_readme(tmp_path: Path) -> None:
+    pack = write_multi(tmp_path / "pack")
+    (tmp_path / "secret.jsonl").write_text((pack / "scenarios.jsonl").read_text())
+    (pack / "scenarios.jsonl").unlink()
+    (pack / "scenarios.jsonl").symlink_to(tmp_path / "secret.jsonl")
+    assert "scenarios.jsonl: outside the pack folder" in refused(pack)
+    (pack / "scenarios.jsonl").unlink()
+    (pack / "scenarios.jsonl").write_text(json.dumps(scenario()) + "\n")
+    os.mkfifo(pack / "README.md")
+    assert "README.md: not a regular file" in refused(pack)
+
+
+def test_a_transcript_file_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "t.jsonl")
+    err = refused(tmp_path / "t.jsonl", "--metrics", "response_length", command="score")
+    assert "not a regular file" in err
+
+
+# -- 11: odd input is refused with its place; validation is linear --------------------
+
+
+def raw_scenarios(folder: Path, text: str) -> Path:
+    write_multi(folder)
+    (folder / "scenarios.jsonl").write_text(text)
+    return folder
+
+
+def raw_flows(folder: Path, text: str) -> Path:
+    write_multi(folder)
+    (folder / "turn_configs.yml").write_text(text)
+    return folder
+
+
+ROW = json.dumps(scenario())[:-1]
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (ROW + ', "tags": [' + "9" * 5000 + "]}\n", "scenarios.jsonl:1"),
+        ("\n" + ROW + ', "metadata": {"k": ' + "[" * 100_000 + "]" * 100_000 + "}}\n", ":2"),
+        (ROW + ', "metadata": {"k": ' + "[" * 500 + "]" * 500 + "}}\n", "scenarios.jsonl:1"),
+        (ROW + ', "metadata": {"k": NaN}}\n', "scenarios.jsonl:1"),
+        (ROW + ', "tags": ["\\ud83d"]}\n', "scenarios.jsonl:1: tags.0"),
+        (ROW + ', "variables": {"name": 1' + "0" * 400 + "}}\n", "scenarios.jsonl:1"),
+    ],
+)
+def test_odd_json_is_refused_with_its_line(tmp_path: Path, text: str, where: str) -> None:
+    assert where in refused(raw_scenarios(tmp_path / "pack", text))
+
+
+#: A billion laughs: each list holds nine of the one before, 9**12 items in all.
+BOMB = "l0: &l0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 12)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("? [a, b]\n: {turns: [{turn_id: a, prompt_template: x}]}\n", "turn_configs.yml:1"),
+        ("default: " + "[" * 5000 + "]" * 5000 + "\n", "turn_configs.yml:1"),
+        ("default:\n  max_turns: " + "9" * 5000 + "\n", "turn_configs.yml:2"),
+        ("default:\n  description: 2024-13-45\n", "turn_configs.yml:2"),
+        ("default: !!python/object:os.system {}\n", "turn_configs.yml:1"),
+        ('default:\n  system_prompt: "\\ud83d"\n', "turn_configs.yml:2"),
+        ("a: &a [*a]\n", "turn_configs.yml:1"),
+        (BOMB, "turn_configs.yml:7: aliases expand to more than"),
+    ],
+)
+def test_odd_yaml_is_refused_with_its_line(tmp_path: Path, text: str, where: str) -> None:
+    assert where in refused(raw_flows(tmp_path / "pack", text))
+
+
+def test_a_template_that_cannot_format_its_value_is_refused_at_validation(
+    tmp_path: Path,
+) -> None:
+    flows = FLOW.replace("{name}", "{name:%Y}")
+    err = refused(write_multi(tmp_path / "pack", flows=flows))
+    assert "scenarios.jsonl:1: variables.name" in err and "{name:%Y}" in err
+    flows = FLOW.replace("{name}", "{name} at {turn_index:%Y}")
+    err = refused(write_multi(tmp_path / "pack2", flows=flows))
+    assert "turn_index" in err
+
+
+def test_a_single_turn_template_that_cannot_format_its_value_is_refused(tmp_path: Path) -> None:
+    pack = write_single(tmp_path / "pack")
+    config = (pack / "config.yml").read_text().replace("{question}", "{question:,}")
+    (pack / "config.yml").write_text(config)
+    err = refused(pack)
+    assert "problems.jsonl:1: question" in err and "{question:,}" in err
+
+
+@pytest.mark.timeout(30)
+def test_a_4000_turn_flow_validates_in_linear_time(tmp_path: Path) -> None:
+    turns = "".join(
+        f"    - turn_id: t{i}\n      prompt_template: 'turn {i}, {{name}}'\n"
+        + (f"      depends_on: [t{i - 1}]\n" if i else "")
+        for i in range(4000)
+    )
+    pack = write_multi(tmp_path / "pack", flows="default:\n  turns:\n" + turns)
+    loaded = load_pack(pack)
+    assert [t.turn_id for t in loaded.conversations[0].flow.turns][-2:] == ["t3998", "t3999"]
+
+
+def test_an_lm_eval_task_folder_is_code_and_needs_allow_code(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    # lm-eval imports the function a !function tag names when the task loads
+    (tasks / "evil.yaml").write_text(
+        "task: evil\ndataset_path: json\noutput_type: generate_until\n"
+        "process_docs: !function shutil.rmtree\ndoc_to_text: q\ndoc_to_target: a\n"
+    )
+    err = refused("lm-eval:evil", "--include-path", str(tasks))
+    assert "include_path" in err and "--allow-code" in err
+    with pytest.raises(PackError, match="allow_code=True"):
+        load_pack("lm-eval:evil", include_path=tasks)
+    assert victim.is_dir()
+
+
+def test_line_numbers_print_as_numbers_not_emoji(tmp_path: Path) -> None:
+    pack = write_multi(tmp_path / "pack", *[scenario(scenario_id=f"s{i}") for i in range(99)])
+    with open(pack / "scenarios.jsonl", "a") as fh:
+        fh.write(json.dumps(scenario(scenario_id="s100", tags=[1])) + "\n")
+    assert "scenarios.jsonl:100: tags.0" in refused(pack)
+
+
+def test_scoring_a_stored_run_asks_again_before_running_its_packs_code(tmp_path: Path) -> None:
+    sys.path.insert(0, str(TESTS))
+    try:
+        goal = python_goal("test_pack_safety:says_ada")
+        pack = write_multi(tmp_path / "pack", scenario(goal=goal))
+        out = tmp_path / "r.jsonl"
+        code, _, err = invoke("run", str(pack), "--allow-code", "--out", str(out))
+        assert code == 0, err
+        manifest = next(tmp_path.glob("r*.manifest.json"))
+        data = json.loads(manifest.read_text())
+        data["pack_options"]["allow_code"] = True  # a results file cannot allow code
+        manifest.write_text(json.dumps(data))
+        code, output, err = invoke("score", str(out), "--metrics", "goal_achievement")
+        assert code == 0, err
+        assert "runs Python code (pass --allow-code" in output
+        code, output, err = invoke(
+            "score", str(out), "--metrics", "goal_achievement", "--allow-code"
+        )
+        assert code == 0, err
+        assert "note:" not in output and "1" in output
+    finally:
+        sys.path.remove(str(TESTS))
+
+
+def test_max_file_bytes_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(convsim.ConfigError, match="max_file_bytes"):
+        load_pack(write_multi(tmp_path / "pack"), max_file_bytes=0)
+    err = refused(write_multi(tmp_path / "pack"), "--max-file-size", "lots")
+    assert "256MB" in err
+
+
+def test_a_template_cannot_pad_its_prompt_to_megabytes(tmp_path: Path) -> None:
+    flows = FLOW.replace("{name}", "{name:>999}" * 200)
+    err = refused(write_multi(tmp_path / "pack", flows=flows))
+    assert "turn_configs.yml:4: default.turns.0.prompt_template" in err and "pad" in err
+    assert load_pack(write_multi(tmp_path / "ok", flows=FLOW.replace("{name}", "{name:>99}")))

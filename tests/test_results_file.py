@@ -25,14 +25,15 @@ from convsim import (
     ConversationResult,
     JsonlSink,
     ResultsError,
+    ResultsLock,
     ServerError,
     Simulator,
     Status,
+    Summarizer,
     TerminationReason,
     read_results,
+    summarize_file,
 )
-from convsim._report import Summarizer, summarize_file
-from convsim._sinks import ResultsLock
 from convsim.adapters import Completion, GenerationParams, Message, ScriptedAdapter
 from convsim.cli import main
 
@@ -220,7 +221,7 @@ async def test_two_runs_of_one_simulator_on_one_file(tmp_path: Path) -> None:
 
 HOLD_LOCK = """
 import sys
-from convsim._sinks import ResultsLock
+
 lock = ResultsLock(sys.argv[1])
 lock.acquire()
 print("locked", flush=True)

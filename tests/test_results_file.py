@@ -221,7 +221,7 @@ async def test_two_runs_of_one_simulator_on_one_file(tmp_path: Path) -> None:
 
 HOLD_LOCK = """
 import sys
-
+from convsim import ResultsLock
 lock = ResultsLock(sys.argv[1])
 lock.acquire()
 print("locked", flush=True)

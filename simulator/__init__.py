@@ -25,8 +25,15 @@ _public = _lazy_module(
             "ErrorInfo",
             "Score",
         ],
-        "._sinks": ["ResultSink", "JsonlSink", "RunManifest", "read_results"],
-        "._report": ["RunReport", "summarize"],
+        "._sinks": [
+            "ResultSink",
+            "JsonlSink",
+            "RunManifest",
+            "ResultsLock",
+            "read_results",
+            "iter_results",
+        ],
+        "._report": ["RunReport", "Summarizer", "summarize", "summarize_file"],
         "._errors": [
             "ConvsimError",
             "ConfigError",
@@ -85,14 +92,18 @@ if TYPE_CHECKING:
     from ._records import TurnRecord as TurnRecord
     from ._records import TurnStatus as TurnStatus
     from ._report import RunReport as RunReport
+    from ._report import Summarizer as Summarizer
     from ._report import summarize as summarize
+    from ._report import summarize_file as summarize_file
     from ._runtime import RunHandle as RunHandle
     from ._runtime import RunStatistics as RunStatistics
     from ._runtime import Simulator as Simulator
     from ._runtime import run_sync as run_sync
     from ._sinks import JsonlSink as JsonlSink
     from ._sinks import ResultSink as ResultSink
+    from ._sinks import ResultsLock as ResultsLock
     from ._sinks import RunManifest as RunManifest
+    from ._sinks import iter_results as iter_results
     from ._sinks import read_results as read_results
     from ._state import ConversationState as ConversationState
     from .scenarios import Pack as Pack

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    model_validator,
+)
 from pydantic.dataclasses import dataclass
 
 from ._errors import AdapterError, ProtocolError, RateLimited
 from ._types import Message, Usage
 
 __all__ = [
+    "SCHEMA_VERSION",
     "Status",
     "TerminationReason",
     "TurnStatus",
@@ -22,6 +31,14 @@ __all__ = [
     "ConversationTimings",
     "ConversationResult",
 ]
+
+
+SCHEMA_VERSION = 2
+"""The format of a results line as written now. 1: each turn's ``messages`` in full.
+2: a turn stores ``messages_prefix``, how many leading ``transcript`` messages it sent,
+and in ``messages`` only what follows them, so each message is stored once (a line grows
+with a conversation's length, not with its square). Lines of both versions read back to
+the same objects."""
 
 
 class Status(str, Enum):
@@ -219,7 +236,8 @@ class ConversationResult(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    schema_version: int = 1
+    schema_version: int = SCHEMA_VERSION
+    """The format of the line this result was read from; written as :data:`SCHEMA_VERSION`."""
     run_id: str
     conversation_id: str
     scenario_id: str
@@ -244,3 +262,99 @@ class ConversationResult(BaseModel):
     """The simulated user's, kept apart."""
     error: ErrorInfo | None = None
     timings: ConversationTimings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_messages(cls, data: Any) -> Any:
+        """Rebuild each turn's ``messages`` from ``messages_prefix`` (schema_version 2)."""
+        if not isinstance(data, dict):
+            return data
+        version = data.get("schema_version", 1)
+        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {version} was written by a newer convsim "
+                f"(this one reads up to {SCHEMA_VERSION}); upgrade convsim"
+            )
+        turns, transcript = data.get("turns"), data.get("transcript")
+        if not isinstance(turns, (list, tuple)) or not isinstance(transcript, (list, tuple)):
+            return data
+        if not any(isinstance(t, dict) and "messages_prefix" in t for t in turns):
+            return data
+        expanded = []
+        for index, turn in enumerate(turns):
+            if isinstance(turn, dict) and "messages_prefix" in turn:
+                turn = dict(turn)
+                shared = turn.pop("messages_prefix")
+                if (
+                    not isinstance(shared, int)
+                    or isinstance(shared, bool)
+                    or not 0 <= shared <= len(transcript)
+                ):
+                    raise ValueError(
+                        f"turns[{index}].messages_prefix: {shared!r} is not a count of "
+                        f"transcript messages (0 to {len(transcript)})"
+                    )
+                more = turn.get("messages", ())
+                if not isinstance(more, (list, tuple)):
+                    raise ValueError(f"turns[{index}].messages: not a list of messages")
+                turn["messages"] = (*transcript[:shared], *more)
+            expanded.append(turn)
+        return {**data, "turns": expanded}
+
+    @field_serializer("schema_version")
+    def _written_version(self, _version: int) -> int:
+        return SCHEMA_VERSION
+
+    @field_serializer("turns", mode="wrap")
+    def _store_messages_once(
+        self, turns: tuple[TurnRecord, ...], handler: SerializerFunctionWrapHandler
+    ) -> Any:
+        """Each turn's messages as the transcript messages they start with (a count)
+        and the rest, instead of the whole history again for every turn."""
+        transcript = self.transcript
+        shared = [_shared_prefix(turn.messages, transcript) for turn in turns]
+        trimmed = []
+        for turn, count in zip(turns, shared, strict=True):
+            if count:
+                # a shallow copy holding only the rest: serialising the full history of
+                # every turn first would cost what storing it once saves
+                turn = _with_messages(turn, turn.messages[count:])
+            trimmed.append(turn)
+        dumped = handler(tuple(trimmed))
+        if len(dumped) != len(turns):  # turns excluded by the caller: left as they are
+            return dumped
+        compact = []
+        for count, data in zip(shared, dumped, strict=True):
+            if not isinstance(data, dict) or "messages" not in data:
+                compact.append(data)  # messages excluded by the caller
+                continue
+            item: dict[str, Any] = {}
+            for key, value in data.items():
+                if key == "messages":
+                    item["messages_prefix"] = count
+                item[key] = value
+            compact.append(item)
+        return compact
+
+
+def _with_messages(turn: TurnRecord, messages: tuple[Message, ...]) -> TurnRecord:
+    """A copy of ``turn`` with other ``messages``, for serialising only: its fields are
+    copied as they are, not validated again (three times faster than replace())."""
+    copied = object.__new__(TurnRecord)
+    for name in _TURN_FIELDS:
+        object.__setattr__(copied, name, getattr(turn, name))
+    object.__setattr__(copied, "messages", messages)
+    return copied
+
+
+_TURN_FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord))
+
+
+def _shared_prefix(messages: tuple[Message, ...], transcript: tuple[Message, ...]) -> int:
+    """How many leading messages ``messages`` and ``transcript`` have in common."""
+    count = 0
+    for sent, kept in zip(messages, transcript, strict=False):
+        if sent is not kept and sent != kept:
+            break
+        count += 1
+    return count

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -11,8 +13,16 @@ from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_val
 from convsim.metrics._aggregate import aggregate
 
 from ._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
+from ._sinks import iter_results, scan_lines, validate_line
 
-__all__ = ["RunReport", "MetricSummary", "GroupSummary", "summarize"]
+__all__ = [
+    "RunReport",
+    "MetricSummary",
+    "GroupSummary",
+    "Summarizer",
+    "summarize",
+    "summarize_file",
+]
 
 
 class MetricSummary(BaseModel):
@@ -148,36 +158,71 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
+class _ScoreFold:
+    """Mean and counts per metric, folded one name -> Score map at a time."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = defaultdict(list)
+        self.missing: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self.corpus: dict[str, _CorpusFold] = {}
+
+    def add(self, scores: dict[str, Score]) -> None:
+        for name, score in scores.items():
+            if score.value is not None:
+                self.values[name].append(score.value)
+                fold = self.corpus.get(name)
+                if fold is None:
+                    fold = self.corpus[name] = _CorpusFold()
+                fold.add(score)
+            elif score.status == "failed":
+                self.failed[name] += 1
+            else:
+                self.missing[name] += 1
+
+    def summaries(self, hib: dict[str, bool | None]) -> dict[str, MetricSummary]:
+        names = list(dict.fromkeys([*self.values, *self.missing, *self.failed]))
+        summaries = {
+            n: _summary(self.values[n], self.missing[n], hib.get(n), self.failed[n]) for n in names
+        }
+        for name, fold in self.corpus.items():
+            summaries[name].corpus = fold.value()
+        return summaries
+
+
+class _CorpusFold:
+    """The run-level value of a corpus-level metric: its scores carry their items, and
+    all of them must name the same reduction."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.items: list[Any] | None = []
+        """None once a score without the reduction (or with another one) was seen."""
+
+    def add(self, score: Score) -> None:
+        if self.items is None:
+            return
+        kind = score.details.get(CORPUS_AGGREGATION)
+        if kind is None or (self.kind is not None and kind != self.kind):
+            self.items = None
+            return
+        self.kind = kind
+        self.items.append(score.details.get(CORPUS_ITEM))
+
+    def value(self) -> float | None:
+        if self.items is None or self.kind is None:
+            return None
+        return corpus_value(str(self.kind), self.items)
+
+
 def _summarise(
     score_maps: Iterable[dict[str, Score]], hib: dict[str, bool | None]
 ) -> dict[str, MetricSummary]:
     """Mean and counts per metric over ``score_maps`` (one name -> Score map each)."""
-    values: dict[str, list[float]] = defaultdict(list)
-    items: dict[str, list[Score]] = defaultdict(list)
-    missing: Counter[str] = Counter()
-    failed: Counter[str] = Counter()
+    fold = _ScoreFold()
     for scores in score_maps:
-        for name, score in scores.items():
-            if score.value is not None:
-                values[name].append(score.value)
-                items[name].append(score)
-            elif score.status == "failed":
-                failed[name] += 1
-            else:
-                missing[name] += 1
-    names = list(dict.fromkeys([*values, *missing, *failed]))
-    summaries = {n: _summary(values[n], missing[n], hib.get(n), failed[n]) for n in names}
-    for name, scored in items.items():
-        summaries[name].corpus = _corpus(scored)
-    return summaries
-
-
-def _corpus(scores: list[Score]) -> float | None:
-    """The run-level value of a corpus-level metric (its scores carry their items)."""
-    kinds = {s.details.get(CORPUS_AGGREGATION) for s in scores}
-    if len(kinds) != 1 or None in kinds:
-        return None
-    return corpus_value(str(kinds.pop()), [s.details[CORPUS_ITEM] for s in scores])
+        fold.add(scores)
+    return fold.summaries(hib)
 
 
 def _summary(values: list[float], missing: int, hib: bool | None, failed: int = 0) -> MetricSummary:
@@ -199,18 +244,6 @@ def _summary(values: list[float], missing: int, hib: bool | None, failed: int = 
     )
 
 
-def _metric_summaries(
-    results: list[ConversationResult], hib: dict[str, bool | None]
-) -> dict[str, MetricSummary]:
-    return _summarise((r.scores for r in results), hib)
-
-
-def _turn_metric_summaries(
-    results: list[ConversationResult], hib: dict[str, bool | None]
-) -> dict[str, MetricSummary]:
-    return _summarise((scores for r in results for scores in r.turn_scores.values()), hib)
-
-
 def _higher_is_better(names: Iterable[str]) -> dict[str, bool | None]:
     found: dict[str, bool | None] = {}
     for name in names:
@@ -222,109 +255,189 @@ def _higher_is_better(names: Iterable[str]) -> dict[str, bool | None]:
     return found
 
 
-def _groups(
-    results: list[ConversationResult],
-    key: Callable[[ConversationResult], str],
-    hib: dict[str, bool | None],
-) -> dict[str, GroupSummary]:
-    groups: dict[str, list[ConversationResult]] = defaultdict(list)
-    for r in results:
-        groups[key(r)].append(r)
-    return {
-        name: GroupSummary(
-            conversations=len(group),
-            statuses=dict(Counter(r.status.value for r in group)),
-            metrics=_metric_summaries(group, hib),
+class _GroupFold:
+    def __init__(self) -> None:
+        self.conversations = 0
+        self.statuses: Counter[str] = Counter()
+        self.scores = _ScoreFold()
+
+    def add(self, result: ConversationResult) -> None:
+        self.conversations += 1
+        self.statuses[result.status.value] += 1
+        self.scores.add(result.scores)
+
+    def summary(self, hib: dict[str, bool | None]) -> GroupSummary:
+        return GroupSummary(
+            conversations=self.conversations,
+            statuses=dict(self.statuses),
+            metrics=self.scores.summaries(hib),
         )
-        for name, group in sorted(groups.items())
-    }
 
 
-def _retention_curve(results: list[ConversationResult]) -> dict[int, MetricSummary]:
-    """Pooled over conversations: per distance, the share of checks recalled."""
-    checks: dict[int, list[float]] = defaultdict(list)
-    for r in results:
-        score = r.scores.get("context_retention")
-        if score is None or score.value is None:
-            continue
-        curve, counts = score.details.get("curve", {}), score.details.get("curve_n", {})
-        for distance, share in curve.items():
-            n = int(counts.get(distance, 1))
-            recalled = round(share * n)
-            checks[int(distance)] += [1.0] * recalled + [0.0] * (n - recalled)
-    return {d: _summary(v, 0, True) for d, v in sorted(checks.items())}
+def _groups(folds: dict[str, _GroupFold], hib: dict[str, bool | None]) -> dict[str, GroupSummary]:
+    return {name: fold.summary(hib) for name, fold in sorted(folds.items())}
 
 
-def summarize(results: Iterable[ConversationResult]) -> RunReport:
-    """Summarise results (e.g. from :func:`convsim.read_results`)."""
-    results = list(results)
-    hib = _higher_is_better(
-        {n for r in results for n in r.scores}
-        | {n for r in results for scores in r.turn_scores.values() for n in scores}
-    )
-    for r in results:  # a task's own direction, where its scores carry one
-        for name, score in r.scores.items():
+class Summarizer:
+    """Builds a :class:`RunReport` from results fed one at a time, keeping only what
+    the report needs (counts and metric values), never the results: a summary of any
+    number of conversations fits in memory. ``summarize(results)`` is this fed with
+    every result; :func:`summarize_file` feeds it a results file line by line."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._names: set[str] = set()
+        self._given_hib: dict[str, bool] = {}
+        self._statuses: Counter[str] = Counter()
+        self._reasons: Counter[str] = Counter()
+        self._turns: Counter[str] = Counter()
+        self._latencies: list[float] = []
+        self._usage: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+        self._costs: list[float] = []
+        self._runs: set[str] = set()
+        self._packs: set[str] = set()
+        self._models: set[str] = set()
+        self._started: float | None = None
+        self._finished: float | None = None
+        self._metrics = _ScoreFold()
+        self._turn_metrics = _ScoreFold()
+        self._by_type: dict[str, _GroupFold] = defaultdict(_GroupFold)
+        self._by_difficulty: dict[str, _GroupFold] = defaultdict(_GroupFold)
+        self._by_model: dict[str, _GroupFold] = defaultdict(_GroupFold)
+        self._retention: dict[int, list[float]] = defaultdict(list)
+
+    def add(self, r: ConversationResult) -> None:
+        """Fold in one conversation."""
+        self._count += 1
+        self._names.update(r.scores)
+        for scores in r.turn_scores.values():
+            self._names.update(scores)
+        for name, score in r.scores.items():  # a task's own direction, where it gives one
             given = score.details.get(HIGHER_IS_BETTER_DETAIL)
             if isinstance(given, bool):
-                hib[name] = given
-    statuses = Counter(r.status.value for r in results)
-    turns: Counter[str] = Counter()
-    latencies: list[float] = []
-    usage: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    for r in results:
-        usage.update(
+                self._given_hib[name] = given
+        self._statuses[r.status.value] += 1
+        self._reasons[r.termination_reason.value] += 1
+        self._usage.update(
             prompt_tokens=r.usage.prompt_tokens,
             completion_tokens=r.usage.completion_tokens,
             total_tokens=r.usage.total_tokens,
         )
         if r.error is not None:
-            errors[r.error.type] += 1
+            self._errors[r.error.type] += 1
         for t in r.turns:
-            turns[t.status.value] += 1
+            self._turns[t.status.value] += 1
             if (
                 t.status is TurnStatus.COMPLETED
                 and t.timings is not None
                 and t.timings.latency_s is not None
             ):
-                latencies.append(t.timings.latency_s)
-    latency: dict[str, float] = {}
-    if latencies:
-        latency = {
-            "mean": mean(latencies),
-            "p50": percentile(latencies, 50),
-            "p95": percentile(latencies, 95),
-            "p99": percentile(latencies, 99),
-            "max": max(latencies),
-        }
-    duration = None
-    if results:
-        duration = max(r.timings.finished_at for r in results) - min(
-            r.timings.started_at for r in results
+                self._latencies.append(t.timings.latency_s)
+        if r.cost_usd is not None:
+            self._costs.append(r.cost_usd)
+        self._runs.add(r.run_id)
+        self._packs.add(r.pack)
+        self._models.add(r.model)
+        started, finished = r.timings.started_at, r.timings.finished_at
+        self._started = started if self._started is None else min(self._started, started)
+        self._finished = finished if self._finished is None else max(self._finished, finished)
+        self._metrics.add(r.scores)
+        for scores in r.turn_scores.values():
+            self._turn_metrics.add(scores)
+        self._by_type[r.scenario_type].add(r)
+        self._by_difficulty[r.difficulty or "unspecified"].add(r)
+        self._by_model[r.model].add(r)
+        self._add_retention(r)
+
+    def _add_retention(self, r: ConversationResult) -> None:
+        """Pooled over conversations: per distance, the share of checks recalled."""
+        score = r.scores.get("context_retention")
+        if score is None or score.value is None:
+            return
+        curve, counts = score.details.get("curve", {}), score.details.get("curve_n", {})
+        if not isinstance(curve, dict) or not isinstance(counts, dict):
+            return
+        for distance, share in curve.items():
+            try:
+                n = int(counts.get(distance, 1))
+                recalled, at = round(share * n), int(distance)
+            except (TypeError, ValueError, OverflowError):  # not a curve convsim wrote
+                continue
+            self._retention[at] += [1.0] * recalled + [0.0] * (n - recalled)
+
+    def report(self) -> RunReport:
+        """The summary of everything fed so far."""
+        hib = _higher_is_better(self._names)
+        hib.update(self._given_hib)
+        latency: dict[str, float] = {}
+        if self._latencies:
+            latencies = self._latencies
+            latency = {
+                "mean": mean(latencies),
+                "p50": percentile(latencies, 50),
+                "p95": percentile(latencies, 95),
+                "p99": percentile(latencies, 99),
+                "max": max(latencies),
+            }
+        duration = None
+        if self._started is not None and self._finished is not None:
+            duration = self._finished - self._started
+        return RunReport(
+            runs=sorted(self._runs),
+            packs=sorted(self._packs),
+            models=sorted(self._models),
+            conversations=self._count,
+            statuses={s.value: self._statuses.get(s.value, 0) for s in Status},
+            termination_reasons=dict(self._reasons.most_common()),
+            turns={s.value: self._turns.get(s.value, 0) for s in TurnStatus},
+            metrics=self._metrics.summaries(hib),
+            turn_metrics=self._turn_metrics.summaries(hib),
+            by_scenario_type=_groups(self._by_type, hib),
+            by_difficulty=_groups(self._by_difficulty, hib),
+            by_model=_groups(self._by_model, hib),
+            retention_curve={d: _summary(v, 0, True) for d, v in sorted(self._retention.items())},
+            latency_s=latency,
+            usage=dict(self._usage),
+            cost_usd=sum(self._costs) if self._costs else None,
+            errors=dict(self._errors.most_common()),
+            duration_s=duration,
         )
-    return RunReport(
-        runs=sorted({r.run_id for r in results}),
-        packs=sorted({r.pack for r in results}),
-        models=sorted({r.model for r in results}),
-        conversations=len(results),
-        statuses={s.value: statuses.get(s.value, 0) for s in Status},
-        termination_reasons=dict(
-            Counter(r.termination_reason.value for r in results).most_common()
-        ),
-        turns={s.value: turns.get(s.value, 0) for s in TurnStatus},
-        metrics=_metric_summaries(results, hib),
-        turn_metrics=_turn_metric_summaries(results, hib),
-        by_scenario_type=_groups(results, lambda r: r.scenario_type, hib),
-        by_difficulty=_groups(results, lambda r: r.difficulty or "unspecified", hib),
-        by_model=_groups(results, lambda r: r.model, hib),
-        retention_curve=_retention_curve(results),
-        latency_s=latency,
-        usage=dict(usage),
-        cost_usd=(
-            sum(r.cost_usd for r in results if r.cost_usd is not None)
-            if any(r.cost_usd is not None for r in results)
-            else None
-        ),
-        errors=dict(errors.most_common()),
-        duration_s=duration,
-    )
+
+
+def summarize(results: Iterable[ConversationResult]) -> RunReport:
+    """Summarise results (e.g. from :func:`convsim.read_results`)."""
+    summary = Summarizer()
+    for result in results:
+        summary.add(result)
+    return summary.report()
+
+
+def summarize_file(path: str | Path) -> RunReport:
+    """Summarise the results of a results file that count (a conversation's last line),
+    reading it line by line: memory holds the summary's figures, not the results.
+
+    Raises:
+        ResultsError: the file is missing, or a line is damaged or not a result.
+    """
+    path = Path(path)
+    summary, seen = Summarizer(), set()
+    for result in iter_results(path):
+        if result.conversation_id in seen:
+            break  # a conversation recorded twice: only its last line counts
+        seen.add(result.conversation_id)
+        summary.add(result)
+    else:
+        return summary.report()
+    # Rare (lines of retried conversations not yet compacted): which line counts for
+    # each conversation, then only those, in file order as read_results has them.
+    last: dict[str, int] = {}
+    for line in scan_lines(path):
+        if line.data is not None:
+            last[str(line.data.get("conversation_id"))] = line.number
+    counted = set(last.values())
+    summary = Summarizer()
+    for line in scan_lines(path):
+        if line.number in counted:
+            summary.add(validate_line(path, line))
+    return summary.report()

@@ -23,11 +23,12 @@ from convsim.scenarios._criteria import CODE_REFUSED
 from ._errors import ConvsimError, PackError, ResultsError
 from ._packs import load_pack
 from ._records import ConversationResult
-from ._sinks import RunManifest, manifest_path, read_results
+from ._sinks import MAX_LINE_BYTES, RunManifest, manifest_path, read_results
 
 __all__ = ["RecordedRun", "is_results_file", "read_recorded_run"]
 
 _RESULT_KEYS = frozenset({"run_id", "conversation_id", "turns", "status"})
+_RESULTS_START = b'{"schema_version":'
 
 
 class RecordedRun(NamedTuple):
@@ -40,32 +41,34 @@ class RecordedRun(NamedTuple):
 
 def is_results_file(path: Path) -> bool:
     """Whether ``path`` holds convsim results (its first line is a ConversationResult)
-    rather than transcripts. A FIFO or a device is not opened (it is no results file)."""
+    rather than transcripts. A first line that cannot be read as JSON counts as results
+    when it starts as convsim writes them, so that reading it says what is wrong. A FIFO
+    or a device is not opened (it is no results file)."""
     if not path.is_file():
         return False
     try:
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    first = json.loads(line)
-                    return isinstance(first, dict) and first.keys() >= _RESULT_KEYS
-    except (OSError, UnicodeDecodeError, ValueError):
+        with path.open("rb") as fh:
+            while line := fh.readline(MAX_LINE_BYTES + 1):
+                if not line.strip():
+                    continue
+                if line.lstrip().startswith(_RESULTS_START):
+                    return True
+                first = json.loads(line)
+                return isinstance(first, dict) and first.keys() >= _RESULT_KEYS
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return False
     return False
 
 
 def read_recorded_run(path: Path, *, allow_code: bool = False) -> RecordedRun:
     """The conversations of a results file; a conversation recorded more than once (a
-    resumed run) counts by its last line. The run's pack is loaded again with
+    retried one) counts by its last line. The run's pack is loaded again with
     ``allow_code`` (a results file cannot allow code by itself).
 
     Raises:
         ResultsError: the file cannot be read, or a line is not a convsim result.
     """
-    latest: dict[str, ConversationResult] = {}
-    for result in read_results(path):
-        latest.pop(result.conversation_id, None)
-        latest[result.conversation_id] = result
+    latest = {result.conversation_id: result for result in read_results(path)}
     if not latest:
         raise ResultsError(f"{path}: holds no conversations")
     notes: list[str] = []
@@ -109,7 +112,7 @@ def _pack_of(
     if manifest_file.exists():
         try:
             manifest = RunManifest.model_validate_json(manifest_file.read_text(encoding="utf-8"))
-        except (OSError, ValidationError):
+        except (OSError, UnicodeDecodeError, ValidationError, RecursionError):
             manifest = None
         if manifest is not None:
             name = manifest.pack

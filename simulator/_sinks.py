@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 import anyio
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticSerializationError
 
-from ._errors import ResultsError
-from ._records import ConversationResult, Status
+from ._errors import ConfigError, ResultsError
+from ._log import get_logger
+from ._records import ConversationResult, Status, TerminationReason
 
-__all__ = ["ResultSink", "RunManifest", "JsonlSink", "read_results", "manifest_path", "versions"]
+__all__ = [
+    "ResultSink",
+    "RunManifest",
+    "JsonlSink",
+    "ResultsLock",
+    "iter_results",
+    "read_results",
+    "manifest_path",
+    "versions",
+]
+
+log = get_logger("convsim.sinks")
 
 #: Settings that change what a conversation's result is: a resumed file must match them.
 RESULT_SETTINGS = (
@@ -50,6 +66,14 @@ def _shaping(value: Any) -> Any:
 
 #: Statuses whose conversations ``--resume`` runs again (they never finished).
 RERUN_ON_RESUME = frozenset({Status.CANCELLED})
+
+#: Endings ``--retry-failed`` runs again: failures outside the model. A conversation
+#: timeout is not one: the deadline is a setting of the evaluation, and what it ended
+#: with is the conversation's result.
+RETRIED_ON_REQUEST = frozenset({TerminationReason.INFRASTRUCTURE_ERROR})
+
+_RERUN = frozenset(s.value for s in RERUN_ON_RESUME)
+_RETRIED = frozenset(r.value for r in RETRIED_ON_REQUEST)
 
 
 def versions() -> dict[str, str]:
@@ -108,11 +132,87 @@ def manifest_path(results: Path) -> Path:
     return results.with_name(results.name.removesuffix(".jsonl") + ".manifest.json")
 
 
+def lock_path(results: Path) -> Path:
+    """``runs/x.jsonl`` -> ``runs/x.jsonl.lock``: what the one writer of a file holds."""
+    return results.with_name(results.name + ".lock")
+
+
+class ResultsLock:
+    """One writer per results file: an exclusive lock on ``FILE.lock`` beside it.
+
+    The lock is the operating system's (``flock``, through filelock): a process that
+    dies, even by SIGKILL, releases it, so it is never stale. The lock file stays after
+    release (removing it would let two writers lock two files of one name). Two
+    instances exclude each other, in one process as in two; one instance may be
+    acquired again (it counts).
+    """
+
+    def __init__(self, results: str | Path, *, required: bool = True) -> None:
+        self.results = Path(results)
+        self.path = lock_path(self.results)
+        self.required = required
+        """False: where no lock file can be made (a read-only folder) go on without one."""
+        self._lock = FileLock(self.path, blocking=False, thread_local=False)
+        self._unlocked_holds = 0
+
+    @property
+    def held(self) -> bool:
+        return self._lock.is_locked or self._unlocked_holds > 0
+
+    def acquire(self) -> None:
+        """Take the lock at once, or raise ResultsError saying who holds it."""
+        try:
+            self._lock.acquire()
+        except Timeout:
+            raise ResultsError(
+                f"{self.results}: is being written by another convsim run "
+                f"(pid {self._holder()}?); wait for it to finish, or use another file"
+            ) from None
+        except OSError as exc:
+            if not self.required:
+                self._unlocked_holds += 1
+                return
+            raise ResultsError(
+                f"{self.results}: cannot write results: cannot make its lock file "
+                f"{self.path.name}: {exc.strerror or exc}"
+            ) from None
+        if self._lock.lock_counter == 1:
+            with contextlib.suppress(OSError):  # who holds it is a courtesy, not the lock
+                self.path.write_text(f"{os.getpid()}\n", encoding="ascii")
+
+    def release(self) -> None:
+        if self._unlocked_holds:
+            self._unlocked_holds -= 1
+        elif self._lock.is_locked:
+            self._lock.release()
+
+    def _holder(self) -> str:
+        try:
+            text = self.path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return "unknown"
+        return text if text.isdigit() else "unknown"
+
+    def __enter__(self) -> ResultsLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
 def _atomic_write(path: Path, text: str) -> None:
+    data = text.encode("utf-8")
+    _atomic_fill(path, lambda fh: fh.write(data))
+
+
+def _atomic_fill(path: Path, fill: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` through a temporary file beside it that replaces it in one step:
+    a failure (a full disk) leaves the old file as it was, and no temporary file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -121,64 +221,194 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def _scan(path: Path) -> Iterator[tuple[int, str, dict[str, Any] | None]]:
-    """(line number, raw line, parsed object or None if torn) for each line.
+MAX_LINE_BYTES = 256 * 1024 * 1024
+"""The longest results line read; a longer one is refused, not read into memory (a
+200-turn conversation takes about 0.3 MB)."""
 
-    Only the last line may be torn (no newline, or not JSON): a crash mid-write leaves
-    that. Any other bad line means the file was damaged some other way.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+class ResultLine(NamedTuple):
+    """One line of a results file, parsed but not validated."""
+
+    number: int
+    """1-based."""
+    data: dict[str, Any] | None
+    """The JSON object, or None for a torn last line (a crash mid-write)."""
+
+
+def scan_lines(path: Path) -> Iterator[ResultLine]:
+    """The lines of a results file, read one at a time.
+
+    Only the last line may be torn (no newline at its end, and not JSON): a crash
+    mid-write leaves that. Any other bad line means the file was damaged some other way:
+    ResultsError names the file, the line and what is wrong.
     """
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    complete, tail = lines[:-1], lines[-1]
-    for i, raw in enumerate(complete, start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield i, raw.decode("utf-8"), json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            if i == len(complete) and not tail:
-                yield i, "", None
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read results: {exc.strerror or exc}") from None
+    with fh:
+        number = 0
+        while True:
+            try:
+                raw = fh.readline(MAX_LINE_BYTES + 1)
+            except OSError as exc:
+                raise ResultsError(f"{path}: cannot read results: {exc.strerror or exc}") from None
+            if not raw:
                 return
-            raise ResultsError(
-                f"{path}:{i}: not a valid result line; the file is damaged"
-            ) from None
-    if tail.strip():
-        yield len(complete) + 1, "", None
+            number += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise ResultsError(
+                    f"{path}:{number}: a line longer than {MAX_LINE_BYTES} bytes; "
+                    "the file is damaged"
+                )
+            if not raw.strip():
+                continue
+            try:
+                data = _parse(raw)
+            except _BadLine as bad:
+                if raw.endswith(b"\n"):
+                    raise ResultsError(f"{path}:{number}: {bad}; the file is damaged") from None
+                data = None  # torn: a line without its newline is the file's last
+            yield ResultLine(number, data)
 
 
-def read_results(path: str | Path) -> list[ConversationResult]:
-    """Every complete result in a JSONL results file (a torn last line is ignored)."""
+class _BadLine(Exception):
+    """What is wrong with one line."""
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _BadLine(f"not a valid result line (invalid UTF-8 at byte {exc.start + 1})") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise _BadLine("not a valid result line (JSON nested too deeply)") from None
+    except json.JSONDecodeError as exc:
+        raise _BadLine(f"not a valid result line ({exc.msg} at column {exc.colno})") from None
+    except ValueError as exc:  # an integer longer than Python converts (4300 digits)
+        what = "an integer with too many digits" if "digits" in str(exc) else str(exc)
+        raise _BadLine(f"not a valid result line ({what})") from None
+    if not isinstance(data, dict):
+        raise _BadLine(f"not a convsim result (a JSON {type(data).__name__}, not an object)")
+    if _SURROGATE_ESCAPE.search(raw):  # "\ud83d", as another tool may write it
+        try:
+            data = _repaired(data)
+        except RecursionError:
+            raise _BadLine("not a valid result line (JSON nested too deeply)") from None
+    return data
+
+
+def _repaired(value: Any) -> Any:
+    """``value`` with every string made encodable: a surrogate pair split into two
+    characters is joined, a lone surrogate becomes U+FFFD."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_repaired(k): _repaired(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_repaired(v) for v in value]
+    return value
+
+
+def validate_line(path: Path, line: ResultLine) -> ConversationResult:
+    """The result on ``line``; ResultsError names the file, line and fields if it is not
+    one."""
+    try:
+        return ConversationResult.model_validate(line.data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: "
+            f"{err['msg'].removeprefix('Value error, ')}"
+            for err in errors[:3]
+        )
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise ResultsError(f"{path}:{line.number}: not a convsim result: {fields}{more}") from None
+    except RecursionError:
+        raise ResultsError(f"{path}:{line.number}: JSON nested too deeply") from None
+
+
+def result_line(result: ConversationResult) -> bytes:
+    """``result`` as one UTF-8 JSON line. Text that cannot be encoded (a lone surrogate:
+    half an emoji) is repaired, never a reason to lose the result."""
+    try:
+        return result.model_dump_json().encode("utf-8") + b"\n"
+    except (PydanticSerializationError, UnicodeEncodeError):
+        log.warning("result_text_repaired", conversation_id=result.conversation_id)
+        data = _repaired(result.model_dump(mode="json"))
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def iter_results(path: str | Path) -> Iterator[ConversationResult]:
+    """Every complete result of a JSONL results file in file order, one at a time,
+    superseded ones included (:func:`read_results` gives the ones that count)."""
     path = Path(path)
     if not path.exists():
         raise ResultsError(f"{path}: no such results file")
-    results = []
-    for lineno, _raw, obj in _scan(path):
-        if obj is None:
-            continue
-        try:
-            results.append(ConversationResult.model_validate(obj))
-        except ValidationError as exc:
-            raise ResultsError(
-                f"{path}:{lineno}: not a convsim result ({exc.error_count()} errors)"
-            ) from None
-    return results
+    for line in scan_lines(path):
+        if line.data is not None:
+            yield validate_line(path, line)
+
+
+def read_results(path: str | Path) -> list[ConversationResult]:
+    """The results of a JSONL results file that count: a conversation recorded more
+    than once (retried with ``--retry-failed``) by its last line, in the order of those
+    lines. A torn last line is ignored."""
+    latest: dict[str, ConversationResult] = {}
+    for result in iter_results(path):
+        latest.pop(result.conversation_id, None)
+        latest[result.conversation_id] = result
+    return list(latest.values())
+
+
+class _Latest(NamedTuple):
+    """The line that counts for one conversation, as resuming sorts it."""
+
+    number: int
+    status: object
+    termination_reason: object
 
 
 class JsonlSink:
-    """Appends one JSON line per finished conversation, flushed as it is written.
+    """Appends one JSON line per finished conversation, written as it finishes.
 
-    Each line is written with a single write and flushed, so a killed process leaves at
-    most one torn last line. With ``resume=True`` an existing file is continued: the
-    torn line and CANCELLED conversations are dropped (they run again), everything else
-    is kept and its conversation ids skipped, so no conversation is recorded twice.
+    Each line is written whole, and a write that fails part-way (a full disk) is cut
+    back off, so a file only ever ends in at most one torn line (a killed process). The
+    file is locked (:class:`ResultsLock`) from :meth:`prepare` or :meth:`open` until
+    :meth:`close`: a second run on it is refused.
+
+    With ``resume=True`` an existing file is continued: a conversation's last line is
+    the one that counts; CANCELLED conversations run again, and with
+    ``retry_failed=True`` so do those that failed for infrastructure reasons
+    (``termination_reason`` ``infrastructure_error``; a conversation timeout is a
+    result, not retried). Superseded lines, the torn line and CANCELLED lines are
+    dropped by rewriting the file atomically; a retried conversation's failed line is
+    kept until its new line supersedes it.
     """
 
-    def __init__(self, path: str | Path, *, resume: bool = False, overwrite: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        retry_failed: bool = False,
+    ) -> None:
+        if retry_failed and not resume:
+            raise ConfigError("retry_failed=True needs resume=True (it continues a file)")
         self.path = Path(path)
         self.resume = resume
         self.overwrite = overwrite
+        self.retry_failed = retry_failed
+        self.lock = ResultsLock(self.path)
+        """Held while the sink writes; a caller may hold it longer (``with sink.lock:``)."""
         self._fh: Any = None
         self._prepared = False
+        self._broken: str | None = None
         self.written = 0
 
     @property
@@ -186,22 +416,30 @@ class JsonlSink:
         return manifest_path(self.path)
 
     def prepare(self) -> None:
-        """Check the output can be written; raise ResultsError early if not."""
+        """Lock the file and check it can be written; raise ResultsError early if not."""
         if self._prepared:
             return
         if self.path.exists() and self.path.is_dir():
             raise ResultsError(f"{self.path}: is a folder; --out needs a file path")
-        if self.path.exists() and not (self.resume or self.overwrite):
-            raise ResultsError(
-                f"{self.path}: already exists; pass --resume to continue it, "
-                "or choose another --out"
-            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "ab"):
-                pass
         except OSError as exc:
             raise ResultsError(f"{self.path}: cannot write results: {exc.strerror}") from None
+        self.lock.acquire()
+        try:
+            if self.path.exists() and not (self.resume or self.overwrite):
+                raise ResultsError(
+                    f"{self.path}: already exists; pass --resume to continue it, "
+                    "or choose another --out"
+                )
+            try:
+                with open(self.path, "ab"):
+                    pass
+            except OSError as exc:
+                raise ResultsError(f"{self.path}: cannot write results: {exc.strerror}") from None
+        except BaseException:
+            self.lock.release()
+            raise
         self._prepared = True
 
     async def open(self, manifest: RunManifest) -> set[str]:
@@ -210,66 +448,101 @@ class JsonlSink:
 
     def _open(self, manifest: RunManifest) -> set[str]:
         self.prepare()
-        done: set[str] = set()
-        if self.resume and self.path.stat().st_size:
-            done = self._compact(manifest)
-        elif self.overwrite or not self.resume:
-            self.path.write_bytes(b"")
-        self._write_manifest(manifest)
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._prepared = False  # a later run with this sink checks the file again
+        try:
+            done: set[str] = set()
+            if self.resume and self.path.stat().st_size:
+                done = self._compact(manifest)
+            elif self.overwrite or not self.resume:
+                self.path.write_bytes(b"")
+            self._write_manifest(manifest)
+            self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed in close())
+        except OSError as exc:
+            self.lock.release()
+            raise ResultsError(f"{self.path}: cannot write results: {exc.strerror}") from None
+        except BaseException:
+            self.lock.release()
+            raise
+        self._broken = None
         return done
 
-    def _compact(self, manifest: RunManifest) -> set[str]:
+    def _check_manifest(self, manifest: RunManifest) -> None:
         old = self._read_manifest()
-        if old is not None:
-            if old.pack_hash != manifest.pack_hash:
+        if old is None:
+            return
+        if old.pack_hash != manifest.pack_hash:
+            raise ResultsError(
+                f"{self.path}: was written for pack {old.pack!r} "
+                f"with hash {old.pack_hash[:12]}, "
+                f"but this pack's hash is {manifest.pack_hash[:12]}; the pack changed, so "
+                "resuming would mix results. Use another --out."
+            )
+        checks = [
+            ("model", old.model, manifest.model),
+            ("user model", old.user_model, manifest.user_model),
+        ]
+        checks += [
+            (key, _shaping(old.settings.get(key)), _shaping(manifest.settings.get(key)))
+            for key in RESULT_SETTINGS
+            if key in old.settings
+        ]
+        for what, before, now in checks:
+            if before != now:
                 raise ResultsError(
-                    f"{self.path}: was written for pack {old.pack!r} "
-                    f"with hash {old.pack_hash[:12]}, "
-                    f"but this pack's hash is {manifest.pack_hash[:12]}; the pack changed, so "
-                    "resuming would mix results. Use another --out."
+                    f"{self.path}: was written with {what} {before!r}, not {now!r}; resuming "
+                    "would mix results. Use the same settings or another --out."
                 )
-            checks = [
-                ("model", old.model, manifest.model),
-                ("user model", old.user_model, manifest.user_model),
-            ]
-            checks += [
-                (key, _shaping(old.settings.get(key)), _shaping(manifest.settings.get(key)))
-                for key in RESULT_SETTINGS
-                if key in old.settings
-            ]
-            for what, before, now in checks:
-                if before != now:
-                    raise ResultsError(
-                        f"{self.path}: was written with {what} {before!r}, not {now!r}; resuming "
-                        "would mix results. Use the same settings or another --out."
-                    )
-            manifest.previous_run_ids = [*old.previous_run_ids, old.run_id]
-        keep: list[str] = []
-        done: set[str] = set()
-        dropped = False
-        for lineno, raw, obj in _scan(self.path):
+        manifest.previous_run_ids = [*old.previous_run_ids, old.run_id]
+
+    def _compact(self, manifest: RunManifest) -> set[str]:
+        """The ids to skip; drops what no longer counts, streaming the file twice (ids
+        and statuses in memory, never the results)."""
+        self._check_manifest(manifest)
+        latest: dict[str, _Latest] = {}
+        lines = 0
+        for line in scan_lines(self.path):
+            lines += 1
+            obj = line.data
             if obj is None:
-                dropped = True
                 continue
-            cid, status = obj.get("conversation_id"), obj.get("status")
+            cid = obj.get("conversation_id")
             if not isinstance(cid, str):
                 raise ResultsError(
-                    f"{self.path}:{lineno}: not a convsim result (no conversation_id)"
+                    f"{self.path}:{line.number}: not a convsim result (no conversation_id)"
                 )
             if obj.get("pack_hash") != manifest.pack_hash:
                 raise ResultsError(
-                    f"{self.path}:{lineno}: result of another pack version; use another --out"
+                    f"{self.path}:{line.number}: result of another pack version; use another --out"
                 )
-            if cid in done or status in {s.value for s in RERUN_ON_RESUME}:
-                dropped = True
-                continue
-            done.add(cid)
-            keep.append(raw)
-        if dropped:
-            _atomic_write(self.path, "".join(line + "\n" for line in keep))
+            latest.pop(cid, None)  # the last line of a conversation is the one that counts
+            latest[cid] = _Latest(line.number, obj.get("status"), obj.get("termination_reason"))
+        keep = {entry.number for entry in latest.values() if entry.status not in _RERUN}
+        retried = (
+            {e.number for e in latest.values() if e.termination_reason in _RETRIED}
+            if self.retry_failed
+            else set()
+        )
+        done = {cid for cid, e in latest.items() if e.number in keep and e.number not in retried}
+        if len(keep) < lines:
+            self._rewrite(keep)
         return done
+
+    def _rewrite(self, keep: set[int]) -> None:
+        """Keep only the lines numbered ``keep``, replacing the file in one step."""
+
+        def fill(out: BinaryIO) -> None:
+            with self.path.open("rb") as src:
+                for number, raw in enumerate(src, start=1):
+                    if number in keep:
+                        out.write(raw)
+
+        try:
+            _atomic_fill(self.path, fill)
+        except OSError as exc:
+            raise ResultsError(
+                f"{self.path}: cannot rewrite the results file to resume it: "
+                f"{exc.strerror or exc}; it is unchanged"
+            ) from None
 
     def _read_manifest(self) -> RunManifest | None:
         path = self.manifest_path
@@ -277,29 +550,47 @@ class JsonlSink:
             return None
         try:
             return RunManifest.model_validate_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValidationError) as exc:
-            raise ResultsError(f"{path}: unreadable run manifest: {exc}") from None
+        except (OSError, UnicodeDecodeError, ValidationError, RecursionError) as exc:
+            what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise ResultsError(f"{path}: unreadable run manifest: {what}") from None
 
     def _write_manifest(self, manifest: RunManifest) -> None:
         try:
             _atomic_write(self.manifest_path, manifest.model_dump_json(indent=2) + "\n")
         except OSError as exc:
             raise ResultsError(
-                f"{self.manifest_path}: cannot write the run manifest: {exc.strerror}"
+                f"{self.manifest_path}: cannot write the run manifest: {exc.strerror}; "
+                "the previous one is unchanged"
             ) from None
 
     async def write(self, result: ConversationResult) -> None:
         if self._fh is None:
             raise ResultsError("JsonlSink.write() before open()")
+        if self._broken is not None:
+            raise ResultsError(f"{self.path}: cannot write results: {self._broken}")
+        data = result_line(result)
+        fd = self._fh.fileno()
+        end = os.fstat(fd).st_size
         try:
-            self._fh.write(result.model_dump_json() + "\n")
-            self._fh.flush()
+            view = memoryview(data)
+            while view:
+                view = view[self._fh.write(view) :]
         except OSError as exc:
-            raise ResultsError(f"{self.path}: cannot write results: {exc.strerror}") from None
+            # cut off what did get written, so that a later line cannot follow a torn one
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, end)
+            self._broken = exc.strerror or str(exc)
+            raise ResultsError(
+                f"{self.path}: cannot write results: {self._broken}; "
+                "the results written before are kept"
+            ) from None
         self.written += 1
 
     async def close(self, manifest: RunManifest) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-            self._write_manifest(manifest)
+            try:
+                self._fh.close()
+                self._fh = None
+                self._write_manifest(manifest)
+            finally:
+                self.lock.release()

@@ -260,6 +260,12 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
 )
 @click.option("--resume", is_flag=True, help="Continue --out: skip conversations already recorded.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="With --resume: run again the conversations that failed for infrastructure "
+    "reasons (their new line supersedes the old one).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations."
@@ -325,6 +331,7 @@ def run(
     out: Path | None,
     resume: bool,
     overwrite: bool,
+    retry_failed: bool,
     seed: int,
     limit: int | None,
     metrics: list[str] | None,
@@ -363,13 +370,15 @@ def run(
     from ._config import SimulatorConfig
     from ._packs import load_pack
     from ._runtime import Simulator
-    from ._sinks import JsonlSink, read_results
+    from ._sinks import JsonlSink
     from .adapters import parse_model_args
 
     if resume and overwrite:
         raise click.UsageError("--resume and --overwrite exclude each other")
     if resume and out is None:
         raise click.UsageError("--resume needs --out (the results file to continue)")
+    if retry_failed and not resume:
+        raise click.UsageError("--retry-failed needs --resume (it continues --out)")
     if user_model_args and not user_model_spec:
         raise click.UsageError("--user-model-arg needs --user-model")
     # Validate everything before the results file is created, so that a corrected
@@ -407,7 +416,7 @@ def run(
         out = (
             Path("runs") / f"{loaded.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         )
-    sink = JsonlSink(out, resume=resume, overwrite=overwrite)
+    sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
     tune_gc_for_throughput()
     err = _stderr()
     show_progress = err.is_terminal if progress is None else progress
@@ -415,10 +424,9 @@ def run(
         outcome = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)
     except KeyboardInterrupt:  # before the run's own signal handling (the endpoint check)
         sys.exit(EXIT_INTERRUPTED)
-    from ._report import summarize
+    from ._report import summarize_file
 
-    results = read_results(out)
-    report = summarize(results)
+    report = summarize_file(out)  # line by line: never all results in memory at once
     _print_report(report)
     written = _write_summaries(report, out)
     _stdout().print(
@@ -453,7 +461,9 @@ async def _run_with_progress(
     error: ConvsimError | None = None
     async with simulator as sim:
         # entering checked the endpoints: only now is the results file created
-        sink.prepare()
+        sink.prepare()  # after the endpoint check: a failed check leaves --out alone
+        # one run per results file: prepare() locked it; held until the summary is written
+        click.get_current_context().with_resource(sink.lock)
         handle = sim.run(pack, sink=sink, limit=limit)  # errors here are not wrapped
 
         async def watch_signals() -> None:
@@ -645,6 +655,7 @@ def score(
     for name in metric_names:
         METRICS.get(name)  # unknown names fail before any work
     if is_results_file(recorded):
+        _lock_results(recorded)
         run = read_recorded_run(recorded, allow_code=allow_code)
         loaded, notes = run.transcripts, run.notes
     else:
@@ -723,6 +734,17 @@ def score(
         out_console.print(f"scores: {out}", highlight=False)
 
 
+def _lock_results(results: Path) -> None:
+    """Refuse to read a results file (and write beside it) while a run writes it; the
+    lock is held until the command ends."""
+    from ._errors import ResultsError
+    from ._sinks import ResultsLock
+
+    if not results.is_file():
+        raise ResultsError(f"{results}: no such results file")
+    click.get_current_context().with_resource(ResultsLock(results, required=False))
+
+
 def _score_cell(score: Score) -> str:
     if score.value is not None:
         return f"{score.value:.4g}"
@@ -734,10 +756,10 @@ def _score_cell(score: Score) -> str:
 @clear_errors
 def report(results: Path) -> None:
     """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it."""
-    from ._report import summarize
-    from ._sinks import read_results
+    from ._report import summarize_file
 
-    summary = summarize(read_results(results))
+    _lock_results(results)
+    summary = summarize_file(results)
     _print_report(summary)
     written = _write_summaries(summary, results)
     _stdout().print(f"summary: {written.json_path}, {written.markdown_path}", highlight=False)

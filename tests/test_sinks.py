@@ -151,8 +151,8 @@ async def test_manifest_beside_the_results(tmp_path: Path) -> None:
     assert manifest.statistics is not None
     assert manifest.statistics["done"] == 3 and manifest.statistics["finished"] == 3
     assert manifest.previous_run_ids == []
-    # No temporary files are left beside it.
-    assert listing(tmp_path) == ["pack", "x.jsonl", "x.manifest.json"]
+    # No temporary files are left beside it; the lock file stays (see ResultsLock).
+    assert listing(tmp_path) == ["pack", "x.jsonl", "x.jsonl.lock", "x.manifest.json"]
 
 
 # -- refusing to overwrite, unwritable paths ----------------------------------------

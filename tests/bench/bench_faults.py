@@ -3,7 +3,8 @@
 Run: python tests/bench/bench_faults.py [--conversations 500] [--fault-rate 0.2]
 
 Starts the mock server injecting ``--fault-rate`` faults (by default an equal mix of
-429, 500, dropped connections, malformed 200 answers and streams that break midway),
+every kind it has: 429, 500, dropped connections, malformed 200 answers, HTML pages,
+streams that break midway, half emoji),
 runs ``convsim run`` on N ten-turn conversations against it as a user would (a separate
 process, streaming), then ``convsim run --resume --retry-failed`` on the same file, and
 prints for each pass: conversations DONE, FAILED by cause, hung (the process did not
@@ -32,7 +33,10 @@ from bench_runtime import write_pack
 from convsim._sinks import read_results
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 
-DEFAULT_FAULTS = "429,500,drop,malformed,mid_stream"
+DEFAULT_FAULTS = (
+    "429,500,drop,malformed,html,truncated_sse,stream_error,stream_drop,"
+    "lone_surrogate,split_surrogate"
+)
 
 
 def _run(args: list[str], timeout: float) -> tuple[int | None, float, str]:

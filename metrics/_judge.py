@@ -17,7 +17,6 @@ never caught.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -161,10 +160,11 @@ def combine_grades(grades: list[int], how: Literal["mean", "majority"]) -> float
 
 def parse_grade(text: str) -> Grade:
     """The grade in a judge's answer; ValueError if it is not strict JSON."""
-    match = re.search(r"\{.*\}", text, re.DOTALL)
-    if match is None:
+    # the outermost braces, found in linear time (a regex search is quadratic on "{{{...")
+    start, end = text.find("{"), text.rfind("}")
+    if not 0 <= start < end:
         raise ValueError("no JSON object")
-    data = json.loads(match.group(0))
+    data = json.loads(text[start : end + 1])
     score = data.get("score") if isinstance(data, dict) else None
     if isinstance(score, bool) or not isinstance(score, (int, float)) or score != int(score):
         raise ValueError("score is not an integer")

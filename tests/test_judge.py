@@ -41,6 +41,8 @@ def test_parse_grade_accepts_strict_json(text: str, grade: tuple[int, str]) -> N
         '{"score": true}',
         '{"score": 3.5}',
         '{"grade": 4}',
+        "} before {",
+        "{" * 200_000,  # an answer of braces: refused in linear time, not quadratic
     ],
 )
 def test_parse_grade_refuses_anything_else(text: str) -> None:

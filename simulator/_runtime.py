@@ -724,10 +724,12 @@ def run_sync(
     *,
     out: str | Path | None = None,
     resume: bool = False,
+    retry_failed: bool = False,
     limit: int | None = None,
     **simulator_args: Any,
 ) -> list[ConversationResult]:
-    """Run a pack from synchronous code and return every result.
+    """Run a pack from synchronous code and return every result (with ``out``, those
+    of this run; ``resume`` and ``retry_failed`` as for :class:`JsonlSink`).
 
     Refuses to run inside a running event loop: use ``async with Simulator(...)`` there.
     """
@@ -742,7 +744,7 @@ def run_sync(
         )
 
     async def main() -> list[ConversationResult]:
-        sink = JsonlSink(out, resume=resume) if out is not None else None
+        sink = JsonlSink(out, resume=resume, retry_failed=retry_failed) if out is not None else None
         async with Simulator(model, **simulator_args) as sim:
             handle = sim.run(pack, sink=sink, limit=limit)
             return [result async for result in handle]

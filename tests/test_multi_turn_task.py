@@ -409,3 +409,17 @@ def test_a_configured_instance_is_refused_under_lm_eval(tmp_path: Path) -> None:
     task = MyConversationTask({"dataset_path": str(PACK / "scenarios.jsonl")})
     with pytest.raises(ConfigError, match="loads the registered class"):
         task.lm_eval_context(task.test_docs()[0])
+
+
+def test_a_tasks_files_run_code_only_when_the_class_allows_it(tmp_path: Path) -> None:
+    config = _task_files(tmp_path, "    - turn_id: a\n      prompt_template: hi\n")
+    goal = {"description": "d", "all_of": [{"kind": "python", "value": "shutil:rmtree"}]}
+    scenario = {"scenario_id": "s1", "scenario_description": "d", "goal": goal}
+    (tmp_path / "scenarios.jsonl").write_text(json.dumps(scenario) + "\n")
+    with pytest.raises(PackError, match=r"scenarios\.jsonl:1: goal\.all_of\.0\.value"):
+        MultiTurnTask(config).to_pack()
+
+    class Trusted(MultiTurnTask):
+        ALLOW_CODE = True
+
+    assert len(Trusted(config).to_pack()) == 1

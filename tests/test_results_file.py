@@ -551,3 +551,20 @@ def test_a_torn_last_line_is_still_ignored_but_a_complete_bad_one_is_not(tmp_pat
     path.write_bytes(valid[0] + b"\n" + b"9" * 5000 + b"\n")
     with pytest.raises(ResultsError, match=":2: "):
         read_results(path)
+
+
+def test_run_sync_retries_failed_conversations(tmp_path: Path) -> None:
+    out = tmp_path / "qa.jsonl"
+    first = convsim.run_sync("single_turn_qa", "scripted", out=out, model_args={"fail_rate": 0.3})
+    failed = {r.conversation_id for r in first if r.status is Status.FAILED}
+    assert failed
+    again = convsim.run_sync(
+        "single_turn_qa",
+        "scripted",
+        out=out,
+        resume=True,
+        retry_failed=True,
+        model_args={"fail_rate": 0.3},
+    )
+    assert {r.conversation_id for r in again} == failed  # only the failed ones ran again
+    assert len(read_results(out)) == 30

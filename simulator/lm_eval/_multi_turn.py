@@ -82,6 +82,9 @@ class MultiTurnTask(AdvancedTask):
 
     DATASET_PATH: str | None = "scenarios.jsonl"
     TURN_CONFIG_PATH: str | None = "turn_configs.yml"
+    ALLOW_CODE: bool = False
+    """Let the task's files run the code they name (``python`` goal criteria), as
+    ``--allow-code`` does for a pack: set it on a subclass whose files you trust."""
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
@@ -297,7 +300,9 @@ class MultiTurnTask(AdvancedTask):
     def to_pack(self) -> Pack:
         """A multi-turn pack: one conversation per document, prompted by the task's
         hooks and scored by its ``evaluate_conversation`` through ``task:<key>``."""
-        base, flows = load_multi_turn_files(self.dataset_file(), self.turn_config_file(), METRICS)
+        base, flows = load_multi_turn_files(
+            self.dataset_file(), self.turn_config_file(), METRICS, allow_code=self.ALLOW_CODE
+        )
         for scenario_type, flow in flows.items():
             for turn in flow.turns:
                 own = [

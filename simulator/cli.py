@@ -654,6 +654,10 @@ def score(
 
     for name in metric_names:
         METRICS.get(name)  # unknown names fail before any work
+    if out is not None and is_results_file(out):  # scores would replace its results
+        from ._errors import ResultsError
+
+        raise ResultsError(f"{out}: is a results file of convsim run; --out needs another file")
     if is_results_file(recorded):
         _lock_results(recorded)
         run = read_recorded_run(recorded, allow_code=allow_code)

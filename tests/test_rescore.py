@@ -140,3 +140,18 @@ def test_an_lm_eval_task_run_is_scored_again_with_its_references(
     output, rows = _score(out, "exact_match", tmp_path, "--allow-code")  # lm-eval task files
     assert "note:" not in output
     assert [row["scores"]["exact_match"]["value"] for row in rows] == [1.0] * 3  # type: ignore[index]
+
+
+@pytest.mark.parametrize("target", ["itself", "another run"])
+def test_scores_never_replace_a_results_file(tmp_path: Path, target: str) -> None:
+    path = _run(tmp_path, limit=2)
+    kept = path.read_bytes()
+    other = path if target == "itself" else tmp_path / "other.jsonl"
+    if other != path:
+        shutil.copy(path, other)
+    result = CliRunner().invoke(
+        main, ["score", str(path), "--metrics", "response_length", "--out", str(other)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "results file" in result.output and "Traceback" not in result.output
+    assert path.read_bytes() == kept and other.read_bytes() == kept

@@ -99,7 +99,7 @@ def run_verdict(stats: RunStatistics, *, interrupted: bool, max_failure_rate: fl
         return RunVerdict(
             EXIT_ENDPOINT_UNREACHABLE,
             f"stopped early: {stats.stopped_early}; {left} conversations not started — "
-            "run again with --resume once the endpoint is back",
+            "run again with --resume --retry-failed once the endpoint is back",
         )
     attempted = stats.done + stats.failed + stats.timed_out
     failures = stats.infrastructure_failures

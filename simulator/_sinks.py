@@ -67,10 +67,12 @@ def _shaping(value: Any) -> Any:
 #: Statuses whose conversations ``--resume`` runs again (they never finished).
 RERUN_ON_RESUME = frozenset({Status.CANCELLED})
 
-#: Endings ``--retry-failed`` runs again: failures outside the model. A conversation
-#: timeout is not one: the deadline is a setting of the evaluation, and what it ended
-#: with is the conversation's result.
-RETRIED_ON_REQUEST = frozenset({TerminationReason.INFRASTRUCTURE_ERROR})
+#: Endings ``--retry-failed`` runs again: failures outside the model, the ones that
+#: count against ``--max-failure-rate``: infrastructure errors and conversation timeouts
+#: (a slow or stalled server; the retry keeps the same deadline).
+RETRIED_ON_REQUEST = frozenset(
+    {TerminationReason.INFRASTRUCTURE_ERROR, TerminationReason.CONVERSATION_TIMEOUT}
+)
 
 _RERUN = frozenset(s.value for s in RERUN_ON_RESUME)
 _RETRIED = frozenset(r.value for r in RETRIED_ON_REQUEST)

@@ -135,6 +135,30 @@ async def test_retry_failed_reruns_infrastructure_failures_only(tmp_path: Path) 
 
 
 @pytest.mark.anyio
+async def test_retry_failed_reruns_conversation_timeouts(tmp_path: Path) -> None:
+    """A timeout counts against --max-failure-rate, so --retry-failed runs it again."""
+
+    class Stalled(Flaky):
+        async def generate(
+            self, messages: Sequence[Message], params: GenerationParams
+        ) -> Completion:
+            if params.metadata["conversation_id"] == "c01":
+                await anyio.sleep_forever()  # a server that never answers
+            return await super().generate(messages, params)
+
+    pack = write_pack(tmp_path / "pack", 3, turns=2)
+    out = tmp_path / "x.jsonl"
+    async with Simulator(Stalled(), conversation_timeout=0.05) as sim:
+        first = [r async for r in sim.run(pack, sink=JsonlSink(out))]
+    assert {r.conversation_id: r.status for r in first}["c01"] is Status.TIMED_OUT
+    async with Simulator(Flaky(), conversation_timeout=0.05) as sim:
+        sink = JsonlSink(out, resume=True, retry_failed=True)
+        retried = [r async for r in sim.run(pack, sink=sink)]
+    assert [(r.conversation_id, r.status) for r in retried] == [("c01", Status.DONE)]
+    assert {r.status for r in read_results(out)} == {Status.DONE}
+
+
+@pytest.mark.anyio
 async def test_a_retry_that_fails_again_still_counts_once(tmp_path: Path) -> None:
     pack = write_pack(tmp_path / "pack", 3)
     out = tmp_path / "x.jsonl"

@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializationInfo,
     SerializerFunctionWrapHandler,
     field_serializer,
     model_validator,
@@ -307,10 +308,16 @@ class ConversationResult(BaseModel):
 
     @field_serializer("turns", mode="wrap")
     def _store_messages_once(
-        self, turns: tuple[TurnRecord, ...], handler: SerializerFunctionWrapHandler
+        self,
+        turns: tuple[TurnRecord, ...],
+        handler: SerializerFunctionWrapHandler,
+        info: SerializationInfo,
     ) -> Any:
-        """Each turn's messages as the transcript messages they start with (a count)
-        and the rest, instead of the whole history again for every turn."""
+        """In JSON (the results file), each turn's messages as the transcript messages
+        they start with (a count) and the rest, instead of the whole history again for
+        every turn. A Python dump keeps every turn's messages whole."""
+        if not info.mode_is_json():
+            return handler(turns)
         transcript = self.transcript
         shared = [_shared_prefix(turn.messages, transcript) for turn in turns]
         trimmed = []

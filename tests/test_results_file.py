@@ -325,6 +325,20 @@ async def test_a_line_grows_linearly_with_the_conversation(tmp_path: Path) -> No
     assert sizes[40] < 5 * sizes[10]  # 4x the turns: about 4x the bytes, not 16x
 
 
+def test_a_python_dump_keeps_every_turns_messages_whole() -> None:
+    """Only the file (JSON) stores each message once; a dict for a DataFrame or an
+    export of one's own has each turn's full history, and validates back the same."""
+    result = max(read_results(DATA / "results_v1.jsonl"), key=lambda r: len(r.transcript))
+    assert max(len(t.messages) for t in result.turns) > 2
+    dumped = result.model_dump()
+    assert [len(t["messages"]) for t in dumped["turns"]] == [len(t.messages) for t in result.turns]
+    assert all("messages_prefix" not in t for t in dumped["turns"])
+    assert ConversationResult.model_validate(dumped).turns == result.turns
+    as_json = result.model_dump(mode="json")
+    assert max(t["messages_prefix"] for t in as_json["turns"]) > 2
+    assert ConversationResult.model_validate(as_json).turns == result.turns
+
+
 def test_results_written_before_still_read_and_summarise_the_same() -> None:
     """tests/data/results_v1.jsonl was written by the previous version (schema 1, every
     turn's messages in full); results_v1.summary.json is what it summarised them to."""

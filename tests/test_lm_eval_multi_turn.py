@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from _lm_eval_cli import invoke_lm_eval
 
-from convsim import run_sync
+from convsim import PackError, run_sync
 from convsim.lm_eval._export import CONVERSATION_MARKER, export_lm_eval_tasks
 from convsim.scenarios import load_pack
 
@@ -115,3 +115,47 @@ def test_the_late_check_still_names_the_model_it_needs() -> None:
     assert conversation_scores(TASK, '{"coherence": 0.5, "x": 1}', ["coherence"]) == {
         "coherence": 0.5
     }
+
+
+def test_a_pack_with_code_is_exported_and_run_only_when_allowed(
+    tmp_path: Path, offline: None
+) -> None:
+    from click.testing import CliRunner
+
+    from convsim.cli import main
+
+    folder = tmp_path / "coded"
+    folder.mkdir()
+    (folder / "turn_configs.yml").write_text(
+        "default:\n  turns:\n    - turn_id: a\n      prompt_template: 'Hello, I am {name}'\n"
+    )
+    goal = {"description": "any answer", "all_of": [{"kind": "python", "value": "operator:is_not"}]}
+    row = {"scenario_id": "s1", "scenario_description": "d", "variables": {"name": "Ada"}}
+    (folder / "scenarios.jsonl").write_text(json.dumps({**row, "goal": goal}) + "\n")
+    out = tmp_path / "tasks"
+    refused = CliRunner().invoke(main, ["lm-eval-tasks", str(folder), "--out", str(out)])
+    assert refused.exit_code == 2 and "goal.all_of.0.value" in refused.output
+    allowed = CliRunner().invoke(
+        main, ["lm-eval-tasks", str(folder), "--out", str(out), "--allow-code"]
+    )
+    assert allowed.exit_code == 0, allowed.output
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from convsim.lm_eval import register_lm_eval_model
+
+    register_lm_eval_model()
+
+    def evaluate(model_args: str) -> Any:
+        manager = TaskManager(include_path=str(out), include_defaults=False)
+        tasks = ["multi_turn_scenarios_coded"]
+        return simple_evaluate(model="convsim", model_args=model_args, tasks=tasks,
+                               task_manager=manager)  # fmt: skip
+
+    with pytest.raises(
+        PackError, match=r"goal\.all_of\.0\.value: .operator:is_not. runs Python code"
+    ):
+        evaluate("model=scripted")
+    got = evaluate("model=scripted,allow_code=true")["results"]["multi_turn_scenarios_coded"]
+    assert got["goal_achievement,none"] == 1.0  # the checker ran

@@ -67,14 +67,20 @@ def lm_eval_command(args: tuple[str, ...]) -> None:
     show_default=True,
     help="Folder to write the task files into (lm-eval's --include_path).",
 )
+@click.option(
+    "--allow-code",
+    is_flag=True,
+    help="Export packs that run code they name (python goal criteria); their "
+    "conversations then run only with --model_args ...,allow_code=true.",
+)
 @clear_errors
-def lm_eval_tasks_command(packs: tuple[str, ...], out: Path) -> None:
+def lm_eval_tasks_command(packs: tuple[str, ...], out: Path, allow_code: bool) -> None:
     """Write every bundled pack (and each PACK_OR_FOLDER given) as an lm-eval task:
     single_turn_scenarios_<pack> or multi_turn_scenarios_<pack>."""
     from ._export import export_lm_eval_tasks
 
     console = stdout()
-    for task in export_lm_eval_tasks(list(packs), out):
+    for task in export_lm_eval_tasks(list(packs), out, allow_code=allow_code):
         console.print(
             f"{task.task}: {task.yaml_path} (metrics: {', '.join(task.metrics)})",
             highlight=False,

@@ -405,15 +405,20 @@ def export_pack(pack: Pack, out: Path) -> ExportedTask:
 
 
 def export_lm_eval_tasks(
-    packs: Sequence[str | Path] = (), out: str | Path = "lm_eval_tasks"
+    packs: Sequence[str | Path] = (),
+    out: str | Path = "lm_eval_tasks",
+    *,
+    allow_code: bool = False,
 ) -> list[ExportedTask]:
     """Every bundled pack (single- and multi-turn) plus each pack named in ``packs``,
-    written into ``out``; pass ``out`` as lm-eval's ``--include_path``."""
+    written into ``out``; pass ``out`` as lm-eval's ``--include_path``. A pack that
+    names code is exported only with ``allow_code`` (and its conversations run only
+    with the convsim model's ``allow_code=true``)."""
     loaded: dict[Path, Pack] = {}
     for info in list_packs():
         pack = load_pack(info.path, metric_names=METRICS)
         loaded[pack.path.resolve()] = pack
     for name in packs:
-        pack = load_pack(name, metric_names=METRICS)
+        pack = load_pack(name, metric_names=METRICS, allow_code=allow_code)
         loaded[pack.path.resolve()] = pack
     return [export_pack(pack, Path(out)) for pack in loaded.values()]

@@ -142,6 +142,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         device: Any = None,
         seed: int | str = 0,
         user_model: str | None = None,
+        allow_code: bool | str = False,
         **adapter_args: Any,
     ) -> None:
         # batch_size, max_batch_size and device come from lm-eval's own options; an API
@@ -170,6 +171,9 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         """The run seed of multi-turn conversations (as ``convsim run --seed``)."""
         self.user_model = str(user_model) if user_model else None
         """The simulated user's spec, for multi-turn packs with user turns."""
+        self.allow_code = str(allow_code).lower() in ("true", "1", "yes")
+        """Let multi-turn packs run the code they name (``allow_code=true``), as
+        ``convsim run --allow-code``."""
         self.failures: list[FailedRequest] = []
         """Every failed request of every call so far."""
         self.usage = Usage()
@@ -329,6 +333,7 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             user_model=self.user_model,
             concurrency=self.concurrency,
             seed=self.seed,
+            allow_code=self.allow_code,
         ) as sim:
             handles = [(pack_ref, sim.run(pack_ref, only=ids)) for pack_ref, ids in by_pack.items()]
             for pack_ref, handle in handles:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from ._records import RequestRecord
-from ._slo import SLOs, Goodput, goodput
+from ._slo import Goodput, SLOs, goodput
 from ._stats import LatencySummary, summarize
 
 __all__ = [

@@ -24,6 +24,7 @@ PACKAGES = [
     "convsim.metrics",
     "convsim.scenarios",
     "convsim.lm_eval",
+    "convsim.load",
 ]
 
 

@@ -1,0 +1,105 @@
+"""Load testing: multi-turn sessions against a model server, measured like a serving
+benchmark.
+
+The building blocks, pure and independent of the runtime:
+
+- arrival schedules computed in advance (:func:`arrival_schedule`, :func:`read_trace`);
+- token-count and think-time distributions (:func:`parse_distribution`) and synthetic
+  workloads (:func:`parse_synthetic`);
+- latency statistics over raw, mergeable samples (:class:`Samples`, :func:`summarize`);
+- SLOs and goodput (:func:`parse_slos`, :func:`goodput`);
+- per-request records (:class:`RequestRecord`) and the versioned JSON result
+  (:func:`point_result`, :func:`sweep_result`, :class:`LoadResult`).
+
+Names are imported on first use, so ``import convsim.load`` costs nothing until then.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from convsim._lazy import lazy_module as _lazy_module
+
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "._arrivals": [
+            "ARRIVAL_PATTERNS",
+            "ArrivalPattern",
+            "Schedule",
+            "arrival_schedule",
+            "read_trace",
+        ],
+        "._distributions": [
+            "AnyDistribution",
+            "Distribution",
+            "Exponential",
+            "Fixed",
+            "LogNormal",
+            "Normal",
+            "SyntheticWorkload",
+            "Uniform",
+            "parse_distribution",
+            "parse_synthetic",
+        ],
+        "._stats": ["LatencySummary", "Samples", "summarize"],
+        "._records": ["RequestRecord"],
+        "._slo": ["SLO", "SLOs", "SLOMetric", "SLOStatistic", "Goodput", "goodput", "parse_slos"],
+        "._result": [
+            "SCHEMA_VERSION",
+            "LatencyMs",
+            "LoadResult",
+            "PointResult",
+            "RequestCounts",
+            "SweepResult",
+            "Throughput",
+            "TurnFigures",
+            "TurnLatency",
+            "Window",
+            "point_result",
+            "sweep_result",
+        ],
+    },
+)
+__getattr__, __dir__ = _public.getattr, _public.dir
+
+if TYPE_CHECKING:
+    from ._arrivals import ARRIVAL_PATTERNS as ARRIVAL_PATTERNS
+    from ._arrivals import ArrivalPattern as ArrivalPattern
+    from ._arrivals import Schedule as Schedule
+    from ._arrivals import arrival_schedule as arrival_schedule
+    from ._arrivals import read_trace as read_trace
+    from ._distributions import AnyDistribution as AnyDistribution
+    from ._distributions import Distribution as Distribution
+    from ._distributions import Exponential as Exponential
+    from ._distributions import Fixed as Fixed
+    from ._distributions import LogNormal as LogNormal
+    from ._distributions import Normal as Normal
+    from ._distributions import SyntheticWorkload as SyntheticWorkload
+    from ._distributions import Uniform as Uniform
+    from ._distributions import parse_distribution as parse_distribution
+    from ._distributions import parse_synthetic as parse_synthetic
+    from ._records import RequestRecord as RequestRecord
+    from ._result import SCHEMA_VERSION as SCHEMA_VERSION
+    from ._result import LatencyMs as LatencyMs
+    from ._result import LoadResult as LoadResult
+    from ._result import PointResult as PointResult
+    from ._result import RequestCounts as RequestCounts
+    from ._result import SweepResult as SweepResult
+    from ._result import Throughput as Throughput
+    from ._result import TurnFigures as TurnFigures
+    from ._result import TurnLatency as TurnLatency
+    from ._result import Window as Window
+    from ._result import point_result as point_result
+    from ._result import sweep_result as sweep_result
+    from ._slo import SLO as SLO
+    from ._slo import Goodput as Goodput
+    from ._slo import SLOMetric as SLOMetric
+    from ._slo import SLOs as SLOs
+    from ._slo import SLOStatistic as SLOStatistic
+    from ._slo import goodput as goodput
+    from ._slo import parse_slos as parse_slos
+    from ._stats import LatencySummary as LatencySummary
+    from ._stats import Samples as Samples
+    from ._stats import summarize as summarize

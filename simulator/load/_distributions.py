@@ -1,0 +1,298 @@
+"""Distributions of token counts and think times, written as short text on the command line.
+
+Forms: ``64`` (fixed), ``uniform:MIN,MAX``, ``normal:MEAN,STD[,MIN,MAX]``,
+``lognormal:MEAN,STD[,MIN,MAX]`` (MEAN and STD of the values themselves, not of their
+logarithm) and ``exp:MEAN``. Every quantity here is a count or a duration, so samples
+are clipped to ``[MIN, MAX]`` with MIN 0 by default. Token counts are sampled as
+integers (rounded to the nearest).
+
+:func:`parse_synthetic` reads ``--synthetic turns=3,input_tokens=256,output_tokens=64``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
+
+from convsim._errors import ConfigError
+
+__all__ = [
+    "Distribution",
+    "Fixed",
+    "Uniform",
+    "Normal",
+    "LogNormal",
+    "Exponential",
+    "AnyDistribution",
+    "parse_distribution",
+    "SyntheticWorkload",
+    "parse_synthetic",
+]
+
+FORMS = "N, uniform:MIN,MAX, normal:MEAN,STD[,MIN,MAX], lognormal:MEAN,STD[,MIN,MAX], exp:MEAN"
+
+
+@runtime_checkable
+class Distribution(Protocol):
+    """Something to draw ``n`` values from."""
+
+    @property
+    def integer(self) -> bool:
+        """True when samples are whole numbers (token counts)."""
+        ...
+
+    def sample(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.float64 | np.int64]:
+        """``n`` values drawn with ``rng``."""
+        ...
+
+
+def _finish(
+    values: npt.NDArray[np.float64], low: float, high: float, integer: bool
+) -> npt.NDArray[np.float64 | np.int64]:
+    clipped = np.clip(values, low, high)
+    return np.rint(clipped).astype(np.int64) if integer else clipped
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def _bounds(low: float, high: float) -> str:
+    return "" if (low, high) == (0.0, math.inf) else f",{_num(low)},{_num(high)}"
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """Always ``value``."""
+
+    value: float
+    integer: bool = False
+    kind: Literal["fixed"] = "fixed"
+
+    def sample(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.float64 | np.int64]:
+        return _finish(np.full(n, self.value, dtype=np.float64), 0.0, math.inf, self.integer)
+
+    def __str__(self) -> str:
+        return _num(self.value)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Uniform between ``low`` and ``high`` (integers: each of them equally likely)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    kind: Literal["uniform"] = "uniform"
+
+    def sample(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.float64 | np.int64]:
+        if self.integer:
+            return rng.integers(int(self.low), int(self.high), n, endpoint=True, dtype=np.int64)
+        return rng.uniform(self.low, self.high, n)
+
+    def __str__(self) -> str:
+        return f"uniform:{_num(self.low)},{_num(self.high)}"
+
+
+@dataclass(frozen=True)
+class Normal:
+    """Normal of ``mean`` and ``std``, clipped to ``[low, high]``."""
+
+    mean: float
+    std: float
+    low: float = 0.0
+    high: float = math.inf
+    integer: bool = False
+    kind: Literal["normal"] = "normal"
+
+    def sample(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.float64 | np.int64]:
+        return _finish(rng.normal(self.mean, self.std, n), self.low, self.high, self.integer)
+
+    def __str__(self) -> str:
+        return f"normal:{_num(self.mean)},{_num(self.std)}{_bounds(self.low, self.high)}"
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Log-normal whose values have ``mean`` and ``std``, clipped to ``[low, high]``."""
+
+    mean: float
+    std: float
+    low: float = 0.0
+    high: float = math.inf
+    integer: bool = False
+    kind: Literal["lognormal"] = "lognormal"
+
+    def sample(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.float64 | np.int64]:
+        sigma2 = math.log1p((self.std / self.mean) ** 2)
+        mu = math.log(self.mean) - sigma2 / 2
+        values = rng.lognormal(mu, math.sqrt(sigma2), n)
+        return _finish(values, self.low, self.high, self.integer)
+
+    def __str__(self) -> str:
+        return f"lognormal:{_num(self.mean)},{_num(self.std)}{_bounds(self.low, self.high)}"
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """Exponential of ``mean`` (think times between a session's turns, say)."""
+
+    mean: float
+    integer: bool = False
+    kind: Literal["exp"] = "exp"
+
+    def sample(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.float64 | np.int64]:
+        return _finish(rng.exponential(self.mean, n), 0.0, math.inf, self.integer)
+
+    def __str__(self) -> str:
+        return f"exp:{_num(self.mean)}"
+
+
+AnyDistribution = Annotated[
+    Fixed | Uniform | Normal | LogNormal | Exponential, Field(discriminator="kind")
+]
+
+
+def _numbers(text: str, args: str, what: str) -> list[float]:
+    try:
+        values = [float(a) for a in args.split(",")]
+    except ValueError:
+        raise _error(text, what, "not a number") from None
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise _error(text, what, "every number must be finite and 0 or more")
+    return values
+
+
+def _error(text: str, what: str, reason: str) -> ConfigError:
+    return ConfigError(f"invalid {what} {text!r}: {reason}; expected one of: {FORMS}")
+
+
+def _whole(text: str, what: str, integer: bool, *values: float) -> None:
+    if integer and not all(v == int(v) for v in values if math.isfinite(v)):
+        raise _error(text, what, "token counts and their bounds must be whole numbers")
+
+
+def _with_bounds(
+    text: str, what: str, name: str, values: list[float]
+) -> tuple[float, float, float, float]:
+    if len(values) not in (2, 4):
+        raise _error(text, what, f"{name} takes MEAN,STD or MEAN,STD,MIN,MAX")
+    mean, std = values[0], values[1]
+    low, high = (values[2], values[3]) if len(values) == 4 else (0.0, math.inf)
+    if low > high:
+        raise _error(text, what, "MIN is above MAX")
+    return mean, std, low, high
+
+
+def parse_distribution(
+    text: str, *, integer: bool = False, what: str = "distribution"
+) -> Fixed | Uniform | Normal | LogNormal | Exponential:
+    """The distribution written as ``text`` (see the module docstring for the forms).
+
+    Args:
+        text: the distribution as written (``"uniform:1,3"``).
+        integer: sample whole numbers (token counts); the numbers given must be whole.
+        what: what the value is for, to name it in errors (``"--think-time"``).
+
+    Raises:
+        ConfigError: naming ``text`` and the forms expected.
+    """
+    text = text.strip()
+    name, sep, args = text.partition(":")
+    if not sep:
+        [value] = _numbers(text, text, what)
+        _whole(text, what, integer, value)
+        return Fixed(value, integer)
+    name = name.strip().lower()
+    values = _numbers(text, args, what)
+    if name == "uniform":
+        if len(values) != 2 or values[0] > values[1]:
+            raise _error(text, what, "uniform takes MIN,MAX with MIN <= MAX")
+        _whole(text, what, integer, *values)
+        return Uniform(values[0], values[1], integer)
+    if name in ("normal", "lognormal"):
+        mean, std, low, high = _with_bounds(text, what, name, values)
+        _whole(text, what, integer, low, high)
+        if name == "normal":
+            return Normal(mean, std, low, high, integer)
+        if mean <= 0:
+            raise _error(text, what, "lognormal needs a MEAN above 0")
+        return LogNormal(mean, std, low, high, integer)
+    if name == "exp":
+        if len(values) != 1 or values[0] <= 0:
+            raise _error(text, what, "exp takes one MEAN above 0")
+        return Exponential(values[0], integer)
+    raise _error(text, what, f"unknown distribution {name!r}")
+
+
+class SyntheticWorkload(BaseModel):
+    """Synthetic sessions: how many turns, and how many tokens each turn sends and asks
+    for; ``prefix_tokens`` is a system prompt shared by every session (prefix caching)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turns: AnyDistribution = Field(default=Fixed(1, integer=True))
+    """Turns per session (at least 1)."""
+    input_tokens: AnyDistribution
+    """Tokens of new user input per turn, in the server's tokens."""
+    output_tokens: AnyDistribution
+    """Tokens asked of the model per turn (``max_tokens``)."""
+    prefix_tokens: AnyDistribution = Field(default=Fixed(0, integer=True))
+    """Tokens of the shared system prompt; 0 for none."""
+
+
+_SYNTHETIC_KEYS = tuple(SyntheticWorkload.model_fields)
+
+
+def parse_synthetic(text: str) -> SyntheticWorkload:
+    """``turns=3,input_tokens=256,output_tokens=64[,prefix_tokens=N]`` as a workload; a
+    value may be a distribution (``input_tokens=uniform:128,512``).
+
+    Raises:
+        ConfigError: an unknown or repeated key, a missing ``input_tokens`` or
+            ``output_tokens``, a bad distribution, or fewer than one turn.
+    """
+    what = "--synthetic"
+    expected = f"expected KEY=VALUE pairs with keys {', '.join(_SYNTHETIC_KEYS)}"
+    pairs: dict[str, str] = {}
+    last: str | None = None
+    for piece in text.split(","):
+        key, sep, value = piece.partition("=")
+        if sep:  # a new key; otherwise the piece continues a distribution's numbers
+            last = key.strip()
+            if last not in _SYNTHETIC_KEYS:
+                raise ConfigError(f"invalid {what} {text!r}: unknown key {last!r}; {expected}")
+            if last in pairs:
+                raise ConfigError(f"invalid {what} {text!r}: {last} given twice")
+            pairs[last] = value
+        elif last is None:
+            raise ConfigError(f"invalid {what} {text!r}: {expected}")
+        else:
+            pairs[last] += "," + piece
+    missing = [k for k in ("input_tokens", "output_tokens") if k not in pairs]
+    if missing:
+        raise ConfigError(f"invalid {what} {text!r}: missing {', '.join(missing)}; {expected}")
+    fields = {
+        key: parse_distribution(value, integer=True, what=f"{what} {key}")
+        for key, value in pairs.items()
+    }
+    turns = fields.get("turns")
+    if turns is not None and _smallest(turns) < 1:
+        raise ConfigError(f"invalid {what} {text!r}: turns must be at least 1")
+    return SyntheticWorkload(**fields)
+
+
+def _smallest(dist: Fixed | Uniform | Normal | LogNormal | Exponential) -> float:
+    """The smallest value ``dist`` can give."""
+    if isinstance(dist, Fixed):
+        return dist.value
+    if isinstance(dist, Uniform):
+        return dist.low
+    if isinstance(dist, Normal | LogNormal):
+        return dist.low
+    return 0.0

@@ -1,0 +1,69 @@
+"""One measured request of a load run, as the driver records it on the hot path.
+
+A plain frozen dataclass (no validation per request: the driver builds thousands a
+second); the derived latencies are properties so the figures are computed in one place.
+Times ending in ``_s`` are seconds: ``scheduled_s``, ``sent_s`` and ``end_s`` on the run's
+clock (seconds since the run started), the others durations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RequestRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What one request of one session measured.
+
+    Attributes:
+        session_id: the session (conversation) the request belongs to.
+        turn_index: the turn within the session, from 0.
+        history_messages: how many messages the request sent (its context length).
+        scheduled_s: when the request was due to be sent; None when nothing scheduled it.
+        sent_s: when it was actually sent.
+        ttfb_s: time from sending to the first byte of the answer; None if none came.
+        ttft_s: time from sending to the first token; None if none came or not streamed.
+        inter_token_gaps_s: the gaps between consecutive streamed tokens (chunks).
+        end_s: when the answer ended (or the request failed).
+        input_tokens: prompt tokens, as the server counted them (None if not reported).
+        output_tokens: completion tokens, as the server counted them (None if not reported).
+        error: the error class of a failed request (``"Timeout"``); None when it succeeded.
+    """
+
+    session_id: str
+    turn_index: int
+    history_messages: int
+    scheduled_s: float | None
+    sent_s: float
+    ttfb_s: float | None
+    ttft_s: float | None
+    inter_token_gaps_s: tuple[float, ...]
+    end_s: float
+    input_tokens: int | None
+    output_tokens: int | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the request succeeded."""
+        return self.error is None
+
+    @property
+    def e2e_s(self) -> float:
+        """End-to-end latency: from sending to the end of the answer."""
+        return self.end_s - self.sent_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: ``(e2e - ttft) / (output_tokens - 1)``;
+        None without a first token or with fewer than two output tokens."""
+        if self.ttft_s is None or self.output_tokens is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
+    def schedule_delay_s(self) -> float | None:
+        """How late the request was sent against its schedule (actual minus scheduled)."""
+        return None if self.scheduled_s is None else self.sent_s - self.scheduled_s

@@ -1,0 +1,272 @@
+"""The JSON result of a load run: a versioned schema, and the figures built from records.
+
+Field names are a contract (plots, dashboards and CI checks read them): ``valid``,
+``invalid_reasons``, ``target_rate``, ``achieved_rate``, ``requests``, ``throughput``,
+``latency_ms``, ``schedule_delay_ms``, ``goodput``, ``by_turn``; a sweep has ``points``
+and ``max_rate_meeting_slo``. Raise :data:`SCHEMA_VERSION` when one changes meaning.
+
+A request belongs to the measured window when it was sent inside it, so warm-up and
+cool-down are left out by time. Latencies are those of the completed requests in the
+window; rates are per second of the window.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from ._records import RequestRecord
+from ._slo import Goodput, SLOs, goodput
+from ._stats import LatencySummary, summarize
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Window",
+    "RequestCounts",
+    "Throughput",
+    "LatencyMs",
+    "TurnLatency",
+    "TurnFigures",
+    "PointResult",
+    "LoadResult",
+    "SweepResult",
+    "point_result",
+    "sweep_result",
+]
+
+SCHEMA_VERSION = 1
+"""The version of the result schema written as ``schema_version``."""
+
+_MS = 1000.0
+
+
+@dataclass(frozen=True)
+class Window:
+    """The measured part of a run, ``[start_s, end_s)`` on the run's clock."""
+
+    start_s: float
+    end_s: float
+
+    def __post_init__(self) -> None:
+        if not self.end_s > self.start_s:
+            raise ValueError(f"a window must end after it starts, got {self}")
+
+    @property
+    def duration_s(self) -> float:
+        """How long the window lasts."""
+        return self.end_s - self.start_s
+
+    def __contains__(self, time_s: float) -> bool:
+        return self.start_s <= time_s < self.end_s
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RequestCounts(_Model):
+    """Requests sent in the window: completed, failed, and failures by error class."""
+
+    completed: int
+    failed: int
+    errors_by_class: dict[str, int]
+
+
+class Throughput(_Model):
+    """Completed requests and their tokens (the server's counts) per second."""
+
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+
+
+class LatencyMs(_Model):
+    """Latencies of the completed requests, in ms. ``itl`` pools every inter-token gap."""
+
+    ttft: LatencySummary
+    tpot: LatencySummary
+    itl: LatencySummary
+    e2e: LatencySummary
+
+
+class TurnLatency(_Model):
+    """Median and 99th percentile, in ms."""
+
+    p50: float | None
+    p99: float | None
+
+
+class TurnFigures(_Model):
+    """Latency at one turn depth: how context length moves TTFT and end-to-end latency."""
+
+    turn_index: int
+    count: int
+    """Completed requests at this turn."""
+    mean_history_messages: float
+    ttft_ms: TurnLatency
+    e2e_ms: TurnLatency
+
+
+class PointResult(_Model):
+    """The figures of one run, or of one point of a sweep."""
+
+    valid: bool
+    invalid_reasons: list[str]
+    target_rate: float | None
+    """Session arrivals per second asked for; null in closed loop."""
+    achieved_rate: float
+    """Sessions started per second in the window."""
+    duration_s: float
+    requests: RequestCounts
+    throughput: Throughput
+    latency_ms: LatencyMs
+    schedule_delay_ms: LatencySummary
+    """Actual minus scheduled send time: how far the client lagged its schedule."""
+    goodput: Goodput | None
+    """Null when no SLOs were given."""
+    meets_slo: bool | None
+    """Whether the window's latency figures meet every SLO; null without SLOs."""
+    by_turn: list[TurnFigures]
+
+
+class LoadResult(PointResult):
+    """A whole run's result, as written to ``--out``."""
+
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def of(cls, point: PointResult) -> LoadResult:
+        """The run result holding ``point``'s figures."""
+        return cls(**dict(point))
+
+
+class SweepResult(_Model):
+    """A sweep: one point per rate or concurrency, and the highest rate meeting the SLOs."""
+
+    schema_version: int = SCHEMA_VERSION
+    valid: bool
+    invalid_reasons: list[str]
+    points: list[PointResult]
+    max_rate_meeting_slo: float | None
+    """The highest rate (target, or achieved in closed loop) of a valid point meeting
+    every SLO; null without SLOs or when no point met them."""
+
+
+def _turn_latency(values: Sequence[float]) -> TurnLatency:
+    summary = summarize(values, _MS)
+    return TurnLatency(p50=summary.p50, p99=summary.p99)
+
+
+def _by_turn(done: Sequence[RequestRecord]) -> list[TurnFigures]:
+    groups: dict[int, list[RequestRecord]] = defaultdict(list)
+    for record in done:
+        groups[record.turn_index].append(record)
+    return [
+        TurnFigures(
+            turn_index=turn,
+            count=len(group),
+            mean_history_messages=sum(r.history_messages for r in group) / len(group),
+            ttft_ms=_turn_latency([r.ttft_s for r in group if r.ttft_s is not None]),
+            e2e_ms=_turn_latency([r.e2e_s for r in group]),
+        )
+        for turn, group in sorted(groups.items())
+    ]
+
+
+def point_result(
+    records: Iterable[RequestRecord],
+    window: Window,
+    *,
+    slos: SLOs | None = None,
+    target_rate: float | None = None,
+    max_schedule_delay_ms: float = 10.0,
+    min_rate_ratio: float = 0.95,
+    invalid_reasons: Sequence[str] = (),
+) -> PointResult:
+    """The figures of the requests sent inside ``window``.
+
+    The result is invalid, with a reason in words, when no request completed, when the
+    schedule delay p99 exceeds ``max_schedule_delay_ms``, or when fewer sessions started
+    than the schedule asked for in the window (below ``min_rate_ratio`` of it): the
+    client, not the server, set the pace. ``invalid_reasons`` adds the driver's own
+    (CPU saturated, a concurrency cap that bit).
+    """
+    every = list(records)
+    measured = [r for r in every if r.sent_s in window]
+    done = [r for r in measured if r.ok]
+    errors = Counter(r.error for r in measured if r.error is not None)
+    seconds = window.duration_s
+    output_tokens = sum(r.output_tokens or 0 for r in done)
+    input_tokens = sum(r.input_tokens or 0 for r in done)
+    latency = LatencyMs(
+        ttft=summarize([r.ttft_s for r in done if r.ttft_s is not None], _MS),
+        tpot=summarize([t for r in done if (t := r.tpot_s) is not None], _MS),
+        itl=summarize([g for r in done for g in r.inter_token_gaps_s], _MS),
+        e2e=summarize([r.e2e_s for r in done], _MS),
+    )
+    delays = summarize([d for r in measured if (d := r.schedule_delay_s) is not None], _MS)
+    started = sum(1 for r in measured if r.turn_index == 0)
+    reasons = list(invalid_reasons)
+    if not done:
+        reasons.append("no request completed in the measured window")
+    if delays.p99 is not None and delays.p99 > max_schedule_delay_ms:
+        reasons.append(
+            f"the client lagged its schedule: send delay p99 {delays.p99:.1f} ms is above "
+            f"{max_schedule_delay_ms:g} ms"
+        )
+    if target_rate is not None:
+        due = sum(
+            1
+            for r in every
+            if r.turn_index == 0 and r.scheduled_s is not None and r.scheduled_s in window
+        )
+        if due and started < min_rate_ratio * due:
+            reasons.append(
+                f"the client fell behind: {started} sessions started in the window where "
+                f"{due} were scheduled ({started / seconds:.2f}/s against "
+                f"{due / seconds:.2f}/s)"
+            )
+    return PointResult(
+        valid=not reasons,
+        invalid_reasons=reasons,
+        target_rate=target_rate,
+        achieved_rate=started / seconds,
+        duration_s=seconds,
+        requests=RequestCounts(
+            completed=len(done), failed=len(measured) - len(done), errors_by_class=dict(errors)
+        ),
+        throughput=Throughput(
+            requests_per_s=len(done) / seconds,
+            output_tokens_per_s=output_tokens / seconds,
+            total_tokens_per_s=(input_tokens + output_tokens) / seconds,
+        ),
+        latency_ms=latency,
+        schedule_delay_ms=delays,
+        goodput=None if slos is None else goodput(measured, slos, seconds),
+        meets_slo=None if slos is None else slos.met_by_summaries(dict(latency)),
+        by_turn=_by_turn(done),
+    )
+
+
+def sweep_result(points: Sequence[PointResult]) -> SweepResult:
+    """The sweep made of ``points``; it is valid when every point is."""
+    reasons = [
+        f"point {i} ({p.target_rate if p.target_rate is not None else p.achieved_rate:g}/s): "
+        f"{reason}"
+        for i, p in enumerate(points)
+        for reason in p.invalid_reasons
+    ]
+    meeting = [
+        p.target_rate if p.target_rate is not None else p.achieved_rate
+        for p in points
+        if p.valid and p.meets_slo
+    ]
+    return SweepResult(
+        valid=not reasons,
+        invalid_reasons=reasons,
+        points=list(points),
+        max_rate_meeting_slo=max(meeting, default=None),
+    )

@@ -1,0 +1,164 @@
+"""Service-level objectives and goodput.
+
+``--slo ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=10s``: a metric (``ttft``, ``tpot``,
+``itl``, ``e2e``), a statistic (``mean``, ``p50``, ``p90``, ``p95``, ``p99``, ``p999``),
+``<=`` or ``<``, and a threshold in ``ms`` or ``s``.
+
+Goodput counts what met every objective, per second of the measured window. A single
+request meets an objective when its own value does (as vLLM's serving benchmark counts
+goodput): its TTFT, TPOT or end-to-end latency whatever the statistic, and for ITL that
+statistic of its own inter-token gaps. A value a request does not have (TPOT of a
+one-token answer, ITL without streaming) cannot break an objective; a failed request
+meets none. A conversation meets them when every one of its requests does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from convsim._errors import ConfigError
+
+from ._records import RequestRecord
+from ._stats import LatencySummary
+
+__all__ = ["SLO", "SLOs", "SLOMetric", "SLOStatistic", "Goodput", "parse_slos", "goodput"]
+
+SLOMetric = Literal["ttft", "tpot", "itl", "e2e"]
+SLOStatistic = Literal["mean", "p50", "p90", "p95", "p99", "p999"]
+_PERCENTILE = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+_SLO_RE = re.compile(
+    r"^(?P<metric>ttft|tpot|itl|e2e)_(?P<stat>mean|p50|p90|p95|p99|p999)\s*"
+    r"(?P<op><=|<)\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s)$"
+)
+_FORM = (
+    "expected METRIC_STAT<=VALUE with METRIC ttft, tpot, itl or e2e, STAT mean, p50, p90, "
+    "p95, p99 or p999, < or <=, and a unit ms or s (ttft_p99<=500ms)"
+)
+
+
+class SLO(BaseModel):
+    """One objective: ``metric``'s ``statistic`` must stay within ``threshold_ms``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: SLOMetric
+    statistic: SLOStatistic
+    threshold_ms: float
+    inclusive: bool = True
+    """True for ``<=``, False for ``<``."""
+
+    def allows(self, value_ms: float) -> bool:
+        """True when ``value_ms`` is within the threshold."""
+        return value_ms <= self.threshold_ms if self.inclusive else value_ms < self.threshold_ms
+
+    def request_value_ms(self, record: RequestRecord) -> float | None:
+        """The value this objective judges for one request, in ms; None if it has none."""
+        if self.metric == "ttft":
+            value = record.ttft_s
+        elif self.metric == "tpot":
+            value = record.tpot_s
+        elif self.metric == "e2e":
+            value = record.e2e_s
+        else:
+            gaps = record.inter_token_gaps_s
+            if not gaps:
+                return None
+            if self.statistic == "mean":
+                value = float(np.mean(gaps))
+            else:
+                value = float(np.percentile(gaps, _PERCENTILE[self.statistic], method="linear"))
+        return None if value is None else value * 1000.0
+
+    def met_by(self, record: RequestRecord) -> bool:
+        """True when one request meets this objective."""
+        if not record.ok:
+            return False
+        value = self.request_value_ms(record)
+        return value is None or self.allows(value)
+
+    def __str__(self) -> str:
+        op = "<=" if self.inclusive else "<"
+        return f"{self.metric}_{self.statistic}{op}{self.threshold_ms:g}ms"
+
+
+class SLOs(BaseModel):
+    """A set of objectives, all of which must be met."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    items: tuple[SLO, ...]
+
+    def met_by(self, record: RequestRecord) -> bool:
+        """True when one request meets every objective."""
+        return all(slo.met_by(record) for slo in self.items)
+
+    def met_by_summaries(self, latency_ms: Mapping[str, LatencySummary]) -> bool:
+        """True when a run's latency summaries (ms, keyed by metric) meet every objective;
+        a statistic with no samples fails its objective."""
+        for slo in self.items:
+            value = getattr(latency_ms[slo.metric], slo.statistic)
+            if value is None or not slo.allows(value):
+                return False
+        return True
+
+    def __str__(self) -> str:
+        return ",".join(str(s) for s in self.items)
+
+
+def parse_slos(text: str) -> SLOs:
+    """``ttft_p99<=500ms,e2e_p99<=10s`` as :class:`SLOs`.
+
+    Raises:
+        ConfigError: naming the part that is not an objective, or a metric given twice
+            with the same statistic.
+    """
+    items: list[SLO] = []
+    for part in (p.strip() for p in text.split(",")):
+        match = _SLO_RE.match(part.lower())
+        if not match:
+            raise ConfigError(f"invalid --slo {part!r}: {_FORM}")
+        value = float(match["value"]) * (1000.0 if match["unit"] == "s" else 1.0)
+        slo = SLO(
+            metric=match["metric"],  # type: ignore[arg-type]  # the regex allows only these
+            statistic=match["stat"],  # type: ignore[arg-type]
+            threshold_ms=value,
+            inclusive=match["op"] == "<=",
+        )
+        if any((s.metric, s.statistic) == (slo.metric, slo.statistic) for s in items):
+            raise ConfigError(f"invalid --slo {text!r}: {slo.metric}_{slo.statistic} given twice")
+        items.append(slo)
+    return SLOs(items=tuple(items))
+
+
+class Goodput(BaseModel):
+    """Requests, and whole conversations, meeting every objective per second."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    requests_per_s: float
+    conversations_per_s: float
+
+
+def goodput(records: Iterable[RequestRecord], slos: SLOs, duration_s: float) -> Goodput:
+    """Goodput of ``records`` (the requests of the measured window) over ``duration_s``.
+
+    A conversation is the set of ``records`` sharing a session id; it counts when every
+    one of them meets every objective.
+    """
+    if duration_s <= 0:
+        raise ValueError(f"the measured duration must be positive, got {duration_s}")
+    good_requests = 0
+    conversations: dict[str, bool] = {}
+    for record in records:
+        met = slos.met_by(record)
+        good_requests += met
+        conversations[record.session_id] = conversations.get(record.session_id, True) and met
+    return Goodput(
+        requests_per_s=good_requests / duration_s,
+        conversations_per_s=sum(conversations.values()) / duration_s,
+    )

@@ -97,6 +97,8 @@ class GenerationParams(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: tuple[str, ...] | None = None
+    min_tokens: int | None = Field(default=None, gt=0)
+    ignore_eos: bool | None = None
     seed: int | None = None
     """Per-conversation seed derived from the run seed; backends that accept one get it."""
     reference: str | None = None

@@ -1,13 +1,15 @@
 """Load testing: multi-turn sessions against a model server, measured like a serving
 benchmark.
 
-The building blocks, pure and independent of the runtime:
+:func:`run_load` runs a whole test from a :class:`LoadPlan` (what ``convsim load``
+does); :func:`drive` offers a workload to an adapter in one event loop. The pieces:
 
 - arrival schedules computed in advance (:func:`arrival_schedule`, :func:`read_trace`);
 - token-count and think-time distributions (:func:`parse_distribution`) and synthetic
   workloads (:func:`parse_synthetic`);
 - latency statistics over raw, mergeable samples (:class:`Samples`, :func:`summarize`);
 - SLOs and goodput (:func:`parse_slos`, :func:`goodput`);
+- workloads: synthetic sessions, scenario packs, ShareGPT files (:class:`Workload`);
 - per-request records (:class:`RequestRecord`) and the versioned JSON result
   (:func:`point_result`, :func:`sweep_result`, :class:`LoadResult`).
 
@@ -45,9 +47,29 @@ _public = _lazy_module(
         ],
         "._stats": ["LatencySummary", "Samples", "summarize"],
         "._records": ["RequestRecord"],
+        "._workloads": [
+            "SessionScript",
+            "TurnScript",
+            "Workload",
+            "TokenText",
+            "SyntheticSessions",
+            "PackSessions",
+            "ShareGPTSessions",
+            "read_sharegpt",
+        ],
+        "._driver": ["LoadShape", "DriveOutcome", "SessionRecord", "drive", "open_schedule"],
+        "._monitor": ["Progress"],
+        "._calibrate": ["Calibration", "calibrate"],
+        "._figures": ["Thresholds", "merged_result"],
+        "._plan": ["LoadPlan", "LoadRun", "run_load"],
+        "._requests_file": ["write_requests"],
         "._slo": ["SLO", "SLOs", "SLOMetric", "SLOStatistic", "Goodput", "goodput", "parse_slos"],
         "._result": [
             "SCHEMA_VERSION",
+            "ClientFigures",
+            "ConversationFigures",
+            "InputTokenAccuracy",
+            "TimelineEntry",
             "LatencyMs",
             "LoadResult",
             "PointResult",
@@ -70,6 +92,8 @@ if TYPE_CHECKING:
     from ._arrivals import Schedule as Schedule
     from ._arrivals import arrival_schedule as arrival_schedule
     from ._arrivals import read_trace as read_trace
+    from ._calibrate import Calibration as Calibration
+    from ._calibrate import calibrate as calibrate
     from ._distributions import AnyDistribution as AnyDistribution
     from ._distributions import Distribution as Distribution
     from ._distributions import Exponential as Exponential
@@ -80,14 +104,30 @@ if TYPE_CHECKING:
     from ._distributions import Uniform as Uniform
     from ._distributions import parse_distribution as parse_distribution
     from ._distributions import parse_synthetic as parse_synthetic
+    from ._driver import DriveOutcome as DriveOutcome
+    from ._driver import LoadShape as LoadShape
+    from ._driver import SessionRecord as SessionRecord
+    from ._driver import drive as drive
+    from ._driver import open_schedule as open_schedule
+    from ._figures import Thresholds as Thresholds
+    from ._figures import merged_result as merged_result
+    from ._monitor import Progress as Progress
+    from ._plan import LoadPlan as LoadPlan
+    from ._plan import LoadRun as LoadRun
+    from ._plan import run_load as run_load
     from ._records import RequestRecord as RequestRecord
+    from ._requests_file import write_requests as write_requests
     from ._result import SCHEMA_VERSION as SCHEMA_VERSION
+    from ._result import ClientFigures as ClientFigures
+    from ._result import ConversationFigures as ConversationFigures
+    from ._result import InputTokenAccuracy as InputTokenAccuracy
     from ._result import LatencyMs as LatencyMs
     from ._result import LoadResult as LoadResult
     from ._result import PointResult as PointResult
     from ._result import RequestCounts as RequestCounts
     from ._result import SweepResult as SweepResult
     from ._result import Throughput as Throughput
+    from ._result import TimelineEntry as TimelineEntry
     from ._result import TurnFigures as TurnFigures
     from ._result import TurnLatency as TurnLatency
     from ._result import Window as Window
@@ -103,3 +143,11 @@ if TYPE_CHECKING:
     from ._stats import LatencySummary as LatencySummary
     from ._stats import Samples as Samples
     from ._stats import summarize as summarize
+    from ._workloads import PackSessions as PackSessions
+    from ._workloads import SessionScript as SessionScript
+    from ._workloads import ShareGPTSessions as ShareGPTSessions
+    from ._workloads import SyntheticSessions as SyntheticSessions
+    from ._workloads import TokenText as TokenText
+    from ._workloads import TurnScript as TurnScript
+    from ._workloads import Workload as Workload
+    from ._workloads import read_sharegpt as read_sharegpt

@@ -30,6 +30,10 @@ __all__ = [
     "LatencyMs",
     "TurnLatency",
     "TurnFigures",
+    "ConversationFigures",
+    "ClientFigures",
+    "InputTokenAccuracy",
+    "TimelineEntry",
     "PointResult",
     "LoadResult",
     "SweepResult",
@@ -110,6 +114,66 @@ class TurnFigures(_Model):
     e2e_ms: TurnLatency
 
 
+class ConversationFigures(_Model):
+    """Sessions (conversations) of the window: those that ended in it, by outcome."""
+
+    started: int
+    """Sessions whose first request was sent in the window."""
+    completed: int
+    """Sessions that ended in the window with every turn answered."""
+    failed: int
+    """Sessions that ended in the window on a failed request."""
+    per_s: float
+    """Completed conversations per second of the window."""
+    meeting_slo_share: float | None
+    """Share of the completed conversations whose every request met every SLO; null
+    without SLOs or without a completed conversation."""
+
+
+class ClientFigures(_Model):
+    """The load generator measuring itself: when it set the pace, the run is invalid."""
+
+    workers: int
+    cpu_cores: float
+    """CPU the load generator used in the window, in cores (all workers together)."""
+    max_worker_cpu: float
+    """The busiest worker's CPU, in cores (1.0: saturated)."""
+    event_loop_lag_ms: LatencySummary
+    """How late the workers' event loops woke for a 10 ms tick (pooled)."""
+    mean_in_flight: float
+    """Requests in flight, time-weighted mean over the window (all workers)."""
+    max_in_flight: int
+    mean_sessions: float
+    """Sessions alive (holding a slot, also while thinking), time-weighted mean."""
+    max_sessions: int
+    held_by_max_concurrency: int
+    """Arrivals that waited because ``--max-concurrency`` sessions were alive."""
+
+
+class InputTokenAccuracy(_Model):
+    """How close first turns' prompts came to the input length asked, in the server's
+    tokens: ``(prompt tokens - expected) / asked input`` per request, in percent."""
+
+    method: str
+    """How text was sized: ``tokenize`` (the server's endpoint), ``usage`` (probes'
+    prompt counts) or ``none`` (one word per token assumed)."""
+    tokens_per_word: float
+    requests: int
+    error_pct_p50: float | None
+    error_pct_max: float | None
+    """Largest absolute error."""
+
+
+class TimelineEntry(_Model):
+    """The run second by second (run clock): for throughput and in-flight plots."""
+
+    t_s: float
+    in_flight: int
+    sessions: int
+    completed: int
+    failed: int
+
+
 class PointResult(_Model):
     """The figures of one run, or of one point of a sweep."""
 
@@ -130,6 +194,15 @@ class PointResult(_Model):
     meets_slo: bool | None
     """Whether the window's latency figures meet every SLO; null without SLOs."""
     by_turn: list[TurnFigures]
+    conversations: ConversationFigures | None = None
+    client: ClientFigures | None = None
+    input_tokens: InputTokenAccuracy | None = None
+    stopped_by: str | None = None
+    """What ended the sending: duration, max_requests, max_errors, workload."""
+    concurrency: int | None = None
+    """Sessions asked for in closed loop; null in open loop."""
+    notes: list[str] = []
+    timeline: list[TimelineEntry] = []
 
 
 class LoadResult(PointResult):

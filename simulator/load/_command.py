@@ -1,0 +1,386 @@
+"""``convsim load``: load-test a model server with multi-turn sessions."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+from rich.live import Live
+from rich.table import Table
+
+from convsim._console import EXIT_INTERRUPTED, clear_errors
+from convsim._console import stderr as _stderr
+from convsim._console import stdout as _stdout
+from convsim._errors import ConfigError, parse_config
+
+from ._arrivals import ARRIVAL_PATTERNS
+from ._monitor import Progress
+from ._plan import DEFAULT_SYNTHETIC, LoadPlan, LoadRun, run_load
+from ._requests_file import write_requests
+from ._result import LoadResult, PointResult, SweepResult
+from ._stats import LatencySummary
+
+__all__ = ["load_command"]
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _pair(summary: LatencySummary) -> str:
+    return f"{_fmt(summary.p50)} / {_fmt(summary.p99)}"
+
+
+def _label(point: PointResult) -> str:
+    if point.concurrency is not None:
+        return f"c={point.concurrency}"
+    if point.target_rate is not None:
+        return f"{point.target_rate:.3g}/s"
+    return "trace"
+
+
+def _points_table(points: list[PointResult], slo: bool) -> Table:
+    """Figures down, points across: fits a narrow terminal even for a sweep."""
+    table = Table(title="Load test (latencies in ms)", title_justify="left")
+    table.add_column("")
+    for p in points:
+        table.add_column(_label(p), justify="right")
+    rows: list[tuple[str, list[str]]] = [
+        ("valid", ["yes" if p.valid else "[red]NO[/]" for p in points]),
+        ("sessions/s", [_fmt(p.achieved_rate, 2) for p in points]),
+        ("requests/s", [_fmt(p.throughput.requests_per_s, 1) for p in points]),
+        ("output tokens/s", [_fmt(p.throughput.output_tokens_per_s, 0) for p in points]),
+    ]
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        for stat in ("p50", "p99"):
+            rows.append(
+                (
+                    f"{name.upper()} {stat}",
+                    [_fmt(getattr(getattr(p.latency_ms, name), stat)) for p in points],
+                )
+            )
+    rows.append(("send delay p99", [_fmt(p.schedule_delay_ms.p99, 2) for p in points]))
+    rows.append(
+        (
+            "in flight (mean)",
+            ["-" if p.client is None else f"{p.client.mean_in_flight:.1f}" for p in points],
+        )
+    )
+    if slo:
+        rows.append(
+            (
+                "goodput req/s",
+                [_fmt(p.goodput.requests_per_s if p.goodput else None, 1) for p in points],
+            )
+        )
+        rows.append(
+            (
+                "meets SLO",
+                ["-" if p.meets_slo is None else ("yes" if p.meets_slo else "no") for p in points],
+            )
+        )
+    for name, cells in rows:
+        table.add_row(name, *cells)
+    return table
+
+
+def _turn_table(point: PointResult) -> Table:
+    table = Table(title="By turn depth (ms: p50 / p99)", title_justify="left")
+    for name in ("turn", "requests", "messages sent", "TTFT", "E2E"):
+        table.add_column(name, justify="right")
+    for t in point.by_turn:
+        table.add_row(
+            str(t.turn_index),
+            str(t.count),
+            f"{t.mean_history_messages:.1f}",
+            f"{_fmt(t.ttft_ms.p50)} / {_fmt(t.ttft_ms.p99)}",
+            f"{_fmt(t.e2e_ms.p50)} / {_fmt(t.e2e_ms.p99)}",
+        )
+    return table
+
+
+def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
+    out = _stdout()
+    points: list[PointResult] = list(result.points) if isinstance(result, SweepResult) else [result]
+    out.print(_points_table(points, slo))
+    main = (
+        points[-1]
+        if not isinstance(result, SweepResult)
+        else max(points, key=lambda p: p.throughput.requests_per_s)
+    )
+    if main.by_turn:
+        out.print(_turn_table(main))
+    for p in points:
+        c, conv = p.client, p.conversations
+        line = f"{_label(p)}: {p.requests.completed} requests completed, {p.requests.failed} failed"
+        if p.requests.errors_by_class:
+            line += (
+                " (" + ", ".join(f"{k} {v}" for k, v in p.requests.errors_by_class.items()) + ")"
+            )
+        if conv is not None:
+            line += f"; {conv.completed} conversations completed ({conv.per_s:.2f}/s)"
+            if conv.meeting_slo_share is not None:
+                line += f", {conv.meeting_slo_share:.0%} meeting every SLO"
+        if c is not None:
+            line += (
+                f"; client CPU {c.cpu_cores:.2f} cores over {c.workers} worker(s), "
+                f"loop lag p99 {_fmt(c.event_loop_lag_ms.p99, 2)} ms, "
+                f"in flight mean {c.mean_in_flight:.1f} max {c.max_in_flight}"
+            )
+        if p.input_tokens is not None and p.input_tokens.error_pct_max is not None:
+            line += (
+                f"; input length error {p.input_tokens.error_pct_p50:+.1f}% median, "
+                f"{p.input_tokens.error_pct_max:.1f}% at most ({p.input_tokens.method})"
+            )
+        out.print(line, highlight=False)
+        for reason in p.invalid_reasons:
+            out.print(f"[bold red]invalid:[/] {reason}", highlight=False)
+    for note in dict.fromkeys(n for p in points for n in p.notes):
+        out.print(f"note: {note}", highlight=False)
+    if isinstance(result, SweepResult) and slo:
+        best = result.max_rate_meeting_slo
+        out.print(
+            "highest rate meeting every SLO: "
+            + ("none of the points" if best is None else f"{best:.3g} sessions/s"),
+            highlight=False,
+        )
+
+
+class _Display:
+    """A live line on a terminal; a plain line every few seconds otherwise (CI logs)."""
+
+    def __init__(self) -> None:
+        self.console = _stderr()
+        self.live: Live | None = None
+        self.last_line = 0.0
+
+    def __enter__(self) -> _Display:
+        if self.console.is_terminal:
+            self.live = Live("", console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def report(self, line: str) -> None:
+        self.console.print(line, highlight=False)
+
+    def progress(self, p: Progress) -> None:
+        phase = "measuring" if p.measuring else "warming up"
+        text = (
+            f"{p.label} {phase} {p.elapsed_s:6.1f}s  done {p.completed:,}  failed {p.failed:,}  "
+            f"in flight {p.in_flight}  sessions {p.sessions}  "
+            f"TTFT p50 {_fmt(p.recent_ttft_ms)} ms  E2E p50 {_fmt(p.recent_e2e_ms)} ms"
+        )
+        if self.live is not None:
+            self.live.update(text)
+        elif time.monotonic() - self.last_line >= 5.0:
+            self.last_line = time.monotonic()
+            self.console.print(text, highlight=False)
+
+
+def _model_args(pairs: tuple[str, ...]) -> dict[str, str]:
+    from convsim.adapters import parse_model_args
+
+    return parse_model_args(pairs)
+
+
+_Option = Callable[[Any], Any]
+
+
+@click.command("load")
+@click.option(
+    "--model", "model_spec", required=True, help="Target: TYPE:MODEL, e.g. openai-compatible:MODEL."
+)
+@click.option(
+    "--model-arg",
+    "model_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Adapter argument (repeatable): base_url=..., api_key_env=..., rpm=...",
+)
+@click.option(
+    "--synthetic",
+    default=None,
+    metavar="SPEC",
+    help=f"Synthetic sessions (default {DEFAULT_SYNTHETIC}); values may be distributions, "
+    "e.g. input_tokens=uniform:128,512; prefix_tokens=N adds a shared system prompt.",
+)
+@click.option("--pack", default=None, help="A scenario pack: each real answer is fed back.")
+@click.option(
+    "--dataset",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="A ShareGPT-format file (JSON or JSON lines): every user turn is sent.",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Go through the pack or dataset this many times, then stop.",
+)
+@click.option(
+    "--output-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="max_tokens of pack and dataset turns.",
+)
+@click.option(
+    "--exact-output/--no-exact-output",
+    default=True,
+    show_default=True,
+    help="Ask for exact output lengths (min_tokens, ignore_eos) where the server honours them.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Closed loop: sessions at once, each holding its slot through its turns.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Open loop: session arrivals per second.",
+)
+@click.option(
+    "--arrival", type=click.Choice(ARRIVAL_PATTERNS), default="poisson", show_default=True
+)
+@click.option(
+    "--burstiness",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Gamma shape of the arrival gaps: 1 is Poisson, below 1 burstier.",
+)
+@click.option(
+    "--trace",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Replay arrivals: one timestamp (s) per line, or JSON lines with timestamp, "
+    "input_tokens, output_tokens.",
+)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Open loop: at most this many sessions alive (reported when it bites).",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds measured (after ramp-up and warm-up).",
+)
+@click.option("--max-requests", type=click.IntRange(min=1), default=None)
+@click.option("--max-errors", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--warmup",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds of load before measuring.",
+)
+@click.option(
+    "--ramp-up",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds to reach full load (not measured).",
+)
+@click.option(
+    "--cooldown",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds of load kept after the window (not measured).",
+)
+@click.option(
+    "--think-time",
+    default="0",
+    show_default=True,
+    help="Between a session's turns: seconds or a distribution (exp:2, uniform:1,3).",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Processes generating load, merged exactly.",
+)
+@click.option(
+    "--sweep",
+    default=None,
+    help="Rates (or with --concurrency, concurrencies) R1,R2,...; or auto[:N].",
+)
+@click.option("--slo", default=None, help="e.g. ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=10s")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The JSON result."
+)
+@click.option(
+    "--requests",
+    "requests_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Per-request records: FILE.jsonl or FILE.csv.",
+)
+@click.option(
+    "--calibrate/--no-calibrate",
+    default=True,
+    show_default=True,
+    help="Size synthetic text in the server's tokens with a few probes first.",
+)
+@click.option("--preflight/--no-preflight", default=True, show_default=True)
+@click.option(
+    "--max-schedule-delay-ms",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Send delay p99 above which the run is invalid.",
+)
+@click.option(
+    "--max-loop-lag-ms",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Event-loop lag p99 above which the run is invalid.",
+)
+@clear_errors
+def load_command(
+    model_spec: str,
+    model_args: tuple[str, ...],
+    requests_out: Path | None,
+    out: Path | None,
+    **options: Any,
+) -> None:
+    """Load-test a model server with multi-turn sessions, measured like a serving benchmark."""
+    plan = parse_config(
+        LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
+    )
+    for path in (out, requests_out):
+        if path is not None and not path.parent.exists():
+            raise ConfigError(f"{path}: its folder does not exist")
+    try:
+        with _Display() as display:
+            run: LoadRun = anyio.run(
+                lambda: run_load(plan, report=display.report, on_progress=display.progress)
+            )
+    except KeyboardInterrupt:
+        _stderr().print("interrupted", highlight=False)
+        sys.exit(EXIT_INTERRUPTED)
+    _print_result(run.result, slo=plan.slo is not None)
+    if out is not None:
+        out.write_text(json.dumps(run.result.model_dump(mode="json"), indent=2) + "\n")
+        _stdout().print(f"result: {out}", highlight=False)
+    if requests_out is not None:
+        count = write_requests(requests_out, run.requests)
+        _stdout().print(f"requests: {requests_out} ({count:,})", highlight=False)

@@ -1,0 +1,564 @@
+"""The load driver: sessions against a model adapter, closed or open loop, measured.
+
+Closed loop: ``concurrency`` slots, each running one session after another; a session
+holds its slot through all its turns and think times. Open loop: sessions start on an
+arrival schedule computed in advance, each at ``start + offset`` however late the others
+are (no coordinated omission); ``max_concurrency`` caps the sessions alive at once and
+every arrival it held back is counted.
+
+Every request becomes a :class:`RequestRecord` (cheap, unvalidated) with its scheduled
+and actual send times: for a session's first turn its arrival, for a later turn the end
+of the turn before plus the think time. The measured window leaves out ramp-up and
+warm-up at the start and the cool-down at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+
+from convsim._errors import AdapterError, ConfigError
+from convsim._types import GenerationParams, Message
+from convsim.adapters import ModelAdapter
+
+from ._arrivals import ArrivalPattern, Schedule, arrival_schedule
+from ._distributions import Distribution, Fixed
+from ._monitor import InFlight, LoopMonitor, Progress, TimelinePoint
+from ._records import RequestRecord
+from ._result import Window
+from ._workloads import SessionScript, Workload
+
+__all__ = ["LoadShape", "SessionRecord", "DriveOutcome", "drive", "open_schedule", "ramped"]
+
+_SPIN_S = 0.0015
+"""Sends are timed by sleeping until this much before they are due, then yielding to
+the loop until they are: asyncio's timers wake up to a millisecond late."""
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    """How load is offered, and when the run stops.
+
+    Exactly one of ``concurrency`` (closed loop), ``rate`` (open loop at a generated
+    schedule) and ``schedule`` (open loop at given arrivals: a trace, or one worker's
+    share) is set.
+    """
+
+    concurrency: int | None = None
+    rate: float | None = None
+    arrival: ArrivalPattern = "poisson"
+    burstiness: float = 1.0
+    schedule: Schedule | None = None
+    max_concurrency: int | None = None
+    duration: float | None = None
+    """Seconds of the measured window (after ramp-up and warm-up)."""
+    max_requests: int | None = None
+    """Measured requests to send; then the run stops sending."""
+    max_errors: int | None = None
+    """Failed requests after which the run stops, marked invalid."""
+    warmup: float = 0.0
+    ramp_up: float = 0.0
+    cooldown: float = 0.0
+    think_time: Distribution = field(default_factory=lambda: Fixed(0.0))
+    seed: int = 0
+    drain_timeout: float = 60.0
+    """Seconds the requests still in flight at the end get to finish."""
+    session_offset: int = 0
+    session_stride: int = 1
+    """This worker runs sessions ``offset, offset + stride, ...`` of the workload."""
+
+    def __post_init__(self) -> None:
+        modes = sum(x is not None for x in (self.concurrency, self.rate, self.schedule))
+        if modes != 1:
+            raise ConfigError("give exactly one of --concurrency and --rate (or a trace)")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ConfigError(f"--max-concurrency must be at least 1, got {self.max_concurrency}")
+        for name in ("warmup", "ramp_up", "cooldown"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"--{name.replace('_', '-')} must be 0 or more, got {value}")
+        if self.duration is not None and not self.duration > 0:
+            raise ConfigError(f"--duration must be above 0, got {self.duration}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ConfigError(f"--max-requests must be at least 1, got {self.max_requests}")
+
+    @property
+    def open_loop(self) -> bool:
+        return self.concurrency is None
+
+    @property
+    def lead_in(self) -> float:
+        """Seconds before the measured window starts."""
+        return self.ramp_up + self.warmup
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """One session: when it was due and started (run clock), how it ended."""
+
+    session_id: str
+    scheduled_s: float | None
+    started_s: float
+    ended_s: float
+    turns_planned: int
+    turns_done: int
+    failed: bool
+
+
+@dataclass
+class DriveOutcome:
+    """Everything one drive measured. Times are on the run clock (seconds from start)."""
+
+    records: list[RequestRecord]
+    sessions: list[SessionRecord]
+    window: Window
+    target_rate: float | None
+    loop_lag_s: list[float]
+    cpu_s: float
+    """CPU seconds this process used during the measured window."""
+    mean_in_flight: float
+    max_in_flight: int
+    mean_sessions: float
+    max_sessions: int
+    held_by_cap: int
+    """Arrivals that waited for a slot under ``max_concurrency``."""
+    stopped_by: str
+    """``duration``, ``max_requests``, ``max_errors``, ``workload`` or ``cancelled``."""
+    timeline: list[TimelinePoint]
+    notes: list[str]
+
+
+def ramped(offsets: np.ndarray, ramp_up: float) -> np.ndarray:
+    """Arrival offsets at a rate that grows linearly from 0 over ``ramp_up`` seconds,
+    then stays: each offset of the full-rate schedule is mapped through the inverse of
+    the ramped arrival count (the schedule stays the same random draw)."""
+    if ramp_up <= 0:
+        return offsets
+    half = ramp_up / 2
+    return np.where(offsets < half, np.sqrt(2 * ramp_up * offsets), offsets + half)
+
+
+def open_schedule(shape: LoadShape) -> Schedule:
+    """The arrivals of an open-loop shape: its given schedule, or one generated for its
+    rate over the whole run (lead-in, window and cool-down), ramped up."""
+    if shape.schedule is not None:
+        return shape.schedule
+    if shape.rate is None:
+        raise ConfigError("a closed-loop shape has no arrival schedule")
+    horizon = (
+        shape.lead_in + shape.duration + shape.cooldown if shape.duration is not None else None
+    )
+    if horizon is not None:
+        full = arrival_schedule(
+            shape.arrival,
+            shape.rate,
+            duration=horizon,
+            burstiness=shape.burstiness,
+            seed=shape.seed,
+        )
+    elif shape.max_requests is not None:
+        # sessions hold one request or more: this many arrivals outlast max_requests
+        count = shape.max_requests + math.ceil(shape.rate * shape.lead_in) + 1
+        full = arrival_schedule(
+            shape.arrival, shape.rate, count=count, burstiness=shape.burstiness, seed=shape.seed
+        )
+    else:
+        raise ConfigError("an open-loop run needs --duration or --max-requests")
+    offsets = ramped(full.offsets, shape.ramp_up)
+    if horizon is not None:
+        offsets = offsets[offsets < horizon]
+    none: tuple[int | None, ...] = (None,) * offsets.size
+    return Schedule(offsets, none, none)
+
+
+class _Driver:
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        workload: Workload,
+        shape: LoadShape,
+        *,
+        clock: Callable[[], float],
+        start_at: float | None,
+        on_progress: Callable[[Progress], None] | None = None,
+        label: str = "",
+    ) -> None:
+        self.on_progress = on_progress
+        self.label = label
+        self.adapter = adapter
+        self.workload = workload
+        self.shape = shape
+        self.clock = clock
+        self.aligned = start_at is not None
+        self.t0 = start_at if start_at is not None else clock()
+        self.records: list[RequestRecord] = []
+        self.sessions: list[SessionRecord] = []
+        self.monitor = LoopMonitor(clock=clock)
+        self.in_flight = InFlight(clock)
+        self.alive = InFlight(clock)
+        self.window_start = shape.lead_in
+        self.window_end = math.inf if shape.duration is None else shape.lead_in + shape.duration
+        self.send_until = self.window_end + shape.cooldown
+        self.sending = True
+        self.stopped_by = "workload"
+        self.measured_sent = 0
+        self.failed = 0
+        self.completed = 0
+        self.held_by_cap = 0
+        self.next_session = 0
+        self.think_rng = np.random.default_rng([shape.seed, shape.session_offset, 0x7417])
+        self.stop_event = anyio.Event()
+        self.cpu_at_window: float | None = None
+        self.cpu_s = 0.0
+        self.timeline: list[TimelinePoint] = []
+        self.notes: list[str] = []
+        self.last_send = 0.0
+
+    # -- time -----------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.clock() - self.t0
+
+    async def until(self, at: float) -> None:
+        """Sleep until ``at`` on the run clock: a timer to just before, then yields."""
+        delay = at - self.now() - _SPIN_S
+        if delay > 0:
+            await anyio.sleep(delay)
+        while self.now() < at:
+            await anyio.lowlevel.checkpoint()
+
+    def stop(self, reason: str) -> None:
+        if self.sending:
+            self.sending = False
+            self.stopped_by = reason
+            self.stop_event.set()
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def take_session(self) -> SessionScript | None:
+        size = self.workload.size
+        k = self.next_session
+        index = self.shape.session_offset + k * self.shape.session_stride
+        if size is not None and index >= size:
+            return None
+        self.next_session += 1
+        return self.workload.session(index)
+
+    async def run_session(self, script: SessionScript, scheduled: float | None) -> None:
+        self.alive.change(+1)
+        started = self.now()
+        done = 0
+        failed = False
+        messages: list[Message] = []
+        if script.system:
+            messages.append(Message(role="system", content=script.system))
+        due = scheduled if scheduled is not None else started
+        try:
+            for index, turn in enumerate(script.turns):
+                if index:
+                    think = float(self.shape.think_time.sample(self.think_rng, 1)[0])
+                    due = self.now() + think
+                    if think > 0:
+                        await self.until(due)
+                if not self.sending or self.now() >= self.send_until:
+                    break
+                text = turn.user if isinstance(turn.user, str) else turn.user(messages)
+                messages.append(Message(role="user", content=text))
+                answer = await self.request(script, index, messages, turn, due)
+                if answer is None:
+                    failed = True
+                    break
+                done += 1
+                messages.append(Message(role="assistant", content=answer))
+        finally:
+            self.alive.change(-1)
+            self.sessions.append(
+                SessionRecord(
+                    script.session_id,
+                    scheduled,
+                    started,
+                    self.now(),
+                    len(script.turns),
+                    done,
+                    failed,
+                )
+            )
+
+    async def request(
+        self,
+        script: SessionScript,
+        index: int,
+        messages: Sequence[Message],
+        turn: Any,
+        due: float,
+    ) -> str | None:
+        params = GenerationParams(
+            max_tokens=turn.max_tokens,
+            min_tokens=turn.max_tokens if turn.exact_output else None,
+            ignore_eos=True if turn.exact_output else None,
+        )
+        called = self.now()
+        measured = called >= self.window_start
+        if measured:
+            self.measured_sent += 1
+            if (
+                self.shape.max_requests is not None
+                and self.measured_sent >= self.shape.max_requests
+            ):
+                self.stop("max_requests")
+        self.last_send = called
+        self.in_flight.change(+1)
+        try:
+            completion = await self.adapter.generate(messages, params)
+        except AdapterError as exc:
+            end = self.now()
+            self.records.append(
+                RequestRecord(
+                    script.session_id,
+                    index,
+                    len(messages),
+                    due,
+                    called,
+                    None,
+                    None,
+                    (),
+                    end,
+                    None,
+                    None,
+                    type(exc).__name__,
+                )
+            )
+            self.failed += 1
+            if self.shape.max_errors is not None and self.failed >= self.shape.max_errors:
+                self.stop("max_errors")
+            return None
+        finally:
+            self.in_flight.change(-1)
+        end = self.now()
+        timings = completion.timings
+        # the wire send of the answering attempt; queueing in the client counts as delay
+        sent = max(called, end - timings.total_s)
+        usage = completion.usage
+        self.records.append(
+            RequestRecord(
+                script.session_id,
+                index,
+                len(messages),
+                due,
+                sent,
+                timings.ttft_s,
+                timings.ttft_s,
+                timings.inter_token_s,
+                end,
+                None if usage.estimated else usage.prompt_tokens,
+                None if usage.estimated else usage.completion_tokens,
+            )
+        )
+        self.completed += 1
+        return completion.text
+
+    # -- the two loops ------------------------------------------------------------------
+
+    async def closed_slot(self, slot: int, count: int) -> None:
+        if self.shape.ramp_up > 0:
+            await self.until(self.shape.ramp_up * slot / count)
+        while self.sending and self.now() < self.send_until:
+            script = self.take_session()
+            if script is None:
+                return
+            await self.run_session(script, self.now())
+
+    async def open_arrivals(self, offsets: np.ndarray, tg: Any) -> None:
+        cap = self.shape.max_concurrency
+        freed = anyio.Event()
+        alive = 0
+
+        async def session(script: SessionScript, at: float) -> None:
+            nonlocal alive, freed
+            try:
+                await self.run_session(script, at)
+            finally:
+                alive -= 1
+                freed.set()
+
+        for offset in offsets:
+            at = float(offset)
+            if at >= self.send_until:
+                break
+            script = self.take_session()  # built before it is due, not on its time
+            if script is None:
+                break
+            await self.until(at)
+            if not self.sending:
+                break
+            if cap is not None and alive >= cap:
+                self.held_by_cap += 1
+                while alive >= cap and self.sending:
+                    freed = anyio.Event()
+                    await freed.wait()
+                if not self.sending:
+                    break
+            alive += 1
+            tg.start_soon(session, script, at)
+
+    # -- the run ------------------------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Open and close the window, stop at the duration, and sample the timeline."""
+        opened = False
+        next_point = 0.0
+        while True:
+            now = self.now()
+            if not opened and now >= self.window_start:
+                opened = True
+                self.in_flight.reset()
+                self.alive.reset()
+                self.monitor.recording = True
+                self.cpu_at_window = time.process_time()
+            if now >= self.send_until:
+                self.stop("duration")
+            if self.on_progress is not None:
+                self.on_progress(self.progress(now, opened))
+            if now >= next_point:
+                self.timeline.append(
+                    TimelinePoint(
+                        round(now, 3),
+                        self.in_flight.now,
+                        self.alive.now,
+                        self.completed,
+                        self.failed,
+                    )
+                )
+                next_point += 1.0
+            wake = min(next_point, self.window_start if not opened else math.inf, self.send_until)
+            if self.on_progress is not None:
+                wake = min(wake, now + 0.5)
+            with anyio.move_on_after(max(0.0, wake - self.now())):
+                await self.stop_event.wait()
+            if not self.sending and opened:
+                return
+
+    def progress(self, now: float, measuring: bool) -> Progress:
+        recent = [r for r in self.records[-200:] if r.ok]
+        ttfts = [r.ttft_s for r in recent if r.ttft_s is not None]
+        return Progress(
+            self.label,
+            now,
+            measuring,
+            self.completed,
+            self.failed,
+            self.in_flight.now,
+            self.alive.now,
+            float(np.median(ttfts)) * 1000 if ttfts else None,
+            float(np.median([r.e2e_s for r in recent])) * 1000 if recent else None,
+        )
+
+    async def run(self) -> DriveOutcome:
+        shape = self.shape
+        if shape.open_loop:
+            offsets = open_schedule(shape).offsets
+            target = shape.rate if shape.schedule is None else None
+            if shape.schedule is not None and len(shape.schedule) > 1:
+                span = float(offsets[-1] - offsets[0])
+                target = (len(offsets) - 1) / span if span > 0 else None
+        else:
+            if shape.duration is None and shape.max_requests is None and self.workload.size is None:
+                raise ConfigError(
+                    "a closed-loop run needs --duration, --max-requests or a finite workload "
+                    "(--repeat)"
+                )
+            target = None
+        # the client's first connection and lazy set-up happen before the clock starts
+        await self.adapter.preflight()
+        if not self.aligned:
+            self.t0 = self.clock()
+        elif self.t0 > self.clock():
+            await anyio.sleep(self.t0 - self.clock())
+        async with anyio.create_task_group() as background:
+            background.start_soon(self.monitor.run)
+            background.start_soon(self.watch)
+            async with anyio.create_task_group() as tg:
+                background.start_soon(self.drain_guard, tg.cancel_scope)
+                if shape.open_loop:
+                    await self.open_arrivals(offsets, tg)
+                else:
+                    count = shape.concurrency or 1
+                    for slot in range(count):
+                        tg.start_soon(self.closed_slot, slot, count)
+                # leaving the group waits for the sessions still running
+            if self.sending:
+                self.stop("workload")
+            self.cpu_s = (
+                time.process_time() - self.cpu_at_window if self.cpu_at_window is not None else 0.0
+            )
+            background.cancel_scope.cancel()
+        end = self.now()
+        window_end = min(self.window_end, end) if math.isfinite(self.window_end) else end
+        if window_end <= self.window_start:
+            raise ConfigError(
+                f"the run ended after {end:.2f} s, before its measured window began "
+                f"(ramp-up and warm-up take {self.window_start:g} s); lengthen the run"
+            )
+        return DriveOutcome(
+            records=self.records,
+            sessions=self.sessions,
+            window=Window(self.window_start, window_end),
+            target_rate=target,
+            loop_lag_s=self.monitor.lags_s,
+            cpu_s=self.cpu_s,
+            mean_in_flight=self.in_flight.mean(),
+            max_in_flight=self.in_flight.peak,
+            mean_sessions=self.alive.mean(),
+            max_sessions=self.alive.peak,
+            held_by_cap=self.held_by_cap,
+            stopped_by=self.stopped_by,
+            timeline=self.timeline,
+            notes=self.notes,
+        )
+
+    async def drain_guard(self, sessions: anyio.CancelScope) -> None:
+        """Once the run stops sending, give the requests in flight the drain timeout to
+        end, then cancel what is left."""
+        await self.stop_event.wait()
+        await anyio.sleep(self.shape.drain_timeout)
+        self.notes.append(
+            f"{self.in_flight.now} requests were still in flight {self.shape.drain_timeout:g} s "
+            "after the run stopped sending and were cancelled"
+        )
+        sessions.cancel()
+
+
+async def drive(
+    adapter: ModelAdapter,
+    workload: Workload,
+    shape: LoadShape,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    start_at: float | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    label: str = "",
+) -> DriveOutcome:
+    """Offer ``workload`` to ``adapter`` as ``shape`` says and measure every request.
+
+    ``start_at`` (on ``clock``) aligns workers on one schedule: the run clock's zero.
+    ``on_progress`` gets a snapshot about twice a second.
+    """
+    driver = _Driver(
+        adapter,
+        workload,
+        shape,
+        clock=clock,
+        start_at=start_at,
+        on_progress=on_progress,
+        label=label,
+    )
+    return await driver.run()

@@ -1,0 +1,204 @@
+"""From what the workers measured to one point's figures, merged exactly.
+
+Workers share one run clock (the schedule's zero), so their raw records and samples are
+concatenated and summarised once: the percentiles are those of the pooled samples, not
+an average of the workers' percentiles.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._driver import DriveOutcome
+from ._records import RequestRecord
+from ._result import (
+    ClientFigures,
+    ConversationFigures,
+    InputTokenAccuracy,
+    PointResult,
+    TimelineEntry,
+    Window,
+    point_result,
+)
+from ._slo import Goodput, SLOs
+from ._stats import summarize
+
+__all__ = ["Thresholds", "InputCheck", "merged_result"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When the load generator's own figures make a run invalid."""
+
+    max_schedule_delay_ms: float = 10.0
+    max_loop_lag_ms: float = 10.0
+    max_worker_cpu: float = 0.95
+    min_rate_ratio: float = 0.95
+
+
+@dataclass(frozen=True)
+class InputCheck:
+    """What a first turn's prompt should count: ``base`` tokens (template, system
+    prompt) plus the asked input, per session id."""
+
+    method: str
+    tokens_per_word: float
+    base_tokens: dict[str, float]
+    asked: dict[str, int]
+
+
+def _window(outcomes: Sequence[DriveOutcome]) -> Window:
+    return Window(min(o.window.start_s for o in outcomes), max(o.window.end_s for o in outcomes))
+
+
+def _conversations(
+    outcomes: Sequence[DriveOutcome],
+    records: Sequence[RequestRecord],
+    window: Window,
+    slos: SLOs | None,
+) -> tuple[ConversationFigures, float | None]:
+    met: dict[str, bool] = defaultdict(lambda: True)
+    if slos is not None:
+        for r in records:
+            met[r.session_id] = met[r.session_id] and slos.met_by(r)
+    sessions = [s for o in outcomes for s in o.sessions]
+    started = sum(1 for r in records if r.turn_index == 0 and r.sent_s in window)
+    ended = [s for s in sessions if s.ended_s in window]
+    completed = [s for s in ended if not s.failed and s.turns_done == s.turns_planned]
+    failed = sum(1 for s in ended if s.failed)
+    good = sum(1 for s in completed if met[s.session_id]) if slos is not None else None
+    share = None if good is None or not completed else good / len(completed)
+    figures = ConversationFigures(
+        started=started,
+        completed=len(completed),
+        failed=failed,
+        per_s=len(completed) / window.duration_s,
+        meeting_slo_share=share,
+    )
+    return figures, None if good is None else good / window.duration_s
+
+
+def _client(outcomes: Sequence[DriveOutcome], window: Window) -> ClientFigures:
+    seconds = window.duration_s
+    lags = np.concatenate([np.asarray(o.loop_lag_s, dtype=np.float64) for o in outcomes])
+    return ClientFigures(
+        workers=len(outcomes),
+        cpu_cores=sum(o.cpu_s for o in outcomes) / seconds,
+        max_worker_cpu=max(o.cpu_s / o.window.duration_s for o in outcomes),
+        event_loop_lag_ms=summarize(lags, 1000.0),
+        mean_in_flight=sum(o.mean_in_flight for o in outcomes),
+        max_in_flight=sum(o.max_in_flight for o in outcomes),
+        mean_sessions=sum(o.mean_sessions for o in outcomes),
+        max_sessions=sum(o.max_sessions for o in outcomes),
+        held_by_max_concurrency=sum(o.held_by_cap for o in outcomes),
+    )
+
+
+def _timeline(outcomes: Sequence[DriveOutcome]) -> list[TimelineEntry]:
+    """The workers' seconds added up, second by second (each samples once a second)."""
+    rows: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for o in outcomes:
+        for p in o.timeline:
+            row = rows[round(p.t_s)]
+            row[0] += p.in_flight
+            row[1] += p.sessions
+            row[2] += p.completed
+            row[3] += p.failed
+    return [
+        TimelineEntry(t_s=float(t), in_flight=r[0], sessions=r[1], completed=r[2], failed=r[3])
+        for t, r in sorted(rows.items())
+    ]
+
+
+def _input_accuracy(
+    records: Sequence[RequestRecord], window: Window, check: InputCheck
+) -> InputTokenAccuracy:
+    errors = [
+        100.0
+        * (r.input_tokens - check.base_tokens[r.session_id] - check.asked[r.session_id])
+        / check.asked[r.session_id]
+        for r in records
+        if r.turn_index == 0
+        and r.ok
+        and r.sent_s in window
+        and r.input_tokens is not None
+        and check.asked.get(r.session_id)
+    ]
+    absolute = np.abs(np.asarray(errors, dtype=np.float64))
+    return InputTokenAccuracy(
+        method=check.method,
+        tokens_per_word=check.tokens_per_word,
+        requests=len(errors),
+        error_pct_p50=float(np.median(errors)) if errors else None,
+        error_pct_max=float(absolute.max()) if errors else None,
+    )
+
+
+def merged_result(
+    outcomes: Sequence[DriveOutcome],
+    *,
+    slos: SLOs | None = None,
+    target_rate: float | None = None,
+    concurrency: int | None = None,
+    thresholds: Thresholds = Thresholds(),
+    input_check: InputCheck | None = None,
+) -> PointResult:
+    """One point's figures from the outcomes of its workers (one or more)."""
+    window = _window(outcomes)
+    records = [r for o in outcomes for r in o.records]
+    client = _client(outcomes, window)
+    reasons: list[str] = []
+    lag_p99 = client.event_loop_lag_ms.p99
+    if lag_p99 is not None and lag_p99 > thresholds.max_loop_lag_ms:
+        reasons.append(
+            f"the load generator's event loop lagged: p99 {lag_p99:.1f} ms above "
+            f"{thresholds.max_loop_lag_ms:g} ms, so latencies include the client's own delay"
+        )
+    if client.max_worker_cpu >= thresholds.max_worker_cpu:
+        reasons.append(
+            f"the load generator was CPU-bound ({client.max_worker_cpu:.2f} of a core in its "
+            "busiest worker): the client, not the server, may have set the pace; add --workers "
+            "or lower the load"
+        )
+    if client.held_by_max_concurrency:
+        reasons.append(
+            f"--max-concurrency held back {client.held_by_max_concurrency} arrivals: the "
+            "offered load was below the target"
+        )
+    stopped = {o.stopped_by for o in outcomes}
+    if "max_errors" in stopped:
+        reasons.append("the run stopped at --max-errors")
+    point = point_result(
+        records,
+        window,
+        slos=slos,
+        target_rate=target_rate,
+        max_schedule_delay_ms=thresholds.max_schedule_delay_ms,
+        min_rate_ratio=thresholds.min_rate_ratio,
+        invalid_reasons=reasons,
+    )
+    conversations, good_conversations = _conversations(outcomes, records, window, slos)
+    goodput = point.goodput
+    if goodput is not None and good_conversations is not None:
+        goodput = Goodput(
+            requests_per_s=goodput.requests_per_s, conversations_per_s=good_conversations
+        )
+    stopped_by = "max_errors" if "max_errors" in stopped else sorted(stopped)[0]
+    return point.model_copy(
+        update={
+            "goodput": goodput,
+            "conversations": conversations,
+            "client": client,
+            "input_tokens": None
+            if input_check is None
+            else _input_accuracy(records, window, input_check),
+            "stopped_by": stopped_by,
+            "concurrency": concurrency,
+            "notes": [n for o in outcomes for n in o.notes],
+            "timeline": _timeline(outcomes),
+        }
+    )

@@ -1,0 +1,492 @@
+"""A whole load run: settings, the adapter, calibration, workers, sweep, and the result.
+
+:func:`run_load` is what ``convsim load`` and Python callers run. With ``workers`` above
+1, each worker is a process with its own event loop, adapter and share of the work: an
+open-loop schedule is computed once here and dealt out arrival by arrival, a closed
+loop's sessions are split, and rate budgets (``rpm``, ``tpm``) are divided so that the
+workers together keep to them. Their raw measurements are merged exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from convsim._errors import ConfigError
+from convsim._log import get_logger
+
+from ._arrivals import ArrivalPattern, Schedule, read_trace
+from ._calibrate import Calibration, calibrate
+from ._distributions import parse_distribution, parse_synthetic
+from ._driver import DriveOutcome, LoadShape, drive, open_schedule
+from ._figures import InputCheck, Thresholds, merged_result
+from ._monitor import Progress
+from ._records import RequestRecord
+from ._result import LoadResult, PointResult, SweepResult, sweep_result
+from ._slo import parse_slos
+from ._workloads import PackSessions, ShareGPTSessions, SyntheticSessions, Workload, read_sharegpt
+
+__all__ = ["LoadPlan", "LoadRun", "Progress", "run_load", "DEFAULT_SYNTHETIC"]
+
+log = get_logger("convsim.load")
+
+DEFAULT_SYNTHETIC = "turns=3,input_tokens=256,output_tokens=64"
+_OPEN_LOOP_POOL = 4096
+
+
+class LoadPlan(BaseModel):
+    """Everything a load run needs, as plain data (it is sent to worker processes)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = "openai-compatible:mock-model"
+    model_args: dict[str, str] = Field(default_factory=dict)
+    synthetic: str | None = None
+    pack: str | None = None
+    dataset: str | None = None
+    repeat: int | None = Field(default=None, ge=1)
+    output_tokens: int | None = Field(default=None, ge=1)
+    """max_tokens for pack and dataset turns (synthetic sessions say their own)."""
+    exact_output: bool = True
+    concurrency: int | None = Field(default=None, ge=1)
+    rate: float | None = Field(default=None, gt=0)
+    arrival: ArrivalPattern = "poisson"
+    burstiness: float = Field(default=1.0, gt=0)
+    trace: str | None = None
+    max_concurrency: int | None = Field(default=None, ge=1)
+    duration: float | None = Field(default=None, gt=0)
+    max_requests: int | None = Field(default=None, ge=1)
+    max_errors: int | None = Field(default=None, ge=1)
+    warmup: float = Field(default=0.0, ge=0)
+    ramp_up: float = Field(default=0.0, ge=0)
+    cooldown: float = Field(default=0.0, ge=0)
+    think_time: str = "0"
+    seed: int = 0
+    workers: int = Field(default=1, ge=1)
+    sweep: str | None = None
+    slo: str | None = None
+    calibrate: bool = True
+    preflight: bool = True
+    max_schedule_delay_ms: float = 10.0
+    max_loop_lag_ms: float = 10.0
+    drain_timeout: float = Field(default=60.0, gt=0)
+
+
+# -- building the pieces ------------------------------------------------------------
+
+
+def _adapter_args(plan: LoadPlan, pool: int, workers: int) -> dict[str, Any]:
+    args: dict[str, Any] = dict(plan.model_args)
+    args.setdefault("stream", "true")
+    args.setdefault("max_retries", "0")  # a retried request hides what the server did
+    args.setdefault("concurrency", str(pool))
+    for budget in ("rpm", "tpm"):
+        if budget in args and workers > 1:
+            args[budget] = str(float(args[budget]) / workers)
+    return args
+
+
+def _make_adapter(plan: LoadPlan, pool: int, workers: int = 1) -> Any:
+    from convsim.adapters import Budgets, create_adapter
+
+    adapter = create_adapter(plan.model, _adapter_args(plan, pool, workers))
+    adapter.bind_budgets(Budgets(), concurrency=pool)
+    return adapter
+
+
+def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
+    given = [x for x in (plan.synthetic, plan.pack, plan.dataset) if x is not None]
+    if len(given) > 1:
+        raise ConfigError("give one workload: --synthetic, --pack or --dataset")
+    text = calibration.text if calibration is not None else None
+    exact = plan.exact_output and (calibration is None or calibration.exact_output)
+    if plan.pack is not None:
+        from convsim.scenarios import load_pack
+
+        pack = load_pack(plan.pack)
+        return PackSessions(
+            pack.conversations, repeat=plan.repeat, seed=plan.seed, max_tokens=plan.output_tokens
+        )
+    if plan.dataset is not None:
+        conversations = tuple(read_sharegpt(plan.dataset))
+        kwargs: dict[str, Any] = {} if text is None else {"text": text}
+        return ShareGPTSessions(
+            conversations,
+            seed=plan.seed,
+            repeat=plan.repeat,
+            max_tokens=plan.output_tokens,
+            exact_output=exact,
+            **kwargs,
+        )
+    workload = parse_synthetic(plan.synthetic or DEFAULT_SYNTHETIC)
+    kwargs = {} if text is None else {"text": text}
+    return SyntheticSessions(workload, seed=plan.seed, exact_output=exact, **kwargs)
+
+
+def _pool(plan: LoadPlan, concurrency: int | None) -> int:
+    if concurrency is not None:
+        return concurrency
+    return plan.max_concurrency or _OPEN_LOOP_POOL
+
+
+def _shape(plan: LoadPlan, *, concurrency: int | None, rate: float | None) -> LoadShape:
+    think = parse_distribution(plan.think_time, what="--think-time")
+    schedule = read_trace(plan.trace) if plan.trace is not None and rate is None else None
+    if concurrency is None and rate is None and schedule is None:
+        raise ConfigError("give --concurrency N (closed loop), --rate R (open loop) or --trace")
+    return LoadShape(
+        concurrency=concurrency,
+        rate=rate if concurrency is None else None,
+        arrival=plan.arrival,
+        burstiness=plan.burstiness,
+        schedule=schedule,
+        max_concurrency=plan.max_concurrency,
+        duration=plan.duration,
+        max_requests=plan.max_requests,
+        max_errors=plan.max_errors,
+        warmup=plan.warmup,
+        ramp_up=plan.ramp_up,
+        cooldown=plan.cooldown,
+        think_time=think,
+        seed=plan.seed,
+        drain_timeout=plan.drain_timeout,
+    )
+
+
+def _input_check(
+    outcomes: Sequence[DriveOutcome], workload: Workload, calibration: Calibration | None
+) -> InputCheck | None:
+    if calibration is None or calibration.method == "none":
+        return None
+    if not isinstance(workload, SyntheticSessions):
+        return None
+    base: dict[str, float] = {}
+    asked: dict[str, int] = {}
+    for outcome in outcomes:
+        for record in outcome.records:
+            if record.turn_index != 0 or record.session_id in asked:
+                continue
+            index = int(record.session_id[1:])
+            script = workload.session(index)
+            turn = script.turns[0]
+            if turn.input_tokens is None:
+                continue
+            asked[record.session_id] = turn.input_tokens
+            base[record.session_id] = calibration.first_turn_base(script.prefix_tokens)
+    return InputCheck(calibration.method, calibration.tokens_per_word, base, asked)
+
+
+# -- one point, in this process or in workers ------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Share:
+    """One worker's part of a point."""
+
+    index: int
+    workers: int
+    concurrency: int | None
+    schedule: Schedule | None
+    start_at_wall: float
+
+
+def _split(total: int, parts: int, index: int) -> int:
+    return total // parts + (1 if index < total % parts else 0)
+
+
+def _worker_shape(shape: LoadShape, share: _Share) -> LoadShape:
+    max_concurrency = shape.max_concurrency
+    if max_concurrency is not None:
+        max_concurrency = max(1, _split(max_concurrency, share.workers, share.index))
+    max_requests = shape.max_requests
+    if max_requests is not None:
+        max_requests = max(1, _split(max_requests, share.workers, share.index))
+    max_errors = shape.max_errors
+    if max_errors is not None:
+        max_errors = max(1, _split(max_errors, share.workers, share.index))
+    return replace(
+        shape,
+        concurrency=share.concurrency,
+        rate=None,
+        schedule=share.schedule,
+        max_concurrency=max_concurrency,
+        max_requests=max_requests,
+        max_errors=max_errors,
+        session_offset=share.index,
+        session_stride=share.workers,
+    )
+
+
+async def _drive_here(
+    plan: LoadPlan,
+    shape: LoadShape,
+    calibration: Calibration | None,
+    start_at: float | None,
+    workers: int,
+    on_progress: Callable[[Progress], None] | None = None,
+    label: str = "",
+) -> DriveOutcome:
+    workload = _workload(plan, calibration)
+    adapter = _make_adapter(plan, _pool(plan, shape.concurrency), workers)
+    try:
+        return await drive(
+            adapter, workload, shape, start_at=start_at, on_progress=on_progress, label=label
+        )
+    finally:
+        await adapter.aclose()
+
+
+def _worker_main(
+    plan: LoadPlan, shape: LoadShape, share: _Share, calibration: Calibration | None
+) -> DriveOutcome:
+    """A worker process: its own event loop on the shared run clock."""
+    from convsim._gc import tune_gc_for_throughput
+
+    tune_gc_for_throughput()
+    worker_shape = _worker_shape(shape, share)
+    start_at = time.perf_counter() + (share.start_at_wall - time.time())
+    return anyio.run(_drive_here, plan, worker_shape, calibration, start_at, share.workers)
+
+
+def _deal(schedule: Schedule, workers: int) -> list[Schedule]:
+    """Arrival ``i`` goes to worker ``i % workers``: each share spans the whole run."""
+    return [
+        Schedule(
+            schedule.offsets[w::workers],
+            schedule.input_tokens[w::workers],
+            schedule.output_tokens[w::workers],
+        )
+        for w in range(workers)
+    ]
+
+
+async def _drive_workers(
+    plan: LoadPlan, shape: LoadShape, calibration: Calibration | None
+) -> list[DriveOutcome]:
+    workers = plan.workers
+    start_at_wall = time.time() + 1.0 + 0.2 * workers  # time for the processes to start
+    if shape.open_loop:
+        shares = [
+            _Share(w, workers, None, s, start_at_wall)
+            for w, s in enumerate(_deal(open_schedule(shape), workers))
+        ]
+    else:
+        assert shape.concurrency is not None
+        if shape.concurrency < workers:
+            raise ConfigError(
+                f"--concurrency {shape.concurrency} is below --workers {workers}: each worker "
+                "needs at least one session"
+            )
+        shares = [
+            _Share(w, workers, _split(shape.concurrency, workers, w), None, start_at_wall)
+            for w in range(workers)
+        ]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(_worker_main, plan, shape, share, calibration) for share in shares]
+        outcomes = []
+        for future in futures:
+            outcomes.append(await anyio.to_thread.run_sync(future.result))
+    return outcomes
+
+
+@dataclass(frozen=True)
+class _Point:
+    result: PointResult
+    records: list[RequestRecord]
+
+
+async def _run_point(
+    plan: LoadPlan,
+    *,
+    concurrency: int | None,
+    rate: float | None,
+    calibration: Calibration | None,
+    on_progress: Callable[[Progress], None] | None = None,
+    label: str = "",
+) -> _Point:
+    shape = _shape(plan, concurrency=concurrency, rate=rate)
+    if plan.workers > 1:
+        outcomes = await _drive_workers(plan, shape, calibration)
+    else:
+        outcomes = [await _drive_here(plan, shape, calibration, None, 1, on_progress, label)]
+    slos = parse_slos(plan.slo) if plan.slo else None
+    target = rate if concurrency is None and rate is not None else outcomes[0].target_rate
+    if concurrency is not None:
+        target = None
+    result = merged_result(
+        outcomes,
+        slos=slos,
+        target_rate=target,
+        concurrency=concurrency,
+        thresholds=Thresholds(
+            max_schedule_delay_ms=plan.max_schedule_delay_ms,
+            max_loop_lag_ms=plan.max_loop_lag_ms,
+        ),
+        input_check=_input_check(outcomes, _workload(plan, calibration), calibration),
+    )
+    notes = list(calibration.notes) if calibration is not None else []
+    result = result.model_copy(update={"notes": [*notes, *result.notes]})
+    return _Point(result, [r for o in outcomes for r in o.records])
+
+
+# -- sweeps -----------------------------------------------------------------------------
+
+
+def _sweep_values(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"invalid --sweep {text!r}: expected 'auto', 'auto:N' or a list of numbers"
+        ) from None
+    if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+        raise ConfigError(f"invalid --sweep {text!r}: every value must be above 0")
+    return values
+
+
+def _saturated(point: PointResult, first: PointResult) -> bool:
+    """The server no longer kept up at ``point``: its median end-to-end latency is three
+    times that of the sweep's lightest point, or a tenth of its requests failed."""
+    sent = point.requests.completed + point.requests.failed
+    if sent and point.requests.failed / sent > 0.1:
+        return True
+    now, base = point.latency_ms.e2e.p50, first.latency_ms.e2e.p50
+    return now is not None and base is not None and now > 3 * base
+
+
+@dataclass
+class _Runner:
+    """Runs the points of one plan, keeping every request for the per-request file."""
+
+    plan: LoadPlan
+    calibration: Calibration | None
+    report: Callable[[str], None]
+    on_progress: Callable[[Progress], None] | None
+    records: list[tuple[int, RequestRecord]]
+
+    async def point(self, *, concurrency: int | None, rate: float | None) -> PointResult:
+        index = len({i for i, _ in self.records})
+        label = f"concurrency {concurrency}" if concurrency is not None else f"rate {rate:.3g}/s"
+        if rate is None and concurrency is None:
+            label = "trace"
+        done = await _run_point(
+            self.plan,
+            concurrency=concurrency,
+            rate=rate,
+            calibration=self.calibration,
+            on_progress=self.on_progress,
+            label=label,
+        )
+        self.records.extend((index, r) for r in done.records)
+        return done.result
+
+    async def sweep(self) -> SweepResult:
+        plan = self.plan
+        assert plan.sweep is not None
+        text = plan.sweep.strip().lower()
+        points: list[PointResult] = []
+        if text.startswith("auto"):
+            _, _, n = text.partition(":")
+            try:
+                count = int(n) if n else 3
+            except ValueError:
+                raise ConfigError(f"invalid --sweep {plan.sweep!r}: expected auto:N") from None
+            if count < 1:
+                raise ConfigError("--sweep auto:N needs N of at least 1")
+            self.report("sweep: measuring the synchronous rate (concurrency 1)")
+            sync = await self.point(concurrency=1, rate=None)
+            saturation = plan.concurrency or 64
+            self.report(f"sweep: measuring the saturated rate (concurrency {saturation})")
+            top = await self.point(concurrency=saturation, rate=None)
+            low, high = sync.achieved_rate, top.achieved_rate
+            if not (high > low > 0):
+                raise ConfigError(
+                    f"--sweep auto: the saturated rate ({high:.3g}/s) is not above the "
+                    f"synchronous one ({low:.3g}/s); give the rates with --sweep R1,R2,..."
+                )
+            points.extend([sync, top])
+            values = [low + (high - low) * (k + 1) / (count + 1) for k in range(count)]
+            by_concurrency = False
+        else:
+            values = _sweep_values(text)
+            by_concurrency = plan.concurrency is not None
+        for value in values:
+            if by_concurrency:
+                self.report(f"sweep: concurrency {int(value)}")
+                point = await self.point(concurrency=int(value), rate=None)
+            else:
+                self.report(f"sweep: rate {value:.3g}/s")
+                point = await self.point(concurrency=None, rate=value)
+            points.append(point)
+            if _saturated(point, points[0]):
+                self.report("sweep: the server saturated; stopping")
+                break
+        return sweep_result(points)
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadRun:
+    """A finished load run: its result, and every request it sent (with the index of
+    the point it belongs to, 0 without a sweep)."""
+
+    result: LoadResult | SweepResult
+    requests: list[tuple[int, RequestRecord]]
+
+
+async def run_load(
+    plan: LoadPlan,
+    *,
+    report: Callable[[str], None] = lambda _line: None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> LoadRun:
+    """Run the load test ``plan`` describes.
+
+    ``report`` gets a line at each step (calibration, each sweep point); ``on_progress``
+    a snapshot about twice a second while a point runs in this process.
+
+    Raises:
+        ConfigError: settings that do not fit together, or a workload that cannot load.
+        EndpointError: the preflight check found the server unusable.
+    """
+    if plan.sweep is None and plan.concurrency is None and plan.rate is None and not plan.trace:
+        raise ConfigError("give --concurrency N (closed loop), --rate R (open loop) or --trace")
+    if plan.concurrency is not None and plan.rate is not None:
+        raise ConfigError("give one of --concurrency (closed loop) and --rate (open loop)")
+    if plan.slo:
+        parse_slos(plan.slo)  # fail before any request
+    if plan.sweep is not None and not plan.sweep.strip().lower().startswith("auto"):
+        _sweep_values(plan.sweep)
+    parse_distribution(plan.think_time, what="--think-time")
+    if plan.trace is not None:
+        read_trace(plan.trace)
+    if plan.workers > (os.cpu_count() or 1) * 4:
+        raise ConfigError(f"--workers {plan.workers} is far above this machine's CPUs")
+    _workload(plan, None)  # a bad pack or dataset fails before any request
+    probe = _make_adapter(plan, 8)
+    calibration: Calibration | None = None
+    try:
+        if plan.preflight:
+            await probe.preflight()
+        if plan.calibrate:
+            report("calibrating input lengths against the server")
+            calibration = await calibrate(probe, exact_output=plan.exact_output)
+    finally:
+        await probe.aclose()
+    runner = _Runner(plan, calibration, report, on_progress, [])
+    if plan.sweep is not None:
+        return LoadRun(await runner.sweep(), runner.records)
+    point = await runner.point(concurrency=plan.concurrency, rate=plan.rate)
+    return LoadRun(LoadResult.of(point), runner.records)

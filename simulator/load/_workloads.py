@@ -1,0 +1,336 @@
+"""What the sessions of a load run say: synthetic text, a scenario pack, or ShareGPT.
+
+A workload hands the driver one :class:`SessionScript` per session index, the same for
+the same index and seed wherever it runs (so workers can split sessions by index). A
+script holds the system prompt and the turns; a turn's user message is text, or (packs)
+a function of the transcript so far, which holds the model's real answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from convsim._errors import ConfigError
+from convsim._types import Message
+
+from ._distributions import SyntheticWorkload
+
+__all__ = [
+    "TurnScript",
+    "SessionScript",
+    "Workload",
+    "TokenText",
+    "SyntheticSessions",
+    "PackSessions",
+    "ShareGPTSessions",
+    "read_sharegpt",
+    "vocabulary_text",
+    "VOCABULARY_SIZE",
+]
+
+UserText = str | Callable[[Sequence[Message]], str]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnScript:
+    """One turn of a session: what the user says and how many tokens to ask for.
+
+    ``input_tokens`` is what the workload meant the user message to hold, in the
+    server's tokens (None when the text is not synthetic).
+    """
+
+    user: UserText
+    max_tokens: int | None = None
+    exact_output: bool = False
+    """Ask the server for exactly ``max_tokens`` (``min_tokens`` and ``ignore_eos``)."""
+    input_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionScript:
+    """One session: an id, an optional system prompt, and its turns in order."""
+
+    session_id: str
+    system: str | None
+    turns: tuple[TurnScript, ...]
+    prefix_tokens: int = 0
+    """Tokens of the shared system prompt, as asked (0 when there is none)."""
+
+
+class Workload(Protocol):
+    """Sessions by index; ``size`` is how many distinct sessions there are (None when
+    there is no end to them)."""
+
+    @property
+    def size(self) -> int | None: ...
+
+    def session(self, index: int) -> SessionScript: ...
+
+
+# Common English words that most tokenizers (GPT, Llama, Mistral, Qwen) hold as one
+# token each after a space, so that word counts track token counts closely.
+_WORDS = tuple(
+    """time people way day man thing woman life child world school state family student
+    group country problem hand part place case week company system program question work
+    number night point home water room mother area money story fact month lot right study
+    book eye job word business issue side kind head house service friend father power hour
+    game line end member law car city name team minute idea body information back parent
+    face level office door health person art war history party result change morning
+    reason research girl guy moment air teacher force education foot boy age policy music
+    market sense nation plan college interest death experience effect class control care
+    field development role effort rate heart drug show leader light voice wife police mind
+    price report decision son view relationship town road arm difference value building
+    action model season society tax director position player record paper space ground form
+    event official matter center couple site project activity star table need court oil
+    situation cost industry figure street image phone data picture practice piece land
+    product doctor wall patient worker news test movie north love support technology step
+    baby computer type attention film tree source organization hair window evidence
+    population truth song chance river""".split()
+)
+
+
+@dataclass(frozen=True)
+class TokenText:
+    """Synthetic text of a wanted length in the server's tokens.
+
+    ``tokens_per_word`` comes from calibration against the server (its tokenize
+    endpoint, or the prompt tokens it reports for probes); 1.0 without it.
+    """
+
+    tokens_per_word: float = 1.0
+
+    def words_for(self, tokens: int) -> int:
+        """How many words make ``tokens`` tokens."""
+        return max(0, round(tokens / self.tokens_per_word))
+
+    def text(self, tokens: int, rng: np.random.Generator) -> str:
+        """Common words holding about ``tokens`` tokens: consecutive words of the
+        vocabulary from a random place, so that any length holds an even mix of them
+        (its token count then strays little from the calibrated mean)."""
+        return vocabulary_text(self.words_for(tokens), int(rng.integers(0, len(_WORDS))))
+
+
+def vocabulary_text(words: int, start: int = 0) -> str:
+    """``words`` words of the vocabulary, in order from ``start``, wrapping around."""
+    n = len(_WORDS)
+    return " ".join(_WORDS[(start + j) % n] for j in range(words))
+
+
+VOCABULARY_SIZE = len(_WORDS)
+
+
+def _draw(dist: Any, rng: np.random.Generator) -> int:
+    return int(dist.sample(rng, 1)[0])
+
+
+@dataclass(frozen=True)
+class SyntheticSessions:
+    """Sessions made up from a :class:`SyntheticWorkload`: random words of the asked
+    lengths, a shared system prompt of ``prefix_tokens``, exact output lengths."""
+
+    workload: SyntheticWorkload
+    text: TokenText = TokenText()
+    seed: int = 0
+    exact_output: bool = True
+
+    @property
+    def size(self) -> int | None:
+        return None
+
+    def _prefix(self) -> tuple[str | None, int]:
+        rng = np.random.default_rng([self.seed, 0x5EED])
+        tokens = _draw(self.workload.prefix_tokens, rng)
+        return (self.text.text(tokens, rng) or None, tokens) if tokens else (None, 0)
+
+    def session(self, index: int) -> SessionScript:
+        rng = np.random.default_rng([self.seed, index])
+        system, prefix_tokens = self._prefix()
+        turns = max(1, _draw(self.workload.turns, rng))
+        scripts = []
+        for _ in range(turns):
+            asked_in = max(1, _draw(self.workload.input_tokens, rng))
+            asked_out = max(1, _draw(self.workload.output_tokens, rng))
+            scripts.append(
+                TurnScript(
+                    user=self.text.text(asked_in, rng) or _WORDS[0],
+                    max_tokens=asked_out,
+                    exact_output=self.exact_output,
+                    input_tokens=asked_in,
+                )
+            )
+        return SessionScript(f"s{index}", system, tuple(scripts), prefix_tokens)
+
+
+@dataclass(frozen=True)
+class PackSessions:
+    """Sessions from a scenario pack's conversations, each user message rendered from
+    its template with the real answers so far; the pack is gone through in a seeded
+    order, reshuffled each round, ``repeat`` rounds (None: as many as the run takes)."""
+
+    conversations: tuple[Any, ...]
+    """:class:`convsim.scenarios.Conversation` objects."""
+    repeat: int | None = None
+    seed: int = 0
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.conversations:
+            raise ConfigError("the pack holds no conversations to send")
+        for conv in self.conversations:
+            for turn in conv.flow.turns:
+                if turn.config.role == "user":
+                    raise ConfigError(
+                        f"{conv.source}: turn {turn.turn_id!r} is written by a simulated "
+                        "user; a load test sends scripted turns only (use a pack whose turns "
+                        "are all role: assistant)"
+                    )
+
+    @property
+    def size(self) -> int | None:
+        return None if self.repeat is None else self.repeat * len(self.conversations)
+
+    def _order(self, rounds: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, rounds]).permutation(len(self.conversations))
+
+    def session(self, index: int) -> SessionScript:
+        n = len(self.conversations)
+        rounds, position = divmod(index, n)
+        conv = self.conversations[int(self._order(rounds)[position])]
+        system = conv.scenario.system_prompt or conv.flow.flow.system_prompt
+
+        def user_text(turn: Any) -> UserText:
+            def render(transcript: Sequence[Message]) -> str:
+                return str(conv.render(turn, transcript))
+
+            return render
+
+        turns = tuple(
+            TurnScript(user=user_text(turn), max_tokens=self.max_tokens) for turn in conv.flow.turns
+        )
+        return SessionScript(f"{conv.conversation_id}#{rounds}", system, turns)
+
+
+@dataclass(frozen=True)
+class _ShareGPTConversation:
+    conversation_id: str
+    system: str | None
+    users: tuple[str, ...]
+    reply_words: tuple[int | None, ...]
+    """Words of the recorded reply to each user message (None where there is none)."""
+
+
+def _turns_of(item: Any, where: str) -> _ShareGPTConversation | None:
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where}: expected an object with 'conversations'")
+    turns = item.get("conversations", item.get("messages"))
+    if not isinstance(turns, list):
+        raise ConfigError(f"{where}: conversations: expected a list of turns")
+    system: str | None = None
+    users: list[str] = []
+    replies: list[int | None] = []
+    for k, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise ConfigError(f"{where}: conversations.{k}: expected an object")
+        role = turn.get("from", turn.get("role"))
+        text = turn.get("value", turn.get("content"))
+        if not isinstance(text, str):
+            raise ConfigError(f"{where}: conversations.{k}.value: expected text")
+        if role in ("system",):
+            system = text
+        elif role in ("human", "user"):
+            users.append(text)
+            replies.append(None)
+        elif role in ("gpt", "assistant", "chatgpt", "bard", "bing"):
+            if users and replies[-1] is None:
+                replies[-1] = len(text.split())
+        else:
+            raise ConfigError(
+                f"{where}: conversations.{k}.from: unknown speaker {role!r}; expected human, "
+                "gpt or system"
+            )
+    if not users:
+        return None
+    ident = item.get("id")
+    return _ShareGPTConversation(
+        str(ident) if ident is not None else where, system, tuple(users), tuple(replies)
+    )
+
+
+def read_sharegpt(path: str | Path) -> list[_ShareGPTConversation]:
+    """The conversations of a ShareGPT-format file: a JSON list (or JSON lines) of
+    ``{"id", "conversations": [{"from": "human"|"gpt"|"system", "value": ...}]}``
+    (``messages`` with ``role``/``content`` is read too). Conversations without a user
+    turn are skipped.
+
+    Raises:
+        ConfigError: naming the file, the item (or line) and the field.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the dataset: {exc}") from exc
+    items: list[tuple[str, Any]] = []
+    stripped = raw.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        items = [(f"{path}: item {i}", item) for i, item in enumerate(data)]
+    else:
+        for number, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                items.append((f"{path}:{number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
+    conversations = [c for where, item in items if (c := _turns_of(item, where)) is not None]
+    if not conversations:
+        raise ConfigError(f"{path}: the dataset holds no conversation with a user turn")
+    return conversations
+
+
+@dataclass(frozen=True)
+class ShareGPTSessions:
+    """Sessions replaying a ShareGPT dataset's user turns (every turn, not only the
+    first), each asking for as many tokens as the recorded reply had (estimated from
+    its words with the calibrated tokens per word) or ``max_tokens`` when given."""
+
+    conversations: tuple[_ShareGPTConversation, ...]
+    text: TokenText = TokenText()
+    seed: int = 0
+    repeat: int | None = None
+    max_tokens: int | None = None
+    exact_output: bool = True
+
+    @property
+    def size(self) -> int | None:
+        return None if self.repeat is None else self.repeat * len(self.conversations)
+
+    def session(self, index: int) -> SessionScript:
+        n = len(self.conversations)
+        rounds, position = divmod(index, n)
+        order = np.random.default_rng([self.seed, rounds]).permutation(n)
+        conv = self.conversations[int(order[position])]
+        turns = []
+        for user, words in zip(conv.users, conv.reply_words, strict=True):
+            asked = self.max_tokens
+            if asked is None and words is not None:
+                asked = max(1, math.ceil(words * self.text.tokens_per_word))
+            turns.append(
+                TurnScript(
+                    user=user,
+                    max_tokens=asked,
+                    exact_output=self.exact_output and asked is not None,
+                )
+            )
+        return SessionScript(f"{conv.conversation_id}#{rounds}", conv.system, tuple(turns))

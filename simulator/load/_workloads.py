@@ -211,10 +211,18 @@ class PackSessions:
 
             return render
 
-        turns = tuple(
-            TurnScript(user=user_text(turn), max_tokens=self.max_tokens) for turn in conv.flow.turns
-        )
-        return SessionScript(f"{conv.conversation_id}#{rounds}", system, turns)
+        kept: set[str] = set()
+        turns = []
+        for turn in conv.flow.turns:
+            # as a run plans them: an optional turn without its variables is skipped, and
+            # so is a turn depending on a skipped one
+            if turn.config.optional and conv.missing_variables(turn):
+                continue
+            if any(dep not in kept for dep in turn.config.depends_on):
+                continue
+            kept.add(turn.turn_id)
+            turns.append(TurnScript(user=user_text(turn), max_tokens=self.max_tokens))
+        return SessionScript(f"{conv.conversation_id}#{rounds}", system, tuple(turns))
 
 
 @dataclass(frozen=True)

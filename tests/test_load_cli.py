@@ -1,0 +1,193 @@
+"""``convsim load`` against the mock server: closed loop, open loop, a sweep with SLOs,
+workloads from a pack and a ShareGPT file, calibrated input lengths, the JSON result
+and the per-request files, and clean errors for bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from click.testing import CliRunner
+
+from convsim.adapters.mock import MockModelServer, MockServerConfig
+from convsim.cli import main
+
+POINT_KEYS = {
+    "valid",
+    "invalid_reasons",
+    "target_rate",
+    "achieved_rate",
+    "requests",
+    "throughput",
+    "latency_ms",
+    "schedule_delay_ms",
+    "goodput",
+    "by_turn",
+}
+PERCENTILES = {"mean", "p50", "p90", "p95", "p99", "p999"}
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["load", *args], catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    with start_blocking_portal() as portal, _serve(portal) as mock:
+        yield mock
+
+
+def _serve(portal: BlockingPortal, **config: Any) -> Any:
+    return portal.wrap_async_context_manager(
+        MockModelServer(MockServerConfig(ttft_ms=5, itl_ms=1, **config))
+    )
+
+
+def target(mock: Any) -> list[str]:
+    return ["--model", "openai-compatible:mock-model", "--model-arg", f"base_url={mock.base_url}"]
+
+
+def test_closed_loop_writes_the_result_with_its_contract(server: Any, tmp_path: Path) -> None:
+    out, reqs = tmp_path / "r.json", tmp_path / "r.csv"
+    code, stdout, stderr = invoke(
+        *target(server),
+        "--concurrency", "4",
+        "--max-requests", "40",
+        "--synthetic", "turns=2,input_tokens=32,output_tokens=8",
+        "--out", str(out),
+        "--requests", str(reqs),
+    )  # fmt: skip
+    assert code == 0, stderr
+    result = json.loads(out.read_text())
+    assert result.keys() >= POINT_KEYS and result["schema_version"] == 1
+    assert result["target_rate"] is None and result["concurrency"] == 4
+    assert result["requests"]["completed"] >= 40 and result["requests"]["failed"] == 0
+    assert result["throughput"]["requests_per_s"] > 0
+    assert result["throughput"]["output_tokens_per_s"] > 0
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        assert result["latency_ms"][metric].keys() >= PERCENTILES
+        assert result["latency_ms"][metric]["p50"] is not None
+    # streamed: the mock's 5 ms to the first token is what is measured, give or take
+    assert 4.0 <= result["latency_ms"]["ttft"]["p50"] < 50
+    assert [t["turn_index"] for t in result["by_turn"]] == [0, 1]
+    assert set(result["by_turn"][0]) >= {"turn_index", "count", "ttft_ms", "e2e_ms"}
+    assert result["client"]["max_sessions"] <= 4
+    # calibrated against the server's usage: the first turns hold the tokens asked
+    assert result["input_tokens"]["method"] in ("usage", "tokenize")
+    assert abs(result["input_tokens"]["error_pct_max"]) <= 5.0
+    rows = list(csv.DictReader(reqs.read_text().splitlines()))
+    assert len(rows) == result["requests"]["completed"]
+    assert {"session_id", "turn_index", "ttft_ms", "e2e_ms", "schedule_delay_ms"} <= rows[0].keys()
+    assert "Load test" in stdout and "TTFT p99" in stdout
+
+
+def test_open_loop_sweep_with_slos_reports_the_best_rate(server: Any, tmp_path: Path) -> None:
+    out, reqs = tmp_path / "sweep.json", tmp_path / "sweep.jsonl"
+    code, stdout, stderr = invoke(
+        *target(server),
+        "--rate", "20",
+        "--sweep", "10,20,40",
+        "--duration", "0.6",
+        "--arrival", "constant",
+        "--synthetic", "turns=1,input_tokens=16,output_tokens=4",
+        "--slo", "ttft_p99<=2s,e2e_p99<=5s",
+        "--out", str(out),
+        "--requests", str(reqs),
+    )  # fmt: skip
+    assert code == 0, stderr
+    result = json.loads(out.read_text())
+    assert [p["target_rate"] for p in result["points"]] == [10, 20, 40]
+    for point in result["points"]:
+        assert point.keys() >= POINT_KEYS
+        assert point["goodput"]["requests_per_s"] > 0
+        assert point["goodput"]["conversations_per_s"] > 0
+    assert result["max_rate_meeting_slo"] == 40
+    lines = [json.loads(line) for line in reqs.read_text().splitlines()]
+    assert {line["point"] for line in lines} == {0, 1, 2}
+    assert "highest rate meeting every SLO: 40" in stdout
+
+
+def test_a_pack_feeds_real_answers_back(server: Any, tmp_path: Path) -> None:
+    out = tmp_path / "pack.json"
+    code, _, stderr = invoke(
+        *target(server), "--pack", "customer_support", "--repeat", "1", "--concurrency", "8",
+        "--out", str(out), "--no-calibrate",
+    )  # fmt: skip
+    assert code == 0, stderr
+    result = json.loads(out.read_text())
+    assert result["requests"]["failed"] == 0
+    depths = [t["mean_history_messages"] for t in result["by_turn"]]
+    assert depths == sorted(depths) and depths[-1] > depths[0]
+
+
+def test_a_sharegpt_file_sends_every_user_turn(server: Any, tmp_path: Path) -> None:
+    data = tmp_path / "sharegpt.json"
+    data.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [
+                        {"from": "human", "value": "Hello there, I need help."},
+                        {"from": "gpt", "value": "Sure, what is it?"},
+                        {"from": "human", "value": "My order is late."},
+                        {"from": "gpt", "value": "Sorry to hear that, let me check."},
+                        {"from": "human", "value": "Thanks."},
+                    ],
+                },
+                {"id": "b", "conversations": [{"from": "human", "value": "One question."}]},
+            ]
+        )
+    )
+    out, reqs = tmp_path / "d.json", tmp_path / "d.jsonl"
+    code, _, stderr = invoke(
+        *target(server), "--dataset", str(data), "--repeat", "1", "--concurrency", "2",
+        "--out", str(out), "--requests", str(reqs), "--no-calibrate",
+    )  # fmt: skip
+    assert code == 0, stderr
+    lines = [json.loads(line) for line in reqs.read_text().splitlines()]
+    turns = sorted((line["session_id"], line["turn_index"]) for line in lines)
+    assert turns == [("a#0", 0), ("a#0", 1), ("a#0", 2), ("b#0", 0)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "2", "--rate", "3", "--max-requests", "1"], "one of --concurrency"),
+        (["--max-requests", "1"], "--concurrency N (closed loop)"),
+        (["--concurrency", "2", "--duration", "1", "--slo", "ttft<=1s"], "invalid --slo"),
+        (["--concurrency", "2", "--duration", "1", "--think-time", "gauss:1"], "--think-time"),
+        (["--concurrency", "2", "--duration", "1", "--synthetic", "turns=2"], "input_tokens"),
+        (["--rate", "2", "--duration", "1", "--sweep", "1,x"], "invalid --sweep"),
+        (["--concurrency", "2", "--duration", "1", "--pack", "no_such_pack"], "no_such_pack"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
+    code, _, stderr = invoke("--model", "openai-compatible:m", "--no-preflight", *args)
+    assert code == 2
+    assert message in stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_broken_dataset_line_is_named(tmp_path: Path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n{"conv\n')
+    code, _, stderr = invoke(
+        "--model", "openai-compatible:m", "--dataset", str(data), "--concurrency", "1",
+        "--max-requests", "1",
+    )  # fmt: skip
+    assert code == 2 and f"{data}:2" in stderr
+
+
+def test_a_server_that_is_down_exits_4(tmp_path: Path) -> None:
+    code, _, stderr = invoke(
+        "--model", "openai-compatible:m", "--model-arg", "base_url=http://127.0.0.1:9/v1",
+        "--concurrency", "1", "--max-requests", "1",
+    )  # fmt: skip
+    assert code == 4 and "connection refused" in stderr

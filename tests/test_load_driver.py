@@ -1,0 +1,300 @@
+"""The load driver: closed and open loop, absolute schedules, think time, stop conditions,
+the invalid-run flag, and the exact merge of workers' measurements."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import anyio
+import numpy as np
+import pytest
+
+from convsim import ServerError
+from convsim._types import CallTimings, Completion, GenerationParams, Message, Usage
+from convsim.adapters import ModelAdapter
+from convsim.load import (
+    Fixed,
+    LoadShape,
+    Schedule,
+    SyntheticSessions,
+    Window,
+    drive,
+    merged_result,
+    parse_slos,
+    parse_synthetic,
+    summarize,
+)
+from convsim.load._driver import DriveOutcome, SessionRecord
+from convsim.load._records import RequestRecord
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeModel(ModelAdapter):
+    """Answers at once with ``max_tokens`` words, or as ``hook`` decides."""
+
+    def __init__(self, hook: Callable[[int], object] | None = None) -> None:
+        self.calls: list[tuple[int, GenerationParams]] = []
+        self.hook = hook
+
+    async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
+        number = len(self.calls)
+        self.calls.append((len(messages), params))
+        if self.hook is not None:
+            waited = self.hook(number)
+            if waited is not None:
+                await waited  # type: ignore[misc]
+        words = params.max_tokens or 4
+        return Completion(
+            text=" ".join(["word"] * words),
+            usage=Usage(
+                prompt_tokens=sum(len(m.content.split()) for m in messages),
+                completion_tokens=words,
+                total_tokens=0,
+            ),
+            timings=CallTimings(ttft_s=0.0, total_s=0.0),
+        )
+
+
+def _synthetic(spec: str = "turns=1,input_tokens=8,output_tokens=4") -> SyntheticSessions:
+    return SyntheticSessions(parse_synthetic(spec))
+
+
+def _schedule(offsets: Sequence[float]) -> Schedule:
+    none: tuple[int | None, ...] = (None,) * len(offsets)
+    return Schedule(np.asarray(offsets, dtype=np.float64), none, none)
+
+
+async def test_open_loop_keeps_its_schedule_while_a_request_is_stuck() -> None:
+    """No coordinated omission: a request that never ends does not hold back the
+    arrivals after it; each session is sent at its own scheduled time."""
+    release = anyio.Event()
+    others = 0
+
+    def hook(number: int) -> object:
+        nonlocal others
+        if number == 0:
+            return release.wait()
+        others += 1
+        if others == 19:
+            release.set()
+        return None
+
+    offsets = [i * 0.004 for i in range(20)]
+    model = FakeModel(hook)
+    outcome = await drive(model, _synthetic(), LoadShape(schedule=_schedule(offsets)))
+
+    firsts = sorted(outcome.records, key=lambda r: r.scheduled_s or 0.0)
+    assert [r.scheduled_s for r in firsts] == offsets
+    stuck = firsts[0]
+    # every later session was sent while the first was still waiting for its answer
+    assert all(r.sent_s < stuck.end_s for r in firsts[1:])
+    assert all(r.sent_s >= r.scheduled_s for r in firsts if r.scheduled_s is not None)
+    assert stuck.e2e_s >= firsts[-1].scheduled_s - stuck.sent_s
+
+
+async def test_closed_loop_holds_each_slot_through_a_sessions_turns_and_think_time() -> None:
+    model = FakeModel()
+    shape = LoadShape(concurrency=2, max_requests=12, think_time=Fixed(0.002))
+    outcome = await drive(model, _synthetic("turns=3,input_tokens=8,output_tokens=4"), shape)
+    assert outcome.max_sessions == 2
+    by_session: dict[str, list[RequestRecord]] = {}
+    for r in outcome.records:
+        by_session.setdefault(r.session_id, []).append(r)
+    for records in by_session.values():
+        records.sort(key=lambda r: r.turn_index)
+        # a turn is sent only after the one before ended and the think time passed
+        for before, after in itertools.pairwise(records):
+            assert after.sent_s >= before.end_s + 0.002
+            assert after.history_messages == before.history_messages + 2
+    # the model saw each real answer: the third turn carries five messages
+    assert any(n == 5 for n, _ in model.calls)
+    assert outcome.stopped_by == "max_requests"
+
+
+async def test_a_finite_workload_ends_the_closed_loop() -> None:
+    class Three(SyntheticSessions):
+        @property
+        def size(self) -> int | None:
+            return 3
+
+    model = FakeModel()
+    outcome = await drive(
+        model,
+        Three(parse_synthetic("turns=2,input_tokens=4,output_tokens=2")),
+        LoadShape(concurrency=8),
+    )
+    assert {r.session_id for r in outcome.records} == {"s0", "s1", "s2"}
+    assert len(outcome.records) == 6
+    assert outcome.stopped_by == "workload"
+    assert [s.turns_done for s in sorted(outcome.sessions, key=lambda s: s.session_id)] == [2, 2, 2]
+
+
+async def test_exact_output_asks_for_min_tokens_and_ignore_eos() -> None:
+    model = FakeModel()
+    await drive(model, _synthetic(), LoadShape(concurrency=1, max_requests=2))
+    params = model.calls[0][1]
+    assert (params.max_tokens, params.min_tokens, params.ignore_eos) == (4, 4, True)
+    loose = SyntheticSessions(parse_synthetic("input_tokens=8,output_tokens=4"), exact_output=False)
+    model = FakeModel()
+    await drive(model, loose, LoadShape(concurrency=1, max_requests=1))
+    assert (model.calls[0][1].min_tokens, model.calls[0][1].ignore_eos) == (None, None)
+
+
+async def test_max_concurrency_holds_arrivals_back_and_says_so() -> None:
+    release = anyio.Event()
+    started = 0
+
+    def hook(number: int) -> object:
+        nonlocal started
+        started += 1
+        if started == 3:
+            # the cap is full: let the answers come once the next arrival has had to wait
+            async def later() -> None:
+                await anyio.sleep(0.02)
+                release.set()
+
+            return _both(release.wait(), later())
+        return release.wait()
+
+    shape = LoadShape(schedule=_schedule([i * 0.002 for i in range(6)]), max_concurrency=3)
+    outcome = await drive(FakeModel(hook), _synthetic(), shape)
+    assert outcome.held_by_cap >= 1
+    assert len(outcome.records) == 6
+    point = merged_result([outcome], target_rate=500.0)
+    assert not point.valid
+    assert any("--max-concurrency" in reason for reason in point.invalid_reasons)
+
+
+async def _both(first: object, second: object) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: second)  # type: ignore[arg-type,return-value]
+        await first  # type: ignore[misc]
+
+
+async def test_a_client_that_blocks_its_loop_marks_the_run_invalid() -> None:
+    """Injected client overload: each call holds the event loop for 15 ms while
+    arrivals are due every 2 ms, so sends fall behind and the loop lags."""
+    import time as _time
+
+    def busy(number: int) -> object:
+        end = _time.perf_counter() + 0.015
+        while _time.perf_counter() < end:
+            pass
+        return None
+
+    shape = LoadShape(schedule=_schedule([i * 0.002 for i in range(30)]))
+    outcome = await drive(FakeModel(busy), _synthetic(), shape)
+    point = merged_result([outcome], target_rate=500.0)
+    assert not point.valid
+    assert point.schedule_delay_ms.p99 is not None and point.schedule_delay_ms.p99 > 10
+    assert any("lagged its schedule" in r for r in point.invalid_reasons)
+    assert any("event loop lagged" in r for r in point.invalid_reasons)
+    # a calm run of the same shape is valid
+    calm = merged_result([await drive(FakeModel(), _synthetic(), shape)], target_rate=500.0)
+    assert calm.valid, calm.invalid_reasons
+
+
+async def test_max_errors_stops_the_run_and_invalidates_it() -> None:
+    def fail(number: int) -> object:
+        raise ServerError("injected")
+
+    outcome = await drive(
+        FakeModel(fail), _synthetic(), LoadShape(concurrency=2, max_errors=5, max_requests=100)
+    )
+    assert outcome.stopped_by == "max_errors"
+    assert 5 <= len(outcome.records) <= 6
+    assert all(r.error == "ServerError" for r in outcome.records)
+    point = merged_result([outcome])
+    assert not point.valid and "the run stopped at --max-errors" in point.invalid_reasons
+    assert point.requests.errors_by_class == {"ServerError": len(outcome.records)}
+
+
+async def test_warmup_is_left_out_of_the_window() -> None:
+    shape = LoadShape(schedule=_schedule([0.0, 0.01, 0.05, 0.06]), warmup=0.03)
+    outcome = await drive(FakeModel(), _synthetic(), shape)
+    point = merged_result([outcome])
+    assert outcome.window.start_s == pytest.approx(0.03)
+    assert point.requests.completed == 2
+
+
+def _outcome(records: list[RequestRecord], lags: list[float], cpu: float) -> DriveOutcome:
+    sessions = [
+        SessionRecord(r.session_id, r.scheduled_s, r.sent_s, r.end_s, 1, int(r.ok), not r.ok)
+        for r in records
+    ]
+    return DriveOutcome(
+        records=records,
+        sessions=sessions,
+        window=Window(0.0, 10.0),
+        target_rate=None,
+        loop_lag_s=lags,
+        cpu_s=cpu,
+        mean_in_flight=2.0,
+        max_in_flight=4,
+        mean_sessions=2.0,
+        max_sessions=4,
+        held_by_cap=0,
+        stopped_by="duration",
+        timeline=[],
+        notes=[],
+    )
+
+
+def _record(i: int, sent: float, ttft: float, e2e: float, out: int = 11) -> RequestRecord:
+    return RequestRecord(
+        f"w{i}", 0, 1, sent, sent, ttft, ttft, (0.001,) * (out - 1), sent + e2e, 10, out
+    )
+
+
+def test_workers_merge_exactly_as_the_pooled_samples() -> None:
+    rng = np.random.default_rng(7)
+    parts = []
+    for w in range(3):
+        ttfts = rng.lognormal(-3, 0.5, 200 + 50 * w)
+        records = [
+            _record(1000 * w + i, float(i % 9), float(t), float(t) + 0.1)
+            for i, t in enumerate(ttfts)
+        ]
+        parts.append(_outcome(records, list(rng.uniform(0, 0.002, 30)), cpu=2.0 + w))
+    merged = merged_result(parts)
+    pooled = [r for p in parts for r in p.records]
+    expected = summarize([r.ttft_s for r in pooled], 1000.0)
+    assert merged.latency_ms.ttft == expected
+    assert merged.requests.completed == len(pooled)
+    lags = summarize(np.concatenate([p.loop_lag_s for p in parts]), 1000.0)
+    assert merged.client is not None and merged.client.event_loop_lag_ms == lags
+    assert merged.client.workers == 3
+    assert merged.client.cpu_cores == pytest.approx((2 + 3 + 4) / 10)
+    assert merged.client.max_worker_cpu == pytest.approx(0.4)
+    assert merged.client.mean_in_flight == pytest.approx(6.0)
+    # the merge does not depend on the order of the workers
+    assert merged_result(parts[::-1]).latency_ms == merged.latency_ms
+
+
+def test_goodput_counts_requests_and_whole_conversations_by_hand() -> None:
+    slos = parse_slos("ttft_p99<=100ms")
+    # session a: both requests fast; b: one slow; c: fast but failed later
+    records = [
+        RequestRecord("a", 0, 1, 1.0, 1.0, 0.05, 0.05, (), 1.2, 5, 5),
+        RequestRecord("a", 1, 3, 2.0, 2.0, 0.05, 0.05, (), 2.2, 5, 5),
+        RequestRecord("b", 0, 1, 1.0, 1.0, 0.05, 0.05, (), 1.2, 5, 5),
+        RequestRecord("b", 1, 3, 2.0, 2.0, 0.20, 0.20, (), 2.4, 5, 5),
+        RequestRecord("c", 0, 1, 3.0, 3.0, 0.05, 0.05, (), 3.2, 5, 5),
+        RequestRecord("c", 1, 3, 4.0, 4.0, None, None, (), 4.1, None, None, "ServerError"),
+    ]
+    sessions = [
+        SessionRecord("a", 1.0, 1.0, 2.2, 2, 2, False),
+        SessionRecord("b", 1.0, 1.0, 2.4, 2, 2, False),
+        SessionRecord("c", 3.0, 3.0, 4.1, 2, 1, True),
+    ]
+    outcome = replace(_outcome(records, [0.0], 0.0), sessions=sessions)
+    point = merged_result([outcome], slos=slos)
+    assert point.goodput is not None
+    assert point.goodput.requests_per_s == pytest.approx(4 / 10)  # a0 a1 b0 c0
+    assert point.goodput.conversations_per_s == pytest.approx(1 / 10)  # only a
+    assert point.conversations is not None
+    assert (point.conversations.completed, point.conversations.failed) == (2, 1)
+    assert point.conversations.meeting_slo_share == pytest.approx(0.5)

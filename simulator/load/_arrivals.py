@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated
 
 import numpy as np
 import numpy.typing as npt
@@ -27,10 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from convsim._errors import ConfigError
 
-__all__ = ["ArrivalPattern", "ARRIVAL_PATTERNS", "Schedule", "arrival_schedule", "read_trace"]
+from ._names import ARRIVAL_PATTERNS, ArrivalPattern
 
-ArrivalPattern = Literal["constant", "poisson", "gamma"]
-ARRIVAL_PATTERNS: tuple[str, ...] = get_args(ArrivalPattern)
+__all__ = ["ArrivalPattern", "ARRIVAL_PATTERNS", "Schedule", "arrival_schedule", "read_trace"]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
@@ -19,12 +19,13 @@ from convsim._console import stderr as _stderr
 from convsim._console import stdout as _stdout
 from convsim._errors import ConfigError, parse_config
 
-from ._arrivals import ARRIVAL_PATTERNS
-from ._monitor import Progress
-from ._plan import DEFAULT_SYNTHETIC, LoadPlan, LoadRun, run_load
-from ._requests_file import write_requests
-from ._result import LoadResult, PointResult, SweepResult
-from ._stats import LatencySummary
+from ._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
+
+if TYPE_CHECKING:
+    from ._monitor import Progress
+    from ._plan import LoadRun
+    from ._result import LoadResult, PointResult, SweepResult
+    from ._stats import LatencySummary
 
 __all__ = ["load_command"]
 
@@ -106,6 +107,8 @@ def _turn_table(point: PointResult) -> Table:
 
 
 def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
+    from ._result import SweepResult
+
     out = _stdout()
     points: list[PointResult] = list(result.points) if isinstance(result, SweepResult) else [result]
     out.print(_points_table(points, slo))
@@ -363,6 +366,9 @@ def load_command(
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark."""
+    from ._plan import LoadPlan, run_load
+    from ._requests_file import write_requests
+
     plan = parse_config(
         LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
     )

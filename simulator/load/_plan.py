@@ -30,6 +30,7 @@ from ._distributions import parse_distribution, parse_synthetic
 from ._driver import DriveOutcome, LoadShape, drive, open_schedule
 from ._figures import InputCheck, Thresholds, merged_result
 from ._monitor import Progress
+from ._names import DEFAULT_SYNTHETIC
 from ._records import RequestRecord
 from ._result import LoadResult, PointResult, SweepResult, sweep_result
 from ._slo import parse_slos
@@ -39,7 +40,6 @@ __all__ = ["LoadPlan", "LoadRun", "Progress", "run_load", "DEFAULT_SYNTHETIC"]
 
 log = get_logger("convsim.load")
 
-DEFAULT_SYNTHETIC = "turns=3,input_tokens=256,output_tokens=64"
 _OPEN_LOOP_POOL = 4096
 
 

@@ -6,7 +6,9 @@ rule-based model of :mod:`convsim.adapters._recall`. It runs inside the caller's
 event loop (aiohttp), so tests and benchmarks can point real HTTP clients at it.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /generate``. Per request, in this order: the API key (401), the ``rpm`` window
+``POST /generate``, and vLLM's ``POST /tokenize``. Chat and completion requests honour
+``min_tokens`` and ``ignore_eos`` (filler words up to the length asked), as vLLM does.
+Per request, in this order: the API key (401), the ``rpm`` window
 (429), the body (400), an injected fault (``fault_rate``), then the answer after the
 configured time to first token and inter-token latency.
 
@@ -31,6 +33,7 @@ import math
 import random
 import re
 import time
+import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -115,7 +118,7 @@ _PROXY_PAGE = (
     b"</body>\r\n</html>\r\n"
 )
 
-ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/generate")
+ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/generate", "/tokenize")
 
 # Words appended after the model's reply when ``output_tokens`` asks for a longer answer.
 _FILLER = tuple(
@@ -275,6 +278,9 @@ class MockServerConfig(BaseModel):
     """Seeds the delays, the faults, and answers of requests that give no seed."""
     model: str = "mock-model"
     """The model id listed by ``/v1/models`` (answers echo the requested model)."""
+    message_overhead_tokens: int = Field(default=0, ge=0)
+    """Tokens a chat template adds per message, counted in chat prompts' usage (and by
+    ``/tokenize`` for messages): a server whose prompt count is more than the words."""
     api_key: str | None = Field(default=None, repr=False)
     """When set, requests need ``Authorization: Bearer <api_key>`` or get 401."""
 
@@ -345,6 +351,10 @@ class _Params:
     seed: int | None
     stream: bool
     include_usage: bool
+    min_tokens: int = 0
+    """Pad the answer with filler to at least this many words (vLLM's ``min_tokens``)."""
+    ignore_eos: bool = False
+    """Answer with exactly ``max_tokens`` words (vLLM's ``ignore_eos``)."""
 
 
 def _params(
@@ -392,7 +402,15 @@ def _params(
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise _BadRequest("'stream_options.include_usage' must be a boolean")
-    return _Params(model, max_tokens, stop, seed, stream, include_usage)
+    least = body.get("min_tokens")
+    if least is not None and not (_is_int(least) and least >= 0):
+        raise _BadRequest("'min_tokens' must be an integer >= 0")
+    if least is not None and max_tokens is not None and least > max_tokens:
+        raise _BadRequest("'min_tokens' must not be above 'max_tokens'")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _BadRequest("'ignore_eos' must be a boolean")
+    return _Params(model, max_tokens, stop, seed, stream, include_usage, least or 0, ignore_eos)
 
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -605,13 +623,19 @@ class _Cut(NamedTuple):
 
 
 def _cut(words: tuple[str, ...], params: _Params) -> _Cut:
-    """Apply stop strings (cut at the first) and max_tokens (then ``length``)."""
+    """Apply stop strings (cut at the first) and max_tokens (then ``length``); pad with
+    filler up to ``min_tokens``, or to ``max_tokens`` with ``ignore_eos``."""
+    least = params.max_tokens if params.ignore_eos and params.max_tokens else params.min_tokens
+    if least and len(words) < least:
+        words = (*words, *itertools.islice(itertools.cycle(_FILLER), least - len(words)))
     if params.stop:
         text = " ".join(words)
         cut = min((i for i in map(text.find, params.stop) if i >= 0), default=-1)
         if cut >= 0:
             words = tuple(text[:cut].split())
-    if params.max_tokens is not None and len(words) > params.max_tokens:
+    if params.max_tokens is not None and (
+        len(words) > params.max_tokens or (params.ignore_eos and len(words) == params.max_tokens)
+    ):
         return _Cut(words[: params.max_tokens], "length")
     return _Cut(words, "stop")
 
@@ -708,6 +732,7 @@ class MockModelServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/generate", self._generate)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=self._shutdown_timeout
@@ -870,6 +895,25 @@ class MockModelServer:
             )
         return _error(404, f"Unknown path {request.path}", "invalid_request_error", "unknown_url")
 
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's ``POST /tokenize``: the count the usage of the same input reports."""
+        refused = self._refuse(request, "/tokenize")
+        if refused is not None:
+            return refused
+        try:
+            body = await self._body(request)
+            if "messages" in body:
+                turns = _chat_messages(body)
+                overhead = self.config.message_overhead_tokens * len(turns)
+            else:
+                turns = (_Turn("user", _prompt_text(body)),)
+                overhead = 0
+        except _BadRequest as exc:
+            return _bad_request(str(exc))
+        words = [w for t in turns for w in t.text.split()]
+        tokens = [*(zlib.crc32(w.encode()) & 0xFFFF for w in words), *([0] * overhead)]
+        return web.json_response({"count": len(tokens), "max_model_len": 32768, "tokens": tokens})
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "/v1/chat/completions")
 
@@ -910,6 +954,8 @@ class MockModelServer:
         answer = _answer(turns, cfg.memory_turns, seed, cfg.output_tokens)
         cut = _cut(answer.words, params)
         words, finish, prompt_tokens = cut.words, cut.finish_reason, answer.prompt_tokens
+        if cfg.message_overhead_tokens and path == "/v1/chat/completions":
+            prompt_tokens += cfg.message_overhead_tokens * len(turns)
         if fault == "lone_surrogate":  # the last word ends in half an emoji
             words = (*words[:-1], (words[-1] if words else "") + _HALF_EMOJI)
         n = len(words)

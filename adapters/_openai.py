@@ -244,6 +244,12 @@ class OpenAIWireAdapter(HttpModelAdapter):
             body[self.max_tokens_field()] = params.max_tokens
         if params.stop:
             body["stop"] = list(params.stop)
+        # server extensions for exact output lengths (vLLM, SGLang; llama.cpp reads
+        # ignore_eos): sent only when asked, as OpenAI itself refuses unknown fields
+        if params.min_tokens is not None:
+            body["min_tokens"] = params.min_tokens
+        if params.ignore_eos is not None:
+            body["ignore_eos"] = params.ignore_eos
         if stream:
             body["stream"] = True
             if self.config.stream_usage:

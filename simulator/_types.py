@@ -98,7 +98,10 @@ class GenerationParams(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: tuple[str, ...] | None = None
     min_tokens: int | None = Field(default=None, gt=0)
+    """At least this many tokens (vLLM, SGLang): with ``max_tokens``, an exact output
+    length for load tests. Sent by OpenAI-compatible adapters; others ignore it."""
     ignore_eos: bool | None = None
+    """Keep generating past the end-of-sequence token (vLLM, SGLang, llama.cpp)."""
     seed: int | None = None
     """Per-conversation seed derived from the run seed; backends that accept one get it."""
     reference: str | None = None

@@ -851,6 +851,13 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--model", "model_name", default="mock-model", show_default=True)
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY'.")
+@click.option(
+    "--message-overhead-tokens",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Prompt tokens a chat template would add per message.",
+)
 def mock_server(
     host: str,
     port: int,
@@ -865,10 +872,12 @@ def mock_server(
     seed: int,
     model_name: str,
     api_key: str | None,
+    message_overhead_tokens: int,
 ) -> None:
     """Serve a mock OpenAI-compatible model until SIGINT or SIGTERM.
 
-    Endpoints: /v1/models, /v1/chat/completions, /v1/completions and /generate.
+    Endpoints: /v1/models, /v1/chat/completions, /v1/completions, /generate and
+    /tokenize; min_tokens and ignore_eos are honoured as vLLM does.
     Delays take milliseconds or fixed:MS, uniform:LO:HI, exp:MEAN, normal:MEAN:SD.
     """
     from pydantic import ValidationError
@@ -889,6 +898,7 @@ def mock_server(
         "seed": seed,
         "model": model_name,
         "api_key": api_key,
+        "message_overhead_tokens": message_overhead_tokens,
     }
     if faults is not None:
         settings["faults"] = faults

@@ -804,6 +804,7 @@ async def test_statistics_count_requests_by_endpoint() -> None:
         "/v1/chat/completions": 3,
         "/v1/completions": 1,
         "/generate": 1,
+        "/tokenize": 0,
     }
     with pytest.raises(AttributeError):
         after.requests = 1  # type: ignore[misc]

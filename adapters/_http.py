@@ -172,6 +172,17 @@ async def read_limited(
     ``max_body_bytes``; or with ``truncate`` the first ``limit`` bytes (for error
     bodies, where the status says what happened and the text only adds to it).
     """
+    headers = response.headers
+    declared = headers.get("Content-Length")
+    if (
+        declared is not None
+        and declared.isdigit()
+        and int(declared) <= limit
+        and headers.get("Content-Encoding", "identity") == "identity"
+    ):
+        # the HTTP parser stops at the declared length, and nothing is decompressed:
+        # the body cannot pass the limit, so it is read in one go
+        return await response.read()
     parts: list[bytes] = []
     size = 0
     async for chunk in response.chunks():
@@ -278,13 +289,16 @@ class AiohttpTransport:
         """The proxy the environment names for ``url``'s origin (HTTP(S)_PROXY, NO_PROXY,
         credentials from the proxy URL or .netrc), as httpx and ``trust_env`` would pick
         it; looked up once per origin, off the loop (.netrc is a file read)."""
-        from yarl import URL
-
-        target = URL(url)
-        origin = str(target.origin())
-        known = self._proxies.get(origin)
+        known = self._proxies.get(url)  # the few URLs an adapter calls, not parsed again
         if known is None:
-            known = self._proxies[origin] = await anyio.to_thread.run_sync(_env_proxy, target)
+            from yarl import URL
+
+            target = URL(url)
+            origin = str(target.origin())
+            known = self._proxies.get(origin)
+            if known is None:
+                known = self._proxies[origin] = await anyio.to_thread.run_sync(_env_proxy, target)
+            self._proxies[url] = known
         return known
 
     def _timeout(self, t: HttpTimeouts) -> Any:
@@ -362,9 +376,9 @@ class _AiohttpStream:
         body: bytes = await self._response.read()
         return body
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        async for chunk in self._response.content.iter_any():
-            yield chunk
+    def chunks(self) -> AsyncIterator[bytes]:
+        iterator: AsyncIterator[bytes] = self._response.content.iter_any()
+        return iterator
 
 
 class HttpxTransport:

@@ -151,6 +151,19 @@ class Delta:
     done: bool = False
 
 
+class _Answer(NamedTuple):
+    """One attempt's answer, checked; :meth:`HttpModelAdapter._call` makes it a
+    :class:`~convsim.Completion` (one object per call on the hot path)."""
+
+    text: str
+    finish_reason: str | None
+    usage: Usage
+    total_s: float
+    ttft_s: float | None = None
+    inter_token_s: tuple[float, ...] = ()
+    replaced_chars: int = 0
+
+
 class Exchange(Protocol):
     """A call other than a generation (e.g. scoring a prompt) on the shared call path.
 
@@ -179,6 +192,10 @@ def _optional_text(value: Any, what: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{what} is {type(value).__name__}, not a string")
     return value
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    return None if reason is None else repair_text(reason).text
 
 
 def estimate_tokens(text: str) -> int:
@@ -409,22 +426,22 @@ class HttpModelAdapter(ModelAdapter):
             assert on_text is not None
             on_text(text)
 
-        async def attempt(number: int) -> Completion:
+        async def attempt(number: int) -> _Answer:
             nonlocal budget_wait
             permit = await budget.acquire(claim, sleep=self._sleep)
             budget_wait += permit.queue_wait_s
             used = 0  # a failed call gives its whole token claim back
             ok = False
             try:
-                completion = await self._attempt(
+                answer = await self._attempt(
                     messages,
                     params,
                     stream,
                     deliver if on_text is not None else None,
                     exchange=exchange,
                 )
-                used, ok = completion.usage.total_tokens, True
-                return completion
+                used, ok = answer.usage.total_tokens, True
+                return answer
             except AdapterError as exc:
                 if exc.status_code == 429:
                     retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
@@ -446,26 +463,33 @@ class HttpModelAdapter(ModelAdapter):
         queued = time.perf_counter()
         async with self._slots:
             started = time.perf_counter()
-            completion, attempts = await self.retry_policy.call(
+            answer, attempts = await self.retry_policy.call(
                 attempt, sleep=counted_sleep, should_retry=self.should_retry
             )
-        timings = completion.timings
         spent = time.perf_counter() - started
-        # built from validated parts: no need to validate again on this hot path
+        if answer.replaced_chars:
+            log.warning(
+                "model_answer_repaired",
+                model=self.config.model,
+                replaced_chars=answer.replaced_chars,
+                reason="lone UTF-16 surrogates replaced with U+FFFD",
+            )
+        # every part is checked (text repaired, usage validated where it was read): the
+        # answer is assembled without validating it again on this hot path
         return Completion.model_construct(
-            text=completion.text,
-            finish_reason=completion.finish_reason,
-            usage=completion.usage,
+            text=answer.text,
+            finish_reason=answer.finish_reason,
+            usage=answer.usage,
             timings=CallTimings.model_construct(
                 queue_wait_s=(started - queued) + budget_wait,
-                retry_wait_s=max(0.0, spent - budget_wait - timings.total_s),
-                ttft_s=timings.ttft_s,
-                total_s=timings.total_s,
-                inter_token_s=timings.inter_token_s,
+                retry_wait_s=max(0.0, spent - budget_wait - answer.total_s),
+                ttft_s=answer.ttft_s,
+                total_s=answer.total_s,
+                inter_token_s=answer.inter_token_s,
             ),
             attempts=attempts,
-            model=completion.model,
-            replaced_chars=completion.replaced_chars,
+            model=self.config.model,
+            replaced_chars=answer.replaced_chars,
         )
 
     async def _attempt(
@@ -476,7 +500,7 @@ class HttpModelAdapter(ModelAdapter):
         on_text: Callable[[str], None] | None,
         *,
         exchange: Exchange | None = None,
-    ) -> Completion:
+    ) -> _Answer:
         if exchange is not None:
             call = exchange.request()
             stream = False  # an exchange is one JSON answer
@@ -516,13 +540,12 @@ class HttpModelAdapter(ModelAdapter):
                     snippet=self._scrub(body[:400].decode("utf-8", "replace"))[:200],
                     model=self.config.model,
                 ) from exc
-        total = time.perf_counter() - t0
-        return self._completion(
+        return _Answer(
             text.text,
-            finish,
+            _finish_reason(finish),
             answer.usage or self._estimated(messages, text.text),
-            CallTimings(total_s=total),
-            text.replaced,
+            time.perf_counter() - t0,
+            replaced_chars=text.replaced,
         )
 
     async def _read_stream(
@@ -532,7 +555,7 @@ class HttpModelAdapter(ModelAdapter):
         url: str,
         t0: float,
         on_text: Callable[[str], None] | None,
-    ) -> Completion:
+    ) -> _Answer:
         decoder = SSEDecoder(max_event_bytes=self.config.max_event_bytes)
         limit = self.config.max_body_bytes
         received = 0
@@ -606,42 +629,14 @@ class HttpModelAdapter(ModelAdapter):
                 f"the stream from {url} ended before it was complete", model=self.config.model
             )
         text = "".join(pieces)
-        end = time.perf_counter()
-        return self._completion(
+        return _Answer(
             text,
-            finish_reason,
+            _finish_reason(finish_reason),
             usage or self._estimated(messages, text),
-            CallTimings(
-                ttft_s=(first - t0) if first is not None else None,
-                total_s=end - t0,
-                inter_token_s=tuple(gaps),
-            ),
+            time.perf_counter() - t0,
+            (first - t0) if first is not None else None,
+            tuple(gaps),
             repair.replaced,
-        )
-
-    def _completion(
-        self,
-        text: str,
-        finish_reason: str | None,
-        usage: Usage,
-        timings: CallTimings,
-        replaced_chars: int,
-    ) -> Completion:
-        """One attempt's answer; text that had to be repaired is logged as such."""
-        if replaced_chars:
-            log.warning(
-                "model_answer_repaired",
-                model=self.config.model,
-                replaced_chars=replaced_chars,
-                reason="lone UTF-16 surrogates replaced with U+FFFD",
-            )
-        return Completion(
-            text=text,
-            finish_reason=None if finish_reason is None else repair_text(finish_reason).text,
-            usage=usage,
-            timings=timings,
-            model=self.config.model,
-            replaced_chars=replaced_chars,
         )
 
     def _scrub_error(self, exc: AdapterError) -> None:

@@ -144,6 +144,10 @@ class SimulatorConfig(BaseModel):
     circuit_breaker: int = Field(default=20, ge=0)
     """Start no more conversations after this many in a row failed for infrastructure
     reasons with no answer from the model (0: never stop early)."""
+    max_loop_lag: float | None = Field(default=0.05, gt=0)
+    """Seconds the event loop may run late before the run starts no more conversations
+    until it catches up (None: never hold back). A late loop adds its lag to every
+    timing it takes, so this keeps latencies true when the process is the bottleneck."""
     allow_code: bool = False
     """Let packs the simulator loads by name or folder run the code they name (python
     goal criteria); packs with code are code, so only for packs you trust."""

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import structlog
 
 from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, create_adapter
@@ -27,6 +28,7 @@ from ._call_settings import CallSettings
 from ._config import ModelChoice, ModelRef, SimulatorConfig
 from ._descriptors import DESCRIPTOR_HEADROOM, ensure_descriptors
 from ._errors import ConfigError, EndpointError, RegistryError
+from ._gauges import InFlight, LoopMonitor
 from ._log import get_logger
 from ._packs import load_pack
 from ._records import ConversationResult, Status, TurnStatus
@@ -39,6 +41,10 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 log = get_logger("convsim.runtime")
+
+_ADMISSION_BATCH = 100
+"""Conversations started in one pass of the event loop at most: a pass that starts
+thousands at once would run late by all their first steps before any lag shows."""
 
 CLOSE_TIMEOUT_S = 30.0
 """The longest a cancelled run waits for its sink or adapters to close."""
@@ -70,6 +76,13 @@ class RunStatistics:
     stopped_early: str | None = None
     """Why the circuit breaker stopped the run before its last conversation (the
     endpoint looked gone); None when it did not."""
+    mean_in_flight: float = 0.0
+    """Conversations alive at once, averaged over the run's time so far."""
+    max_in_flight: int = 0
+    """The most conversations alive at once."""
+    admission_held: int = 0
+    """Conversations whose start waited for the event loop to catch up (its lag above
+    ``max_loop_lag``): the run was as busy as this process could time accurately."""
 
     @property
     def finished(self) -> int:
@@ -86,6 +99,7 @@ class _Counters:
     started: int = 0
     turns: int = 0
     infrastructure_failures: int = 0
+    admission_held: int = 0
     by_status: dict[Status, int] = field(default_factory=lambda: dict.fromkeys(Status, 0))
 
 
@@ -151,6 +165,7 @@ class RunHandle:
         self._send, self._receive = anyio.create_memory_object_stream[ConversationResult](math.inf)
         self._counters = _Counters()
         self._started = time.perf_counter()
+        self._alive = InFlight(time.perf_counter)
         self._error: BaseException | None = None
         self._finished = anyio.Event()
         self._stopping = _Stopping(grace_period)
@@ -209,6 +224,9 @@ class RunHandle:
             elapsed_s=time.perf_counter() - self._started,
             infrastructure_failures=c.infrastructure_failures,
             stopped_early=self._stopped_early,
+            mean_in_flight=self._alive.mean(),
+            max_in_flight=self._alive.peak,
+            admission_held=c.admission_held,
         )
 
 
@@ -413,8 +431,10 @@ class Simulator:
                     for adapter in self._owned:
                         await adapter.aclose()
                 raise
-        # one cap for every run of this simulator: concurrent runs share it
-        self._slots = anyio.Semaphore(self.concurrency)
+        # one cap for every run of this simulator: concurrent runs share it. A free slot
+        # is taken without a pass through the event loop, so a run reaches its
+        # concurrency at once rather than one conversation per loop pass
+        self._slots = anyio.Semaphore(self.concurrency, fast_acquire=True)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -606,6 +626,9 @@ class Simulator:
             max_turns=self.config.max_turns,
         )
         slots = self._slots
+        alive = handle._alive
+        loop = LoopMonitor()
+        max_lag = self.config.max_loop_lag
         breaker = CircuitBreaker(self.config.circuit_breaker)
         log.info(
             "run_started",
@@ -644,6 +667,7 @@ class Simulator:
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     handle._send.send_nowait(result)
             finally:
+                alive.change(-1)
                 slots.release()
 
         async def converse(conv: Conversation) -> ConversationResult:
@@ -676,12 +700,21 @@ class Simulator:
         try:
             async with anyio.create_task_group() as outer:
                 outer.start_soon(watch_for_cancel)
+                if max_lag is not None:
+                    outer.start_soon(loop.run)
                 with anyio.CancelScope(shield=True):
                     async with anyio.create_task_group() as tg:
                         with stopping.dispatch:
                             for conv in todo:
                                 await slots.acquire()
+                                # a loop that runs late would add its lag to every timing
+                                # it takes: start no more until it has caught up
+                                if max_lag is not None and await loop.calm(max_lag):
+                                    counters.admission_held += 1
+                                elif counters.started % _ADMISSION_BATCH == 0:
+                                    await anyio.lowlevel.checkpoint()  # let the loop run
                                 counters.started += 1
+                                alive.change(+1)
                                 tg.start_soon(drive, conv)
                 stopping.finished = True
                 outer.cancel_scope.cancel()

@@ -131,3 +131,58 @@ async def test_calibration_lands_within_five_percent_behind_a_chat_template(
         got = usage.prompt_tokens - calibration.first_turn_base(0)
         assert abs(got - asked) <= 0.05 * asked, (asked, got)
     await adapter.aclose()
+
+
+class _TemplatedServer:
+    """A model whose chat template adds a default system prompt of 30 tokens to a
+    conversation without one, and 14 tokens around a system prompt that is given (as
+    SmolLM2's and Qwen's templates do); one token per word."""
+
+    async def generate(self, messages: list[Message], params: GenerationParams) -> Any:
+        from convsim._types import Completion, Usage
+
+        words = sum(len(m.content.split()) for m in messages)
+        has_system = any(m.role == "system" for m in messages)
+        prompt = words + (14 if has_system else 30)
+        out = params.max_tokens or 1
+        return Completion(
+            text="x " * out,
+            usage=Usage(prompt_tokens=prompt, completion_tokens=out, total_tokens=prompt + out),
+        )
+
+
+async def test_calibration_accounts_for_a_default_system_prompt_that_gives_way() -> None:
+    """The system overhead comes out negative, and first turns with a shared prefix are
+    sized exactly (clipping it at 0 put them 16 tokens over)."""
+    calibration = await calibrate(_TemplatedServer(), exact_output=False)  # type: ignore[arg-type]
+    assert calibration.method == "usage"
+    assert calibration.system_tokens == pytest.approx(-16)
+    for prefix, user in ((0, 40), (64, 40), (64, 256), (200, 32)):
+        system = [Message(role="system", content="w " * prefix)] if prefix else []
+        messages = [*system, Message(role="user", content="w " * user)]
+        completion = await _TemplatedServer().generate(messages, GenerationParams(max_tokens=1))
+        expected = calibration.first_turn_base(prefix) + user
+        assert completion.usage.prompt_tokens == pytest.approx(expected), (prefix, user)
+
+
+async def test_a_stream_without_usage_counts_its_chunks(server: MockModelServer) -> None:
+    """A server whose stream carries no usage (llama-cpp-python) still gets output
+    tokens and TPOT: its chunks are counted, and the records say so."""
+    from convsim.load import LoadShape, SyntheticSessions, drive, parse_synthetic
+
+    adapter = create_adapter(
+        "openai-compatible:mock-model",
+        {"base_url": server.base_url, "stream": True, "stream_usage": False, "max_retries": 0},
+    )
+    adapter.bind_budgets(Budgets(), concurrency=2)
+    workload = SyntheticSessions(parse_synthetic("turns=2,input_tokens=8,output_tokens=12"))
+    outcome = await drive(adapter, workload, LoadShape(concurrency=2, max_requests=6))
+    await adapter.aclose()
+    done = [r for r in outcome.records if r.ok]
+    assert done and all(r.output_from_chunks for r in done)
+    assert {r.output_tokens for r in done} == {12}
+    assert all(r.input_tokens is None and r.tpot_s is not None for r in done)
+    from convsim.load._figures import merged_result
+
+    notes = merged_result([outcome]).notes
+    assert any(f"{len(done)} answers streamed no usage" in n for n in notes), notes

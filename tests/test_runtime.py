@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from conftest import write_pack
 
@@ -344,6 +345,75 @@ async def test_concurrency_cap_is_respected(tmp_path: Path, fake_adapter: Any) -
         0,
         10,
     )
+
+
+def _busy(seconds: float) -> None:
+    """Hold the CPU (and with it the event loop) for ``seconds``."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def test_a_run_reaches_its_concurrency_in_one_pass(tmp_path: Path, fake_adapter: Any) -> None:
+    """Free slots are taken without a trip through the event loop: by the time the first
+    conversation calls its model, every slot already holds a conversation (a dispatcher
+    that yields on each slot starts one conversation per loop pass instead)."""
+    pack = make_pack(tmp_path, [{"turn_id": "only", "prompt_template": "Hi {name}"}], n=80)
+    seen_at_first_call: list[int] = []
+    everyone = anyio.Event()
+    handle: Any = None
+
+    async def behave(messages: Any, params: Any) -> str:
+        if not seen_at_first_call:
+            seen_at_first_call.append(handle.statistics().started)
+        if len(fake.calls) >= 64:
+            everyone.set()
+        await everyone.wait()
+        return "ok"
+
+    fake = fake_adapter(behave)
+    async with Simulator(fake, concurrency=64) as sim:
+        handle = sim.run(pack)
+        results = [r async for r in handle]
+    assert len(results) == 80 and all(r.status is Status.DONE for r in results)
+    assert seen_at_first_call == [64]
+    stats = handle.statistics()
+    assert stats.max_in_flight == 64
+    assert 0 < stats.mean_in_flight <= 64
+    assert stats.admission_held == 0
+
+
+async def test_admission_waits_while_the_event_loop_lags(tmp_path: Path, fake_adapter: Any) -> None:
+    """A model call that blocks the loop (as CPU-bound work would) makes the loop late;
+    no conversation starts until it has caught up, and every conversation still runs."""
+    pack = make_pack(tmp_path, [{"turn_id": "only", "prompt_template": "Hi {name}"}], n=8)
+
+    async def hog(messages: Any, params: Any) -> str:
+        _busy(0.04)  # CPU-bound work blocks the event loop: the lag the gauge must see
+        await anyio.lowlevel.checkpoint()
+        return "ok"
+
+    fake = fake_adapter(hog)
+    async with Simulator(fake, concurrency=2, max_loop_lag=0.01) as sim:
+        handle = sim.run(pack)
+        results = [r async for r in handle]
+    assert len(results) == 8 and all(r.status is Status.DONE for r in results)
+    assert handle.statistics().admission_held >= 1
+
+
+async def test_admission_by_lag_can_be_turned_off(tmp_path: Path, fake_adapter: Any) -> None:
+    pack = make_pack(tmp_path, [{"turn_id": "only", "prompt_template": "Hi {name}"}], n=6)
+
+    async def hog(messages: Any, params: Any) -> str:
+        _busy(0.03)
+        await anyio.lowlevel.checkpoint()
+        return "ok"
+
+    async with Simulator(fake_adapter(hog), concurrency=2, max_loop_lag=None) as sim:
+        handle = sim.run(pack)
+        results = [r async for r in handle]
+    assert len(results) == 6
+    assert handle.statistics().admission_held == 0
 
 
 # -- failures are data --------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Before a run, a few probes (outside the measured window) ask the server how many tokens
 the synthetic vocabulary makes: its tokenize endpoint where it has one (vLLM, SGLang:
-``POST /tokenize``; llama.cpp: ``POST /tokenize`` with ``content``), otherwise the
+``POST /tokenize``; llama.cpp: ``POST /tokenize`` with ``content``; llama-cpp-python:
+``POST /extras/tokenize``), otherwise the
 prompt tokens its usage reports for one-token generations of known texts. The same
 probes measure what a chat template adds (the prompt of an empty conversation), and
 one more asks for an exact output length, to learn whether the server honours
@@ -40,7 +41,9 @@ class Calibration:
     user_base_tokens: float
     """Prompt tokens of a conversation of one user message, besides the message's text."""
     system_tokens: float
-    """Tokens a system message adds besides its text."""
+    """Tokens a system message adds besides its text; negative when the chat template
+    puts a default system prompt of its own in a conversation that has none (SmolLM2,
+    Qwen) and the given one replaces it."""
     exact_output: bool
     """Whether the server answered an exact-length request with exactly that length."""
     notes: tuple[str, ...] = ()
@@ -73,15 +76,17 @@ async def _tokenize_count(adapter: Any, text: str) -> int | None:
     if config is None or not base_url:
         return None
     headers = adapter.auth_headers() if hasattr(adapter, "auth_headers") else {}
-    url = _root(base_url) + "/tokenize"
-    bodies = (
-        {"model": config.model, "prompt": text, "add_special_tokens": False},  # vLLM, SGLang
-        {"content": text, "add_special": False},  # llama.cpp
+    root = _root(base_url)
+    forms = (
+        # vLLM, SGLang
+        ("/tokenize", {"model": config.model, "prompt": text, "add_special_tokens": False}),
+        ("/tokenize", {"content": text, "add_special": False}),  # llama.cpp's server
+        ("/extras/tokenize", {"model": config.model, "input": text}),  # llama-cpp-python
     )
     try:
         async with httpx.AsyncClient(timeout=10.0, trust_env=True) as client:
-            for body in bodies:
-                response = await client.post(url, json=body, headers=headers)
+            for path, body in forms:
+                response = await client.post(root + path, json=body, headers=headers)
                 if response.status_code != 200:
                     continue
                 data = response.json()
@@ -108,7 +113,12 @@ async def _exact_output(adapter: ModelAdapter) -> tuple[bool, str | None]:
             )
         raise
     got = completion.usage.completion_tokens
-    if completion.usage.estimated or got != _EXACT_PROBE_TOKENS:
+    if completion.usage.estimated:
+        return False, (
+            "the server reported no usage, so exact output lengths cannot be checked: "
+            "output lengths are caps (max_tokens)"
+        )
+    if got != _EXACT_PROBE_TOKENS:
         return False, (
             f"asked for exactly {_EXACT_PROBE_TOKENS} output tokens, the server gave {got}: "
             "output lengths are caps (max_tokens), not exact"
@@ -152,7 +162,8 @@ async def calibrate(adapter: ModelAdapter, *, exact_output: bool = True) -> Cali
             adapter, [Message(role="system", content=small), Message(role="user", content=one)]
         )
         if p_sys is not None:
-            system = max(0.0, p_sys - p_one - per_word * 32)
+            # negative when a template's default system prompt gives way to the given one
+            system = p_sys - p_one - per_word * 32
     exact = False
     if exact_output:
         exact, note = await _exact_output(adapter)

@@ -25,12 +25,13 @@ import anyio.lowlevel
 import numpy as np
 
 from convsim._errors import AdapterError, ConfigError
+from convsim._gauges import InFlight, LoopMonitor
 from convsim._types import GenerationParams, Message
 from convsim.adapters import ModelAdapter
 
 from ._arrivals import ArrivalPattern, Schedule, arrival_schedule
 from ._distributions import Distribution, Fixed
-from ._monitor import InFlight, LoopMonitor, Progress, TimelinePoint
+from ._monitor import Progress, TimelinePoint
 from ._records import RequestRecord
 from ._result import Window
 from ._workloads import SessionScript, Workload
@@ -222,6 +223,7 @@ class _Driver:
         self.timeline: list[TimelinePoint] = []
         self.notes: list[str] = []
         self.last_send = 0.0
+        self.params_by_length: dict[tuple[int | None, bool], GenerationParams] = {}
 
     # -- time -----------------------------------------------------------------------
 
@@ -301,11 +303,7 @@ class _Driver:
         turn: Any,
         due: float,
     ) -> str | None:
-        params = GenerationParams(
-            max_tokens=turn.max_tokens,
-            min_tokens=turn.max_tokens if turn.exact_output else None,
-            ignore_eos=True if turn.exact_output else None,
-        )
+        params = self.params(turn.max_tokens, turn.exact_output)
         called = self.now()
         measured = called >= self.window_start
         if measured:
@@ -348,6 +346,10 @@ class _Driver:
         # the wire send of the answering attempt; queueing in the client counts as delay
         sent = max(called, end - timings.total_s)
         usage = completion.usage
+        output_tokens = None if usage.estimated else usage.completion_tokens
+        from_chunks = usage.estimated and timings.ttft_s is not None
+        if from_chunks:  # a stream without usage: each chunk is a token on most servers
+            output_tokens = len(timings.inter_token_s) + 1
         self.records.append(
             RequestRecord(
                 script.session_id,
@@ -360,11 +362,24 @@ class _Driver:
                 timings.inter_token_s,
                 end,
                 None if usage.estimated else usage.prompt_tokens,
-                None if usage.estimated else usage.completion_tokens,
+                output_tokens,
+                output_from_chunks=from_chunks,
             )
         )
         self.completed += 1
         return completion.text
+
+    def params(self, max_tokens: int | None, exact: bool) -> GenerationParams:
+        """The settings of a request, made once per length (validated, then shared)."""
+        key = (max_tokens, exact)
+        params = self.params_by_length.get(key)
+        if params is None:
+            params = self.params_by_length[key] = GenerationParams(
+                max_tokens=max_tokens,
+                min_tokens=max_tokens if exact else None,
+                ignore_eos=True if exact else None,
+            )
+        return params
 
     # -- the two loops ------------------------------------------------------------------
 

@@ -198,7 +198,18 @@ def merged_result(
             else _input_accuracy(records, window, input_check),
             "stopped_by": stopped_by,
             "concurrency": concurrency,
-            "notes": [n for o in outcomes for n in o.notes],
+            "notes": [n for o in outcomes for n in o.notes] + _token_notes(records),
             "timeline": _timeline(outcomes),
         }
     )
+
+
+def _token_notes(records: list[RequestRecord]) -> list[str]:
+    """What the token figures rest on, when not on the server's own counts."""
+    chunked = sum(1 for r in records if r.output_from_chunks)
+    if not chunked:
+        return []
+    return [
+        f"{chunked} answers streamed no usage: their output tokens are the streamed chunks "
+        "(one token each on llama.cpp and vLLM) and their input tokens are not known"
+    ]

@@ -1,52 +1,13 @@
-"""The load generator measuring itself: event-loop lag, CPU use, and what was in flight.
+"""What a load run shows while it runs: a timeline of each second, and progress snapshots.
 
-A load generator whose own event loop is late adds that delay to every latency it
-reports. A ticker task asks to wake every ``interval`` seconds and records how late it
-woke (the loop's lag); CPU time is read from the process at the start and end of the
-measured window. In-flight counts are integrated over time exactly, on every change.
+The gauges it reads (requests in flight, event-loop lag) are :mod:`convsim._gauges`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import anyio
-
-__all__ = ["InFlight", "LoopMonitor", "Progress", "TimelinePoint"]
-
-
-@dataclass
-class InFlight:
-    """A count of things in flight and its time-weighted mean since ``reset``."""
-
-    clock: Callable[[], float]
-    now: int = 0
-    peak: int = 0
-    _area: float = 0.0
-    _since: float = 0.0
-    _last: float = 0.0
-
-    def reset(self) -> None:
-        """Start the mean (and the peak) afresh from now."""
-        t = self.clock()
-        self._area, self._since, self._last, self.peak = 0.0, t, t, self.now
-
-    def change(self, delta: int) -> None:
-        t = self.clock()
-        self._area += self.now * (t - self._last)
-        self._last = t
-        self.now += delta
-        if self.now > self.peak:
-            self.peak = self.now
-
-    def mean(self) -> float:
-        """The time-weighted mean since ``reset``."""
-        t = self.clock()
-        span = t - self._since
-        area = self._area + self.now * (t - self._last)
-        return area / span if span > 0 else float(self.now)
+__all__ = ["Progress", "TimelinePoint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,26 +20,6 @@ class TimelinePoint:
     sessions: int
     completed: int
     failed: int
-
-
-@dataclass
-class LoopMonitor:
-    """Samples event-loop lag every ``interval`` seconds while running."""
-
-    clock: Callable[[], float] = time.perf_counter
-    interval: float = 0.01
-    lags_s: list[float] = field(default_factory=list)
-    recording: bool = False
-
-    async def run(self) -> None:
-        """Tick until cancelled; record each tick's lateness while ``recording``."""
-        due = self.clock() + self.interval
-        while True:
-            await anyio.sleep(max(0.0, due - self.clock()))
-            now = self.clock()
-            if self.recording:
-                self.lags_s.append(max(0.0, now - due))
-            due = max(due + self.interval, now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,10 +95,13 @@ def _adapter_args(plan: LoadPlan, pool: int, workers: int) -> dict[str, Any]:
     return args
 
 
-def _make_adapter(plan: LoadPlan, pool: int, workers: int = 1) -> Any:
+def _make_adapter(plan: LoadPlan, pool: int, workers: int = 1, *, stream: bool = True) -> Any:
     from convsim.adapters import Budgets, create_adapter
 
-    adapter = create_adapter(plan.model, _adapter_args(plan, pool, workers))
+    args = _adapter_args(plan, pool, workers)
+    if not stream:
+        args["stream"] = "false"
+    adapter = create_adapter(plan.model, args)
     adapter.bind_budgets(Budgets(), concurrency=pool)
     return adapter
 
@@ -475,7 +478,8 @@ async def run_load(
     if plan.workers > (os.cpu_count() or 1) * 4:
         raise ConfigError(f"--workers {plan.workers} is far above this machine's CPUs")
     _workload(plan, None)  # a bad pack or dataset fails before any request
-    probe = _make_adapter(plan, 8)
+    # probes are not streamed: some servers (llama-cpp-python) send usage only then
+    probe = _make_adapter(plan, 8, stream=False)
     calibration: Calibration | None = None
     try:
         if plan.preflight:

@@ -28,7 +28,9 @@ class RequestRecord:
         inter_token_gaps_s: the gaps between consecutive streamed tokens (chunks).
         end_s: when the answer ended (or the request failed).
         input_tokens: prompt tokens, as the server counted them (None if not reported).
-        output_tokens: completion tokens, as the server counted them (None if not reported).
+        output_tokens: completion tokens, as the server counted them; when a stream
+            carried no usage, the streamed chunks (see ``output_from_chunks``); None when
+            neither is known.
         error: the error class of a failed request (``"Timeout"``); None when it succeeded.
     """
 
@@ -44,6 +46,9 @@ class RequestRecord:
     input_tokens: int | None
     output_tokens: int | None
     error: str | None = None
+    output_from_chunks: bool = False
+    """``output_tokens`` counts the stream's chunks (one token each on llama.cpp and
+    vLLM), the server having reported no usage."""
 
     @property
     def ok(self) -> bool:

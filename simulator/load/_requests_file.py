@@ -3,7 +3,8 @@
 Columns: ``point`` (the sweep point, 0 without a sweep), ``session_id``, ``turn_index``,
 ``history_messages``, ``scheduled_s``, ``sent_s``, ``end_s`` (run clock, seconds),
 ``schedule_delay_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``input_tokens``,
-``output_tokens``, ``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
+``output_tokens``, ``output_from_chunks`` (true when the stream carried no usage and
+its chunks were counted), ``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
 ``itl_count`` and ``itl_mean_ms``.
 """
 
@@ -35,6 +36,7 @@ REQUEST_COLUMNS = (
     "e2e_ms",
     "input_tokens",
     "output_tokens",
+    "output_from_chunks",
     "error",
 )
 
@@ -58,6 +60,7 @@ def _row(point: int, r: RequestRecord) -> dict[str, Any]:
         "e2e_ms": _ms(r.e2e_s),
         "input_tokens": r.input_tokens,
         "output_tokens": r.output_tokens,
+        "output_from_chunks": r.output_from_chunks,
         "error": r.error,
     }
 

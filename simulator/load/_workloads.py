@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -114,7 +115,11 @@ class TokenText:
         """Common words holding about ``tokens`` tokens: consecutive words of the
         vocabulary from a random place, so that any length holds an even mix of them
         (its token count then strays little from the calibrated mean)."""
-        return vocabulary_text(self.words_for(tokens), int(rng.integers(0, len(_WORDS))))
+        return self.text_at(tokens, int(rng.integers(0, len(_WORDS))))
+
+    def text_at(self, tokens: int, start: int) -> str:
+        """As :meth:`text`, from word ``start`` of the vocabulary."""
+        return vocabulary_text(self.words_for(tokens), start)
 
 
 def vocabulary_text(words: int, start: int = 0) -> str:
@@ -130,6 +135,22 @@ def _draw(dist: Any, rng: np.random.Generator) -> int:
     return int(dist.sample(rng, 1)[0])
 
 
+_BLOCK = 512
+"""Synthetic sessions are drawn this many at a time (numpy draws cost the same for one
+value as for hundreds: per session they would cost more than sending its request)."""
+_BLOCKS_KEPT = 4
+
+
+class _Block(NamedTuple):
+    """The draws of sessions ``[n * _BLOCK, (n + 1) * _BLOCK)``: session ``i`` of the
+    block has turns ``first[i]:first[i + 1]`` of the other arrays."""
+
+    first: list[int]
+    input_tokens: list[int]
+    output_tokens: list[int]
+    starts: list[int]
+
+
 @dataclass(frozen=True)
 class SyntheticSessions:
     """Sessions made up from a :class:`SyntheticWorkload`: random words of the asked
@@ -139,33 +160,51 @@ class SyntheticSessions:
     text: TokenText = TokenText()
     seed: int = 0
     exact_output: bool = True
+    _blocks: dict[int, _Block] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int | None:
         return None
 
+    @cached_property
     def _prefix(self) -> tuple[str | None, int]:
         rng = np.random.default_rng([self.seed, 0x5EED])
         tokens = _draw(self.workload.prefix_tokens, rng)
         return (self.text.text(tokens, rng) or None, tokens) if tokens else (None, 0)
 
-    def session(self, index: int) -> SessionScript:
-        rng = np.random.default_rng([self.seed, index])
-        system, prefix_tokens = self._prefix()
-        turns = max(1, _draw(self.workload.turns, rng))
-        scripts = []
-        for _ in range(turns):
-            asked_in = max(1, _draw(self.workload.input_tokens, rng))
-            asked_out = max(1, _draw(self.workload.output_tokens, rng))
-            scripts.append(
-                TurnScript(
-                    user=self.text.text(asked_in, rng) or _WORDS[0],
-                    max_tokens=asked_out,
-                    exact_output=self.exact_output,
-                    input_tokens=asked_in,
-                )
+    def _block(self, number: int) -> _Block:
+        block = self._blocks.get(number)
+        if block is None:
+            w = self.workload
+            rng = np.random.default_rng([self.seed, number, 0xB10C])
+            turns = np.maximum(w.turns.sample(rng, _BLOCK), 1).astype(np.int64)
+            first = np.concatenate(([0], np.cumsum(turns)))
+            total = int(first[-1])
+            block = _Block(
+                first.tolist(),
+                np.maximum(w.input_tokens.sample(rng, total), 1).astype(np.int64).tolist(),
+                np.maximum(w.output_tokens.sample(rng, total), 1).astype(np.int64).tolist(),
+                rng.integers(0, len(_WORDS), total).tolist(),
             )
-        return SessionScript(f"s{index}", system, tuple(scripts), prefix_tokens)
+            while len(self._blocks) >= _BLOCKS_KEPT:
+                del self._blocks[next(iter(self._blocks))]
+            self._blocks[number] = block
+        return block
+
+    def session(self, index: int) -> SessionScript:
+        system, prefix_tokens = self._prefix
+        block = self._block(index // _BLOCK)
+        i = index % _BLOCK
+        scripts = tuple(
+            TurnScript(
+                user=self.text.text_at(block.input_tokens[t], block.starts[t]) or _WORDS[0],
+                max_tokens=block.output_tokens[t],
+                exact_output=self.exact_output,
+                input_tokens=block.input_tokens[t],
+            )
+            for t in range(block.first[i], block.first[i + 1])
+        )
+        return SessionScript(f"s{index}", system, scripts, prefix_tokens)
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,24 @@ class HttpTransport(Protocol):
     async def aclose(self) -> None: ...
 
 
+def _translation(
+    url: str, exc: BaseException, timeouts: type[BaseException], failures: type[BaseException]
+) -> BaseException | None:
+    """What a library's error becomes: its timeout Timeout, its connection failure
+    ServerError (LocalResourceError when the process ran out of descriptors); None for
+    an error that is not the library's."""
+    if isinstance(exc, timeouts):  # checked first: some libraries' timeouts are failures too
+        return Timeout(f"no response from {url} in time")
+    if isinstance(exc, failures):
+        if _out_of_descriptors(exc):
+            return LocalResourceError(
+                f"cannot open a connection to {url}: too many open files in this process; "
+                "raise the limit (ulimit -n) or lower --concurrency"
+            )
+        return ServerError(f"connection to {url} failed: {type(exc).__name__}: {exc}")
+    return None
+
+
 @contextmanager
 def _translated(
     url: str, timeouts: type[BaseException], failures: type[BaseException]
@@ -233,15 +251,10 @@ def _translated(
     """A library's timeout becomes Timeout, its connection failure ServerError."""
     try:
         yield
-    except timeouts as exc:  # checked first: some libraries' timeouts are failures too
-        raise Timeout(f"no response from {url} in time") from exc
-    except failures as exc:
-        if _out_of_descriptors(exc):
-            raise LocalResourceError(
-                f"cannot open a connection to {url}: too many open files in this process; "
-                "raise the limit (ulimit -n) or lower --concurrency"
-            ) from exc
-        raise ServerError(f"connection to {url} failed: {type(exc).__name__}: {exc}") from exc
+    except (timeouts, failures) as exc:
+        translated = _translation(url, exc, timeouts, failures)
+        assert translated is not None
+        raise translated from exc
 
 
 def _out_of_descriptors(exc: BaseException) -> bool:
@@ -318,22 +331,10 @@ class AiohttpTransport:
             body = await response.read()
             return HttpResponse(response.status, response.headers, body)
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self, url: str, payload: Any, headers: Mapping[str, str], timeouts: HttpTimeouts
-    ) -> AsyncIterator[StreamResponse]:
-        import aiohttp
-
-        proxy = await self._proxy(url)
-        with _translated(url, asyncio.TimeoutError, aiohttp.ClientError):
-            async with self._client().post(
-                url,
-                data=_encode(payload),
-                headers=headers,
-                timeout=self._timeout(timeouts),
-                **proxy,
-            ) as response:
-                yield _AiohttpStream(response)
+    ) -> _AiohttpPost:
+        return _AiohttpPost(self, url, payload, headers, timeouts)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -364,6 +365,63 @@ def _env_proxy(url: Any) -> dict[str, Any]:
     except LookupError:  # no proxy for this scheme, or NO_PROXY covers the host
         return {}
     return {"proxy": proxy, "proxy_auth": auth}
+
+
+class _AiohttpPost:
+    """``async with`` one POST, giving its :class:`StreamResponse`; aiohttp's failures,
+    on the way in or while reading, become convsim's. A class rather than a generator
+    context manager: it is on every request's path."""
+
+    __slots__ = ("_headers", "_payload", "_request", "_timeouts", "_transport", "_url")
+
+    def __init__(
+        self,
+        transport: AiohttpTransport,
+        url: str,
+        payload: Any,
+        headers: Mapping[str, str],
+        timeouts: HttpTimeouts,
+    ) -> None:
+        self._transport = transport
+        self._url = url
+        self._payload = payload
+        self._headers = headers
+        self._timeouts = timeouts
+        self._request: Any = None
+
+    async def __aenter__(self) -> StreamResponse:
+        import aiohttp
+
+        transport = self._transport
+        proxy = transport._proxies.get(self._url)
+        if proxy is None:
+            proxy = await transport._proxy(self._url)
+        try:
+            self._request = transport._client().post(
+                self._url,
+                data=_encode(self._payload),
+                headers=self._headers,
+                timeout=transport._timeout(self._timeouts),
+                **proxy,
+            )
+            response = await self._request.__aenter__()
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            translated = _translation(self._url, exc, asyncio.TimeoutError, aiohttp.ClientError)
+            assert translated is not None
+            raise translated from exc
+        return _AiohttpStream(response)
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        import aiohttp
+
+        try:
+            await self._request.__aexit__(exc_type, exc, tb)
+        except (asyncio.TimeoutError, aiohttp.ClientError) as failure:
+            exc = failure
+        if exc is not None:
+            translated = _translation(self._url, exc, asyncio.TimeoutError, aiohttp.ClientError)
+            if translated is not None:
+                raise translated from exc
 
 
 class _AiohttpStream:

@@ -126,6 +126,39 @@ def test_a_pack_feeds_real_answers_back(server: Any, tmp_path: Path) -> None:
     assert depths == sorted(depths) and depths[-1] > depths[0]
 
 
+def test_metrics_score_the_completed_conversations_after_the_run(
+    server: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "quality.json"
+    code, stdout, stderr = invoke(
+        *target(server), "--pack", "customer_support", "--repeat", "1", "--concurrency", "4",
+        "--metrics", "context_retention,response_length", "--out", str(out),
+        "--no-calibrate", "--loop", "asyncio",
+    )  # fmt: skip
+    assert code == 0, stderr
+    result = json.loads(out.read_text())
+    quality = result["quality"]
+    assert list(quality) == ["context_retention", "response_length"]
+    completed = result["conversations"]["completed"]
+    assert completed > 0
+    for summary in quality.values():
+        assert summary["scored"] + summary["not_applicable"] + summary["failed"] == completed
+    length = quality["response_length"]
+    assert length["scored"] == completed and length["p10"] <= length["p50"] <= length["p90"]
+    assert "context_retention (mean)" in stdout
+    assert result["client"]["event_loop"] == "asyncio"
+
+
+def test_without_metrics_nothing_is_kept_or_scored(server: Any, tmp_path: Path) -> None:
+    out = tmp_path / "plain.json"
+    code, _, stderr = invoke(
+        *target(server), "--pack", "customer_support", "--repeat", "1", "--concurrency", "4",
+        "--out", str(out), "--no-calibrate",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert json.loads(out.read_text())["quality"] is None
+
+
 def test_a_sharegpt_file_sends_every_user_turn(server: Any, tmp_path: Path) -> None:
     data = tmp_path / "sharegpt.json"
     data.write_text(
@@ -166,6 +199,14 @@ def test_a_sharegpt_file_sends_every_user_turn(server: Any, tmp_path: Path) -> N
         (["--concurrency", "2", "--duration", "1", "--synthetic", "turns=2"], "input_tokens"),
         (["--rate", "2", "--duration", "1", "--sweep", "1,x"], "invalid --sweep"),
         (["--concurrency", "2", "--duration", "1", "--pack", "no_such_pack"], "no_such_pack"),
+        (["--concurrency", "2", "--duration", "1", "--metrics", "coherence"], "needs --pack"),
+        (
+            [
+                *("--concurrency", "2", "--duration", "1", "--pack", "customer_support"),
+                *("--metrics", "no_such_metric"),
+            ],
+            "unknown metric 'no_such_metric'",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:

@@ -86,6 +86,17 @@ def _points_table(points: list[PointResult], slo: bool) -> Table:
                 ["-" if p.meets_slo is None else ("yes" if p.meets_slo else "no") for p in points],
             )
         )
+    metrics = dict.fromkeys(name for p in points for name in (p.quality or {}))
+    for metric in metrics:
+        rows.append(
+            (
+                f"{metric} (mean)",
+                [
+                    _fmt(p.quality[metric].mean, 3) if p.quality and metric in p.quality else "-"
+                    for p in points
+                ],
+            )
+        )
     for name, cells in rows:
         table.add_row(name, *cells)
     return table
@@ -321,6 +332,13 @@ _Option = Callable[[Any], Any]
     help="Processes generating load, merged exactly.",
 )
 @click.option(
+    "--loop",
+    type=click.Choice(["auto", "asyncio", "uvloop"]),
+    default="auto",
+    show_default=True,
+    help="Event loop: uvloop where installed (auto), or as named.",
+)
+@click.option(
     "--sweep",
     default=None,
     help="Rates (or with --concurrency, concurrencies) R1,R2,...; or auto[:N].",
@@ -351,6 +369,12 @@ _Option = Callable[[Any], Any]
     help="Send delay p99 above which the run is invalid.",
 )
 @click.option(
+    "--metrics",
+    default=None,
+    help="Score each completed --pack conversation with these metrics (comma-separated), "
+    "after each point has run, off the timings.",
+)
+@click.option(
     "--max-loop-lag-ms",
     type=float,
     default=10.0,
@@ -366,7 +390,7 @@ def load_command(
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark."""
-    from ._plan import LoadPlan, run_load
+    from ._plan import LoadPlan, event_loop_options, run_load
     from ._requests_file import write_requests
 
     plan = parse_config(
@@ -378,7 +402,8 @@ def load_command(
     try:
         with _Display() as display:
             run: LoadRun = anyio.run(
-                lambda: run_load(plan, report=display.report, on_progress=display.progress)
+                lambda: run_load(plan, report=display.report, on_progress=display.progress),
+                backend_options=event_loop_options(plan.loop),
             )
     except KeyboardInterrupt:
         _stderr().print("interrupted", highlight=False)

@@ -14,11 +14,12 @@ warm-up at the start and the cool-down at the end.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -36,7 +37,16 @@ from ._records import RequestRecord
 from ._result import Window
 from ._workloads import SessionScript, Workload
 
-__all__ = ["LoadShape", "SessionRecord", "DriveOutcome", "drive", "open_schedule", "ramped"]
+__all__ = [
+    "LoadShape",
+    "SessionRecord",
+    "SessionTranscript",
+    "TranscriptTurn",
+    "DriveOutcome",
+    "drive",
+    "open_schedule",
+    "ramped",
+]
 
 _SPIN_S = 0.0015
 """Sends are timed by sleeping until this much before they are due, then yielding to
@@ -74,6 +84,8 @@ class LoadShape:
     session_offset: int = 0
     session_stride: int = 1
     """This worker runs sessions ``offset, offset + stride, ...`` of the workload."""
+    keep_transcripts: bool = False
+    """Keep each completed session's turns, to score them after the run."""
 
     def __post_init__(self) -> None:
         modes = sum(x is not None for x in (self.concurrency, self.rate, self.schedule))
@@ -115,6 +127,28 @@ class SessionRecord:
     failed: bool
 
 
+@dataclass(frozen=True, slots=True)
+class TranscriptTurn:
+    """One turn of a kept transcript: what was said, and how the call went."""
+
+    turn_id: str | None
+    user: str
+    answer: str
+    latency_s: float
+    ttft_s: float | None
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTranscript:
+    """A session that ran all its turns (``LoadShape.keep_transcripts``)."""
+
+    session_id: str
+    system: str | None
+    turns: tuple[TranscriptTurn, ...]
+
+
 @dataclass
 class DriveOutcome:
     """Everything one drive measured. Times are on the run clock (seconds from start)."""
@@ -136,6 +170,10 @@ class DriveOutcome:
     """``duration``, ``max_requests``, ``max_errors``, ``workload`` or ``cancelled``."""
     timeline: list[TimelinePoint]
     notes: list[str]
+    event_loop: str = "asyncio"
+    """``uvloop`` or ``asyncio``."""
+    transcripts: list[SessionTranscript] = field(default_factory=list)
+    """Completed sessions' turns, when the shape keeps them."""
 
 
 def ramped(offsets: np.ndarray, ramp_up: float) -> np.ndarray:
@@ -181,6 +219,15 @@ def open_schedule(shape: LoadShape) -> Schedule:
     return Schedule(offsets, none, none)
 
 
+class _Gauges(NamedTuple):
+    """In-flight requests and alive sessions over the measured window."""
+
+    mean_in_flight: float
+    max_in_flight: int
+    mean_sessions: float
+    max_sessions: int
+
+
 class _Driver:
     def __init__(
         self,
@@ -224,6 +271,8 @@ class _Driver:
         self.notes: list[str] = []
         self.last_send = 0.0
         self.params_by_length: dict[tuple[int | None, bool], GenerationParams] = {}
+        self.gauges: _Gauges | None = None
+        self.transcripts: list[SessionTranscript] = []
 
     # -- time -----------------------------------------------------------------------
 
@@ -243,6 +292,12 @@ class _Driver:
             self.sending = False
             self.stopped_by = reason
             self.stop_event.set()
+            self.gauges = self.read_gauges()  # the window's, not the drain's after it
+
+    def read_gauges(self) -> _Gauges:
+        return _Gauges(
+            self.in_flight.mean(), self.in_flight.peak, self.alive.mean(), self.alive.peak
+        )
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -264,6 +319,7 @@ class _Driver:
         if script.system:
             messages.append(Message(role="system", content=script.system))
         due = scheduled if scheduled is not None else started
+        kept: list[TranscriptTurn] | None = [] if self.shape.keep_transcripts else None
         try:
             for index, turn in enumerate(script.turns):
                 if index:
@@ -281,7 +337,13 @@ class _Driver:
                     break
                 done += 1
                 messages.append(Message(role="assistant", content=answer))
+                if kept is not None:
+                    kept.append(_transcript_turn(turn, text, answer, self.records[-1]))
         finally:
+            if kept is not None and done == len(script.turns):
+                self.transcripts.append(
+                    SessionTranscript(script.session_id, script.system, tuple(kept))
+                )
             self.alive.change(-1)
             self.sessions.append(
                 SessionRecord(
@@ -453,7 +515,7 @@ class _Driver:
                         self.failed,
                     )
                 )
-                next_point += 1.0
+                next_point = math.floor(now) + 1.0  # a loop blocked for seconds skips them
             wake = min(next_point, self.window_start if not opened else math.inf, self.send_until)
             if self.on_progress is not None:
                 wake = min(wake, now + 0.5)
@@ -516,6 +578,7 @@ class _Driver:
                 time.process_time() - self.cpu_at_window if self.cpu_at_window is not None else 0.0
             )
             background.cancel_scope.cancel()
+        gauges = self.gauges or self.read_gauges()
         end = self.now()
         window_end = min(self.window_end, end) if math.isfinite(self.window_end) else end
         if window_end <= self.window_start:
@@ -530,14 +593,16 @@ class _Driver:
             target_rate=target,
             loop_lag_s=self.monitor.lags_s,
             cpu_s=self.cpu_s,
-            mean_in_flight=self.in_flight.mean(),
-            max_in_flight=self.in_flight.peak,
-            mean_sessions=self.alive.mean(),
-            max_sessions=self.alive.peak,
+            mean_in_flight=gauges.mean_in_flight,
+            max_in_flight=gauges.max_in_flight,
+            mean_sessions=gauges.mean_sessions,
+            max_sessions=gauges.max_sessions,
             held_by_cap=self.held_by_cap,
             stopped_by=self.stopped_by,
             timeline=self.timeline,
             notes=self.notes,
+            event_loop=_event_loop_name(),
+            transcripts=self.transcripts,
         )
 
     async def drain_guard(self, sessions: anyio.CancelScope) -> None:
@@ -550,6 +615,23 @@ class _Driver:
             "after the run stopped sending and were cancelled"
         )
         sessions.cancel()
+
+
+def _transcript_turn(turn: Any, user: str, answer: str, record: RequestRecord) -> TranscriptTurn:
+    return TranscriptTurn(
+        turn.turn_id,
+        user,
+        answer,
+        record.e2e_s,
+        record.ttft_s,
+        record.input_tokens,
+        record.output_tokens,
+    )
+
+
+def _event_loop_name() -> str:
+    loop = type(asyncio.get_running_loop())
+    return "uvloop" if loop.__module__.startswith("uvloop") else "asyncio"
 
 
 async def drive(

@@ -95,6 +95,7 @@ def _client(outcomes: Sequence[DriveOutcome], window: Window) -> ClientFigures:
         mean_sessions=sum(o.mean_sessions for o in outcomes),
         max_sessions=sum(o.max_sessions for o in outcomes),
         held_by_max_concurrency=sum(o.held_by_cap for o in outcomes),
+        event_loop=outcomes[0].event_loop,
     )
 
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,8 +31,9 @@ from ._driver import DriveOutcome, LoadShape, drive, open_schedule
 from ._figures import InputCheck, Thresholds, merged_result
 from ._monitor import Progress
 from ._names import DEFAULT_SYNTHETIC
+from ._quality import check_metrics, score_transcripts
 from ._records import RequestRecord
-from ._result import LoadResult, PointResult, SweepResult, sweep_result
+from ._result import LoadResult, PointResult, QualitySummary, SweepResult, sweep_result
 from ._slo import parse_slos
 from ._workloads import PackSessions, ShareGPTSessions, SyntheticSessions, Workload, read_sharegpt
 
@@ -72,12 +73,17 @@ class LoadPlan(BaseModel):
     think_time: str = "0"
     seed: int = 0
     workers: int = Field(default=1, ge=1)
+    loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    """The event loop: uvloop where installed (``auto``), or as named."""
     sweep: str | None = None
     slo: str | None = None
     calibrate: bool = True
     preflight: bool = True
     max_schedule_delay_ms: float = 10.0
     max_loop_lag_ms: float = 10.0
+    metrics: str | None = None
+    """Metrics (comma-separated) to score each completed pack conversation with, after
+    each point has run."""
     drain_timeout: float = Field(default=60.0, gt=0)
 
 
@@ -162,7 +168,45 @@ def _shape(plan: LoadPlan, *, concurrency: int | None, rate: float | None) -> Lo
         think_time=think,
         seed=plan.seed,
         drain_timeout=plan.drain_timeout,
+        keep_transcripts=bool(plan.metrics),
     )
+
+
+def _metric_names(plan: LoadPlan) -> list[str]:
+    return [n.strip() for n in (plan.metrics or "").split(",") if n.strip()]
+
+
+def _pack_conversations(plan: LoadPlan) -> list[Any]:
+    from convsim.scenarios import load_pack
+
+    assert plan.pack is not None
+    return list(load_pack(plan.pack).conversations)
+
+
+def _check_metrics(plan: LoadPlan) -> None:
+    """Fail before any request on metrics a load run cannot score."""
+    if not plan.metrics:
+        return
+    if plan.pack is None:
+        raise ConfigError(
+            "--metrics needs --pack: the scorers check what the pack's scenarios declare "
+            "(facts, goals)"
+        )
+    if not _metric_names(plan):
+        raise ConfigError("--metrics: give one metric name or more, comma-separated")
+    check_metrics(_metric_names(plan), _pack_conversations(plan))
+
+
+async def _quality(
+    plan: LoadPlan, outcomes: Sequence[DriveOutcome]
+) -> dict[str, QualitySummary] | None:
+    """The point's completed conversations scored, in a worker thread after the point."""
+    if not plan.metrics:
+        return None
+    conversations = {c.conversation_id: c for c in _pack_conversations(plan)}
+    metrics = check_metrics(_metric_names(plan), list(conversations.values()))
+    transcripts = [t for o in outcomes for t in o.transcripts]
+    return await anyio.to_thread.run_sync(score_transcripts, transcripts, conversations, metrics)
 
 
 def _input_check(
@@ -257,7 +301,35 @@ def _worker_main(
     tune_gc_for_throughput()
     worker_shape = _worker_shape(shape, share)
     start_at = time.perf_counter() + (share.start_at_wall - time.time())
-    return anyio.run(_drive_here, plan, worker_shape, calibration, start_at, share.workers)
+    return anyio.run(
+        _drive_here,
+        plan,
+        worker_shape,
+        calibration,
+        start_at,
+        share.workers,
+        backend_options=event_loop_options(plan.loop),
+    )
+
+
+def event_loop_options(choice: str) -> dict[str, Any]:
+    """anyio's options for the event loop ``choice`` names (``auto``: uvloop where it
+    is installed, as it makes the client's own share of each request smaller).
+
+    Raises:
+        ConfigError: ``uvloop`` asked for and not installed.
+    """
+    if choice == "asyncio":
+        return {}
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "--loop uvloop: uvloop is not installed (pip install 'convsim[uvloop]')"
+            ) from None
+        return {}
+    return {"use_uvloop": True}
 
 
 def _deal(schedule: Schedule, workers: int) -> list[Schedule]:
@@ -338,7 +410,9 @@ async def _run_point(
         input_check=_input_check(outcomes, _workload(plan, calibration), calibration),
     )
     notes = list(calibration.notes) if calibration is not None else []
-    result = result.model_copy(update={"notes": [*notes, *result.notes]})
+    result = result.model_copy(
+        update={"notes": [*notes, *result.notes], "quality": await _quality(plan, outcomes)}
+    )
     return _Point(result, [r for o in outcomes for r in o.records])
 
 
@@ -478,6 +552,7 @@ async def run_load(
     if plan.workers > (os.cpu_count() or 1) * 4:
         raise ConfigError(f"--workers {plan.workers} is far above this machine's CPUs")
     _workload(plan, None)  # a bad pack or dataset fails before any request
+    _check_metrics(plan)
     # probes are not streamed: some servers (llama-cpp-python) send usage only then
     probe = _make_adapter(plan, 8, stream=False)
     calibration: Calibration | None = None

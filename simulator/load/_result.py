@@ -148,6 +148,8 @@ class ClientFigures(_Model):
     max_sessions: int
     held_by_max_concurrency: int
     """Arrivals that waited because ``--max-concurrency`` sessions were alive."""
+    event_loop: str = "asyncio"
+    """The workers' event loop: ``asyncio`` or ``uvloop``."""
 
 
 class InputTokenAccuracy(_Model):
@@ -172,6 +174,20 @@ class TimelineEntry(_Model):
     sessions: int
     completed: int
     failed: int
+
+
+class QualitySummary(_Model):
+    """One metric over the conversations a point completed (``--metrics``), scored after
+    the point ran, so scoring never shares the event loop with the timings."""
+
+    scored: int
+    """Conversations with a value."""
+    not_applicable: int
+    failed: int
+    mean: float | None
+    p10: float | None
+    p50: float | None
+    p90: float | None
 
 
 class PointResult(_Model):
@@ -203,6 +219,8 @@ class PointResult(_Model):
     """Sessions asked for in closed loop; null in open loop."""
     notes: list[str] = []
     timeline: list[TimelineEntry] = []
+    quality: dict[str, QualitySummary] | None = None
+    """Each ``--metrics`` metric over the point's completed conversations; null without."""
 
 
 class LoadResult(PointResult):

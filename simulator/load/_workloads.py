@@ -52,6 +52,8 @@ class TurnScript:
     exact_output: bool = False
     """Ask the server for exactly ``max_tokens`` (``min_tokens`` and ``ignore_eos``)."""
     input_tokens: int | None = None
+    turn_id: str | None = None
+    """The pack turn it renders (None for synthetic and ShareGPT turns)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +262,9 @@ class PackSessions:
             if any(dep not in kept for dep in turn.config.depends_on):
                 continue
             kept.add(turn.turn_id)
-            turns.append(TurnScript(user=user_text(turn), max_tokens=self.max_tokens))
+            turns.append(
+                TurnScript(user=user_text(turn), max_tokens=self.max_tokens, turn_id=turn.turn_id)
+            )
         return SessionScript(f"{conv.conversation_id}#{rounds}", system, tuple(turns))
 
 

@@ -1,17 +1,32 @@
-"""``convsim load`` against a bare aiohttp loop on the same mock server, in the same run.
+"""``convsim load`` against bare aiohttp clients and guidellm, on the same mock server.
 
-Run: python tests/bench/bench_load.py [--seconds S] [--repeats N]
+Run: python tests/bench/bench_load.py [--seconds S] [--repeats N] [--parts ...]
+     [--guidellm PATH | --peers-venv DIR]
 
-Prints, each measured in this run (the mock server and ``convsim load`` in their own
-processes, as users run them):
+Prints, each measured in this run (the mock server, ``convsim load`` and the peers in
+their own processes, as users run them; the bare clients in this process):
 
-1. closed loop, zero-latency mock, concurrency 256, one worker: requests/s of
-   ``convsim load`` over those of the bare loop (``bench_mock_server.drive``), non-streaming
-   and streaming, median and range over the repeats, with the mean requests in flight;
-2. open loop, constant arrivals at 200 and 500 sessions/s: achieved rate against the
-   target, send-delay p99, and whether the run is valid;
-3. streaming with the mock's TTFT at 50 ms: reported TTFT p50 at concurrency 256 and
-   32, and whether each run is valid (a client that saturates is flagged invalid).
+1. ``closed``: closed loop, zero-latency mock, concurrency 256, one worker: requests/s of
+   ``convsim load`` over those of two bare aiohttp loops, non-streaming and streaming,
+   on asyncio and (where installed) uvloop, median and range over the repeats:
+   - *bare*: ``bench_mock_server.drive``, the least a client can do (one prebuilt body,
+     streams scanned for a marker, nothing parsed);
+   - *bare client*: what any multi-turn load client must do at least: encode each
+     request's body, parse the answer's JSON (every server-sent event of a stream) to
+     get the text it feeds back, and time the first token.
+   The client is the bottleneck in all of them (about a core each), so the ratio is that
+   of their CPU per request, which is printed too.
+2. ``open``: open loop, constant arrivals at 200 and 500 sessions/s: achieved rate
+   against the target, send-delay p99, and whether the run is valid.
+3. ``ttft``: streaming with the mock's TTFT at 50 ms: reported TTFT p50 at concurrency
+   256 and 32, and whether each run is valid (a client that saturates is flagged).
+4. ``memory``: 10,000 concurrent three-turn sessions against a mock answering in 1 s,
+   1 s think time: peak RSS of the ``convsim load`` process and the sessions alive.
+5. ``peers``: guidellm (``--guidellm PATH`` to its command, or ``--peers-venv DIR`` to
+   install it there with pip) on the same mock and settings: requests/s per client core
+   at concurrency 32 (zero latency), and TTFT p50 with the mock's TTFT at 50 ms.
+   vLLM's serving benchmark (``vllm bench serve``) is part of vLLM, whose wheel needs a
+   CUDA build of torch pinned to its release; it is not run here (see ``--help``).
 """
 
 from __future__ import annotations
@@ -19,98 +34,394 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_mock_server import Server, drive, mock_server
 
 SESSIONS = ["--synthetic", "turns=1,input_tokens=20,output_tokens=16", "--no-exact-output"]
+USER_TEXT = " ".join(["word"] * 20)
+
+try:
+    import uvloop
+except ImportError:  # measured where installed
+    uvloop = None
+
+LOOPS = ["asyncio"] + (["uvloop"] if uvloop is not None else [])
 
 
-def load(server: Server, *extra: str) -> dict[str, Any]:
-    """One ``convsim load`` run against ``server``; its JSON result."""
+# -- measuring other processes --------------------------------------------------------
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def _cpu(pids: list[int]) -> float:
+    total = 0.0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler(threading.Thread):
+    """CPU of a process tree, sampled twice a second: the median rate in cores over
+    the middle of the run (start-up and shutdown left out)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.samples: list[tuple[float, float]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            self.samples.append((time.perf_counter(), _cpu(_tree(self.pid))))
+
+    def busy_cores(self) -> float | None:
+        rates = [
+            (c1 - c0) / (t1 - t0)
+            for (t0, c0), (t1, c1) in zip(self.samples, self.samples[1:], strict=False)
+        ]
+        if len(rates) < 3:
+            return None
+        cut = len(rates) // 5
+        middle = sorted(rates[cut : len(rates) - cut] or rates)
+        return statistics.median(middle)
+
+
+class Measured:
+    """A command's exit, peak RSS (MB) and median busy cores."""
+
+    def __init__(self, code: int, max_rss_mb: float, cores: float | None) -> None:
+        self.code, self.max_rss_mb, self.cores = code, max_rss_mb, cores
+
+
+def measure(command: list[str], **kw: Any) -> Measured:
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    sampler = CpuSampler(proc.pid)
+    sampler.start()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    sampler.done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{command[:4]} exited {proc.returncode}: {err.decode()[-2000:]}")
+    return Measured(proc.returncode, usage.ru_maxrss / 1024, sampler.busy_cores())
+
+
+def load(server: Server, *extra: str) -> tuple[dict[str, Any], Measured]:
+    """One ``convsim load`` run against ``server``: its JSON result, and the process."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        subprocess.run(
+        measured = measure(
             [
                 sys.executable, "-m", "convsim", "load",
                 "--model", "openai-compatible:mock-model",
                 "--model-arg", f"base_url={server.url}/v1",
-                "--no-calibrate", *SESSIONS, "--out", str(out), *extra,
-            ],
-            check=True,
-            capture_output=True,
+                "--no-calibrate", "--out", str(out), *extra,
+            ]
         )  # fmt: skip
         result: dict[str, Any] = json.loads(out.read_text())
-        return result
+        return result, measured
+
+
+# -- the bare client: the least a multi-turn load client does --------------------------
+
+
+async def bare_client(
+    server: Server, *, seconds: float, concurrency: int, stream: bool
+) -> dict[str, float]:
+    """``concurrency`` workers, each encoding its request's body, reading the answer's
+    text from its JSON (every event of a stream) and timing the first token."""
+    headers = {"Content-Type": "application/json"}
+    endpoint = server.url + "/v1/chat/completions"
+    timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=60)
+    done = 0
+
+    async def one(session: aiohttp.ClientSession) -> str:
+        body = json.dumps(
+            {
+                "model": "mock-model",
+                "messages": [{"role": "user", "content": USER_TEXT}],
+                "max_tokens": 16,
+                "stream": stream,
+            },
+            separators=(",", ":"),
+        ).encode()
+        started = time.perf_counter()
+        async with session.post(endpoint, data=body, headers=headers, timeout=timeout) as resp:
+            if not stream:
+                data = json.loads(await resp.read())
+                return str(data["choices"][0]["message"]["content"])
+            pieces: list[str] = []
+            first = None
+            async for line in resp.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                event = json.loads(line[6:])
+                choices = event.get("choices") or [{}]
+                text = choices[0].get("delta", {}).get("content")
+                if text:
+                    if first is None:
+                        first = time.perf_counter() - started
+                    pieces.append(text)
+            return "".join(pieces)
+
+    async def worker(session: aiohttp.ClientSession, stop_at: float) -> None:
+        nonlocal done
+        while time.perf_counter() < stop_at:
+            await one(session)
+            done += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(one(session) for _ in range(concurrency)))
+        cpu = time.process_time()
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session, started + seconds) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+    return {
+        "rps": done / elapsed,
+        "client_cores": cpu / elapsed,
+        "us_per_request": cpu / done * 1e6,
+    }
+
+
+Job = Callable[[], Coroutine[Any, Any, dict[str, float]]]
+
+
+def on_loop(loop: str, coro: Job) -> dict[str, float]:
+    factory = uvloop.new_event_loop if loop == "uvloop" and uvloop is not None else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro())
+
+
+def _spread(values: list[float]) -> str:
+    return f"median {statistics.median(values):.2f} (range {min(values):.2f}-{max(values):.2f})"
+
+
+# -- the parts -----------------------------------------------------------------------
 
 
 def closed_loop(seconds: float, repeats: int) -> None:
     for stream in (False, True):
-        ratios: list[float] = []
-        with mock_server() as server:
-            for _ in range(repeats):
-                bare = asyncio.run(drive(server, seconds=seconds, concurrency=256, stream=stream))
-                result = load(
-                    server, "--concurrency", "256", "--duration", str(seconds), "--warmup", "1",
-                    "--model-arg", f"stream={str(stream).lower()}",
-                )  # fmt: skip
-                rps = result["throughput"]["requests_per_s"]
-                ratios.append(rps / bare["rps"])
-                print(
-                    f"  closed loop c=256 stream={stream}: bare {bare['rps']:,.0f} req/s, "
-                    f"convsim load {rps:,.0f} req/s, ratio {ratios[-1]:.2f}, "
-                    f"in flight {result['client']['mean_in_flight']:.0f}",
-                    flush=True,
-                )
-        print(
-            f"closed loop c=256 stream={stream}: ratio median {statistics.median(ratios):.2f} "
-            f"(range {min(ratios):.2f}-{max(ratios):.2f}); target >= 0.8"
-        )
+        for loop in LOOPS:
+            vs_bare: list[float] = []
+            vs_client: list[float] = []
+            with mock_server() as server:
+                for _ in range(repeats):
+                    settings = {"seconds": seconds, "concurrency": 256, "stream": stream}
+                    bare = on_loop(loop, lambda s=settings: drive(server, **s))  # type: ignore[misc]
+                    client = on_loop(loop, lambda s=settings: bare_client(server, **s))  # type: ignore[misc]
+                    result, _ = load(
+                        server, *SESSIONS, "--concurrency", "256", "--duration", str(seconds),
+                        "--warmup", "1", "--loop", loop,
+                        "--model-arg", f"stream={str(stream).lower()}",
+                    )  # fmt: skip
+                    rps = result["throughput"]["requests_per_s"]
+                    us = result["client"]["cpu_cores"] / rps * 1e6
+                    vs_bare.append(rps / bare["rps"])
+                    vs_client.append(rps / client["rps"])
+                    bare_us = bare["client_cores"] / bare["rps"] * 1e6
+                    print(
+                        f"  closed c=256 stream={stream} {loop}: bare {bare['rps']:,.0f}/s "
+                        f"({bare_us:.0f} us/req), bare client {client['rps']:,.0f}/s "
+                        f"({client['us_per_request']:.0f} us/req), convsim load {rps:,.0f}/s "
+                        f"({us:.0f} us/req, in flight {result['client']['mean_in_flight']:.0f})",
+                        flush=True,
+                    )
+            print(
+                f"closed loop c=256 stream={stream} {loop}: convsim load / bare "
+                f"{_spread(vs_bare)}; / bare client {_spread(vs_client)}; target >= 0.8",
+                flush=True,
+            )
 
 
 def open_loop(seconds: float) -> None:
     with mock_server() as server:
         for rate in (200, 500):
-            r = load(
-                server, "--rate", str(rate), "--duration", str(seconds), "--warmup", "1",
-                "--arrival", "constant",
+            r, _ = load(
+                server, *SESSIONS, "--rate", str(rate), "--duration", str(seconds),
+                "--warmup", "1", "--arrival", "constant",
             )  # fmt: skip
             print(
                 f"open loop {rate}/s: achieved {r['achieved_rate']:.1f}/s "
                 f"({(r['achieved_rate'] / rate - 1) * 100:+.2f}%), send delay p99 "
-                f"{r['schedule_delay_ms']['p99']:.2f} ms, valid {r['valid']} {r['invalid_reasons']}"
+                f"{r['schedule_delay_ms']['p99']:.2f} ms, "
+                f"valid {r['valid']} {r['invalid_reasons']}",
+                flush=True,
             )
 
 
 def ttft(seconds: float) -> None:
     with mock_server("--ttft-ms", "50") as server:
         for concurrency in (256, 32):
-            r = load(
-                server, "--concurrency", str(concurrency), "--duration", str(seconds),
+            r, _ = load(
+                server, *SESSIONS, "--concurrency", str(concurrency), "--duration", str(seconds),
                 "--warmup", "1",
             )  # fmt: skip
             print(
                 f"streaming, server TTFT 50 ms, c={concurrency}: reported TTFT p50 "
                 f"{r['latency_ms']['ttft']['p50']:.1f} ms, "
                 f"{r['throughput']['requests_per_s']:,.0f} req/s, "
-                f"valid {r['valid']} {r['invalid_reasons']}"
+                f"valid {r['valid']} {r['invalid_reasons']}",
+                flush=True,
             )
+
+
+def memory(seconds: float, sessions: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * sessions + 1000  # the server's sockets and the client's, both children
+    if soft < needed and (hard == resource.RLIM_INFINITY or hard >= needed):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    with mock_server("--ttft-ms", "1000") as server:
+        r, m = load(
+            server, "--synthetic", "turns=3,input_tokens=64,output_tokens=16",
+            "--no-exact-output", "--concurrency", str(sessions), "--think-time", "1",
+            "--duration", str(max(seconds, 8.0)), "--ramp-up", "5", "--warmup", "2",
+        )  # fmt: skip
+    failed = r["requests"]["failed"]
+    print(
+        f"{sessions:,} concurrent sessions (1 s answers, 1 s think time, started over 5 s): "
+        f"{failed} failed requests, peak RSS "
+        f"{m.max_rss_mb:.0f} MB (target <= 500), sessions alive mean "
+        f"{r['client']['mean_sessions']:,.0f} max {r['client']['max_sessions']:,}, requests in "
+        f"flight mean {r['client']['mean_in_flight']:,.0f}, "
+        f"{r['throughput']['requests_per_s']:,.0f} req/s, TTFT p50 "
+        f"{r['latency_ms']['ttft']['p50']:.0f} ms, valid {r['valid']} {r['invalid_reasons']}",
+        flush=True,
+    )
+
+
+def _guidellm(command: str, server: Server, concurrency: int, seconds: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = Path(tmp) / "prompts.jsonl"
+        prompts.write_text("\n".join(json.dumps({"prompt": USER_TEXT}) for _ in range(2000)))
+        out = Path(tmp) / "out.json"
+        m = measure(
+            [
+                command, "run",
+                "--backend", f"kind=openai_http,target={server.url},validate_backend=false,"
+                "model=mock-model",
+                "--profile", f"kind=concurrent,streams={concurrency}",
+                "--data", f"kind=json_file,path={prompts}",
+                "--constraint", f"kind=max_duration,seconds={seconds:g}",
+                "--output", f"kind=json,path={out}",
+                "--disable-console",
+            ],
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            cwd=tmp,
+        )  # fmt: skip
+        bench = json.loads(out.read_text())["benchmarks"][0]
+    metrics = bench["metrics"]
+    done = metrics["request_totals"]["successful"]
+    return {
+        "rps": done / bench["duration"],
+        "cores": m.cores,
+        "ttft_p50_ms": metrics["time_to_first_token_ms"]["successful"]["median"],
+    }
+
+
+def peers(seconds: float, command: str | None, venv: Path | None) -> None:
+    if command is None and venv is not None:
+        command = str(venv / "bin" / "guidellm")
+        if not Path(command).exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run(
+                [str(venv / "bin" / "pip"), "install", "-q", "guidellm"], check=True
+            )  # it brings torch and transformers: a separate environment
+    if command is None:
+        print(
+            "peers: guidellm not run (give --guidellm PATH or --peers-venv DIR); vLLM's serving "
+            "benchmark not run: `vllm bench serve` ships inside vLLM, whose wheel needs the "
+            "CUDA build of torch its release pins"
+        )
+        return
+    seconds = max(seconds, 6.0)
+    with mock_server() as server:
+        theirs = _guidellm(command, server, 32, seconds)
+        ours, m = load(server, *SESSIONS, "--concurrency", "32", "--duration", str(seconds))
+    our_rps = ours["throughput"]["requests_per_s"]
+    print(
+        f"peers, c=32 zero latency: guidellm {theirs['rps']:,.0f} req/s on "
+        f"{theirs['cores'] or 0:.2f} cores ({theirs['rps'] / (theirs['cores'] or 1):,.0f} per "
+        f"core); convsim load {our_rps:,.0f} req/s on {m.cores or 0:.2f} cores "
+        f"({our_rps / (m.cores or 1):,.0f} per core)",
+        flush=True,
+    )
+    with mock_server("--ttft-ms", "50") as server:
+        theirs = _guidellm(command, server, 32, seconds)
+        ours, _ = load(server, *SESSIONS, "--concurrency", "32", "--duration", str(seconds))
+    print(
+        f"peers, c=32, server TTFT 50 ms: TTFT p50 guidellm {theirs['ttft_p50_ms']:.1f} ms, "
+        f"convsim load {ours['latency_ms']['ttft']['p50']:.1f} ms (difference "
+        f"{ours['latency_ms']['ttft']['p50'] - theirs['ttft_p50_ms']:+.1f} ms)",
+        flush=True,
+    )
+    print(
+        "vLLM's serving benchmark: not run (`vllm bench serve` ships inside vLLM, whose wheel "
+        "needs the CUDA build of torch its release pins)"
+    )
+
+
+PARTS = ("closed", "open", "ttft", "memory", "peers")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--guidellm", default=None, help="guidellm's command")
+    parser.add_argument("--peers-venv", type=Path, default=None)
     args = parser.parse_args()
-    closed_loop(args.seconds, args.repeats)
-    open_loop(args.seconds)
-    ttft(args.seconds)
+    if "closed" in args.parts:
+        closed_loop(args.seconds, args.repeats)
+    if "open" in args.parts:
+        open_loop(args.seconds)
+    if "ttft" in args.parts:
+        ttft(args.seconds)
+    if "memory" in args.parts:
+        memory(args.seconds, args.sessions)
+    if "peers" in args.parts:
+        peers(args.seconds, args.guidellm, args.peers_venv)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,9 @@ async def test_warmup_is_left_out_of_the_window() -> None:
     assert point.requests.completed == 2
 
 
-def _outcome(records: list[RequestRecord], lags: list[float], cpu: float) -> DriveOutcome:
+def _outcome(
+    records: list[RequestRecord], lags: list[float], cpu: float, spins: int = 0
+) -> DriveOutcome:
     sessions = [
         SessionRecord(r.session_id, r.scheduled_s, r.sent_s, r.end_s, 1, int(r.ok), not r.ok)
         for r in records
@@ -232,6 +234,7 @@ def _outcome(records: list[RequestRecord], lags: list[float], cpu: float) -> Dri
         target_rate=None,
         loop_lag_s=lags,
         cpu_s=cpu,
+        spins=spins,
         mean_in_flight=2.0,
         max_in_flight=4,
         mean_sessions=2.0,
@@ -241,6 +244,19 @@ def _outcome(records: list[RequestRecord], lags: list[float], cpu: float) -> Dri
         timeline=[],
         notes=[],
     )
+
+
+def test_a_saturated_cpu_invalidates_unless_it_was_spent_spinning() -> None:
+    """A worker at a full core set the pace, unless sends were timed by spinning: then
+    the CPU includes waiting, the send delay judges, and a note says why."""
+    records = [_record(i, i * 0.1, 0.01, 0.02) for i in range(50)]
+    busy = merged_result([_outcome(records, [0.0], cpu=10.0)])
+    assert any("CPU-bound" in r for r in busy.invalid_reasons)
+    spun = merged_result([_outcome(records, [0.0], cpu=10.0, spins=50)])
+    assert not any("CPU-bound" in r for r in spun.invalid_reasons)
+    assert any("spinning" in n for n in spun.notes)
+    calm = merged_result([_outcome(records, [0.0], cpu=1.0, spins=50)])
+    assert not any("spinning" in n for n in calm.notes)
 
 
 def _record(i: int, sent: float, ttft: float, e2e: float, out: int = 11) -> RequestRecord:

@@ -160,6 +160,9 @@ class DriveOutcome:
     loop_lag_s: list[float]
     cpu_s: float
     """CPU seconds this process used during the measured window."""
+    spins: int
+    """Sends in the window timed by spinning the last moments before them: the CPU
+    figure then includes waiting, and does not show saturation."""
     mean_in_flight: float
     max_in_flight: int
     mean_sessions: float
@@ -266,6 +269,8 @@ class _Driver:
         self.think_rng = np.random.default_rng([shape.seed, shape.session_offset, 0x7417])
         self.stop_event = anyio.Event()
         self.cpu_at_window: float | None = None
+        self.spins = 0
+        """Sends timed by spinning in the measured window (CPU spent waiting)."""
         self.cpu_s = 0.0
         self.timeline: list[TimelinePoint] = []
         self.notes: list[str] = []
@@ -284,6 +289,8 @@ class _Driver:
         delay = at - self.now() - _SPIN_S
         if delay > 0:
             await anyio.sleep(delay)
+        if self.now() < at and self.cpu_at_window is not None:
+            self.spins += 1
         while self.now() < at:
             await anyio.lowlevel.checkpoint()
 
@@ -593,6 +600,7 @@ class _Driver:
             target_rate=target,
             loop_lag_s=self.monitor.lags_s,
             cpu_s=self.cpu_s,
+            spins=self.spins,
             mean_in_flight=gauges.mean_in_flight,
             max_in_flight=gauges.max_in_flight,
             mean_sessions=gauges.mean_sessions,

@@ -159,7 +159,8 @@ def merged_result(
             f"the load generator's event loop lagged: p99 {lag_p99:.1f} ms above "
             f"{thresholds.max_loop_lag_ms:g} ms, so latencies include the client's own delay"
         )
-    if client.max_worker_cpu >= thresholds.max_worker_cpu:
+    spun = any(o.spins for o in outcomes)
+    if client.max_worker_cpu >= thresholds.max_worker_cpu and not spun:
         reasons.append(
             f"the load generator was CPU-bound ({client.max_worker_cpu:.2f} of a core in its "
             "busiest worker): the client, not the server, may have set the pace; add --workers "
@@ -199,7 +200,17 @@ def merged_result(
             else _input_accuracy(records, window, input_check),
             "stopped_by": stopped_by,
             "concurrency": concurrency,
-            "notes": [n for o in outcomes for n in o.notes] + _token_notes(records),
+            "notes": [n for o in outcomes for n in o.notes]
+            + _token_notes(records)
+            + (
+                [
+                    "sends were timed by spinning the last 1.5 ms before each, so the client's "
+                    "CPU includes waiting and is not used to judge saturation (the send delay "
+                    "and the event loop's lag are)"
+                ]
+                if spun and client.max_worker_cpu >= thresholds.max_worker_cpu
+                else []
+            ),
             "timeline": _timeline(outcomes),
         }
     )

@@ -1,7 +1,7 @@
 """``convsim load`` against bare aiohttp clients and guidellm, on the same mock server.
 
 Run: python tests/bench/bench_load.py [--seconds S] [--repeats N] [--parts ...]
-     [--guidellm PATH | --peers-venv DIR]
+     [--guidellm PATH] [--vllm PATH] [--peers-venvs DIR]
 
 Prints, each measured in this run (the mock server, ``convsim load`` and the peers in
 their own processes, as users run them; the bare clients in this process):
@@ -22,11 +22,14 @@ their own processes, as users run them; the bare clients in this process):
    256 and 32, and whether each run is valid (a client that saturates is flagged).
 4. ``memory``: 10,000 concurrent three-turn sessions against a mock answering in 1 s,
    1 s think time: peak RSS of the ``convsim load`` process and the sessions alive.
-5. ``peers``: guidellm (``--guidellm PATH`` to its command, or ``--peers-venv DIR`` to
-   install it there with pip) on the same mock and settings: requests/s per client core
-   at concurrency 32 (zero latency), and TTFT p50 with the mock's TTFT at 50 ms.
-   vLLM's serving benchmark (``vllm bench serve``) is part of vLLM, whose wheel needs a
-   CUDA build of torch pinned to its release; it is not run here (see ``--help``).
+5. ``peers``: guidellm and vLLM's serving benchmark (``vllm bench serve``) on the same
+   mock and settings (streaming, concurrency 32, 20-word prompts, 16 tokens out):
+   requests/s, the client's cores over its own benchmark window and requests/s per
+   core, and TTFT p50 at zero latency and with the mock's TTFT at 50 ms. Give their
+   commands (``--guidellm PATH``, ``--vllm PATH``) or ``--peers-venvs DIR`` to install
+   each in its own virtual environment there (both bring torch; vLLM's client runs on
+   the CPU). vLLM's benchmark needs a tokenizer: a one-word-per-token vocabulary is
+   written for it, so nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ def _cpu(pids: list[int]) -> float:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])
+        # own time and that of children it has reaped: a worker that exits keeps counting
+        total += sum(int(f) for f in fields[11:15])
     return total / os.sysconf("SC_CLK_TCK")
 
 
@@ -110,6 +114,16 @@ class CpuSampler(threading.Thread):
         while not self.done.wait(0.5):
             self.samples.append((time.perf_counter(), _cpu(_tree(self.pid))))
 
+    def cores_over_last(self, seconds: float) -> float | None:
+        """Cores used over the last ``seconds`` before the process ended (a tool's own
+        benchmark window, which ends just before it exits): its start-up is left out."""
+        if len(self.samples) < 2:
+            return None
+        t_end, c_end = self.samples[-1]
+        start = [(t, c) for t, c in self.samples if t >= t_end - seconds - 0.25]
+        t0, c0 = start[0] if start[0][0] < t_end else self.samples[-2]
+        return (c_end - c0) / (t_end - t0)
+
     def busy_cores(self) -> float | None:
         rates = [
             (c1 - c0) / (t1 - t0)
@@ -123,10 +137,10 @@ class CpuSampler(threading.Thread):
 
 
 class Measured:
-    """A command's exit, peak RSS (MB) and median busy cores."""
+    """A command's exit, peak RSS (MB) and CPU samples."""
 
-    def __init__(self, code: int, max_rss_mb: float, cores: float | None) -> None:
-        self.code, self.max_rss_mb, self.cores = code, max_rss_mb, cores
+    def __init__(self, code: int, max_rss_mb: float, sampler: CpuSampler) -> None:
+        self.code, self.max_rss_mb, self.sampler = code, max_rss_mb, sampler
 
 
 def measure(command: list[str], **kw: Any) -> Measured:
@@ -141,7 +155,7 @@ def measure(command: list[str], **kw: Any) -> Measured:
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{command[:4]} exited {proc.returncode}: {err.decode()[-2000:]}")
-    return Measured(proc.returncode, usage.ru_maxrss / 1024, sampler.busy_cores())
+    return Measured(proc.returncode, usage.ru_maxrss / 1024, sampler)
 
 
 def load(server: Server, *extra: str) -> tuple[dict[str, Any], Measured]:
@@ -350,54 +364,100 @@ def _guidellm(command: str, server: Server, concurrency: int, seconds: float) ->
         )  # fmt: skip
         bench = json.loads(out.read_text())["benchmarks"][0]
     metrics = bench["metrics"]
-    done = metrics["request_totals"]["successful"]
     return {
-        "rps": done / bench["duration"],
-        "cores": m.cores,
+        "rps": metrics["request_totals"]["successful"] / bench["duration"],
+        "cores": m.sampler.cores_over_last(bench["duration"]),
         "ttft_p50_ms": metrics["time_to_first_token_ms"]["successful"]["median"],
     }
 
 
-def peers(seconds: float, command: str | None, venv: Path | None) -> None:
-    if command is None and venv is not None:
-        command = str(venv / "bin" / "guidellm")
-        if not Path(command).exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run(
-                [str(venv / "bin" / "pip"), "install", "-q", "guidellm"], check=True
-            )  # it brings torch and transformers: a separate environment
-    if command is None:
-        print(
-            "peers: guidellm not run (give --guidellm PATH or --peers-venv DIR); vLLM's serving "
-            "benchmark not run: `vllm bench serve` ships inside vLLM, whose wheel needs the "
-            "CUDA build of torch its release pins"
-        )
+_TOKENIZER = """
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+vocab = {"<unk>": 0, "<eos>": 1, "word": 2}
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(
+    sys.argv[1]
+)
+"""
+
+
+def _vllm(command: str, server: Server, concurrency: int, seconds: float) -> dict[str, Any]:
+    """``vllm bench serve`` with the random dataset; its tokenizer is a one-word-per-token
+    vocabulary written here (it needs one, and nothing is downloaded)."""
+    python = str(Path(command).parent / "python")
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = Path(tmp) / "tokenizer"
+        subprocess.run([python, "-c", _TOKENIZER, str(tokenizer)], check=True)
+        out = Path(tmp) / "out.json"
+        prompts = int(max(seconds, 6.0) * 1500)  # about that long on this machine
+        m = measure(
+            [
+                command, "bench", "serve", "--backend", "openai-chat",
+                "--base-url", server.url, "--endpoint", "/v1/chat/completions",
+                "--model", "mock-model", "--tokenizer", str(tokenizer),
+                "--dataset-name", "random", "--random-input-len", "20",
+                "--random-output-len", "16", "--num-prompts", str(prompts),
+                "--max-concurrency", str(concurrency), "--disable-tqdm",
+                "--save-result", "--result-filename", str(out),
+            ],
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            cwd=tmp,
+        )  # fmt: skip
+        result = json.loads(out.read_text())
+    return {
+        "rps": result["request_throughput"],
+        "cores": m.sampler.cores_over_last(result["duration"]),
+        "ttft_p50_ms": result["median_ttft_ms"],
+    }
+
+
+def _ours(server: Server, concurrency: int, seconds: float) -> dict[str, Any]:
+    result, m = load(
+        server, *SESSIONS, "--concurrency", str(concurrency), "--duration", str(seconds)
+    )
+    return {
+        "rps": result["throughput"]["requests_per_s"],
+        "cores": m.sampler.cores_over_last(result["duration_s"]),
+        "ttft_p50_ms": result["latency_ms"]["ttft"]["p50"],
+    }
+
+
+def _install(venv: Path, package: str, command: str) -> str:
+    path = venv / "bin" / command
+    if not path.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", package], check=True)
+    return str(path)
+
+
+def peers(seconds: float, guidellm: str | None, vllm: str | None, venvs: Path | None) -> None:
+    if venvs is not None:  # each in its own environment: both bring torch
+        guidellm = guidellm or _install(venvs / "guidellm", "guidellm", "guidellm")
+        vllm = vllm or _install(venvs / "vllm", "vllm", "vllm")
+    tools: dict[str, Callable[[str, Server, int, float], dict[str, Any]]] = {}
+    if guidellm is not None:
+        tools["guidellm"] = lambda *a: _guidellm(guidellm, *a)  # type: ignore[arg-type]
+    if vllm is not None:
+        tools["vllm bench serve"] = lambda *a: _vllm(vllm, *a)  # type: ignore[arg-type]
+    if not tools:
+        print("peers: not run (give --guidellm PATH, --vllm PATH or --peers-venvs DIR)")
         return
     seconds = max(seconds, 6.0)
-    with mock_server() as server:
-        theirs = _guidellm(command, server, 32, seconds)
-        ours, m = load(server, *SESSIONS, "--concurrency", "32", "--duration", str(seconds))
-    our_rps = ours["throughput"]["requests_per_s"]
-    print(
-        f"peers, c=32 zero latency: guidellm {theirs['rps']:,.0f} req/s on "
-        f"{theirs['cores'] or 0:.2f} cores ({theirs['rps'] / (theirs['cores'] or 1):,.0f} per "
-        f"core); convsim load {our_rps:,.0f} req/s on {m.cores or 0:.2f} cores "
-        f"({our_rps / (m.cores or 1):,.0f} per core)",
-        flush=True,
-    )
-    with mock_server("--ttft-ms", "50") as server:
-        theirs = _guidellm(command, server, 32, seconds)
-        ours, _ = load(server, *SESSIONS, "--concurrency", "32", "--duration", str(seconds))
-    print(
-        f"peers, c=32, server TTFT 50 ms: TTFT p50 guidellm {theirs['ttft_p50_ms']:.1f} ms, "
-        f"convsim load {ours['latency_ms']['ttft']['p50']:.1f} ms (difference "
-        f"{ours['latency_ms']['ttft']['p50'] - theirs['ttft_p50_ms']:+.1f} ms)",
-        flush=True,
-    )
-    print(
-        "vLLM's serving benchmark: not run (`vllm bench serve` ships inside vLLM, whose wheel "
-        "needs the CUDA build of torch its release pins)"
-    )
+    for ttft_ms in (0, 50):
+        with mock_server("--ttft-ms", str(ttft_ms)) as server:
+            rows = {name: run(server, 32, seconds) for name, run in tools.items()}
+            rows["convsim load"] = _ours(server, 32, seconds)
+        for name, row in rows.items():
+            cores = row["cores"] or float("nan")
+            print(
+                f"peers, c=32, streaming, server TTFT {ttft_ms} ms: {name}: "
+                f"{row['rps']:,.0f} req/s on {cores:.2f} cores ({row['rps'] / cores:,.0f} "
+                f"per core), TTFT p50 {row['ttft_p50_ms']:.1f} ms",
+                flush=True,
+            )
 
 
 PARTS = ("closed", "open", "ttft", "memory", "peers")
@@ -410,7 +470,10 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--guidellm", default=None, help="guidellm's command")
-    parser.add_argument("--peers-venv", type=Path, default=None)
+    parser.add_argument("--vllm", default=None, help="vllm's command")
+    parser.add_argument(
+        "--peers-venvs", type=Path, default=None, help="install the peers in venvs here"
+    )
     args = parser.parse_args()
     if "closed" in args.parts:
         closed_loop(args.seconds, args.repeats)
@@ -421,7 +484,7 @@ def main() -> None:
     if "memory" in args.parts:
         memory(args.seconds, args.sessions)
     if "peers" in args.parts:
-        peers(args.seconds, args.guidellm, args.peers_venv)
+        peers(args.seconds, args.guidellm, args.vllm, args.peers_venvs)
 
 
 if __name__ == "__main__":

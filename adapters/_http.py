@@ -103,8 +103,7 @@ class SSEDecoder:
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
         self._buffer = bytearray()
-        self._scanned = 0
-        """How much of the buffer holds no newline (not searched again)."""
+        """An unfinished line (whole lines are taken at each feed)."""
         self._event: str | None = None
         self._data: list[str] = []
         self._data_bytes = 0
@@ -117,6 +116,7 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         buffer = self._buffer
+        held = len(buffer)  # no newline in it: the last feed consumed every whole line
         buffer += chunk
         if not self._started:  # a byte-order mark may open the stream, in any pieces
             if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
@@ -124,33 +124,41 @@ class SSEDecoder:
             self._started = True
             if buffer.startswith(_BOM):
                 del buffer[: len(_BOM)]
+                held = max(0, held - len(_BOM))
+        last = buffer.rfind(b"\n", held)
+        if last < 0:
+            if self._limit is not None and len(buffer) > self._limit:
+                raise self._too_large()  # a line that never ends
+            return []
+        # whole lines only: a newline is ASCII, so no character is cut in two
+        text = buffer[:last].decode("utf-8", errors="replace")
+        del buffer[: last + 1]
         events: list[SSEEvent] = []
-        start = 0
-        while True:
-            newline = buffer.find(b"\n", max(start, self._scanned))
-            if newline < 0:
-                break
-            length = newline - start
-            line = bytes(buffer[start:newline]).rstrip(b"\r").decode("utf-8", errors="replace")
-            start = newline + 1
+        data = self._data
+        for line in text.split("\n"):
+            if line.endswith("\r"):
+                line = line[:-1]
             if not line:
-                if self._data:
-                    events.append(SSEEvent(self._event, "\n".join(self._data)))
-                self._event, self._data, self._data_bytes = None, [], 0
+                if data:
+                    events.append(SSEEvent(self._event, "\n".join(data)))
+                    data = self._data = []
+                self._event, self._data_bytes = None, 0
+            elif line.startswith("data:"):
+                value = line[6:] if line.startswith("data: ") else line[5:]
+                data.append(value)
+                self._data_bytes += len(line)
+                # characters undercount bytes by up to four times: count exactly only
+                # when that could matter
+                if self._limit is not None and self._data_bytes * 4 > self._limit:
+                    self._data_bytes = sum(len(v.encode()) + 6 for v in data)
+                    if self._data_bytes > self._limit:
+                        raise self._too_large()
             elif line.startswith(":"):
                 continue  # a comment (keep-alive)
             else:
                 name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "data":
-                    self._data.append(value)
-                    self._data_bytes += length
-                    if self._limit is not None and self._data_bytes > self._limit:
-                        raise self._too_large()
-                elif name == "event":
-                    self._event = value
-        del buffer[:start]
-        self._scanned = len(buffer)
+                if name == "event":
+                    self._event = value[1:] if value.startswith(" ") else value
         if self._limit is not None and len(buffer) > self._limit:
             raise self._too_large()  # a line that never ends
         return events
@@ -158,7 +166,7 @@ class SSEDecoder:
     def flush(self) -> list[SSEEvent]:
         """At the end of the stream: an unfinished event is discarded, as the SSE
         specification says (a stream cut mid-event then reads as incomplete)."""
-        self._buffer, self._scanned = bytearray(), 0
+        self._buffer = bytearray()
         self._event, self._data, self._data_bytes = None, [], 0
         return []
 

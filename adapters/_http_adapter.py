@@ -16,7 +16,6 @@ import socket
 import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
@@ -141,9 +140,8 @@ class ParsedAnswer(NamedTuple):
     """None when the server sent none (the adapter then estimates it)."""
 
 
-@dataclass(frozen=True)
-class Delta:
-    """What one streamed event contributed."""
+class Delta(NamedTuple):
+    """What one streamed event contributed (a tuple: one is made per streamed token)."""
 
     text: str | None = None
     finish_reason: str | None = None

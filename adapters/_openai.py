@@ -267,9 +267,10 @@ class OpenAIWireAdapter(HttpModelAdapter):
         return ParsedAnswer(text, choice.get("finish_reason"), _usage(data.get("usage")))
 
     def parse_event(self, event: SSEEvent) -> Delta:
-        if event.data.strip() == "[DONE]":
+        raw = event.data
+        if raw[:1] != "{" and raw.strip() == "[DONE]":
             return Delta(done=True)
-        data = json.loads(event.data)
+        data = json.loads(raw)
         if "error" in data:  # vLLM and others report failures mid-stream this way
             raise ServerError(
                 f"the stream reported an error: {data['error']}", model=self.config.model

@@ -73,12 +73,12 @@ def test_shuffled_responses_lower_coherence() -> None:
     assert worse == 5
 
 
-def test_coherence_components_and_facts() -> None:
+def test_lexical_coherence_components_and_facts() -> None:
     score = score_transcript(
         messages(SUPPORT),
-        ["coherence"],
+        ["lexical_coherence"],
         facts=[{"key": "tracking_number", "value": "TRK-99812", "introduced_in": 2}],
-    )["coherence"]
+    )["lexical_coherence"]
     assert set(score.details) >= {
         "relevance",
         "context",
@@ -93,9 +93,9 @@ def test_coherence_components_and_facts() -> None:
     ]
     bad = score_transcript(
         messages(contradicted),
-        ["coherence"],
+        ["lexical_coherence"],
         facts=[{"key": "tracking_number", "value": "TRK-99812", "introduced_in": 2}],
-    )["coherence"]
+    )["lexical_coherence"]
     assert bad.details["consistency"] == 0.75
 
 
@@ -144,8 +144,8 @@ def test_a_plugged_in_embedder_is_used() -> None:
                 turn_id=f"t{i}",
                 role="assistant",
                 status=TurnStatus.COMPLETED,
-                user_message="x",
-                response="y",
+                user_message=f"question{i}",
+                response=f"answer{i}",
             )
         )
     assert scorer.result().value == pytest.approx(1.0)  # identical vectors everywhere
@@ -184,10 +184,9 @@ def test_an_assistant_opening_is_not_scored_for_relevance() -> None:
     opening = [{"role": "assistant", "content": "Hello! How can I help today?"}]
     score = score_transcript([*opening, *messages(SUPPORT)], ["coherence"])["coherence"]
     alone = score_transcript(messages(SUPPORT), ["coherence"])["coherence"]
-    assert len(score.details["relevance_by_turn"]) == len(SUPPORT)  # the opening answers no one
-    assert min(score.details["relevance_by_turn"]) > 0  # no zero for the opening
-    assert score.value == pytest.approx(alone.value, abs=0.05)  # only IDF weights shift
-    assert len(score.details["context_by_turn"]) == len(SUPPORT)
+    assert len(score.details["by_turn"]) == len(SUPPORT)  # the opening answers no one
+    assert min(score.details["by_turn"]) > 0.2  # no zero for the opening
+    assert score.value == pytest.approx(alone.value, abs=0.05)
 
 
 @pytest.mark.parametrize("name", ["coherence", "conversation_flow"])
@@ -209,3 +208,57 @@ def test_conversation_flow_skips_an_assistant_opening_and_blank_responses() -> N
     flow = score_transcript(messages(blank_reply), ["conversation_flow"])["conversation_flow"]
     full = score_transcript(messages(SUPPORT[:3]), ["conversation_flow"])["conversation_flow"]
     assert flow.details["progression"] < full.details["progression"]
+
+
+def test_a_paraphrase_scores_above_an_echo() -> None:
+    """Answering in other words fits; repeating the user's words back adds nothing.
+    TF-IDF coherence gets this backwards."""
+    user = "My flight to Boston was cancelled and I need to get there by Friday morning."
+    paraphrase = (
+        "Sorry about that. I can rebook you on Thursday's evening departure, "
+        "arriving before Friday."
+    )
+    echo = "Your flight to Boston was cancelled and you need to get there by Friday morning."
+    semantic = {
+        name: coherence([(user, answer)]) for name, answer in (("para", paraphrase), ("echo", echo))
+    }
+    assert semantic["para"] > semantic["echo"] + 0.2
+    lexical = {
+        name: score_transcript(messages([(user, answer)]), ["lexical_coherence"])[
+            "lexical_coherence"
+        ].value
+        for name, answer in (("para", paraphrase), ("echo", echo))
+    }
+    assert lexical["echo"] > lexical["para"]  # the blind spot the new scorer removes
+
+
+def test_coherence_scores_each_turn_and_takes_the_lower_quartile() -> None:
+    """One off-topic answer among fitting ones pulls the conversation down more than a
+    mean would, and the turn scores show which one it was."""
+    mixed = [*SUPPORT[:3], (SUPPORT[3][0], COOKING[0][1])]
+    score = score_transcript(messages(mixed), ["coherence"])["coherence"]
+    by_turn = score.details["by_turn"]
+    assert len(by_turn) == 4 and min(by_turn) == by_turn[3]
+    assert score.value is not None and score.value < score.details["mean"]
+    assert score.details["last_turn"] == by_turn[3]
+    assert score.details["embedder"] == "wordllama"
+
+
+def test_wordllama_loads_from_the_package_without_touching_the_network(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from convsim.metrics import _wordllama
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the network was touched")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _wordllama._model.cache_clear()
+    vectors = _wordllama.WordLlamaEmbedder().embed(["a red car", "a crimson automobile", "tax law"])
+    assert vectors.shape == (3, 256)
+    near, far = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
+    assert near > far

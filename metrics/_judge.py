@@ -3,9 +3,11 @@
 The judge gets the conversation so far, the user's message, the response and the
 rubric, and must answer with JSON ``{"score": 1-5, "reason": "..."}``. Unparsable
 answers are re-asked (``max_reasks``); ``samples`` > 1 grades each turn several times
-and combines them by ``mean`` or ``majority`` (the most frequent grade; a tie goes to the
-lowest of the tied grades, so the judge is never credited with a grade nobody gave and
-doubt counts against the reply). Scores are mapped to 0-1 ((s - 1) / 4).
+(all at once) and combines them by ``mean`` or ``majority`` (the most frequent grade; a
+tie goes to the lowest of the tied grades, so the judge is never credited with a grade
+nobody gave and doubt counts against the reply). Every score says how far the judge can
+be trusted: the spread of its samples, a bootstrap 95% interval, and how many samples
+were asked, graded, unparsable and failed. Scores are mapped to 0-1 ((s - 1) / 4).
 The judge's calls go through its adapter like any model call (budgets, retries), and its
 usage and cost are recorded in the score's details. A judge call that fails (the
 adapter raised, retries included) loses only its own sample: it is listed under
@@ -20,6 +22,9 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import anyio
+import numpy as np
 
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._types import GenerationParams, Message, Usage
@@ -219,6 +224,10 @@ class _JudgeScorer(AsyncConversationScorer):
     reasons: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     calls: int = 0
+    samples: list[list[int]] = field(default_factory=list)
+    """Each graded turn's sample grades (1-5)."""
+    asked: int = 0
+    unparsable: int = 0
 
     async def update(self, turn: TurnRecord) -> None:
         if turn.status is not TurnStatus.COMPLETED or turn.response is None:
@@ -233,23 +242,36 @@ class _JudgeScorer(AsyncConversationScorer):
             user=turn.user_message or "",
             response=turn.response,
         )
+        # the samples are asked at once: one after another they multiply the latency
+        answers: list[JudgeAnswer | None] = [None] * self.judge.samples
+
+        async def ask(k: int) -> None:
+            answers[k] = await ask_judge(self.judge, prompt, seed=k)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(self.judge.samples):
+                tg.start_soon(ask, k)
         samples: list[int] = []
-        for k in range(self.judge.samples):
-            grade = await self._grade(prompt, seed=k, turn_id=turn.turn_id)
+        for k, answer in enumerate(answers):
+            assert answer is not None
+            grade = self._take(answer, seed=k, turn_id=turn.turn_id)
             if grade is not None:
                 samples.append(grade)
+        self.asked += len(answers)
         if not samples:
             self.failures.append(turn.turn_id)
             return
+        self.samples.append(samples)
         self.grades.append((combine_grades(samples, self.judge.combine) - 1) / 4)
 
-    async def _grade(self, prompt: str, *, seed: int, turn_id: str) -> int | None:
-        answer = await ask_judge(self.judge, prompt, seed=seed)
+    def _take(self, answer: JudgeAnswer, *, seed: int, turn_id: str) -> int | None:
         self.calls += answer.calls
         self.usage = self.usage + answer.usage
         if answer.error is not None:
             self.errors.append({"turn_id": turn_id, "sample": seed, "error": answer.error})
+            return None
         if answer.grade is None:
+            self.unparsable += 1
             return None
         score, reason = answer.grade
         if reason and len(self.reasons) < 5:
@@ -263,6 +285,10 @@ class _JudgeScorer(AsyncConversationScorer):
             "unparsable_turns": [t for t in self.failures if t not in failed],
             "failures": self.errors,
             "reasons": self.reasons,
+            **reliability(self.samples, self.judge.combine),
+            "samples_asked": self.asked,
+            "samples_unparsable": self.unparsable,
+            "samples_failed": len(self.errors),
         }
         if not self.grades:
             if self.errors:  # an outage is a failure to measure, not "nothing to measure"
@@ -271,6 +297,40 @@ class _JudgeScorer(AsyncConversationScorer):
                 return Score.failed("the judge's answers could not be parsed", **details)
             return Score.not_applicable("no completed turns to judge", **details)
         return Score(value=mean(self.grades), details={**details, "turns": len(self.grades)})
+
+
+_BOOTSTRAP = 2000
+
+
+def reliability(samples: list[list[int]], how: Literal["mean", "majority"]) -> dict[str, Any]:
+    """How far the judge can be trusted on this conversation: the spread of its samples
+    (mean over turns of their standard deviation, on the 0-1 scale) and a 95% interval
+    of the score, by a bootstrap that redraws the turns and, within each, the samples
+    (seeded: the same grades give the same interval). None where there is nothing to
+    draw from (one turn graded once)."""
+    graded = sum(len(s) for s in samples)
+    spread = [float(np.std(np.asarray(s, dtype=np.float64) / 4)) for s in samples if len(s) > 1]
+    out: dict[str, Any] = {
+        "samples_graded": graded,
+        "sample_spread": mean(spread) if spread else None,
+        "ci95": None,
+    }
+    if not samples or (len(samples) == 1 and len(samples[0]) == 1):
+        return out
+    rng = np.random.default_rng(0)
+    per_turn = np.empty((len(samples), _BOOTSTRAP))
+    for t, grades in enumerate(samples):
+        drawn = rng.choice(np.asarray(grades), size=(_BOOTSTRAP, len(grades)))
+        if how == "majority":  # the most frequent grade, a tie to the lowest (argmax: first)
+            counts = (drawn[:, :, None] == np.arange(1, 6)).sum(axis=1)
+            per_turn[t] = counts.argmax(axis=1) + 1
+        else:
+            per_turn[t] = drawn.mean(axis=1)
+    turns = rng.integers(0, len(samples), size=(_BOOTSTRAP, len(samples)))
+    means = (per_turn[turns, np.arange(_BOOTSTRAP)[:, None]].mean(axis=1) - 1) / 4
+    low, high = np.percentile(means, [2.5, 97.5])
+    out["ci95"] = [round(float(low), 4), round(float(high), 4)]
+    return out
 
 
 def rubric_metric(name: str) -> RubricJudgeMetric:

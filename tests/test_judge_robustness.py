@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 from conftest import FakeAdapter, write_pack
 
@@ -200,3 +201,81 @@ async def test_goal_judge_usage_and_cost_are_recorded(tmp_path: Path) -> None:
     assert score.details["judge_usage"] == {"prompt_tokens": 1, "completion_tokens": 1}
     assert score.details["judge_cost_usd"] == 1.5
     assert score.details["ungraded"] == []
+
+
+# --- reliability accounting ---------------------------------------------------------
+
+
+async def test_samples_are_asked_at_once() -> None:
+    """Three samples of a turn are in flight together: a judge that answers only once
+    all three have arrived would wait forever for samples asked one after another."""
+    arrived = 0
+    everyone = anyio.Event()
+
+    async def behave(messages: Any, params: Any) -> str:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 3:
+            everyone.set()
+        await everyone.wait()
+        return grade(4)
+
+    judge = FakeAdapter(behave, name="judge-model")
+    with anyio.fail_after(5):
+        score = await rubric_score(judge, samples=3)
+    assert score.value == 0.75 and score.details["samples_graded"] == 3
+
+
+async def test_scores_carry_the_spread_an_interval_and_the_counts() -> None:
+    judge = scripted(grade(1), grade(5), grade(5), grade(5), "no idea", "still no idea", grade(5))
+    score = await rubric_score(judge, turns=2, samples=3, max_reasks=1)
+    details = score.details
+    # turn 1: 1, 5, 5; turn 2: 5, (unparsable after one re-ask), 5
+    assert details["samples_asked"] == 6
+    assert details["samples_graded"] == 5
+    assert details["samples_unparsable"] == 1 and details["samples_failed"] == 0
+    spread_first = float(np.std([0.0, 1.0, 1.0]))
+    assert details["sample_spread"] == pytest.approx((spread_first + 0.0) / 2)
+    low, high = details["ci95"]
+    assert low < score.value < high and low >= 0.0 and high <= 1.0
+    again = await rubric_score(
+        scripted(grade(1), grade(5), grade(5), grade(5), "no idea", "still no idea", grade(5)),
+        turns=2,
+        samples=3,
+        max_reasks=1,
+    )
+    assert again.details["ci95"] == details["ci95"]  # seeded: the same grades, the same interval
+
+
+async def test_a_judge_that_always_agrees_has_no_spread_and_a_point_interval() -> None:
+    score = await rubric_score(scripted(grade(4)), turns=3, samples=2)
+    assert score.details["sample_spread"] == 0.0
+    assert score.details["ci95"] == [0.75, 0.75]
+
+
+async def test_one_grade_gives_no_interval() -> None:
+    score = await rubric_score(scripted(grade(4)))
+    assert score.details["ci95"] is None and score.details["sample_spread"] is None
+
+
+async def test_a_judge_behind_http_that_answers_prose_is_counted_unparsable() -> None:
+    """The mock server answers in prose, as a small real model often does: every sample
+    is asked (over HTTP), none parses, and the score fails saying so with the counts."""
+    from convsim.adapters import create_adapter
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+
+    async with MockModelServer(MockServerConfig()) as server:
+        adapter = create_adapter(
+            "openai-compatible:mock-model", {"base_url": server.base_url, "max_retries": 0}
+        )
+        metric = RubricJudgeMetric(
+            "judge:polite?", "polite?", JudgeSettings(adapter, samples=3, max_reasks=0)
+        )
+        scorer = metric.scorer(None)  # type: ignore[arg-type]
+        await scorer.update(record("t0", "Certainly, happy to help."))
+        score = await scorer.result()
+        served = server.statistics().by_endpoint.get("/v1/chat/completions")
+        await adapter.aclose()
+    assert score.status == "failed" and "could not be parsed" in (score.reason or "")
+    assert score.details["samples_asked"] == 3 == score.details["samples_unparsable"]
+    assert score.details["samples_graded"] == 0 and served == 3

@@ -17,7 +17,8 @@ Transcripts follow what the ratings apply to:
 
 Every file is scored by the real command, in a subprocess:
 ``python -m convsim score FILE --metrics
-coherence,lexical_coherence,conversation_flow,context_retention --out SCORES``. Scorer
+coherence,lexical_coherence,consistency,conversation_flow,context_retention --out
+SCORES``. Scorer
 variants read from the scores are correlated (Spearman and Pearson, scipy) with the mean
 human rating, and printed beside the published figures
 copied from the data folders' READMEs (Yeh et al. 2021 via exe1023/DialEvalMetrics,
@@ -45,7 +46,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-METRICS = "coherence,lexical_coherence,conversation_flow,context_retention"
+METRICS = "coherence,lexical_coherence,consistency,conversation_flow,context_retention"
 
 # --------------------------------------------------------------------------------------
 # Published figures, copied from the READMEs in the data folders.
@@ -604,6 +605,7 @@ DIALOGUE_VARIANTS = [
     Variant("lexical_coherence: relevance component", _detail("lexical_coherence", "relevance")),
     Variant("conversation_flow: value", _value("conversation_flow")),
     Variant("conversation_flow: progression", _detail("conversation_flow", "progression")),
+    Variant("consistency: value", _value("consistency")),
     Variant("context_retention: value", _value("context_retention")),
     Variant("(yardstick) words per assistant message", _words_per_assistant_msg, reference=True),
 ]
@@ -1000,6 +1002,41 @@ def learned_lodo(datasets: list[Dataset], scores: dict[str, dict[str, dict[str, 
     )
 
 
+def contradiction_auroc(dataset: Dataset, scores: dict[str, dict[str, Any]]) -> None:
+    """consistency against FED's "Consistent" rating as a contradiction detector: AUROC
+    for telling the dialogues people found inconsistent (mean rating below 1) apart,
+    within dialogues of equal length (longer ones hold more contradictions, so length
+    alone must not be what is detected). A dialogue with nothing to check counts as
+    consistent (score 1)."""
+    from sklearn.metrics import roc_auc_score
+
+    rows = []
+    applicable = 0
+    for item in dataset.items:
+        rating = item.ratings.get("Consistent")
+        if rating is None:
+            continue
+        value = (scores[item.id].get("consistency") or {}).get("value")
+        applicable += value is not None
+        rows.append((len(item.messages), int(rating < 1), 1.0 if value is None else value))
+    weighted = total = 0.0
+    for length in sorted({n for n, _, _ in rows}):
+        group = [(y, x) for n, y, x in rows if n == length]
+        labels = {y for y, _ in group}
+        if len(labels) == 2:
+            auc = roc_auc_score([y for y, _ in group], [-x for _, x in group])
+            weighted += auc * len(group)
+            total += len(group)
+    auroc = weighted / total if total else float("nan")
+    inconsistent = sum(y for _, y, _ in rows)
+    print(
+        f"\n== consistency as a contradiction detector (FED dialogues, {inconsistent} of "
+        f"{len(rows)} rated inconsistent) ==\n"
+        f"   AUROC within equal lengths {auroc:.3f} over {int(total)} dialogues in lengths "
+        f"with both kinds; consistency applicable on {applicable} of {len(rows)} (target 0.70)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path, help="folder with usr/, fed/, grade/, holistic/")
@@ -1040,6 +1077,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     if args.limit is None:
         learned_lodo(datasets, all_scores)
+    for d in datasets:
+        if d.key == "fed-dialog":
+            contradiction_auroc(d, all_scores[d.key])
     text = summary(comparisons, retention_status(all_scores))
     if args.limit is not None:
         text += f" (Run with --limit {args.limit}: small samples, indicative only.)"

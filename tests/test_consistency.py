@@ -1,0 +1,80 @@
+"""consistency: the assistant against itself and against what the user said of themself."""
+
+from __future__ import annotations
+
+import pytest
+
+from convsim.metrics import score_transcript
+from convsim.metrics._consistency import Statement, statements
+
+
+def score(*pairs: tuple[str, str]) -> object:
+    messages = []
+    for user, assistant in pairs:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    return score_transcript(messages, ["consistency"])["consistency"]
+
+
+def test_the_assistant_contradicting_its_own_age_lowers_the_score() -> None:
+    steady = score(
+        ("How old are you?", "I'm 25, and I live in Lisbon."),
+        ("Nice. Tell me more.", "I am 25 years old and I live in Lisbon, near the river."),
+    )
+    shifting = score(
+        ("How old are you?", "I'm 25, and I live in Lisbon."),
+        ("Nice. Tell me more.", "I am 31 years old and I live in Porto."),
+    )
+    assert steady.value == 1.0  # type: ignore[attr-defined]
+    assert shifting.value == 0.0  # type: ignore[attr-defined]
+    found = {(c["slot"], c["earlier"], c["stated"]) for c in shifting.details["contradictions"]}  # type: ignore[attr-defined]
+    assert found == {("age", "25", "31"), ("home", "lisbon", "porto")}
+
+
+def test_contradicting_what_the_user_said_of_themself_counts() -> None:
+    wrong = score(
+        ("Hi, my name is Dana and I have two kids.", "Hello Dana!"),
+        ("Can you recap?", "Sure: your name is Maria and you have three kids."),
+    )
+    right = score(
+        ("Hi, my name is Dana and I have two kids.", "Hello Dana!"),
+        ("Can you recap?", "Sure: your name is Dana and you have two kids."),
+    )
+    assert right.value == 1.0 and wrong.value == 0.0  # type: ignore[attr-defined]
+    assert {c["about"] for c in wrong.details["contradictions"]} == {"the user"}  # type: ignore[attr-defined]
+
+
+def test_a_flipped_polarity_is_a_contradiction() -> None:
+    flipped = score(
+        ("Do you like jazz?", "I love jazz, especially live."),
+        ("What about concerts?", "Honestly I don't like jazz at all."),
+    )
+    assert flipped.value == 0.0  # type: ignore[attr-defined]
+    (c,) = flipped.details["contradictions"]  # type: ignore[attr-defined]
+    assert (c["slot"], c["earlier"], c["stated"]) == ("likes:jazz", "yes", "no")
+
+
+def test_the_user_changing_their_mind_is_not_held_against_the_assistant() -> None:
+    result = score(
+        ("I have two dogs.", "Two dogs, lovely."),
+        ("Actually I have three dogs now.", "Great, so you have three dogs."),
+    )
+    assert result.value == 1.0  # type: ignore[attr-defined]
+
+
+def test_nothing_stated_twice_is_not_applicable() -> None:
+    result = score(("What's the weather?", "Sunny and warm today."))
+    assert result.value is None and result.status == "not_applicable"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("My name is Ana.", [Statement("speaker", "name", "ana")]),
+        ("I'm 42.", [Statement("speaker", "age", "42")]),
+        ("I'm 42 minutes late", []),
+        ("I don't have a car", [Statement("speaker", "has:car", "no")]),
+        ("My favourite colour is green.", [Statement("speaker", "favorite:colour", "green")]),
+    ],
+)
+def test_what_the_patterns_read(text: str, expected: list[Statement]) -> None:
+    assert statements(text) == expected

@@ -20,7 +20,7 @@ from rich.table import Table
 from ._console import EXIT_BAD_INPUT, EXIT_INTERRUPTED, clear_errors, print_error, run_verdict
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
-from ._errors import ConvsimError
+from ._errors import ConfigError, ConvsimError
 from ._gc import tune_gc_for_throughput
 from ._logging import configure_logging
 from ._registry import Registry
@@ -757,8 +757,16 @@ def _score_cell(score: Score) -> str:
 
 @main.command()
 @click.argument("results", type=click.Path(path_type=Path))
+@click.option(
+    "--csv",
+    "csv_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write one row per conversation (ids, status, usage, cost, timing, error, "
+    "score.<metric> columns) to this CSV file.",
+)
 @clear_errors
-def report(results: Path) -> None:
+def report(results: Path, csv_out: Path | None) -> None:
     """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it."""
     from ._report import summarize_file
 
@@ -767,6 +775,27 @@ def report(results: Path) -> None:
     _print_report(summary)
     written = _write_summaries(summary, results)
     _stdout().print(f"summary: {written.json_path}, {written.markdown_path}", highlight=False)
+    if csv_out is not None:
+        count = _write_csv(results, csv_out)
+        _stdout().print(f"csv: {csv_out} ({count} conversations)", highlight=False)
+
+
+def _write_csv(results: Path, out: Path) -> int:
+    """One row per conversation of ``results``; how many were written."""
+    import csv
+
+    from ._sinks import read_results
+    from .results import CONVERSATION_COLUMNS, conversation_row
+
+    if not out.parent.exists():
+        raise ConfigError(f"{out}: its folder does not exist")
+    rows = [conversation_row(r, str(results)) for r in read_results(results)]
+    metrics = sorted({k for row in rows for k in row} - set(CONVERSATION_COLUMNS))
+    with out.open("w", encoding="utf-8", newline="") as fh:
+        writer = csv.DictWriter(fh, [*CONVERSATION_COLUMNS, *metrics])
+        writer.writeheader()
+        writer.writerows(rows)
+    return len(rows)
 
 
 class _DelayType(click.ParamType):

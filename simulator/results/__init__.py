@@ -1,0 +1,31 @@
+"""Results as data: results files as pandas DataFrames, and as flat rows.
+
+``convsim.results.load("run.jsonl")`` gives ``.conversations``, ``.turns`` and
+``.scores``, flat tables joined across files; it replaces
+``pandas.read_json("run.jsonl", lines=True)``, whose turns and scores stay nested in
+object columns. pandas is optional: ``pip install 'convsim[pandas]'``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from convsim._lazy import lazy_module as _lazy_module
+
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "._frames": ["Results", "load"],
+        "._rows": ["CONVERSATION_COLUMNS", "conversation_row", "turn_rows", "score_rows"],
+    },
+)
+__getattr__, __dir__ = _public.getattr, _public.dir
+
+if TYPE_CHECKING:
+    from ._frames import Results as Results
+    from ._frames import load as load
+    from ._rows import CONVERSATION_COLUMNS as CONVERSATION_COLUMNS
+    from ._rows import conversation_row as conversation_row
+    from ._rows import score_rows as score_rows
+    from ._rows import turn_rows as turn_rows

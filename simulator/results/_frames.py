@@ -1,0 +1,67 @@
+"""Results files as pandas DataFrames: what ``pandas.read_json(path, lines=True)`` gives
+in nested form, flattened and joined across files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from convsim._errors import ConfigError
+from convsim._sinks import read_results
+
+from ._rows import CONVERSATION_COLUMNS, conversation_row, score_rows, turn_rows
+
+__all__ = ["Results", "load"]
+
+
+@dataclass(frozen=True)
+class Results:
+    """One or more results files as three flat tables; ``file`` says where a row came
+    from."""
+
+    conversations: Any
+    """One row per conversation: ids, model, status and termination reason, counts,
+    usage, cost, timing, error, and a ``score.<metric>`` column per metric."""
+    turns: Any
+    """One row per turn: ids, role, status, the user message and the response, usage,
+    latency, time to first token, attempts, error."""
+    scores: Any
+    """One row per score: conversation scores (``turn_id`` empty) and each turn's own
+    metrics, with value, status and reason."""
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise ConfigError("convsim.results needs pandas: pip install 'convsim[pandas]'") from None
+    return pandas
+
+
+def load(paths: str | Path | Iterable[str | Path]) -> Results:
+    """Read results files (the conversations that count: a retried conversation by its
+    last line) into :class:`Results`.
+
+    Raises:
+        ConfigError: pandas is not installed.
+        ResultsError: a file is missing or holds a bad line (named with its line).
+    """
+    pd = _pandas()
+    files = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    conversations: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    scores: list[dict[str, Any]] = []
+    for path in files:
+        label = str(path)
+        for result in read_results(path):
+            conversations.append(conversation_row(result, label))
+            turns.extend(turn_rows(result, label))
+            scores.extend(score_rows(result, label))
+    metric_columns = sorted({k for row in conversations for k in row} - set(CONVERSATION_COLUMNS))
+    return Results(
+        conversations=pd.DataFrame(conversations, columns=[*CONVERSATION_COLUMNS, *metric_columns]),
+        turns=pd.DataFrame(turns),
+        scores=pd.DataFrame(scores),
+    )

@@ -164,6 +164,34 @@ def main(log_format: str, log_level: str) -> None:
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
 
 
+EXIT_GATE_FAILED = 1
+
+
+def _parse_gates(_ctx: Any, _param: Any, values: tuple[str, ...]) -> dict[str, float]:
+    gates: dict[str, float] = {}
+    for value in values:
+        metric, sep, bound = value.partition("=")
+        try:
+            if not sep or not metric.strip():
+                raise ValueError
+            gates[metric.strip()] = float(bound)
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: expected METRIC=VALUE") from None
+    return gates
+
+
+def _fail_under_option(f: Any) -> Any:
+    return click.option(
+        "--fail-under",
+        "fail_under",
+        multiple=True,
+        callback=_parse_gates,
+        metavar="METRIC=VALUE",
+        help="Exit 1 when the run's mean of METRIC is below VALUE (or it has no value); "
+        "repeatable.",
+    )(f)
+
+
 @main.command("list")
 @clear_errors
 def list_command() -> None:
@@ -320,6 +348,7 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
+@_fail_under_option
 @clear_errors
 def run(
     pack: str,
@@ -351,6 +380,7 @@ def run(
     circuit_breaker: int,
     max_failure_rate: float,
     progress: bool | None,
+    fail_under: dict[str, float],
 ) -> None:
     """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model.
 
@@ -358,6 +388,7 @@ def run(
     Exit codes:
       0    the run finished (conversations that failed for the model's own
            reasons, such as model_error, included)
+      1    a --fail-under gate failed (one line per gate)
       2    bad input: files, options, settings, too few open files for --concurrency
       3    conversations failed for infrastructure reasons (infrastructure_error or
            timed out) beyond --max-failure-rate
@@ -439,6 +470,7 @@ def run(
         print_error(verdict.message)
     if verdict.code:
         sys.exit(verdict.code)
+    _check_gates(report, fail_under)
 
 
 class _RunOutcome(NamedTuple):
@@ -765,9 +797,12 @@ def _score_cell(score: Score) -> str:
     help="Also write one row per conversation (ids, status, usage, cost, timing, error, "
     "score.<metric> columns) to this CSV file.",
 )
+@_fail_under_option
 @clear_errors
-def report(results: Path, csv_out: Path | None) -> None:
-    """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it."""
+def report(results: Path, csv_out: Path | None, fail_under: dict[str, float]) -> None:
+    """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it.
+
+    Exits 1 when a --fail-under gate fails (one line per gate), 2 on bad input."""
     from ._report import summarize_file
 
     _lock_results(results)
@@ -778,6 +813,23 @@ def report(results: Path, csv_out: Path | None) -> None:
     if csv_out is not None:
         count = _write_csv(results, csv_out)
         _stdout().print(f"csv: {csv_out} ({count} conversations)", highlight=False)
+    _check_gates(summary, fail_under)
+
+
+def _check_gates(report: RunReport, gates: dict[str, float]) -> None:
+    """Exit 1 with one line per failed gate."""
+    failed = []
+    for metric, bound in gates.items():
+        summary = report.metrics.get(metric) or report.turn_metrics.get(metric)
+        mean = summary.mean if summary is not None else None
+        if mean is None:
+            failed.append(f"gate failed: {metric} has no value in this run (needs >= {bound:g})")
+        elif mean < bound:
+            failed.append(f"gate failed: {metric} mean {mean:.4g} < {bound:g}")
+    for line in failed:
+        print_error(line)
+    if failed:
+        sys.exit(EXIT_GATE_FAILED)
 
 
 def _write_csv(results: Path, out: Path) -> int:
@@ -796,6 +848,132 @@ def _write_csv(results: Path, out: Path) -> int:
         writer.writeheader()
         writer.writerows(rows)
     return len(rows)
+
+
+@main.command()
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option(
+    "--metrics",
+    callback=_parse_metrics,
+    default=None,
+    help="Comma-separated metrics to compare (default: every metric both runs scored).",
+)
+@click.option(
+    "--fail-if-worse",
+    default=None,
+    metavar="METRIC,...",
+    help="Exit 1 when CANDIDATE is significantly worse than BASE on one of these metrics "
+    "(the 95% interval of the paired difference lies wholly on the worse side).",
+)
+@_fail_under_option
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the comparison as JSON.",
+)
+@clear_errors
+def compare(
+    base: Path,
+    candidate: Path,
+    metrics: list[str] | None,
+    fail_if_worse: str | None,
+    fail_under: dict[str, float],
+    json_out: Path | None,
+) -> None:
+    """Compare CANDIDATE's results with BASE's, paired by conversation.
+
+    \b
+    Exit codes: 0 no gate failed; 1 a gate failed (one line per gate); 2 bad input.
+    """
+    from .results._compare import as_json, compare_files
+
+    worse_gates = [m.strip() for m in (fail_if_worse or "").split(",") if m.strip()]
+    wanted = None if metrics is None else list(dict.fromkeys([*metrics, *worse_gates]))
+    if wanted is not None:
+        wanted = list(dict.fromkeys([*wanted, *fail_under]))
+    result = compare_files(base, candidate, metrics=wanted)
+    _print_comparison(result)
+    if json_out is not None:
+        if not json_out.parent.exists():
+            raise ConfigError(f"{json_out}: its folder does not exist")
+        json_out.write_text(json.dumps(as_json(result), indent=2) + "\n")
+        _stdout().print(f"comparison: {json_out}", highlight=False)
+    by_metric = {m.metric: m for m in result.metrics}
+    failed = []
+    for metric in worse_gates:
+        found = by_metric.get(metric)
+        if found is None or found.pairs == 0:
+            failed.append(f"gate failed: {metric} has no paired values to compare")
+        elif found.significantly_worse:
+            low, high = found.ci95 or (0.0, 0.0)
+            failed.append(
+                f"gate failed: {metric} is significantly worse in the candidate: "
+                f"difference {found.mean_difference:+.4g} (95% CI {low:+.4g} to {high:+.4g})"
+            )
+    for metric, bound in fail_under.items():
+        found = by_metric.get(metric)
+        mean = found.candidate_mean if found is not None else None
+        if mean is None:
+            failed.append(f"gate failed: {metric} has no value in the candidate")
+        elif mean < bound:
+            failed.append(f"gate failed: {metric} candidate mean {mean:.4g} < {bound:g}")
+    for line in failed:
+        print_error(line)
+    if failed:
+        sys.exit(EXIT_GATE_FAILED)
+
+
+def _print_comparison(result: Any) -> None:
+    from rich import box
+    from rich.table import Table
+
+    out = _stdout()
+    table = Table(
+        title=f"{result.candidate} vs {result.base} ({result.paired} paired)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+    )
+    # numbers are never cut; the metric's name and the interval wrap when space is short
+    table.add_column("metric", overflow="fold", ratio=2)
+    for name in ("n", "base", "cand.", "diff."):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("95% CI", justify="right", overflow="fold", ratio=1)
+    for name in ("W/T/L", "p"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for m in result.metrics:
+        if not m.pairs:
+            table.add_row(m.metric, "0", "-", "-", "-", "-", "-", "-")
+            continue
+        ci = f"{m.ci95[0]:+.2g}..{m.ci95[1]:+.2g}" if m.ci95 else "-"
+        diff = f"{m.mean_difference:+.3g}"
+        table.add_row(
+            m.metric,
+            str(m.pairs),
+            f"{m.base_mean:.3g}",
+            f"{m.candidate_mean:.3g}",
+            f"[red]{diff}[/]" if m.significantly_worse else diff,
+            ci,
+            f"{m.wins}/{m.ties}/{m.losses}",
+            "-" if m.wilcoxon_p is None else f"{m.wilcoxon_p:.2g}",
+        )
+    out.print(table)
+    for m in result.metrics:
+        if m.most_changed:
+            changes = ", ".join(
+                f"{c.conversation_id} {c.difference:+.3g}" for c in m.most_changed[:3]
+            )
+            out.print(f"{m.metric}: most changed {changes}", highlight=False)
+    if result.only_in_base or result.only_in_candidate:
+        out.print(
+            f"unpaired: {len(result.only_in_base)} only in base "
+            f"({', '.join(result.only_in_base[:5])}), {len(result.only_in_candidate)} only in "
+            f"candidate ({', '.join(result.only_in_candidate[:5])})",
+            highlight=False,
+        )
 
 
 class _DelayType(click.ParamType):

@@ -180,6 +180,27 @@ def _parse_gates(_ctx: Any, _param: Any, values: tuple[str, ...]) -> dict[str, f
     return gates
 
 
+def _html_option(f: Any) -> Any:
+    return click.option(
+        "--html",
+        "html_out",
+        is_flag=False,
+        flag_value="",
+        default=None,
+        metavar="[FILE]",
+        help="Write a self-contained HTML report (default FILE: the results file with "
+        ".html): plots and every conversation, offline.",
+    )(f)
+
+
+def _write_report_html(results: Path, html_out: str) -> None:
+    from .results._html import write_html
+
+    written = write_html(results, html_out or None)
+    size = written.stat().st_size
+    _stdout().print(f"html: {written} ({size / 1e6:.2f} MB)", highlight=False)
+
+
 def _fail_under_option(f: Any) -> Any:
     return click.option(
         "--fail-under",
@@ -348,6 +369,7 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
+@_html_option
 @_fail_under_option
 @clear_errors
 def run(
@@ -380,6 +402,7 @@ def run(
     circuit_breaker: int,
     max_failure_rate: float,
     progress: bool | None,
+    html_out: str | None,
     fail_under: dict[str, float],
 ) -> None:
     """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model.
@@ -463,6 +486,8 @@ def run(
     _stdout().print(
         f"results: {out}\nsummary: {written.json_path}, {written.markdown_path}", highlight=False
     )
+    if html_out is not None:
+        _write_report_html(out, html_out)
     verdict = run_verdict(
         outcome.statistics, interrupted=outcome.interrupted, max_failure_rate=max_failure_rate
     )
@@ -797,9 +822,12 @@ def _score_cell(score: Score) -> str:
     help="Also write one row per conversation (ids, status, usage, cost, timing, error, "
     "score.<metric> columns) to this CSV file.",
 )
+@_html_option
 @_fail_under_option
 @clear_errors
-def report(results: Path, csv_out: Path | None, fail_under: dict[str, float]) -> None:
+def report(
+    results: Path, csv_out: Path | None, html_out: str | None, fail_under: dict[str, float]
+) -> None:
     """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it.
 
     Exits 1 when a --fail-under gate fails (one line per gate), 2 on bad input."""
@@ -813,6 +841,8 @@ def report(results: Path, csv_out: Path | None, fail_under: dict[str, float]) ->
     if csv_out is not None:
         count = _write_csv(results, csv_out)
         _stdout().print(f"csv: {csv_out} ({count} conversations)", highlight=False)
+    if html_out is not None:
+        _write_report_html(results, html_out)
     _check_gates(summary, fail_under)
 
 

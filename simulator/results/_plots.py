@@ -1,0 +1,191 @@
+"""The report's plots, as inline SVG drawn by matplotlib (no script, no network)."""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from convsim._records import ConversationResult, TurnStatus
+
+__all__ = ["Plot", "run_plots"]
+
+_SIZE = (6.4, 3.0)
+
+
+class Plot:
+    """A titled SVG figure."""
+
+    def __init__(self, key: str, title: str, svg: str, note: str = "") -> None:
+        self.key, self.title, self.svg, self.note = key, title, svg, note
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("svg", force=True)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {
+            "svg.fonttype": "none",  # text as text: small and searchable
+            "font.size": 8,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "svg.hashsalt": "convsim",  # the same run, the same file
+        }
+    )
+    return plt
+
+
+def _svg(fig: Any) -> str:
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]  # the XML prologue and DOCTYPE do not belong inline
+
+
+def _metric_values(results: Sequence[ConversationResult]) -> dict[str, list[float]]:
+    values: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        for name, score in r.scores.items():
+            if score.value is not None:
+                values[name].append(score.value)
+    return dict(sorted(values.items()))
+
+
+def _distributions(plt: Any, values: dict[str, list[float]]) -> Plot | None:
+    if not values:
+        return None
+    n = len(values)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4, 1.9 * rows), squeeze=False)
+    for ax, (name, vals) in zip(axes.flat, values.items(), strict=False):
+        ax.hist(vals, bins=20, color="#4c72b0")
+        ax.set_title(f"{name} (n={len(vals)})", fontsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    return Plot("metrics", "Each metric's distribution over conversations", _svg(fig))
+
+
+def _latency(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
+    import numpy as np
+
+    series: dict[str, list[float]] = {"end to end": [], "time to first token": []}
+    for r in results:
+        for t in r.turns:
+            if t.status is TurnStatus.COMPLETED and t.timings is not None:
+                if t.timings.latency_s is not None:
+                    series["end to end"].append(t.timings.latency_s * 1000)
+                if t.timings.ttft_s is not None:
+                    series["time to first token"].append(t.timings.ttft_s * 1000)
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=_SIZE)
+    for name, vals in series.items():
+        xs = np.sort(np.asarray(vals))
+        ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=name)
+    ax.set_xlabel("ms")
+    ax.set_ylabel("share of turns")
+    ax.legend(frameon=False)
+    return Plot("latency", "Model-call latency per turn (CDF)", _svg(fig))
+
+
+def _by_turn(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
+    import numpy as np
+
+    by_index: dict[int, list[float]] = defaultdict(list)
+    for r in results:
+        for t in r.turns:
+            if t.status is TurnStatus.COMPLETED and t.timings and t.timings.latency_s is not None:
+                by_index[t.turn_index].append(t.timings.latency_s * 1000)
+    if len(by_index) < 2:
+        return None
+    idx = sorted(by_index)
+    fig, ax = plt.subplots(figsize=_SIZE)
+    ax.plot(idx, [float(np.median(by_index[i])) for i in idx], marker="o", label="median")
+    ax.plot(idx, [float(np.percentile(by_index[i], 95)) for i in idx], marker=".", label="p95")
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("ms")
+    ax.legend(frameon=False)
+    return Plot("by_turn", "Latency by turn index", _svg(fig))
+
+
+def _by_type(plt: Any, results: Sequence[ConversationResult], scores_0_1: set[str]) -> Plot | None:
+    import numpy as np
+
+    table: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        for name, score in r.scores.items():
+            if name in scores_0_1 and score.value is not None and 0.0 <= score.value <= 1.0:
+                table[name][r.scenario_type].append(score.value)
+    table = {k: v for k, v in sorted(table.items()) if v}
+    types = sorted({t for per in table.values() for t in per})
+    if not table or len(types) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(table) * len(types) + 1.0))
+    height = 0.8 / len(types)
+    for k, scenario_type in enumerate(types):
+        means = [float(np.mean(table[m][scenario_type])) if table[m][scenario_type] else 0.0
+                 for m in table]  # fmt: skip
+        ax.barh(np.arange(len(table)) + k * height, means, height=height, label=scenario_type)
+    ax.set_yticks(np.arange(len(table)) + 0.4 - height / 2, list(table))
+    ax.set_xlim(0, 1)
+    ax.legend(frameon=False, fontsize=7, loc="lower right")
+    return Plot("by_type", "Scores (0-1 metrics) by scenario type", _svg(fig))
+
+
+def _retention(plt: Any, curve: dict[int, Any]) -> Plot | None:
+    points = [(d, s.mean) for d, s in sorted(curve.items()) if s.mean is not None]
+    if len(points) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=_SIZE)
+    ax.plot([d for d, _ in points], [m for _, m in points], marker="o")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("turns between a fact and its probe")
+    ax.set_ylabel("recalled")
+    return Plot("retention", "Retention by distance", _svg(fig))
+
+
+def _errors(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
+    failed = [r for r in results if r.error is not None]
+    if not failed:
+        return None
+    start = min(r.timings.started_at for r in results)
+    by_type: dict[str, list[float]] = defaultdict(list)
+    for r in failed:
+        assert r.error is not None
+        by_type[r.error.type].append(r.timings.finished_at - start)
+    fig, ax = plt.subplots(figsize=_SIZE)
+    ax.hist(list(by_type.values()), bins=30, stacked=True, label=list(by_type))
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel("failed conversations")
+    ax.legend(frameon=False, fontsize=7)
+    return Plot("errors", "Failures over time", _svg(fig))
+
+
+def run_plots(
+    results: Sequence[ConversationResult],
+    retention_curve: dict[int, Any],
+    higher_is_better: dict[str, bool | None],
+) -> list[Plot]:
+    """Every plot the run has data for; the by-type bars show the scores where higher
+    is better (a latency is not a 0-1 score)."""
+    plt = _pyplot()
+    scores = {name for name, higher in higher_is_better.items() if higher}
+    made = [
+        _distributions(plt, _metric_values(results)),
+        _by_type(plt, results, scores),
+        _retention(plt, retention_curve),
+        _latency(plt, results),
+        _by_turn(plt, results),
+        _errors(plt, results),
+    ]
+    return [p for p in made if p is not None]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,10 +52,13 @@ class Conversation:
     origin: Any = field(default=None, compare=False, repr=False)
     """The object the conversation was built from, when a scorer needs it (the lm-eval
     task of an ``lm-eval:TASK`` document); None for packs read from files."""
+    trial: int | None = None
+    """Which of a scenario's repeated trials this is (1-based); None when run once."""
 
     @property
     def conversation_id(self) -> str:
-        return self.scenario.scenario_id
+        sid = self.scenario.scenario_id
+        return sid if self.trial is None else f"{sid}#{self.trial}"
 
     def missing_variables(self, turn: PreparedTurn) -> frozenset[str]:
         """Template variables of ``turn`` that neither the scenario nor the built-ins give."""
@@ -106,6 +110,24 @@ class Pack:
 
     def __len__(self) -> int:
         return len(self.conversations)
+
+    def with_trials(self, trials: int) -> Pack:
+        """The pack with every scenario run ``trials`` times: conversations
+        ``SCENARIO#1`` ... ``SCENARIO#K``, each with its own seed (seeds derive from the
+        conversation id), resumable trial by trial. One trial is the pack itself."""
+        if trials < 1:
+            raise ValueError(f"trials must be at least 1, got {trials}")
+        if trials == 1:
+            return self
+        digest = hashlib.sha256(f"{self.pack_hash}:trials={trials}".encode()).hexdigest()
+        return replace(
+            self,
+            pack_hash=digest,
+            conversations=tuple(
+                replace(c, trial=k) for c in self.conversations for k in range(1, trials + 1)
+            ),
+            load_options={**self.load_options, "trials": trials},
+        )
 
     def metric_names(self) -> frozenset[str]:
         """Every metric named anywhere in the pack."""

@@ -380,6 +380,7 @@ class ConversationActor:
             run_id=self.settings.run_id,
             conversation_id=self.conversation.conversation_id,
             scenario_id=scenario.scenario_id,
+            trial=self.conversation.trial,
             scenario_type=scenario.scenario_type,
             pack=self.settings.pack_name,
             pack_hash=self.settings.pack_hash,

@@ -263,6 +263,9 @@ class ConversationResult(BaseModel):
     """The simulated user's, kept apart."""
     error: ErrorInfo | None = None
     timings: ConversationTimings
+    trial: int | None = None
+    """Which of the scenario's repeated trials (``--trials``) this is, 1-based; None
+    when each scenario ran once."""
 
     @model_validator(mode="before")
     @classmethod

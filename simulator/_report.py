@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_value, mean, percentile
 from convsim.metrics._aggregate import aggregate
@@ -77,6 +79,27 @@ class RunReport(BaseModel):
     """Failure causes by error type."""
     duration_s: float | None = None
     """Wall time from the first conversation's start to the last one's end."""
+    trials: int | None = None
+    """The most trials any scenario ran (``--trials``); None when each ran once."""
+    pass_at_k: dict[int, float] = Field(default_factory=dict)
+    """By k: the chance that at least one of k trials of a scenario achieves its goal
+    (goal_achievement 1), estimated without bias from each scenario's n trials
+    (1 - C(n-c, k) / C(n, k)) and averaged over scenarios."""
+    pass_hat_k: dict[int, float] = Field(default_factory=dict)
+    """By k: the chance that all k trials achieve the goal (tau-bench's pass^k:
+    C(c, k) / C(n, k)), averaged over scenarios."""
+    trial_spread: dict[str, float] = Field(default_factory=dict)
+    """By metric: the standard deviation across a scenario's trials, averaged over the
+    scenarios: how much the same scenario's score moves from one trial to the next."""
+
+    @model_serializer(mode="wrap")
+    def _without_unused_trials(self, handler: Any) -> Any:
+        """A run without --trials says nothing about trials (and reads as before)."""
+        data = handler(self)
+        if self.trials is None and isinstance(data, dict):
+            for key in ("trials", "pass_at_k", "pass_hat_k", "trial_spread"):
+                data.pop(key, None)
+        return data
 
     def to_markdown(self) -> str:
         lines = ["# convsim run summary", ""]
@@ -84,6 +107,12 @@ class RunReport(BaseModel):
         lines.append(f"- conversations: {self.conversations}")
         if self.duration_s is not None:
             lines.append(f"- wall time: {self.duration_s:.2f} s")
+        if self.trials is not None:
+            lines.append(f"- trials per scenario: {self.trials}")
+            if self.pass_hat_k:
+                hat = ", ".join(f"pass^{k} {v:.3f}" for k, v in self.pass_hat_k.items())
+                at = ", ".join(f"pass@{k} {v:.3f}" for k, v in self.pass_at_k.items())
+                lines.append(f"- goal achieved: {hat}; {at}")
         lines += ["", "## Status", "", "| status | conversations |", "|---|---:|"]
         lines += [f"| {k} | {v} |" for k, v in self.statuses.items()]
         lines += [
@@ -306,6 +335,11 @@ class Summarizer:
         self._by_difficulty: dict[str, _GroupFold] = defaultdict(_GroupFold)
         self._by_model: dict[str, _GroupFold] = defaultdict(_GroupFold)
         self._retention: dict[int, list[float]] = defaultdict(list)
+        self._trials: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        """By scenario, by metric: the values of its trials (with --trials only)."""
+        self._trial_counts: Counter[str] = Counter()
+        self._goals: dict[str, list[bool]] = defaultdict(list)
+        """By scenario: whether each trial achieved the goal."""
 
     def add(self, r: ConversationResult) -> None:
         """Fold in one conversation."""
@@ -349,6 +383,16 @@ class Summarizer:
         self._by_difficulty[r.difficulty or "unspecified"].add(r)
         self._by_model[r.model].add(r)
         self._add_retention(r)
+        if r.trial is not None:
+            self._trial_counts[r.scenario_id] += 1
+            for name, score in r.scores.items():
+                if score.value is not None:
+                    self._trials[r.scenario_id][name].append(score.value)
+            goal = r.scores.get("goal_achievement")
+            if goal is not None and goal.value is not None:
+                self._goals[r.scenario_id].append(goal.value >= 1.0 - 1e-9)
+            elif r.status is not Status.DONE:  # a trial that failed did not reach the goal
+                self._goals[r.scenario_id].append(False)
 
     def _add_retention(self, r: ConversationResult) -> None:
         """Pooled over conversations: per distance, the share of checks recalled."""
@@ -402,7 +446,34 @@ class Summarizer:
             cost_usd=sum(self._costs) if self._costs else None,
             errors=dict(self._errors.most_common()),
             duration_s=duration,
+            **self._trial_figures(),
         )
+
+    def _trial_figures(self) -> dict[str, Any]:
+        if not self._trial_counts:
+            return {}
+        most = max(self._trial_counts.values())
+        at: dict[int, list[float]] = defaultdict(list)
+        hat: dict[int, list[float]] = defaultdict(list)
+        for scenario, n in self._trial_counts.items():
+            goals = self._goals.get(scenario, [])
+            if len(goals) < n:
+                continue  # a finished trial without a goal score: pass^k cannot be told
+            c = sum(goals)
+            for k in range(1, n + 1):
+                at[k].append(1.0 - math.comb(n - c, k) / math.comb(n, k))
+                hat[k].append(math.comb(c, k) / math.comb(n, k))
+        spread: dict[str, list[float]] = defaultdict(list)
+        for per_metric in self._trials.values():
+            for name, values in per_metric.items():
+                if len(values) > 1:
+                    spread[name].append(statistics.pstdev(values))
+        return {
+            "trials": most,
+            "pass_at_k": {k: mean(v) for k, v in sorted(at.items())},
+            "pass_hat_k": {k: mean(v) for k, v in sorted(hat.items())},
+            "trial_spread": {name: mean(v) for name, v in sorted(spread.items())},
+        }
 
 
 def summarize(results: Iterable[ConversationResult]) -> RunReport:

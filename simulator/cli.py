@@ -320,6 +320,14 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     "--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations."
 )
 @click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run each scenario K times (its own seed each; conversations SCENARIO#1..#K); "
+    "the summary gives pass@k and pass^k for goal achievement.",
+)
+@click.option(
     "--metrics",
     callback=_parse_metrics,
     default=None,
@@ -385,6 +393,7 @@ def run(
     retry_failed: bool,
     seed: int,
     limit: int | None,
+    trials: int,
     metrics: list[str] | None,
     conversation_timeout: float | None,
     max_turns: int | None,
@@ -444,7 +453,7 @@ def run(
         include_path=include_path,
         allow_code=allow_code,
         max_file_bytes=max_file_bytes,
-    )
+    ).with_trials(trials)
     config = SimulatorConfig.from_arguments(
         model_spec,
         model_args=parse_model_args(model_args),
@@ -668,6 +677,18 @@ def _print_report(report: RunReport) -> None:
         out.print(
             "errors: " + ", ".join(f"{k} x{v}" for k, v in report.errors.items()), highlight=False
         )
+    if report.trials is not None:
+        line = f"trials: {report.trials} per scenario"
+        if report.pass_hat_k:
+            line += "; goal achieved: " + ", ".join(
+                f"pass^{k} {v:.3f}" for k, v in report.pass_hat_k.items()
+            )
+            line += "; " + ", ".join(f"pass@{k} {v:.3f}" for k, v in report.pass_at_k.items())
+        if report.trial_spread:
+            line += "; spread across trials: " + ", ".join(
+                f"{name} {v:.3g}" for name, v in report.trial_spread.items()
+            )
+        out.print(line, highlight=False)
 
 
 @main.command()

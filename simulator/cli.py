@@ -6,7 +6,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
@@ -547,8 +547,23 @@ async def _run_with_progress(
                         err.print("stopping at once: in-flight conversations are cancelled")
                         handle.stop(grace_period=0)
 
+        async def progress_lines() -> None:
+            """Off a terminal (a CI log), a line every few seconds instead of a bar."""
+            while True:
+                await anyio.sleep(PROGRESS_LINE_S)
+                s = handle.statistics()
+                rate = s.finished / s.elapsed_s if s.elapsed_s > 0 else 0.0
+                err.print(
+                    f"{pack.name}: {s.finished}/{s.total} finished ({s.done} done, "
+                    f"{s.failed + s.timed_out} failed), {s.in_flight} in flight, "
+                    f"{rate:.1f} conv/s, {s.elapsed_s:.0f} s",
+                    highlight=False,
+                )
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_signals)
+            if not show_progress:
+                tg.start_soon(progress_lines)
             try:
                 with _progress(err, show_progress) as bar:
                     task = bar.add_task(pack.name, total=None, status="")
@@ -593,6 +608,10 @@ def _update(bar: Progress, task: Any, handle: RunHandle) -> None:
     bar.update(task, total=s.total, completed=s.finished, status=status)
 
 
+PROGRESS_LINE_S = 5.0
+"""Seconds between progress lines when the output is not a terminal."""
+
+
 class SummaryFiles(NamedTuple):
     """Where a run's summary was written."""
 
@@ -621,19 +640,73 @@ def _mean(summary: MetricSummary | None) -> str:
 
 
 def _metric_table(title: str, unit: str, summaries: dict[str, MetricSummary]) -> Table:
-    table = Table(title=title)
-    table.add_column("metric", no_wrap=True)  # other columns give way on a narrow terminal
+    table = Table(title=f"{title}; n: {unit} with a value; \u2191 higher is better")
+    table.add_column("metric", no_wrap=True)
     corpus = any(m.corpus is not None for m in summaries.values())
-    for col in ("mean", "95% CI", *(["corpus"] if corpus else []), unit, "n/a", "failed"):
-        table.add_column(col, justify="right")
-    table.add_column("better")
+    for col in ("mean", "95% CI", *(["corpus"] if corpus else []), "n", "n/a", "failed"):
+        table.add_column(col, justify="right", no_wrap=True)  # numbers are never cut
+    table.add_column("", no_wrap=True)
     for name, m in summaries.items():
-        better = {True: "higher", False: "lower", None: ""}[m.higher_is_better]
-        ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
+        better = {True: "\u2191", False: "\u2193", None: ""}[m.higher_is_better]
+        ci = "" if m.ci_low is None else f"{m.ci_low:.3g}-{m.ci_high:.3g}"
         whole = ["" if m.corpus is None else f"{m.corpus:.4g}"] if corpus else []
         row = [_mean(m), ci, *whole, str(m.n), str(m.not_applicable), str(m.failed)]
         table.add_row(name, *row, better)
     return table
+
+
+def _cell_width(texts: Iterable[str]) -> int:
+    """Columns a cell of the widest text needs, with padding and a border."""
+    return max((len(t) for t in texts), default=0) + 3
+
+
+def _group_tables(
+    title: str, key: str, groups: dict[str, Any], names: list[str], width: int
+) -> list[Table]:
+    """A breakdown that fits ``width`` columns: groups as rows and metrics as columns
+    when that fits; otherwise turned round (metrics as rows), the groups split across as
+    many tables as it takes, so that no number is ever cut."""
+    rows = {
+        name: [
+            str(g.conversations),
+            str(g.statuses.get("DONE", 0)),
+            str(g.statuses.get("FAILED", 0)),
+            *[_mean(g.metrics.get(n)) for n in names],
+        ]
+        for name, g in groups.items()
+    }
+    heads = ["conversations", "DONE", "FAILED", *names]
+    wide = _cell_width([key, *rows]) + sum(
+        _cell_width([h, *(r[i] for r in rows.values())]) for i, h in enumerate(heads)
+    )
+    if wide <= width:
+        table = Table(title=title)
+        for col in (key, *heads):
+            table.add_column(col, justify="left" if col == key else "right", no_wrap=True)
+        for name, cells in rows.items():
+            table.add_row(name, *cells)
+        return [table]
+    first = _cell_width(heads)
+    chunks: list[list[str]] = [[]]
+    used = first
+    for name in rows:
+        need = _cell_width([name, *rows[name]])
+        if chunks[-1] and used + need > width:
+            chunks.append([])
+            used = first
+        chunks[-1].append(name)
+        used += need
+    tables: list[Table] = []
+    for chunk in chunks:
+        part = "" if len(chunks) == 1 else f" ({len(tables) + 1}/{len(chunks)})"
+        table = Table(title=title + part)
+        table.add_column("", no_wrap=True)
+        for name in chunk:
+            table.add_column(name, justify="right", no_wrap=True)
+        for i, head in enumerate(heads):
+            table.add_row(head, *[rows[name][i] for name in chunk])
+        tables.append(table)
+    return tables
 
 
 def _print_report(report: RunReport) -> None:
@@ -648,19 +721,26 @@ def _print_report(report: RunReport) -> None:
     if report.turn_metrics:
         title = "turn metrics (mean over the turns that ask for them)"
         out.print(_metric_table(title, "turns", report.turn_metrics))
-    groups = Table(title="by scenario_type")
-    names = list(report.metrics)
-    for col in ("scenario_type", "conversations", "DONE", "FAILED", *names):
-        groups.add_column(col, justify="left" if col == "scenario_type" else "right")
-    for name, g in report.by_scenario_type.items():
-        groups.add_row(
-            name,
-            str(g.conversations),
-            str(g.statuses.get("DONE", 0)),
-            str(g.statuses.get("FAILED", 0)),
-            *[_mean(g.metrics.get(n)) for n in names],
+    figures = [f"{report.conversations} conversations"]
+    if report.duration_s is not None:
+        figures.append(f"wall time {report.duration_s:.1f} s")
+    usage = report.usage
+    if usage.get("total_tokens"):
+        figures.append(
+            f"tokens {usage.get('total_tokens', 0):,} ({usage.get('prompt_tokens', 0):,} in, "
+            f"{usage.get('completion_tokens', 0):,} out)"
         )
-    out.print(groups)
+    figures.append("cost " + ("-" if report.cost_usd is None else f"${report.cost_usd:.4f}"))
+    out.print("; ".join(figures), highlight=False)
+    names = list(report.metrics)
+    for key, groups in (
+        ("scenario_type", report.by_scenario_type),
+        ("difficulty", report.by_difficulty),
+        ("model", report.by_model),
+    ):
+        if len(groups) > 1 or key == "scenario_type":
+            for table in _group_tables(f"by {key}", key, groups, names, out.width):
+                out.print(table)
     if report.retention_curve:
         curve = Table(title="context_retention by distance (turns between fact and probe)")
         for col in ("distance", "recalled", "95% CI", "checks"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,22 @@ def test_open_loop_sweep_with_slos_reports_the_best_rate(server: Any, tmp_path: 
     lines = [json.loads(line) for line in reqs.read_text().splitlines()]
     assert {line["point"] for line in lines} == {0, 1, 2}
     assert "highest rate meeting every SLO: 40" in stdout
+
+
+def test_a_sweep_writes_its_html_page(server: Any, tmp_path: Path) -> None:
+    page = tmp_path / "sweep.html"
+    code, _, stderr = invoke(
+        *target(server), "--rate", "5", "--sweep", "5,10", "--duration", "3",
+        "--synthetic", "turns=2,input_tokens=16,output_tokens=4",
+        "--slo", "ttft_p99<=500ms", "--html", str(page), "--no-calibrate",
+    )  # fmt: skip
+    assert code == 0, stderr
+    html = page.read_text()
+    assert "default-src 'none'" in html and "<script" not in html
+    for plot in ("plot-sweep", "plot-latency", "plot-timeline", "plot-by_turn", "plot-delay"):
+        assert plot in html, plot
+    assert "highest rate meeting every SLO" in html
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html, re.I)
 
 
 def test_a_pack_feeds_real_answers_back(server: Any, tmp_path: Path) -> None:

@@ -369,6 +369,14 @@ _Option = Callable[[Any], Any]
     help="Send delay p99 above which the run is invalid.",
 )
 @click.option(
+    "--html",
+    "html_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a self-contained HTML page: latency CDFs, throughput and in flight "
+    "over time, latency by turn depth, schedule delay, the sweep curve with the SLO lines.",
+)
+@click.option(
     "--metrics",
     default=None,
     help="Score each completed --pack conversation with these metrics (comma-separated), "
@@ -386,6 +394,7 @@ def load_command(
     model_spec: str,
     model_args: tuple[str, ...],
     requests_out: Path | None,
+    html_out: Path | None,
     out: Path | None,
     **options: Any,
 ) -> None:
@@ -396,7 +405,7 @@ def load_command(
     plan = parse_config(
         LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
     )
-    for path in (out, requests_out):
+    for path in (out, requests_out, html_out):
         if path is not None and not path.parent.exists():
             raise ConfigError(f"{path}: its folder does not exist")
     try:
@@ -415,3 +424,11 @@ def load_command(
     if requests_out is not None:
         count = write_requests(requests_out, run.requests)
         _stdout().print(f"requests: {requests_out} ({count:,})", highlight=False)
+    if html_out is not None:
+        from convsim.results._load_html import write_load_html
+
+        from ._slo import parse_slos
+
+        slos = parse_slos(plan.slo) if plan.slo else None
+        written = write_load_html(html_out, run.result, run.requests, slos=slos)
+        _stdout().print(f"html: {written} ({written.stat().st_size / 1e6:.2f} MB)", highlight=False)

@@ -53,6 +53,7 @@ def test_the_page_holds_every_conversation_and_asks_for_nothing(run_file: Path) 
     assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", page, re.I)
     assert "<link" not in page and "@import" not in page
     assert page.count("<svg") >= 3  # plots, inline
+    assert "By scenario type" in page and "By difficulty" in page
 
 
 def test_model_answers_are_shown_as_text_never_as_markup(tmp_path: Path) -> None:

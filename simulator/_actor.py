@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,8 @@ class ActorSettings:
     """Overrides each flow's conversation_timeout when set."""
     max_turns: int | None = None
     """Overrides each flow's max_turns when set."""
+    on_turn: Callable[[TurnRecord], None] | None = None
+    """Told of each finished turn (plugins' turn hooks); must not block."""
 
 
 @dataclass
@@ -309,6 +311,8 @@ class ConversationActor:
         """Keep ``record`` and hand it to the scoring session."""
         self.records.append(record)
         self.scoring.add(record)
+        if self.settings.on_turn is not None:
+            self.settings.on_turn(record)
 
     def _record(
         self, turn: PreparedTurn, status: TurnStatus, inflight: _InFlight | None, **fields: Any

@@ -144,6 +144,11 @@ class SimulatorConfig(BaseModel):
     circuit_breaker: int = Field(default=20, ge=0)
     """Start no more conversations after this many in a row failed for infrastructure
     reasons with no answer from the model (0: never stop early)."""
+    plugins: tuple[str, ...] = ()
+    """Plugins to run, by name (``code_analysis``, or any entry point in the group
+    ``convsim.plugins``)."""
+    plugin_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Settings by plugin name, validated against each plugin's ``Config``."""
     max_loop_lag: float | None = Field(default=0.05, gt=0)
     """Seconds the event loop may run late before the run starts no more conversations
     until it catches up (None: never hold back). A late loop adds its lag to every

@@ -34,6 +34,7 @@ from ._packs import load_pack
 from ._records import ConversationResult, Status, TurnStatus
 from ._registry import Registry
 from ._sinks import JsonlSink, ResultSink, RunManifest
+from .plugins import PLUGINS, BasePlugin, PluginManager
 
 __all__ = ["Simulator", "RunHandle", "RunStatistics", "run_sync"]
 
@@ -281,6 +282,7 @@ class Simulator:
         *,
         metric_registry: Registry[Metric] = METRICS,
         adapter_registry: Registry[ModelAdapter] = ADAPTERS,
+        plugin_registry: Registry[BasePlugin] = PLUGINS,
         **settings: Any,
     ) -> None:
         if isinstance(model, SimulatorConfig):
@@ -293,6 +295,10 @@ class Simulator:
         else:
             config = SimulatorConfig.from_arguments(model, **settings)
         self.config = config
+        self.plugins = PluginManager.load(
+            config.plugins, config.plugin_config, registry=plugin_registry
+        )
+        """The plugins of every run of this simulator, configured."""
         self.budgets = Budgets()
         """Rate budgets by provider key, shared by this simulator's adapters."""
         self._owned: list[ModelAdapter] = []
@@ -455,6 +461,7 @@ class Simulator:
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 for adapter in self._owned:
                     await adapter.aclose()
+                await self.plugins.cleanup()
 
     def run(
         self,
@@ -491,6 +498,7 @@ class Simulator:
             model=self.model_name,
             user_model=self.user_model_name,
             started_at=time.time(),
+            plugins=self.plugins.manifest(),
             settings={
                 "concurrency": self.concurrency,
                 "seed": self.seed,
@@ -624,7 +632,9 @@ class Simulator:
             seed=self.seed,
             conversation_timeout=self.config.conversation_timeout,
             max_turns=self.config.max_turns,
+            on_turn=self.plugins.turn if self.plugins.plugins else None,
         )
+        plugins = self.plugins
         slots = self._slots
         alive = handle._alive
         loop = LoopMonitor()
@@ -644,7 +654,11 @@ class Simulator:
             cid = conv.conversation_id
             try:
                 with structlog.contextvars.bound_contextvars(conversation_id=cid):
+                    if plugins.plugins:
+                        await plugins.conversation_start(cid, conv.scenario.scenario_id)
                     result = await converse(conv)
+                    if plugins.plugins:
+                        result = await plugins.conversation_end(result)
                 counters.by_status[result.status] += 1
                 counters.turns += sum(1 for t in result.turns if t.status is TurnStatus.COMPLETED)
                 if is_infrastructure_failure(result):
@@ -698,28 +712,40 @@ class Simulator:
                 raise
 
         try:
-            async with anyio.create_task_group() as outer:
-                outer.start_soon(watch_for_cancel)
-                if max_lag is not None:
-                    outer.start_soon(loop.run)
-                with anyio.CancelScope(shield=True):
-                    async with anyio.create_task_group() as tg:
-                        with stopping.dispatch:
-                            for conv in todo:
-                                await slots.acquire()
-                                # a loop that runs late would add its lag to every timing
-                                # it takes: start no more until it has caught up
-                                if max_lag is not None and await loop.calm(max_lag):
-                                    counters.admission_held += 1
-                                elif counters.started % _ADMISSION_BATCH == 0:
-                                    await anyio.lowlevel.checkpoint()  # let the loop run
-                                counters.started += 1
-                                alive.change(+1)
-                                tg.start_soon(drive, conv)
-                stopping.finished = True
-                outer.cancel_scope.cancel()
+            async with anyio.create_task_group() as hooks:
+                if plugins.plugins:
+                    await hooks.start(plugins.turn_worker)
+                    await plugins.run_start(manifest)
+                try:
+                    async with anyio.create_task_group() as outer:
+                        outer.start_soon(watch_for_cancel)
+                        if max_lag is not None:
+                            outer.start_soon(loop.run)
+                        with anyio.CancelScope(shield=True):
+                            async with anyio.create_task_group() as tg:
+                                with stopping.dispatch:
+                                    for conv in todo:
+                                        await slots.acquire()
+                                        # a loop that runs late would add its lag to every timing
+                                        # it takes: start no more until it has caught up
+                                        if max_lag is not None and await loop.calm(max_lag):
+                                            counters.admission_held += 1
+                                        elif counters.started % _ADMISSION_BATCH == 0:
+                                            await anyio.lowlevel.checkpoint()  # let the loop run
+                                        counters.started += 1
+                                        alive.change(+1)
+                                        tg.start_soon(drive, conv)
+                        stopping.finished = True
+                        outer.cancel_scope.cancel()
+
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await plugins.close_turns()  # the turn worker drains, then ends
         finally:
             stats = handle.statistics()
+            if plugins.plugins:
+                with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                    await plugins.run_end(stats)
             manifest.finished_at = time.time()
             manifest.statistics = stats.as_dict()
             if sink is not None:

@@ -110,6 +110,8 @@ class RunManifest(BaseModel):
     statistics: dict[str, Any] | None = None
     previous_run_ids: list[str] = Field(default_factory=list)
     """Runs that wrote earlier lines of a resumed file."""
+    plugins: list[dict[str, str]] = Field(default_factory=list)
+    """The plugins that ran: name and version."""
 
 
 @runtime_checkable

@@ -180,6 +180,19 @@ def _parse_gates(_ctx: Any, _param: Any, values: tuple[str, ...]) -> dict[str, f
     return gates
 
 
+def _plugin_settings(pairs: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    settings: dict[str, dict[str, str]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        plugin, dot, name = key.partition(".")
+        if not sep or not dot or not plugin or not name:
+            raise click.BadParameter(
+                f"{pair!r}: expected NAME.KEY=VALUE", param_hint="--plugin-arg"
+            )
+        settings.setdefault(plugin, {})[name] = value
+    return settings
+
+
 def _html_option(f: Any) -> Any:
     return click.option(
         "--html",
@@ -320,6 +333,21 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     "--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations."
 )
 @click.option(
+    "--plugin",
+    "plugin_names",
+    multiple=True,
+    metavar="NAME",
+    help="Run this plugin (code_analysis, or any in the entry-point group convsim.plugins); "
+    "repeatable.",
+)
+@click.option(
+    "--plugin-arg",
+    "plugin_args",
+    multiple=True,
+    metavar="NAME.KEY=VALUE",
+    help="A plugin setting, e.g. code_analysis.max_complexity=8; repeatable.",
+)
+@click.option(
     "--trials",
     type=click.IntRange(min=1),
     default=1,
@@ -393,6 +421,8 @@ def run(
     retry_failed: bool,
     seed: int,
     limit: int | None,
+    plugin_names: tuple[str, ...],
+    plugin_args: tuple[str, ...],
     trials: int,
     metrics: list[str] | None,
     conversation_timeout: float | None,
@@ -472,6 +502,8 @@ def run(
         preflight=preflight,
         circuit_breaker=circuit_breaker,
         allow_code=allow_code,
+        plugins=plugin_names,
+        plugin_config=_plugin_settings(plugin_args),
     )
     simulator = Simulator(config)
     simulator.check(loaded)

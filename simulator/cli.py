@@ -1139,6 +1139,94 @@ def _print_comparison(result: Any) -> None:
         )
 
 
+@main.group(invoke_without_command=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8600, show_default=True)
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("convsim-service.db"),
+    show_default=True,
+    help="SQLite database of keys and jobs.",
+)
+@click.option(
+    "--results-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("service-results"),
+    show_default=True,
+    help="Where each job's results file goes.",
+)
+@click.option("--max-jobs-per-key", type=click.IntRange(min=1), default=4, show_default=True)
+@click.pass_context
+@clear_errors
+def serve(
+    ctx: click.Context, host: str, port: int, db: Path, results_dir: Path, max_jobs_per_key: int
+) -> None:
+    """Run the evaluation service (FastAPI on uvicorn); `serve keys` manages its API keys.
+
+    Jobs left queued or running by a killed server are resumed at startup.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    import uvicorn
+
+    from .service import create_app
+
+    app = create_app(db, results_dir, max_jobs_per_key=max_jobs_per_key)
+    _stderr().print(f"convsim serve: http://{host}:{port} (db {db})", highlight=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@serve.group()
+def keys() -> None:
+    """Create, list and revoke the service's API keys."""
+
+
+_DB_OPTION = click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("convsim-service.db"),
+    show_default=True,
+)
+
+
+@keys.command("create")
+@_DB_OPTION
+@click.option("--name", required=True, help="Whose key it is (unique).")
+@clear_errors
+def keys_create(db: Path, name: str) -> None:
+    """Create a key; it is printed once, as the last line (only its hash is kept)."""
+    from .service import Store
+
+    key = Store(db).create_key(name)
+    click.echo(f"created key {name!r}; store it now, it is not shown again:")
+    click.echo(key)
+
+
+@keys.command("list")
+@_DB_OPTION
+@clear_errors
+def keys_list(db: Path) -> None:
+    """The keys by name, with when they were created and revoked."""
+    from .service import Store
+
+    for row in Store(db).list_keys():
+        revoked = "" if row.revoked is None else f" revoked {time.ctime(row.revoked)}"
+        click.echo(f"{row.name}\tcreated {time.ctime(row.created)}{revoked}")
+
+
+@keys.command("revoke")
+@_DB_OPTION
+@click.option("--name", required=True)
+@clear_errors
+def keys_revoke(db: Path, name: str) -> None:
+    """Revoke a key: every request with it is refused from now on."""
+    from .service import Store
+
+    Store(db).revoke_key(name)
+    click.echo(f"revoked key {name!r}")
+
+
 class _DelayType(click.ParamType):
     """Milliseconds, or a Delay form: fixed:MS, uniform:LO:HI, exp:MEAN, normal:MEAN:SD."""
 

@@ -1,0 +1,38 @@
+"""A Python client of the evaluation service (``convsim serve``), sync and async.
+
+``EvaluationClient(base_url, api_key)`` and ``AsyncEvaluationClient`` offer
+``create_evaluation``, ``get_evaluation``, ``list_evaluations``, ``wait``,
+``iter_results``, ``get_summary`` and ``cancel``; errors are typed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from convsim._lazy import lazy_module as _lazy_module
+
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "._client": [
+            "EvaluationClient",
+            "AsyncEvaluationClient",
+            "Evaluation",
+            "ServiceError",
+            "Unauthorized",
+            "NotFound",
+            "Invalid",
+        ],
+    },
+)
+__getattr__, __dir__ = _public.getattr, _public.dir
+
+if TYPE_CHECKING:
+    from ._client import AsyncEvaluationClient as AsyncEvaluationClient
+    from ._client import Evaluation as Evaluation
+    from ._client import EvaluationClient as EvaluationClient
+    from ._client import Invalid as Invalid
+    from ._client import NotFound as NotFound
+    from ._client import ServiceError as ServiceError
+    from ._client import Unauthorized as Unauthorized

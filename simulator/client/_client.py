@@ -1,0 +1,334 @@
+"""The service's client on httpx: typed errors, retries on 5xx and connection errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+__all__ = [
+    "EvaluationClient",
+    "AsyncEvaluationClient",
+    "Evaluation",
+    "ServiceError",
+    "Unauthorized",
+    "NotFound",
+    "Invalid",
+]
+
+FINISHED = ("done", "failed", "cancelled")
+
+
+class ServiceError(Exception):
+    """The service answered with an error (or could not be reached)."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class Unauthorized(ServiceError):
+    """401: no key, or a key that is unknown or revoked."""
+
+
+class NotFound(ServiceError):
+    """404: no such evaluation for this key."""
+
+
+class Invalid(ServiceError):
+    """422: the request was refused; ``problems`` says why."""
+
+    def __init__(self, message: str, problems: Any) -> None:
+        super().__init__(message, 422)
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    id: str
+    status: str
+    pack: str
+    model: str
+    progress: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Evaluation:
+        return cls(
+            id=data["id"],
+            status=data["status"],
+            pack=data["pack"],
+            model=data["model"],
+            progress=data.get("progress", {}),
+            error=data.get("error"),
+            raw=data,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        detail = response.text[:200]
+    message = f"{response.status_code}: {detail}"
+    if response.status_code == 401:
+        raise Unauthorized(message, 401)
+    if response.status_code == 404:
+        raise NotFound(message, 404)
+    if response.status_code == 422:
+        raise Invalid(message, detail)
+    raise ServiceError(message, response.status_code)
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.TransportError):
+        return True
+    return isinstance(exc, ServiceError) and (exc.status_code or 0) >= 500
+
+
+def _body(
+    pack: str, model: str, model_args: dict[str, Any] | None, metrics: Any, **extra: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "pack": pack,
+        "model": model,
+        "model_args": {k: str(v) for k, v in (model_args or {}).items()},
+    }
+    if metrics is not None:
+        body["metrics"] = list(metrics)
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return body
+
+
+class _Events:
+    """Server-sent events from lines, as they arrive: ``feed`` gives an event when a
+    blank line ends one."""
+
+    def __init__(self) -> None:
+        self.event: str | None = None
+        self.ident: str | None = None
+        self.data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str | None, str | None, str] | None:
+        if not line:
+            done = (self.event, self.ident, "\n".join(self.data)) if self.data else None
+            self.event, self.ident, self.data = None, None, []
+            return done
+        field_name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field_name == "event":
+            self.event = value
+        elif field_name == "id":
+            self.ident = value
+        elif field_name == "data":
+            self.data.append(value)
+        return None
+
+
+class EvaluationClient:
+    """The evaluation service from synchronous code."""
+
+    def __init__(
+        self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 3
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+        )
+        self._retries = retries
+
+    def __enter__(self) -> EvaluationClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in Retrying(
+            stop=stop_after_attempt(self._retries + 1),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        ):
+            with attempt:
+                response = self._http.request(method, path, **kwargs)
+                _raise_for(response)
+        return response
+
+    def create_evaluation(
+        self,
+        pack: str,
+        model: str,
+        model_args: dict[str, Any] | None = None,
+        metrics: list[str] | None = None,
+        *,
+        limit: int | None = None,
+        concurrency: int | None = None,
+    ) -> Evaluation:
+        """Start an evaluation of ``pack`` (a bundled pack's name) against ``model``."""
+        body = _body(pack, model, model_args, metrics, limit=limit, concurrency=concurrency)
+        return Evaluation.of(self._call("POST", "/v1/evaluations", json=body).json())
+
+    def get_evaluation(self, evaluation_id: str) -> Evaluation:
+        return Evaluation.of(self._call("GET", f"/v1/evaluations/{evaluation_id}").json())
+
+    def list_evaluations(self) -> list[Evaluation]:
+        return [Evaluation.of(d) for d in self._call("GET", "/v1/evaluations").json()]
+
+    def cancel(self, evaluation_id: str) -> Evaluation:
+        return Evaluation.of(self._call("POST", f"/v1/evaluations/{evaluation_id}/cancel").json())
+
+    def get_summary(self, evaluation_id: str) -> dict[str, Any]:
+        data: dict[str, Any] = self._call("GET", f"/v1/evaluations/{evaluation_id}/summary").json()
+        return data
+
+    def wait(self, evaluation_id: str, timeout: float = 600.0, poll: float = 0.5) -> Evaluation:
+        deadline = time.monotonic() + timeout
+        while True:
+            evaluation = self.get_evaluation(evaluation_id)
+            if evaluation.finished:
+                return evaluation
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"evaluation {evaluation_id} still {evaluation.status} after {timeout} s"
+                )
+            time.sleep(poll)
+
+    def iter_results(self, evaluation_id: str) -> Iterator[dict[str, Any]]:
+        """Each conversation's result as it finishes; reconnects where it left off."""
+        last: str | None = None
+        while True:
+            headers = {"Last-Event-ID": last} if last else {}
+            try:
+                with self._http.stream("GET", f"/v1/evaluations/{evaluation_id}/results",
+                                       headers=headers, timeout=None) as response:  # fmt: skip
+                    if response.status_code >= 400:
+                        response.read()
+                        _raise_for(response)
+                    parser = _Events()
+                    for line in response.iter_lines():
+                        found = parser.feed(line)
+                        if found is None:
+                            continue
+                        event, ident, data = found
+                        if event == "end":
+                            return
+                        last = ident or last
+                        yield json.loads(data)
+                return
+            except httpx.TransportError:
+                time.sleep(0.5)  # the server went away: reconnect from the last id
+
+
+class AsyncEvaluationClient:
+    """The evaluation service from async code."""
+
+    def __init__(
+        self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 3
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+        )
+        self._retries = retries
+
+    async def __aenter__(self) -> AsyncEvaluationClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(self._retries + 1),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        ):
+            with attempt:
+                response = await self._http.request(method, path, **kwargs)
+                _raise_for(response)
+        return response
+
+    async def create_evaluation(
+        self,
+        pack: str,
+        model: str,
+        model_args: dict[str, Any] | None = None,
+        metrics: list[str] | None = None,
+        *,
+        limit: int | None = None,
+        concurrency: int | None = None,
+    ) -> Evaluation:
+        """Start an evaluation of ``pack`` (a bundled pack's name) against ``model``."""
+        body = _body(pack, model, model_args, metrics, limit=limit, concurrency=concurrency)
+        return Evaluation.of((await self._call("POST", "/v1/evaluations", json=body)).json())
+
+    async def get_evaluation(self, evaluation_id: str) -> Evaluation:
+        return Evaluation.of((await self._call("GET", f"/v1/evaluations/{evaluation_id}")).json())
+
+    async def list_evaluations(self) -> list[Evaluation]:
+        return [Evaluation.of(d) for d in (await self._call("GET", "/v1/evaluations")).json()]
+
+    async def cancel(self, evaluation_id: str) -> Evaluation:
+        response = await self._call("POST", f"/v1/evaluations/{evaluation_id}/cancel")
+        return Evaluation.of(response.json())
+
+    async def get_summary(self, evaluation_id: str) -> dict[str, Any]:
+        response = await self._call("GET", f"/v1/evaluations/{evaluation_id}/summary")
+        data: dict[str, Any] = response.json()
+        return data
+
+    async def wait(
+        self, evaluation_id: str, timeout: float = 600.0, poll: float = 0.5
+    ) -> Evaluation:
+        import anyio
+
+        with anyio.fail_after(timeout):
+            while True:
+                evaluation = await self.get_evaluation(evaluation_id)
+                if evaluation.finished:
+                    return evaluation
+                await anyio.sleep(poll)
+
+    async def iter_results(self, evaluation_id: str) -> AsyncIterator[dict[str, Any]]:
+        async with self._http.stream("GET", f"/v1/evaluations/{evaluation_id}/results",
+                                     timeout=None) as response:  # fmt: skip
+            if response.status_code >= 400:
+                await response.aread()
+                _raise_for(response)
+            parser = _Events()
+            async for line in response.aiter_lines():
+                found = parser.feed(line)
+                if found is None:
+                    continue
+                event, _, data = found
+                if event == "end":
+                    return
+                yield json.loads(data)

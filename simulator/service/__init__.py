@@ -1,0 +1,28 @@
+"""The evaluation service: jobs over HTTP, durable in SQLite, for many users' keys.
+
+``convsim serve`` runs it; :func:`create_app` gives the ASGI app to mount elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from convsim._lazy import lazy_module as _lazy_module
+
+_public = _lazy_module(
+    __name__,
+    globals(),
+    {
+        "._app": ["create_app", "EvaluationRequest", "Evaluation"],
+        "._store": ["Store"],
+        "._jobs": ["JobRunner"],
+    },
+)
+__getattr__, __dir__ = _public.getattr, _public.dir
+
+if TYPE_CHECKING:
+    from ._app import Evaluation as Evaluation
+    from ._app import EvaluationRequest as EvaluationRequest
+    from ._app import create_app as create_app
+    from ._jobs import JobRunner as JobRunner
+    from ._store import Store as Store

@@ -1,0 +1,205 @@
+"""The service's durable state in SQLite: API keys (hashed) and jobs.
+
+Keys are random tokens shown once; only their SHA-256 is stored. A job's model
+arguments may hold a provider key: they are stored encrypted (Fernet, with a secret kept
+in a file beside the database, readable by its owner only), never in plain text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from convsim._errors import ConfigError
+
+__all__ = ["Store", "JobRow", "KeyRow", "hash_key"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    name TEXT PRIMARY KEY,
+    hash TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    revoked REAL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    key_name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    request TEXT NOT NULL,
+    secret_args BLOB,
+    created REAL NOT NULL,
+    started REAL,
+    finished REAL,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_by_key ON jobs (key_name, created);
+"""
+
+ACTIVE = ("queued", "running")
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    name: str
+    created: float
+    revoked: float | None
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    key_name: str
+    state: str
+    request: dict[str, Any]
+    """The job as asked, secrets left out (they are in ``secret_args``, encrypted)."""
+    secret_args: bytes | None
+    created: float
+    started: float | None
+    finished: float | None
+    error: str | None
+
+
+class Store:
+    """One SQLite database; every call opens its own connection (WAL: readers and the
+    one writer do not block each other), so the store can be used from any thread."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.parent.exists():
+            raise ConfigError(f"{self.path}: its folder does not exist")
+        with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        return db
+
+    # -- secrets ------------------------------------------------------------------------
+
+    def _fernet(self) -> Any:
+        from cryptography.fernet import Fernet
+
+        secret = self.path.with_name(self.path.name + ".secret")
+        if not secret.exists():
+            fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(Fernet.generate_key())
+        return Fernet(secret.read_bytes())
+
+    def seal(self, values: dict[str, str]) -> bytes | None:
+        return self._fernet().encrypt(json.dumps(values).encode()) if values else None
+
+    def unseal(self, blob: bytes | None) -> dict[str, str]:
+        if not blob:
+            return {}
+        data: dict[str, str] = json.loads(self._fernet().decrypt(blob))
+        return data
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def create_key(self, name: str) -> str:
+        """A new key for ``name``, returned once (only its hash is kept)."""
+        key = "csk_" + secrets.token_urlsafe(32)
+        with self._connect() as db:
+            try:
+                db.execute(
+                    "INSERT INTO keys (name, hash, created) VALUES (?, ?, ?)",
+                    (name, hash_key(key), time.time()),
+                )
+            except sqlite3.IntegrityError:
+                raise ConfigError(f"a key named {name!r} exists already") from None
+        return key
+
+    def revoke_key(self, name: str) -> None:
+        with self._connect() as db:
+            done = db.execute(
+                "UPDATE keys SET revoked = ? WHERE name = ? AND revoked IS NULL",
+                (time.time(), name),
+            )
+            if done.rowcount == 0:
+                raise ConfigError(f"no active key named {name!r}")
+
+    def list_keys(self) -> list[KeyRow]:
+        with self._connect() as db:
+            rows = db.execute("SELECT name, created, revoked FROM keys ORDER BY created").fetchall()
+        return [KeyRow(r["name"], r["created"], r["revoked"]) for r in rows]
+
+    def key_name(self, key: str) -> str | None:
+        """The name of an active key, or None."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT name FROM keys WHERE hash = ? AND revoked IS NULL", (hash_key(key),)
+            ).fetchone()
+        return None if row is None else str(row["name"])
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def add_job(
+        self, job_id: str, key_name: str, request: dict[str, Any], secret: bytes | None
+    ) -> None:
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO jobs (id, key_name, state, request, secret_args, created) "
+                "VALUES (?, ?, 'queued', ?, ?, ?)",
+                (job_id, key_name, json.dumps(request), secret, time.time()),
+            )
+
+    def set_state(self, job_id: str, state: str, *, error: str | None = None) -> None:
+        now = time.time()
+        with self._connect() as db:
+            if state == "running":
+                db.execute(
+                    "UPDATE jobs SET state = ?, started = COALESCE(started, ?) WHERE id = ?",
+                    (state, now, job_id),
+                )
+            else:
+                db.execute(
+                    "UPDATE jobs SET state = ?, finished = ?, error = ? WHERE id = ?",
+                    (state, now, error, job_id),
+                )
+
+    def job(self, job_id: str) -> JobRow | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _job(row)
+
+    def jobs(
+        self, key_name: str | None = None, states: tuple[str, ...] | None = None
+    ) -> list[JobRow]:
+        query, args = "SELECT * FROM jobs WHERE 1 = 1", []
+        if key_name is not None:
+            query += " AND key_name = ?"
+            args.append(key_name)
+        if states:
+            query += f" AND state IN ({', '.join('?' * len(states))})"
+            args.extend(states)
+        with self._connect() as db:
+            rows = db.execute(query + " ORDER BY created", args).fetchall()
+        return [_job(r) for r in rows]
+
+
+def _job(row: sqlite3.Row) -> JobRow:
+    return JobRow(
+        id=row["id"],
+        key_name=row["key_name"],
+        state=row["state"],
+        request=json.loads(row["request"]),
+        secret_args=row["secret_args"],
+        created=row["created"],
+        started=row["started"],
+        finished=row["finished"],
+        error=row["error"],
+    )

@@ -1,0 +1,151 @@
+"""The evaluation service on loopback, driven by its Python client: keys, jobs, streamed
+results, a server killed mid-job and restarted, and the refusals."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import convsim
+from convsim.client import EvaluationClient, NotFound, Unauthorized
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "convsim", *args], capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+class Server:
+    def __init__(self, tmp: Path) -> None:
+        self.db = tmp / "service.db"
+        self.results = tmp / "results"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "convsim", "serve", "--port", str(self.port),
+             "--db", str(self.db), "--results-dir", str(self.results)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/openapi.json", timeout=1)
+                return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("the service did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    s = Server(tmp_path)
+    s.start()
+    yield s
+    s.stop()
+
+
+def _key(server: Server, name: str) -> str:
+    return _cli("serve", "keys", "create", "--db", str(server.db), "--name", name).splitlines()[-1]
+
+
+def test_an_evaluation_runs_streams_and_summarises(server: Server) -> None:
+    key = _key(server, "alice")
+    with EvaluationClient(server.url, key) as client:
+        evaluation = client.create_evaluation("customer_support", "scripted", limit=5)
+        assert evaluation.status in ("queued", "running", "done")
+        streamed = list(client.iter_results(evaluation.id))
+        assert len(streamed) == 5
+        assert len({r["conversation_id"] for r in streamed}) == 5
+        done = client.wait(evaluation.id, timeout=60)
+        assert done.status == "done" and done.progress["done"] == 5
+        summary = client.get_summary(evaluation.id)
+        assert summary["conversations"] == 5
+        assert [e.id for e in client.list_evaluations()] == [evaluation.id]
+
+
+def test_refusals_no_key_a_revoked_key_and_another_keys_job(server: Server) -> None:
+    alice, bob = _key(server, "alice"), _key(server, "bob")
+    with EvaluationClient(server.url, alice) as client:
+        job = client.create_evaluation("customer_support", "scripted", limit=1)
+    assert httpx.get(server.url + "/v1/evaluations").status_code == 401
+    assert (
+        httpx.get(
+            server.url + "/v1/evaluations", headers={"Authorization": "Bearer nope"}
+        ).status_code
+        == 401
+    )
+    with EvaluationClient(server.url, bob) as other, pytest.raises(NotFound):
+        other.get_evaluation(job.id)
+    _cli("serve", "keys", "revoke", "--db", str(server.db), "--name", "alice")
+    with EvaluationClient(server.url, alice) as client, pytest.raises(Unauthorized):
+        client.list_evaluations()
+
+
+def test_secrets_given_to_a_job_are_never_stored_or_shown(server: Server) -> None:
+    key = _key(server, "alice")
+    secret = "sk-live-THIS-MUST-NOT-LEAK-0123456789"
+    with EvaluationClient(server.url, key) as client:
+        job = client.create_evaluation(
+            "customer_support", "scripted", model_args={"api_key": secret}, limit=1
+        )
+        assert job.raw["model_args"]["api_key"] == "***"
+        client.wait(job.id, timeout=60)
+    assert secret.encode() not in server.db.read_bytes()
+    wal = server.db.with_name(server.db.name + "-wal")
+    assert not wal.exists() or secret.encode() not in wal.read_bytes()
+
+
+def test_a_killed_server_finishes_its_job_after_a_restart(server: Server, tmp_path: Path) -> None:
+    key = _key(server, "alice")
+    with EvaluationClient(server.url, key) as client:
+        job = client.create_evaluation(
+            "customer_support", "scripted", model_args={"latency": "0.2"}, limit=12, concurrency=2
+        )
+        results = server.results / f"{job.id}.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            not results.exists() or len(results.read_text().splitlines()) < 3
+        ):
+            time.sleep(0.1)
+    before = len(results.read_text().splitlines())
+    assert 3 <= before < 12
+    server.kill()  # SIGKILL mid-job
+    server.start()
+    with EvaluationClient(server.url, key) as client:
+        done = client.wait(job.id, timeout=120)
+    assert done.status == "done"
+    finished = convsim.read_results(results)
+    ids = [r.conversation_id for r in finished]
+    assert len(ids) == 12 == len(set(ids))  # none lost, none twice

@@ -283,6 +283,7 @@ class Simulator:
         metric_registry: Registry[Metric] = METRICS,
         adapter_registry: Registry[ModelAdapter] = ADAPTERS,
         plugin_registry: Registry[BasePlugin] = PLUGINS,
+        budgets: Budgets | None = None,
         **settings: Any,
     ) -> None:
         if isinstance(model, SimulatorConfig):
@@ -299,7 +300,7 @@ class Simulator:
             config.plugins, config.plugin_config, registry=plugin_registry
         )
         """The plugins of every run of this simulator, configured."""
-        self.budgets = Budgets()
+        self.budgets = budgets if budgets is not None else Budgets()
         """Rate budgets by provider key, shared by this simulator's adapters."""
         self._owned: list[ModelAdapter] = []
         self._registry = adapter_registry

@@ -149,3 +149,24 @@ def test_a_killed_server_finishes_its_job_after_a_restart(server: Server, tmp_pa
     finished = convsim.read_results(results)
     ids = [r.conversation_id for r in finished]
     assert len(ids) == 12 == len(set(ids))  # none lost, none twice
+
+
+def test_an_uploaded_pack_is_validated_before_the_job_is_accepted(server: Server) -> None:
+    from convsim.client import Invalid
+
+    key = _key(server, "alice")
+    folder = convsim.load_pack("customer_support").path
+    files = {p.name: p.read_text() for p in folder.iterdir() if p.suffix in (".jsonl", ".yml")}
+    with EvaluationClient(server.url, key) as client:
+        job = client.create_evaluation(model="scripted", pack_files=files, limit=2)
+        assert client.wait(job.id, timeout=60).status == "done"
+        broken = dict(files)
+        lines = broken["scenarios.jsonl"].splitlines()
+        lines[1] = lines[1].replace('"scenario_id"', '"scenario_idd"')
+        broken["scenarios.jsonl"] = "\n".join(lines) + "\n"
+        with pytest.raises(Invalid) as refused:
+            client.create_evaluation(model="scripted", pack_files=broken)
+        where = [tuple(p["loc"]) for p in refused.value.problems]
+        assert any(loc[2] == "scenarios.jsonl" and 2 in loc for loc in where), where
+        with pytest.raises(Invalid):
+            client.create_evaluation(model="scripted", pack_files={"../evil.yml": "x"})

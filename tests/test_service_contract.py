@@ -8,6 +8,7 @@ from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 from test_service import Server, _key
 
 
@@ -33,8 +34,12 @@ def test_no_server_error_and_responses_match_the_schema(tmp_path: Path) -> None:
             def check(case: Any) -> None:
                 nonlocal cases
                 cases += 1
+                # a pack's files can be valid JSON Schema and still not a valid pack (the
+                # service answers 422 with the file, line and field): that check is left out
                 case.call_and_validate(
-                    base_url=server.url, headers={"Authorization": f"Bearer {key}"}
+                    base_url=server.url,
+                    headers={"Authorization": f"Bearer {key}"},
+                    excluded_checks=[positive_data_acceptance],
                 )
 
             check()

@@ -105,13 +105,14 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def _body(
-    pack: str, model: str, model_args: dict[str, Any] | None, metrics: Any, **extra: Any
+    pack: str | None, model: str, model_args: dict[str, Any] | None, metrics: Any, **extra: Any
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "pack": pack,
         "model": model,
         "model_args": {k: str(v) for k, v in (model_args or {}).items()},
     }
+    if pack is not None:
+        body["pack"] = pack
     if metrics is not None:
         body["metrics"] = list(metrics)
     body.update({k: v for k, v in extra.items() if v is not None})
@@ -179,16 +180,21 @@ class EvaluationClient:
 
     def create_evaluation(
         self,
-        pack: str,
-        model: str,
+        pack: str | None = None,
+        model: str = "scripted",
         model_args: dict[str, Any] | None = None,
         metrics: list[str] | None = None,
         *,
         limit: int | None = None,
         concurrency: int | None = None,
+        pack_files: dict[str, str] | None = None,
     ) -> Evaluation:
-        """Start an evaluation of ``pack`` (a bundled pack's name) against ``model``."""
-        body = _body(pack, model, model_args, metrics, limit=limit, concurrency=concurrency)
+        """Start an evaluation of ``pack`` (a bundled pack's name), or of a pack of your
+        own given as ``pack_files`` (its files' text by name), against ``model``."""
+        body = _body(
+            pack, model, model_args, metrics, limit=limit, concurrency=concurrency,
+            pack_files=pack_files,
+        )  # fmt: skip
         return Evaluation.of(self._call("POST", "/v1/evaluations", json=body).json())
 
     def get_evaluation(self, evaluation_id: str) -> Evaluation:
@@ -278,16 +284,21 @@ class AsyncEvaluationClient:
 
     async def create_evaluation(
         self,
-        pack: str,
-        model: str,
+        pack: str | None = None,
+        model: str = "scripted",
         model_args: dict[str, Any] | None = None,
         metrics: list[str] | None = None,
         *,
         limit: int | None = None,
         concurrency: int | None = None,
+        pack_files: dict[str, str] | None = None,
     ) -> Evaluation:
-        """Start an evaluation of ``pack`` (a bundled pack's name) against ``model``."""
-        body = _body(pack, model, model_args, metrics, limit=limit, concurrency=concurrency)
+        """Start an evaluation of ``pack`` (a bundled pack's name), or of a pack of your
+        own given as ``pack_files`` (its files' text by name), against ``model``."""
+        body = _body(
+            pack, model, model_args, metrics, limit=limit, concurrency=concurrency,
+            pack_files=pack_files,
+        )  # fmt: skip
         return Evaluation.of((await self._call("POST", "/v1/evaluations", json=body)).json())
 
     async def get_evaluation(self, evaluation_id: str) -> Evaluation:

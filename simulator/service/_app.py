@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,8 +43,13 @@ class EvaluationRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    pack: str = Field(min_length=1, max_length=200, json_schema_extra={"enum": list(_BUNDLED)})
-    """A bundled pack's name."""
+    pack: str | None = Field(
+        default=None, min_length=1, max_length=200, json_schema_extra={"enum": list(_BUNDLED)}
+    )
+    """A bundled pack's name; or give ``pack_files``."""
+    pack_files: dict[str, str] | None = Field(default=None, max_length=20)
+    """A pack of your own, as its files by name (``scenarios.jsonl``,
+    ``turn_configs.yml``, ...): validated before the job is accepted."""
     model: str = Field(min_length=1, max_length=300)
     model_args: dict[str, str] = Field(default_factory=dict, max_length=50)
     """Adapter arguments; those named like a credential (api_key) are stored encrypted
@@ -100,12 +107,39 @@ def _count(path: Path) -> Progress:
     return Progress(done=done, failed=failed)
 
 
+_PACK_FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+
+
+def _write_pack(folder: Path, files: dict[str, str]) -> Path:
+    """An uploaded pack's files in a folder of its own (plain names only: no paths)."""
+    from fastapi import HTTPException
+
+    for name in files:
+        if not _PACK_FILE.match(name) or name.startswith("."):
+            problem = {"loc": ["body", "pack_files", name], "msg": "a plain file name",
+                       "type": "value_error"}  # fmt: skip
+            raise HTTPException(422, [problem])
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    return folder
+
+
+def _problem(p: Any) -> dict[str, Any]:
+    where: list[Any] = ["body", "pack_files", Path(p.file).name]  # never a server path
+    if p.line is not None:
+        where.append(p.line)
+    if p.field:
+        where.append(p.field)
+    return {"loc": where, "msg": p.message, "type": "value_error"}
+
+
 def create_app(
     db: str | Path,
     results_dir: str | Path,
     *,
     max_jobs_per_key: int = 4,
-    max_body_bytes: int = 64 * 1024,
+    max_body_bytes: int = 1024 * 1024,
 ) -> Any:
     """The ASGI app (mount it, or serve it with uvicorn); starts the job runner, and
     resumes interrupted jobs, at startup."""
@@ -173,24 +207,38 @@ def create_app(
         body: EvaluationRequest, name: str = Depends(key_name)
     ) -> Evaluation:
         from convsim import load_pack
-        from convsim._errors import ConvsimError
+        from convsim._errors import ConvsimError, PackError
 
         active = store.jobs(name, states=("queued", "running"))
         if len(active) >= max_jobs_per_key:
             raise HTTPException(429, f"this key has {len(active)} jobs running: at most "
                                 f"{max_jobs_per_key}")  # fmt: skip
+        job_id = uuid.uuid4().hex[:16]
+        if (body.pack is None) == (body.pack_files is None):
+            problem = {"loc": ["body"], "msg": "give pack or pack_files", "type": "value_error"}
+            raise HTTPException(422, [problem])
+        pack_dir = None
+        if body.pack_files is not None:
+            pack_dir = _write_pack(results / "packs" / job_id, body.pack_files)
         try:
-            pack = load_pack(body.pack)
+            pack = load_pack(pack_dir or body.pack)
+        except PackError as exc:  # every problem with its file, line and field
+            if pack_dir is not None:
+                shutil.rmtree(pack_dir, ignore_errors=True)
+            raise HTTPException(422, [_problem(p) for p in exc.problems]) from None
         except ConvsimError as exc:  # in FastAPI's own shape for a refused request
+            if pack_dir is not None:
+                shutil.rmtree(pack_dir, ignore_errors=True)
             problem = {"loc": ["body", "pack"], "msg": str(exc), "type": "value_error"}
             raise HTTPException(422, [problem]) from None
         plain, secret = split_secrets(body.model_args)
-        request = body.model_dump(exclude={"model_args"})
+        request = body.model_dump(exclude={"model_args", "pack_files"})
+        request["pack"] = body.pack or pack.name
+        request["pack_dir"] = str(pack_dir) if pack_dir else None
         request["model_args"] = plain
         request["secret_names"] = sorted(secret)
         # the job is these conversations, fixed now: a resumed job runs the rest of them
         request["conversations"] = [c.conversation_id for c in pack.conversations][: body.limit]
-        job_id = uuid.uuid4().hex[:16]
         store.add_job(job_id, name, request, store.seal(secret))
         runner.start(job_id)
         job = store.job(job_id)

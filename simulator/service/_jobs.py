@@ -42,6 +42,9 @@ class JobRunner:
     store: Store
     results_dir: Path
     tg: Any = None
+    budgets: Any = None
+    """One set of provider budgets for every job: the same key's rpm/tpm holds across
+    jobs, as across the conversations of one run."""
     handles: dict[str, Any] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
 
@@ -69,7 +72,10 @@ class JobRunner:
 
     async def _run(self, job_id: str) -> None:
         from convsim import JsonlSink, Simulator
+        from convsim.adapters import Budgets
 
+        if self.budgets is None:
+            self.budgets = Budgets()
         job = self.store.job(job_id)
         if job is None or job.state not in ("queued", "running"):
             return
@@ -80,13 +86,15 @@ class JobRunner:
         try:
             async with Simulator(
                 request["model"],
+                budgets=self.budgets,
                 model_args=model_args,
                 metrics=request.get("metrics"),
                 concurrency=request.get("concurrency", 16),
             ) as sim:
                 sink = JsonlSink(path, resume=path.exists())
                 planned = request.get("conversations")
-                handle = sim.run(request["pack"], sink=sink, only=planned)
+                pack = request.get("pack_dir") or request["pack"]
+                handle = sim.run(pack, sink=sink, only=planned)
                 self.handles[job_id] = handle
                 if job_id in self.cancelled:
                     handle.stop(grace_period=0)

@@ -185,3 +185,20 @@ def test_a_third_party_plugin_is_found_through_its_entry_point(tmp_path: Path) -
     assert all(r.scores["wordcount:words"].value > 0 for r in results)
     manifest = json.loads(out.with_suffix(".manifest.json").read_text())
     assert manifest["plugins"] == [{"name": "wordcount", "version": "0.3"}]
+
+
+def test_the_guides_plugin_calls() -> None:
+    """The developer guide's integration test, with convsim's names."""
+    from convsim.plugins import PluginManager
+
+    manager = PluginManager()
+    assert manager.load_plugin("code_analysis") is True
+    plugin = manager.get_plugin("code_analysis")
+    assert plugin is not None
+    result = plugin.process(  # type: ignore[attr-defined]
+        {"code": "def hello(): print('Hello, World!')"}, {"language": "python"}
+    )
+    assert result["syntax_ok"] and result["functions"] == 1
+    assert result["cyclomatic_complexity"] == 1
+    assert manager.load_plugin("no_such_plugin") is False
+    assert manager.failures[-1].plugin == "no_such_plugin"

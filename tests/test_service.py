@@ -170,3 +170,26 @@ def test_an_uploaded_pack_is_validated_before_the_job_is_accepted(server: Server
         assert any(loc[2] == "scenarios.jsonl" and 2 in loc for loc in where), where
         with pytest.raises(Invalid):
             client.create_evaluation(model="scripted", pack_files={"../evil.yml": "x"})
+
+
+def test_the_guides_integration_test_with_convsims_names(server: Server) -> None:
+    client = EvaluationClient(base_url=server.url, api_key=_key(server, "guide"))
+    evaluation = client.create_evaluation(
+        pack="single_turn_qa", model="scripted", model_args={"temperature": "0.0"}
+    )
+    assert evaluation.id is not None
+    assert evaluation.status in ["queued", "running", "done"]
+    client.close()
+
+
+def test_request_size_and_jobs_per_key_are_limited(server: Server) -> None:
+    key = _key(server, "busy")
+    headers = {"Authorization": f"Bearer {key}"}
+    huge = {"model": "scripted", "pack_files": {"scenarios.jsonl": "x" * (2 * 1024 * 1024)}}
+    assert httpx.post(server.url + "/v1/evaluations", json=huge, headers=headers).status_code == 413
+    slow = {"pack": "customer_support", "model": "scripted", "model_args": {"latency": "1"}}
+    codes = [
+        httpx.post(server.url + "/v1/evaluations", json=slow, headers=headers).status_code
+        for _ in range(5)
+    ]
+    assert codes == [201, 201, 201, 201, 429]  # four at once per key by default

@@ -138,6 +138,16 @@ class CodeAnalysisPlugin(BasePlugin):
         out["lines"] = float(sum(b.lines for b in blocks))
         return out
 
+    def process(
+        self, data: dict[str, Any], context: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The guide's call: analyse ``data["code"]`` (Python) and return its figures."""
+        language = (context or {}).get("language", "python")
+        if str(language).lower() not in ("python", "py", "python3"):
+            return {"language": language, "supported": False}
+        figures = self.analyzer.analyse(str(data.get("code", "")))
+        return {"language": "python", "supported": True, **figures.__dict__}
+
     def score(self, result: ConversationResult) -> PluginScores | None:
         cfg: Any = self.config
         turn_scores: dict[str, dict[str, Score]] = {}

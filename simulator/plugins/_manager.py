@@ -80,6 +80,28 @@ class PluginManager:
             manager.plugins.append(plugin)
         return manager
 
+    def load_plugin(
+        self,
+        name: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        registry: Registry[BasePlugin] = PLUGINS,
+    ) -> bool:
+        """The guide's way: load one plugin by name; False (and recorded) if it cannot
+        be found, configured or initialised."""
+        try:
+            loaded = PluginManager.load([name], {name: dict(config or {})}, registry=registry)
+        except Exception as exc:
+            self._failed(name, "load", exc)
+            return False
+        self.failures.extend(loaded.failures)
+        self.plugins.extend(p for p in loaded.plugins if self.get_plugin(p.name) is None)
+        return self.get_plugin(name) is not None
+
+    def get_plugin(self, name: str) -> BasePlugin | None:
+        """A loaded plugin by name."""
+        return next((p for p in self.plugins if p.name == name), None)
+
     def manifest(self) -> list[dict[str, str]]:
         """Which plugins ran, and their versions, for the run manifest."""
         return [{"name": p.name, "version": str(p.version)} for p in self.plugins]

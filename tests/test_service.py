@@ -193,3 +193,16 @@ def test_request_size_and_jobs_per_key_are_limited(server: Server) -> None:
         for _ in range(5)
     ]
     assert codes == [201, 201, 201, 201, 429]  # four at once per key by default
+
+
+def test_a_database_from_a_newer_convsim_is_refused(tmp_path: Path) -> None:
+    import sqlite3
+
+    from convsim.service import Store
+
+    db = tmp_path / "new.db"
+    Store(db)
+    with sqlite3.connect(db) as raw:
+        raw.execute("PRAGMA user_version = 99")
+    with pytest.raises(convsim.ConfigError, match="newer convsim"):
+        Store(db)

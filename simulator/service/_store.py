@@ -42,6 +42,11 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_by_key ON jobs (key_name, created);
 """
 
+SCHEMA_VERSION = 1
+MIGRATIONS = [SCHEMA]
+"""``MIGRATIONS[n]`` takes a database from schema ``n`` to ``n + 1`` (SQLite's
+``user_version``); a change of schema appends a step, never edits one."""
+
 ACTIVE = ("queued", "running")
 
 
@@ -80,7 +85,15 @@ class Store:
             raise ConfigError(f"{self.path}: its folder does not exist")
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"{self.path} was written by a newer convsim (schema {version}; this one "
+                    f"knows {SCHEMA_VERSION}): upgrade convsim"
+                )
+            for step in range(version, SCHEMA_VERSION):  # migrations, in order
+                db.executescript(MIGRATIONS[step])
+                db.execute(f"PRAGMA user_version = {step + 1}")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)

@@ -333,6 +333,15 @@ def _parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | Non
     "--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations."
 )
 @click.option(
+    "--backend",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: shard the conversations over Ray actors (pip install 'convsim[ray]').",
+)
+@click.option("--actors", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--ray-address", default=None, help="Join this Ray cluster (default: start one).")
+@click.option(
     "--plugin",
     "plugin_names",
     multiple=True,
@@ -421,6 +430,9 @@ def run(
     retry_failed: bool,
     seed: int,
     limit: int | None,
+    backend: str,
+    actors: int,
+    ray_address: str | None,
     plugin_names: tuple[str, ...],
     plugin_args: tuple[str, ...],
     trials: int,
@@ -511,6 +523,12 @@ def run(
         out = (
             Path("runs") / f"{loaded.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         )
+    if backend == "ray":
+        _run_on_ray(
+            pack, model_spec, model_args, out, actors, ray_address, metrics, seed,
+            concurrency, limit, resume, fail_under, html_out,
+        )  # fmt: skip
+        return
     sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
     tune_gc_for_throughput()
     err = _stderr()
@@ -536,6 +554,45 @@ def run(
         print_error(verdict.message)
     if verdict.code:
         sys.exit(verdict.code)
+    _check_gates(report, fail_under)
+
+
+def _run_on_ray(
+    pack: str,
+    model_spec: str,
+    model_args: tuple[str, ...],
+    out: Path,
+    actors: int,
+    address: str | None,
+    metrics: list[str] | None,
+    seed: int,
+    concurrency: int,
+    limit: int | None,
+    resume: bool,
+    fail_under: dict[str, float],
+    html_out: str | None,
+) -> None:
+    from ._report import summarize_file
+    from .adapters import parse_model_args
+    from .distributed import run_on_ray
+
+    outcome = run_on_ray(
+        pack, model_spec, out=out, actors=actors, address=address,
+        model_args=parse_model_args(model_args), metrics=metrics, seed=seed,
+        concurrency=concurrency, limit=limit, resume=resume,
+    )  # fmt: skip
+    report = summarize_file(out)
+    _print_report(report)
+    written = _write_summaries(report, out)
+    _stdout().print(
+        f"ray: {outcome.results} conversations on {outcome.actors} actors "
+        f"({outcome.restarted_actors} restarted), first result after "
+        f"{outcome.first_result_s or 0:.2f} s\nresults: {out}\nsummary: {written.json_path}, "
+        f"{written.markdown_path}",
+        highlight=False,
+    )
+    if html_out is not None:
+        _write_report_html(out, html_out)
     _check_gates(report, fail_under)
 
 

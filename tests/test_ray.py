@@ -92,3 +92,32 @@ def test_budgets_are_split_among_the_actors() -> None:
         "tpm": "30000.0",
         "base_url": "x",
     }
+
+
+def test_a_killed_driver_is_resumed_with_nothing_lost_or_twice(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "driver.jsonl"
+    script = (
+        "from convsim.distributed import run_on_ray\n"
+        f"run_on_ray('customer_support', 'scripted', out={str(out)!r}, actors=2,\n"
+        "           model_args={'latency': '0.15'}, concurrency=2)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if out.exists() and len(out.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started
+    proc.wait(timeout=30)
+    before = len(out.read_text().splitlines())
+    assert 3 <= before < 14
+    outcome = run_on_ray("customer_support", "scripted", out=out, actors=2, resume=True)
+    ids = [r.conversation_id for r in convsim.read_results(out)]
+    assert outcome.results == 14 - before
+    assert len(ids) == len(set(ids)) == 14

@@ -121,3 +121,15 @@ def test_a_killed_driver_is_resumed_with_nothing_lost_or_twice(tmp_path: Path) -
     ids = [r.conversation_id for r in convsim.read_results(out)]
     assert outcome.results == 14 - before
     assert len(ids) == len(set(ids)) == 14
+
+
+@pytest.mark.anyio
+async def test_the_simulator_api_on_ray(tmp_path: Path) -> None:
+    from convsim.distributed import RaySimulator
+
+    sink = convsim.JsonlSink(tmp_path / "api.jsonl")
+    async with RaySimulator("scripted", actors=2) as sim:
+        results = [r async for r in sim.run("customer_support", sink=sink, limit=5)]
+    assert len(results) == 5 == len({r.conversation_id for r in results})
+    assert len(convsim.read_results(tmp_path / "api.jsonl")) == 5
+    assert sim.last is not None and sim.last.results == 5

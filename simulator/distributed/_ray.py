@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from convsim._errors import ConfigError
 from convsim._log import get_logger
 from convsim._records import ConversationResult
 
-__all__ = ["shard_of", "RayRun", "run_on_ray"]
+__all__ = ["shard_of", "RayRun", "RaySimulator", "run_on_ray"]
 
 log = get_logger("convsim.distributed")
 
@@ -158,6 +158,101 @@ async def _drive(
         elapsed_s=time.perf_counter() - started,
         shards={k: len(v) for k, v in shards.items()},
     )
+
+
+class RaySimulator:
+    """The :class:`~convsim.Simulator` API on Ray: ``async with RaySimulator(...) as sim``
+    and ``async for result in sim.run(pack, sink=...)``, results in finishing order."""
+
+    def __init__(
+        self,
+        model: str = "scripted",
+        *,
+        actors: int = 2,
+        address: str | None = None,
+        model_args: Mapping[str, Any] | None = None,
+        metrics: Sequence[str] | None = None,
+        seed: int = 0,
+        concurrency: int = 32,
+    ) -> None:
+        if actors < 1:
+            raise ConfigError(f"actors must be at least 1, got {actors}")
+        self.model, self.actors, self.address = model, actors, address
+        self.settings: dict[str, Any] = {
+            "model": model,
+            "model_args": _split_budgets(model_args or {}, actors),
+            "metrics": list(metrics) if metrics is not None else None,
+            "seed": seed,
+            "concurrency": max(1, concurrency // actors),
+            "preflight": False,
+        }
+        self.last: RayRun | None = None
+
+    async def __aenter__(self) -> RaySimulator:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("the Ray backend needs Ray: pip install 'convsim[ray]'") from None
+        if not ray.is_initialized():
+            if self.address:
+                ray.init(address=self.address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+    async def run(
+        self, pack: str | Path, *, sink: Any = None, limit: int | None = None
+    ) -> AsyncIterator[ConversationResult]:
+        """Run ``pack``; yields each conversation's result as it finishes (written to
+        ``sink`` first, when one is given)."""
+        from convsim import RunManifest, load_pack
+
+        loaded = load_pack(pack)
+        manifest = RunManifest(
+            run_id=uuid.uuid4().hex[:12],
+            pack=loaded.name,
+            pack_path=str(loaded.path),
+            pack_hash=loaded.pack_hash,
+            model=self.model,
+            started_at=time.time(),
+            settings={
+                "seed": self.settings["seed"],
+                "metrics": self.settings["metrics"],
+                "backend": "ray",
+                "actors": self.actors,
+            },
+        )
+        done = await sink.open(manifest) if sink is not None else set()
+        todo = [c.conversation_id for c in loaded.conversations if c.conversation_id not in done]
+        if limit is not None:
+            todo = todo[:limit]
+        send, receive = anyio.create_memory_object_stream[ConversationResult](1_000_000)
+
+        async def deliver(result: ConversationResult) -> None:
+            if sink is not None:
+                await sink.write(result)
+            await send.send(result)
+
+        async def produce() -> None:
+            async with send:
+                try:
+                    self.last = await _drive(
+                        loaded, todo, self.settings, self.actors, deliver, None
+                    )
+                finally:
+                    if sink is not None:
+                        manifest.finished_at = time.time()
+                        with anyio.CancelScope(shield=True):
+                            await sink.close(manifest)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            async with receive:
+                async for result in receive:
+                    yield result
 
 
 def run_on_ray(

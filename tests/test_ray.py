@@ -133,3 +133,29 @@ async def test_the_simulator_api_on_ray(tmp_path: Path) -> None:
     assert len(results) == 5 == len({r.conversation_id for r in results})
     assert len(convsim.read_results(tmp_path / "api.jsonl")) == 5
     assert sim.last is not None and sim.last.results == 5
+
+
+def test_a_load_test_runs_on_ray_workers_and_merges_their_measurements(tmp_path: Path) -> None:
+    from anyio.from_thread import start_blocking_portal
+    from click.testing import CliRunner
+
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+    from convsim.cli import main
+
+    out = tmp_path / "load.json"
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(MockModelServer(MockServerConfig(ttft_ms=5))) as mock,
+    ):
+        result = CliRunner().invoke(
+            main,
+            ["load", "--model", "openai-compatible:mock-model", "--model-arg",
+             f"base_url={mock.base_url}", "--rate", "20", "--arrival", "constant",
+             "--duration", "2", "--synthetic", "turns=1,input_tokens=8,output_tokens=4",
+             "--backend", "ray", "--actors", "2", "--no-calibrate", "--out", str(out)],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["client"]["workers"] == 2
+    assert abs(data["achieved_rate"] - 20.0) < 1.0  # the two shares make the whole schedule
+    assert data["requests"]["completed"] >= 35 and data["requests"]["failed"] == 0

@@ -332,6 +332,20 @@ _Option = Callable[[Any], Any]
     help="Processes generating load, merged exactly.",
 )
 @click.option(
+    "--backend",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: the --workers (--actors) run as Ray tasks, on a local Ray or --ray-address.",
+)
+@click.option(
+    "--actors",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --backend ray: how many (the same as --workers).",
+)
+@click.option("--ray-address", default=None, help="Join this Ray cluster (default: start one).")
+@click.option(
     "--loop",
     type=click.Choice(["auto", "asyncio", "uvloop"]),
     default="auto",
@@ -396,12 +410,17 @@ def load_command(
     requests_out: Path | None,
     html_out: Path | None,
     out: Path | None,
+    actors: int | None,
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark."""
     from ._plan import LoadPlan, event_loop_options, run_load
     from ._requests_file import write_requests
 
+    if actors is not None:
+        if options.get("backend") != "ray":
+            raise ConfigError("--actors goes with --backend ray (locally: --workers)")
+        options["workers"] = actors
     plan = parse_config(
         LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
     )

@@ -73,6 +73,9 @@ class LoadPlan(BaseModel):
     think_time: str = "0"
     seed: int = 0
     workers: int = Field(default=1, ge=1)
+    backend: Literal["local", "ray"] = "local"
+    """``ray``: the workers are Ray tasks (``--actors``), on a local Ray or a cluster."""
+    ray_address: str | None = None
     loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop: uvloop where installed (``auto``), or as named."""
     sweep: str | None = None
@@ -348,7 +351,8 @@ async def _drive_workers(
     plan: LoadPlan, shape: LoadShape, calibration: Calibration | None
 ) -> list[DriveOutcome]:
     workers = plan.workers
-    start_at_wall = time.time() + 1.0 + 0.2 * workers  # time for the processes to start
+    # time for the processes (or Ray's workers) to start before the shared clock's zero
+    start_at_wall = time.time() + (5.0 if plan.backend == "ray" else 1.0) + 0.2 * workers
     if shape.open_loop:
         shares = [
             _Share(w, workers, None, s, start_at_wall)
@@ -365,6 +369,8 @@ async def _drive_workers(
             _Share(w, workers, _split(shape.concurrency, workers, w), None, start_at_wall)
             for w in range(workers)
         ]
+    if plan.backend == "ray":
+        return await _drive_on_ray(plan, shape, shares, calibration)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = [pool.submit(_worker_main, plan, shape, share, calibration) for share in shares]
@@ -372,6 +378,50 @@ async def _drive_workers(
         for future in futures:
             outcomes.append(await anyio.to_thread.run_sync(future.result))
     return outcomes
+
+
+async def _drive_on_ray(
+    plan: LoadPlan, shape: LoadShape, shares: list[_Share], calibration: Calibration | None
+) -> list[DriveOutcome]:
+    """The same shares as worker processes, as Ray tasks: each runs its own event loop on
+    the shared wall-clock start (its share of the schedule, or of the sessions)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--backend ray needs Ray: pip install 'convsim[ray]'") from None
+    if not ray.is_initialized():
+        if plan.ray_address:
+            ray.init(address=plan.ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=max(2, len(shares)), include_dashboard=False, log_to_driver=False)
+    actor: Any = ray.remote(num_cpus=1)(_RayLoadWorker)
+    workers: list[Any] = [actor.remote() for _ in shares]
+    # the clock's zero is set once every worker has started and imported what it runs:
+    # a worker still starting would send its first requests late
+    await anyio.to_thread.run_sync(ray.get, [w.ready.remote() for w in workers])
+    start_at_wall = time.time() + 1.0
+    refs = [
+        w.run.remote(plan, shape, replace(share, start_at_wall=start_at_wall), calibration)
+        for w, share in zip(workers, shares, strict=True)
+    ]
+    try:
+        outcomes: list[DriveOutcome] = await anyio.to_thread.run_sync(ray.get, refs)
+    finally:
+        for w in workers:
+            ray.kill(w)
+    return outcomes
+
+
+class _RayLoadWorker:
+    """A Ray actor running one share of a load test (see :func:`_worker_main`)."""
+
+    def ready(self) -> bool:
+        return True  # this module and its imports are loaded: the actor can start at once
+
+    def run(
+        self, plan: LoadPlan, shape: LoadShape, share: _Share, calibration: Calibration | None
+    ) -> DriveOutcome:
+        return _worker_main(plan, shape, share, calibration)
 
 
 @dataclass(frozen=True)

@@ -157,5 +157,7 @@ def test_a_load_test_runs_on_ray_workers_and_merges_their_measurements(tmp_path:
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["client"]["workers"] == 2
+    per_worker = data["client"]["worker_schedule_delay_p99_ms"]
+    assert len(per_worker) == 2 and all(d is not None and d >= 0 for d in per_worker)
     assert abs(data["achieved_rate"] - 20.0) < 1.0  # the two shares make the whole schedule
     assert data["requests"]["completed"] >= 35 and data["requests"]["failed"] == 0

@@ -96,7 +96,17 @@ def _client(outcomes: Sequence[DriveOutcome], window: Window) -> ClientFigures:
         max_sessions=sum(o.max_sessions for o in outcomes),
         held_by_max_concurrency=sum(o.held_by_cap for o in outcomes),
         event_loop=outcomes[0].event_loop,
+        worker_schedule_delay_p99_ms=[_delay_p99(o, window) for o in outcomes],
     )
+
+
+def _delay_p99(outcome: DriveOutcome, window: Window) -> float | None:
+    delays = [
+        r.schedule_delay_s
+        for r in outcome.records
+        if r.schedule_delay_s is not None and r.sent_s in window
+    ]
+    return summarize(np.asarray(delays, dtype=np.float64), 1000.0).p99 if delays else None
 
 
 def _timeline(outcomes: Sequence[DriveOutcome]) -> list[TimelineEntry]:

@@ -150,6 +150,9 @@ class ClientFigures(_Model):
     """Arrivals that waited because ``--max-concurrency`` sessions were alive."""
     event_loop: str = "asyncio"
     """The workers' event loop: ``asyncio`` or ``uvloop``."""
+    worker_schedule_delay_p99_ms: list[float | None] = []
+    """Each worker's send delay p99 (ms), in worker order: one overloaded worker (or Ray
+    node) shows here even when the pooled figure hides it."""
 
 
 class InputTokenAccuracy(_Model):

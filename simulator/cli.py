@@ -576,10 +576,20 @@ def _run_on_ray(
     from .adapters import parse_model_args
     from .distributed import run_on_ray
 
+    err = _stderr()
+    last = [0.0]
+
+    def progress(done: int, total: int, busy: int) -> None:
+        """The whole cluster's progress, a line every few seconds."""
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_LINE_S:
+            last[0] = now
+            err.print(f"ray: {done}/{total} finished, {busy} actor(s) busy", highlight=False)
+
     outcome = run_on_ray(
         pack, model_spec, out=out, actors=actors, address=address,
         model_args=parse_model_args(model_args), metrics=metrics, seed=seed,
-        concurrency=concurrency, limit=limit, resume=resume,
+        concurrency=concurrency, limit=limit, resume=resume, on_progress=progress,
     )  # fmt: skip
     report = summarize_file(out)
     _print_report(report)

@@ -67,11 +67,13 @@ def test_a_killed_actor_loses_nothing_and_records_nothing_twice(tmp_path: Path) 
     assert len(ids) == len(set(ids)) == len(lines) == 14
 
 
-def test_the_command_line_runs_on_ray(tmp_path: Path) -> None:
+def test_the_command_line_runs_on_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
+    from convsim import cli
     from convsim.cli import main
 
+    monkeypatch.setattr(cli, "PROGRESS_LINE_S", 0.0)  # a line at every poll
     out = tmp_path / "cli.jsonl"
     result = CliRunner().invoke(
         main,
@@ -80,6 +82,7 @@ def test_the_command_line_runs_on_ray(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "on 2 actors" in result.output
+    assert "ray: " in result.output and "/6 finished" in result.output  # the driver's progress
     assert len(convsim.read_results(out)) == 6
     assert out.with_suffix(".summary.json").exists()
 

@@ -100,6 +100,7 @@ async def _drive(
     actors: int,
     write: Callable[[ConversationResult], Any],
     kill_after: Callable[[int, Any], None] | None,
+    on_progress: Callable[[int, int, int], None] | None = None,
 ) -> RayRun:
     import ray
 
@@ -119,6 +120,8 @@ async def _drive(
     first: float | None = None
     while pending:
         await anyio.sleep(_POLL_S)
+        if on_progress is not None:
+            on_progress(len(written), len(todo), len(pending))
         for k in list(pending):
             try:
                 lines, finished, error = await handles[k].take.remote()
@@ -269,12 +272,15 @@ def run_on_ray(
     limit: int | None = None,
     resume: bool = False,
     kill_after: Callable[[int, Any], None] | None = None,
+    on_progress: Callable[[int, int, int], None] | None = None,
 ) -> RayRun:
     """Run ``pack`` on Ray with ``actors`` actors into the results file ``out``.
 
     Without ``address`` a local Ray instance is started (2 CPUs' worth of actors are
     light: they mostly wait on models); with one, the cluster is joined. ``kill_after``
     is for tests: called after each recorded result with the count and an actor.
+    ``on_progress(done, total, busy_actors)`` is called a few times a second with the
+    whole cluster's progress.
 
     Raises:
         ConfigError: Ray is not installed (``pip install 'convsim[ray]'``), or a shard
@@ -325,7 +331,9 @@ def run_on_ray(
         if limit is not None:
             todo = todo[:limit]
         try:
-            outcome = await _drive(loaded, todo, settings, actors, sink.write, kill_after)
+            outcome = await _drive(
+                loaded, todo, settings, actors, sink.write, kill_after, on_progress
+            )
         finally:
             manifest.finished_at = time.time()
             await sink.close(manifest)

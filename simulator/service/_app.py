@@ -313,7 +313,7 @@ def create_app(
                             number += 1
                             if number > seen:
                                 yield b"id: %d\nevent: result\ndata: %s\n\n" % (number, raw.strip())
-                job = store.job(job_id)
+                job = await anyio.to_thread.run_sync(store.job, job_id)  # off the loop
                 if job is None or job.state not in ("queued", "running"):
                     state = job.state if job else "gone"
                     yield f"event: end\ndata: {json.dumps({'status': state})}\n\n".encode()

@@ -26,7 +26,7 @@ from convsim._errors import ConfigError
 from convsim._log import get_logger
 from convsim._records import ConversationResult
 
-__all__ = ["shard_of", "RayRun", "RaySimulator", "run_on_ray"]
+__all__ = ["shard_of", "RayRun", "RaySimulator", "run_on_ray", "ensure_ray"]
 
 log = get_logger("convsim.distributed")
 
@@ -45,6 +45,71 @@ def _split_budgets(model_args: Mapping[str, Any], actors: int) -> dict[str, Any]
         if name in args and actors > 1:
             args[name] = str(float(args[name]) / actors)
     return args
+
+
+def ensure_ray(address: str | None, *, num_cpus: int = 2) -> Any:
+    """Ray, started or joined once per process: the cluster at ``address``, or a local
+    instance of ``num_cpus`` without a dashboard.
+
+    Raises:
+        ConfigError: Ray is not installed.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("the Ray backend needs Ray: pip install 'convsim[ray]'") from None
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+def _shard_settings(
+    model: str,
+    actors: int,
+    model_args: Mapping[str, Any] | None,
+    metrics: Sequence[str] | None,
+    seed: int,
+    concurrency: int,
+) -> dict[str, Any]:
+    """What every actor's Simulator is built from: budgets and concurrency split."""
+    if actors < 1:
+        raise ConfigError(f"actors must be at least 1, got {actors}")
+    return {
+        "model": model,
+        "model_args": _split_budgets(model_args or {}, actors),
+        "metrics": list(metrics) if metrics is not None else None,
+        "seed": seed,
+        "concurrency": max(1, concurrency // actors),
+        "preflight": False,
+    }
+
+
+def _manifest(loaded: Any, settings: dict[str, Any], actors: int) -> Any:
+    from convsim import RunManifest
+
+    return RunManifest(
+        run_id=uuid.uuid4().hex[:12],
+        pack=loaded.name,
+        pack_path=str(loaded.path),
+        pack_hash=loaded.pack_hash,
+        model=settings["model"],
+        started_at=time.time(),
+        settings={
+            "seed": settings["seed"],
+            "metrics": settings["metrics"],
+            "backend": "ray",
+            "actors": actors,
+        },
+    )
+
+
+def _todo(loaded: Any, done: set[str], limit: int | None) -> list[str]:
+    """The conversations still to run, in pack order."""
+    todo = [c.conversation_id for c in loaded.conversations if c.conversation_id not in done]
+    return todo if limit is None else todo[:limit]
 
 
 class _Shard:
@@ -178,29 +243,12 @@ class RaySimulator:
         seed: int = 0,
         concurrency: int = 32,
     ) -> None:
-        if actors < 1:
-            raise ConfigError(f"actors must be at least 1, got {actors}")
-        self.model, self.actors, self.address = model, actors, address
-        self.settings: dict[str, Any] = {
-            "model": model,
-            "model_args": _split_budgets(model_args or {}, actors),
-            "metrics": list(metrics) if metrics is not None else None,
-            "seed": seed,
-            "concurrency": max(1, concurrency // actors),
-            "preflight": False,
-        }
+        self.actors, self.address = actors, address
+        self.settings = _shard_settings(model, actors, model_args, metrics, seed, concurrency)
         self.last: RayRun | None = None
 
     async def __aenter__(self) -> RaySimulator:
-        try:
-            import ray
-        except ImportError:
-            raise ConfigError("the Ray backend needs Ray: pip install 'convsim[ray]'") from None
-        if not ray.is_initialized():
-            if self.address:
-                ray.init(address=self.address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ensure_ray(self.address)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -211,27 +259,12 @@ class RaySimulator:
     ) -> AsyncIterator[ConversationResult]:
         """Run ``pack``; yields each conversation's result as it finishes (written to
         ``sink`` first, when one is given)."""
-        from convsim import RunManifest, load_pack
+        from convsim import load_pack
 
         loaded = load_pack(pack)
-        manifest = RunManifest(
-            run_id=uuid.uuid4().hex[:12],
-            pack=loaded.name,
-            pack_path=str(loaded.path),
-            pack_hash=loaded.pack_hash,
-            model=self.model,
-            started_at=time.time(),
-            settings={
-                "seed": self.settings["seed"],
-                "metrics": self.settings["metrics"],
-                "backend": "ray",
-                "actors": self.actors,
-            },
-        )
+        manifest = _manifest(loaded, self.settings, self.actors)
         done = await sink.open(manifest) if sink is not None else set()
-        todo = [c.conversation_id for c in loaded.conversations if c.conversation_id not in done]
-        if limit is not None:
-            todo = todo[:limit]
+        todo = _todo(loaded, done, limit)
         send, receive = anyio.create_memory_object_stream[ConversationResult](1_000_000)
 
         async def deliver(result: ConversationResult) -> None:
@@ -286,50 +319,17 @@ def run_on_ray(
         ConfigError: Ray is not installed (``pip install 'convsim[ray]'``), or a shard
             failed.
     """
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--backend ray needs Ray: pip install 'convsim[ray]'") from None
-    from convsim import JsonlSink, RunManifest, load_pack
+    from convsim import JsonlSink, load_pack
 
-    if actors < 1:
-        raise ConfigError(f"actors must be at least 1, got {actors}")
+    settings = _shard_settings(model, actors, model_args, metrics, seed, concurrency)
     loaded = load_pack(pack)
-    settings: dict[str, Any] = {
-        "model": model,
-        "model_args": _split_budgets(model_args or {}, actors),
-        "metrics": list(metrics) if metrics is not None else None,
-        "seed": seed,
-        "concurrency": max(1, concurrency // actors),
-        "preflight": False,
-    }
-    manifest = RunManifest(
-        run_id=uuid.uuid4().hex[:12],
-        pack=loaded.name,
-        pack_path=str(loaded.path),
-        pack_hash=loaded.pack_hash,
-        model=model,
-        started_at=time.time(),
-        settings={
-            "seed": seed,
-            "metrics": settings["metrics"],
-            "backend": "ray",
-            "actors": actors,
-        },
-    )
+    manifest = _manifest(loaded, settings, actors)
+    ensure_ray(address)  # before the results file: without Ray, nothing is created
     sink = JsonlSink(out, resume=resume)
     sink.prepare()
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     async def main() -> RayRun:
-        done = await sink.open(manifest)
-        todo = [c.conversation_id for c in loaded.conversations if c.conversation_id not in done]
-        if limit is not None:
-            todo = todo[:limit]
+        todo = _todo(loaded, await sink.open(manifest), limit)
         try:
             outcome = await _drive(
                 loaded, todo, settings, actors, sink.write, kill_after, on_progress

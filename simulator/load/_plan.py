@@ -385,15 +385,9 @@ async def _drive_on_ray(
 ) -> list[DriveOutcome]:
     """The same shares as worker processes, as Ray tasks: each runs its own event loop on
     the shared wall-clock start (its share of the schedule, or of the sessions)."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--backend ray needs Ray: pip install 'convsim[ray]'") from None
-    if not ray.is_initialized():
-        if plan.ray_address:
-            ray.init(address=plan.ray_address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=max(2, len(shares)), include_dashboard=False, log_to_driver=False)
+    from convsim.distributed._ray import ensure_ray
+
+    ray = ensure_ray(plan.ray_address, num_cpus=max(2, len(shares)))
     actor: Any = ray.remote(num_cpus=1)(_RayLoadWorker)
     workers: list[Any] = [actor.remote() for _ in shares]
     # the clock's zero is set once every worker has started and imported what it runs:

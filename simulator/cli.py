@@ -1067,14 +1067,13 @@ def _write_csv(results: Path, out: Path) -> int:
     import csv
 
     from ._sinks import read_results
-    from .results import CONVERSATION_COLUMNS, conversation_row
+    from .results import conversation_columns, conversation_row
 
     if not out.parent.exists():
         raise ConfigError(f"{out}: its folder does not exist")
     rows = [conversation_row(r, str(results)) for r in read_results(results)]
-    metrics = sorted({k for row in rows for k in row} - set(CONVERSATION_COLUMNS))
     with out.open("w", encoding="utf-8", newline="") as fh:
-        writer = csv.DictWriter(fh, [*CONVERSATION_COLUMNS, *metrics])
+        writer = csv.DictWriter(fh, conversation_columns(rows))
         writer.writeheader()
         writer.writerows(rows)
     return len(rows)

@@ -17,7 +17,13 @@ _public = _lazy_module(
     globals(),
     {
         "._frames": ["Results", "load"],
-        "._rows": ["CONVERSATION_COLUMNS", "conversation_row", "turn_rows", "score_rows"],
+        "._rows": [
+            "CONVERSATION_COLUMNS",
+            "conversation_columns",
+            "conversation_row",
+            "turn_rows",
+            "score_rows",
+        ],
     },
 )
 __getattr__, __dir__ = _public.getattr, _public.dir
@@ -26,6 +32,7 @@ if TYPE_CHECKING:
     from ._frames import Results as Results
     from ._frames import load as load
     from ._rows import CONVERSATION_COLUMNS as CONVERSATION_COLUMNS
+    from ._rows import conversation_columns as conversation_columns
     from ._rows import conversation_row as conversation_row
     from ._rows import score_rows as score_rows
     from ._rows import turn_rows as turn_rows

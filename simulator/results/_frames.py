@@ -11,7 +11,7 @@ from typing import Any
 from convsim._errors import ConfigError
 from convsim._sinks import read_results
 
-from ._rows import CONVERSATION_COLUMNS, conversation_row, score_rows, turn_rows
+from ._rows import conversation_columns, conversation_row, score_rows, turn_rows
 
 __all__ = ["Results", "load"]
 
@@ -59,9 +59,8 @@ def load(paths: str | Path | Iterable[str | Path]) -> Results:
             conversations.append(conversation_row(result, label))
             turns.extend(turn_rows(result, label))
             scores.extend(score_rows(result, label))
-    metric_columns = sorted({k for row in conversations for k in row} - set(CONVERSATION_COLUMNS))
     return Results(
-        conversations=pd.DataFrame(conversations, columns=[*CONVERSATION_COLUMNS, *metric_columns]),
+        conversations=pd.DataFrame(conversations, columns=conversation_columns(conversations)),
         turns=pd.DataFrame(turns),
         scores=pd.DataFrame(scores),
     )

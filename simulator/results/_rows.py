@@ -13,7 +13,13 @@ from typing import Any
 
 from convsim._records import ConversationResult, TurnRecord, TurnStatus
 
-__all__ = ["CONVERSATION_COLUMNS", "conversation_row", "turn_rows", "score_rows"]
+__all__ = [
+    "CONVERSATION_COLUMNS",
+    "conversation_columns",
+    "conversation_row",
+    "turn_rows",
+    "score_rows",
+]
 
 CONVERSATION_COLUMNS = (
     "file",
@@ -39,6 +45,13 @@ CONVERSATION_COLUMNS = (
     "error_message",
 )
 """Before the ``score.<metric>`` columns."""
+
+
+def conversation_columns(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The columns of conversation rows: the fixed ones, then each ``score.<metric>``
+    any row has, sorted."""
+    metrics = {k for row in rows for k in row} - set(CONVERSATION_COLUMNS)
+    return [*CONVERSATION_COLUMNS, *sorted(metrics)]
 
 
 def conversation_row(result: ConversationResult, file: str) -> dict[str, Any]:

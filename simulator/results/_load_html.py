@@ -17,28 +17,11 @@ from convsim._errors import ConfigError
 from convsim._version import __version__
 
 from ._html import _environment
-from ._plots import Plot, _pyplot, _svg
+from ._plots import Plot, _pyplot, _svg, cdf_plot
 
 __all__ = ["render_load_html", "write_load_html"]
 
 _SIZE = (6.4, 3.0)
-
-
-def _cdf(plt: Any, series: dict[str, list[float]], title: str, key: str) -> Plot | None:
-    import numpy as np
-
-    series = {k: v for k, v in series.items() if v}
-    if not series:
-        return None
-    fig, ax = plt.subplots(figsize=_SIZE)
-    for name, values in series.items():
-        xs = np.sort(np.asarray(values, dtype=float))
-        ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("ms (log scale)")
-    ax.set_ylabel("share of requests")
-    ax.legend(frameon=False)
-    return Plot(key, title, _svg(fig))
 
 
 def _timeline(plt: Any, point: Any) -> Plot | None:
@@ -133,10 +116,24 @@ def render_load_html(
     }
     made = [
         _sweep(plt, result, slos) if len(points) > 1 else None,
-        _cdf(plt, latency, "Latency CDFs (the busiest point)", "latency"),
+        cdf_plot(
+            plt,
+            latency,
+            key="latency",
+            title="Latency CDFs (the busiest point)",
+            unit="requests",
+            log=True,
+        ),
         _timeline(plt, points[main]),
         _by_turn(plt, points[main]),
-        _cdf(plt, delays, "Schedule delay: actual minus scheduled send", "delay"),
+        cdf_plot(
+            plt,
+            delays,
+            key="delay",
+            title="Schedule delay: actual minus scheduled send",
+            unit="requests",
+            log=True,
+        ),
     ]
     template = _environment().get_template("load.html.j2")
     return str(

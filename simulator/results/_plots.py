@@ -74,9 +74,34 @@ def _distributions(plt: Any, values: dict[str, list[float]]) -> Plot | None:
     return Plot("metrics", "Each metric's distribution over conversations", _svg(fig))
 
 
-def _latency(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
+def cdf_plot(
+    plt: Any,
+    series: dict[str, list[float]],
+    *,
+    key: str,
+    title: str,
+    unit: str,
+    log: bool = False,
+) -> Plot | None:
+    """Empirical CDFs of ``series`` (values in ms) on one axis; None when all are empty."""
     import numpy as np
 
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=_SIZE)
+    for name, values in series.items():
+        xs = np.sort(np.asarray(values, dtype=float))
+        ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=name)
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel("ms (log scale)" if log else "ms")
+    ax.set_ylabel(f"share of {unit}")
+    ax.legend(frameon=False)
+    return Plot(key, title, _svg(fig))
+
+
+def _latency(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
     series: dict[str, list[float]] = {"end to end": [], "time to first token": []}
     for r in results:
         for t in r.turns:
@@ -85,17 +110,9 @@ def _latency(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
                     series["end to end"].append(t.timings.latency_s * 1000)
                 if t.timings.ttft_s is not None:
                     series["time to first token"].append(t.timings.ttft_s * 1000)
-    series = {k: v for k, v in series.items() if v}
-    if not series:
-        return None
-    fig, ax = plt.subplots(figsize=_SIZE)
-    for name, vals in series.items():
-        xs = np.sort(np.asarray(vals))
-        ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=name)
-    ax.set_xlabel("ms")
-    ax.set_ylabel("share of turns")
-    ax.legend(frameon=False)
-    return Plot("latency", "Model-call latency per turn (CDF)", _svg(fig))
+    return cdf_plot(
+        plt, series, key="latency", title="Model-call latency per turn (CDF)", unit="turns"
+    )
 
 
 def _by_turn(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:

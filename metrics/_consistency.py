@@ -21,6 +21,7 @@ contradictions of meaning without a stated value are not seen at all.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -86,6 +87,8 @@ def _polar(me: str, be: str, have: str) -> list[tuple[str, bool, re.Pattern[str]
     ]  # fmt: skip
 
 
+_FIRST_PERSON = re.compile(r"\b(?:i|my)\b")
+_SECOND_PERSON = re.compile(r"\b(?:you|your)\b")
 _I_AM, _YOU_ARE = r"(?: am|'m)", r"(?: are|'re)"
 _SELF = (_patterns("i", _I_AM, "have", "my"), _polar("i", _I_AM, "have"))
 _ADDRESSEE = (_patterns("you", _YOU_ARE, "have", "your"), _polar("you", _YOU_ARE, "have"))
@@ -104,12 +107,25 @@ def _normal(text: str) -> str:
     return " ".join(text.lower().replace("\u2019", "'").split())
 
 
+def _at(pattern: re.Pattern[str], text: str, anchors: list[int]) -> Iterator[re.Match[str]]:
+    """The pattern's matches that start at one of the anchors (where its person is
+    named): a few anchored tries instead of a scan of the whole text per pattern."""
+    for pos in anchors:
+        m = pattern.match(text, pos)
+        if m is not None:
+            yield m
+
+
 def _read(text: str, about: str, patterns: Any) -> list[Statement]:
     values, polar = patterns
+    anchor = _FIRST_PERSON if about == "speaker" else _SECOND_PERSON
+    anchors = [m.start() for m in anchor.finditer(text)]
     found: list[Statement] = []
+    if not anchors:
+        return found
     claimed: set[str] = set()
     for slot, pattern in values:
-        for m in pattern.finditer(text):
+        for m in _at(pattern, text, anchors):
             groups = [g.strip() for g in m.groups()]
             if slot == "favorite":
                 found.append(Statement(about, f"favorite:{groups[0]}", groups[1]))
@@ -121,7 +137,7 @@ def _read(text: str, about: str, patterns: Any) -> list[Statement]:
                 found.append(Statement(about, slot, groups[0]))
     seen: set[tuple[str, str]] = set()
     for slot, positive, pattern in polar:  # negative patterns first: they are longer
-        for m in pattern.finditer(text):
+        for m in _at(pattern, text, anchors):
             thing = m.group(1).strip()
             if (slot, thing) in seen:
                 continue
@@ -130,11 +146,12 @@ def _read(text: str, about: str, patterns: Any) -> list[Statement]:
     return found
 
 
-def statements(text: str, *, addressee: bool = False) -> list[Statement]:
+def statements(text: str, *, addressee: bool = False, speaker: bool = True) -> list[Statement]:
     """What ``text`` states about its speaker; with ``addressee``, also what it states
-    about the one it speaks to ("you are 30", "your name is Ana")."""
+    about the one it speaks to ("you are 30", "your name is Ana"); without ``speaker``,
+    only that."""
     normal = _normal(text)
-    found = _read(normal, "speaker", _SELF)
+    found = _read(normal, "speaker", _SELF) if speaker else []
     if addressee:
         found += _read(normal, "addressee", _ADDRESSEE)
     return found

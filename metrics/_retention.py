@@ -14,15 +14,14 @@ also state a different value for the fact (see :func:`stated_values`). The score
 share of recalled checks; details give a curve by distance (completed turns between
 introduction and probe) and every contradiction, including ones outside probe turns.
 
-Without declared facts a reference-free fallback applies: salient items the user
-introduced (numbers, identifiers with digits, capitalised names, quoted phrases) are
-tracked; a later user turn that refers back ("what was", "remind me", "did I say", "my
-... again") probes the earlier items whose sentence shares a content word with it, and
-the response must state them. Details say which mode was used.
+Without declared facts the reference-free scorer of :mod:`._free_retention` applies:
+what the user stated (about themself, numbers, names, IDs, answers to the assistant's
+questions) and which later answer forgot it (asked again, stated otherwise, could not
+say it when asked back). Details say which mode was used.
 
 Blind spots: a paraphrase that names no value ("your usual order") counts as not
-recalled; a value echoed without understanding counts as recalled; the fallback only
-sees back-references it can recognise.
+recalled; a value echoed without understanding counts as recalled; without facts,
+silence counts as kept.
 """
 
 from __future__ import annotations
@@ -35,6 +34,8 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
+
+from ._free_retention import FreeRetention
 
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
@@ -176,44 +177,6 @@ def stated_values(fact: Fact, text: str) -> list[str]:
     return stated
 
 
-_BACK_REFERENCE = re.compile(
-    r"\b(?:remember|remind me|what was|what were|what's my|what is my|"
-    r"which \w+ did i|did i (?:say|tell|mention)|as i said|i told you|i mentioned|"
-    r"going by what i said|do you recall)\b",
-    re.I,
-)
-_ITEM = re.compile(
-    r"\"([^\"]{2,40})\"|"  # a quoted phrase
-    r"(?<![\w.])(\d[\d,]*(?:\.\d+)?%?)(?!\w)|"  # a number
-    r"\b([A-Za-z]+[-_]?\d[\w-]*)\b|"  # an identifier with digits (A-1042, TRK99)
-    r"(?<=[a-z,;:] )([A-Z][a-z]{2,}(?:\s[A-Z][a-z]{2,})*)"  # a capitalised name mid-sentence
-)
-_STOP = frozenset(
-    """a an and are as at be but by can could did do does for from had has have how i i'm in
-    is it its me my of on or our please so that the their them then there these this to was
-    we were what when where which who why will with would you your again remind earlier
-    before remember said say tell told mentioned going ve ll re s t d m""".split()
-)
-
-
-def _content(text: str) -> set[str]:
-    return {w for w in _normal(text).split() if w not in _STOP and not w.isdigit()}
-
-
-def salient_items(text: str) -> list[tuple[str, str]]:
-    """(item, its context) for each salient thing the text introduces; the context is the
-    few words just before the item and right after it ("my flight is" for a flight)."""
-    found = []
-    for sentence in re.split(r"(?<=[.!?])\s+", text):
-        for m in _ITEM.finditer(sentence):
-            item = next(g for g in m.groups() if g)
-            if len(item.strip(",%")) >= 2:
-                before = sentence[: m.start()].split()[-5:]
-                after = sentence[m.end() :].split()[:2]
-                found.append((item.strip(), " ".join([*before, *after])))
-    return found
-
-
 class ContextRetentionMetric:
     """Share of probe checks whose response still states the fact introduced earlier."""
 
@@ -222,7 +185,9 @@ class ContextRetentionMetric:
     description = (
         "Share of (probe turn, fact) checks whose response states the fact's value "
         "(text, aliases, numbers within tolerance, dates) without contradicting it; "
-        "with a curve by turn distance. Needs scenario facts and probes."
+        "with a curve by turn distance. Without scenario facts and probes: the share of "
+        "what the user stated (about themself, numbers, names, IDs, answers) that no "
+        "later answer forgot (asked again, stated otherwise, could not say when asked)."
     )
 
     def __init__(self, embedder: Any = None, semantic_threshold: float = 0.6) -> None:
@@ -259,10 +224,8 @@ class _RetentionScorer:
     facts: dict[str, Fact]
     probes: dict[str, list[str]]
     completed: list[str] = field(default_factory=list)
-    items: list[tuple[str, str, int]] = field(default_factory=list)
-    """Reference-free mode: (item, its sentence, position it was introduced at)."""
-    user_turns: list[tuple[str, int]] = field(default_factory=list)
-    """Reference-free mode: user turns whose items are not extracted yet."""
+    free: FreeRetention = field(default_factory=FreeRetention)
+    """The reference-free scorer, used when the scenario declares no facts and probes."""
     semantic: Any = None
     """fact, text -> bool: the optional semantic match."""
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -278,7 +241,7 @@ class _RetentionScorer:
         position = len(self.completed) - 1
         text = turn.response
         if not (self.facts and self.probes):
-            self._reference_free(turn.user_message or "", text, position, turn.turn_id)
+            self.free.update(turn.user_message or "", text, turn.turn_id, position)
             return
         introduced = {
             key: self.completed.index(f.introduced_in)
@@ -306,50 +269,13 @@ class _RetentionScorer:
             if not recalled and not contradicted and self.semantic is not None:
                 self.semantic_pending.append((check, fact, text))
 
-    def _reference_free(self, user: str, response: str, position: int, turn_id: str) -> None:
-        # Most turns refer back to nothing: the user turns are only kept, and their
-        # salient items extracted when a later turn does refer back.
-        if _BACK_REFERENCE.search(user):
-            self._extract_items()
-            asked = _content(user)
-            user_normal = f" {_normal(user)} "
-            for item, sentence, introduced in self.items:
-                if f" {_normal(item)} " in user_normal:
-                    continue  # restated by the user: nothing to remember
-                if not asked & _content(sentence):
-                    continue  # not what this turn asks about
-                recalled = f" {_normal(item)} " in f" {_normal(response)} "
-                self.checks.append(
-                    {
-                        "fact": item,
-                        "turn_id": turn_id,
-                        "distance": position - introduced,
-                        "recalled": recalled,
-                        "contradicted": False,
-                    }
-                )
-        self.user_turns.append((user, position))
-
-    def _extract_items(self) -> None:
-        known = {i for i, _, _ in self.items}
-        for user, position in self.user_turns:
-            for item, sentence in salient_items(user):
-                if item not in known:
-                    self.items.append((item, sentence, position))
-                    known.add(item)
-        self.user_turns.clear()
-
     def result(self) -> Score:
         for check, fact, text in self.semantic_pending:
             check["recalled"] = check["semantic"] = self.semantic(fact, text)
         self.semantic_pending.clear()
-        reference_free = not (self.facts and self.probes)
+        if not (self.facts and self.probes):
+            return self.free.result()
         if not self.checks:
-            if reference_free:
-                return Score.not_applicable(
-                    "the scenario declares no facts and probes, and no user turn refers back "
-                    "to something said earlier"
-                )
             return Score.not_applicable("no probe turn completed after its facts were given")
         by_distance: dict[int, list[float]] = defaultdict(list)
         for check in self.checks:
@@ -358,11 +284,11 @@ class _RetentionScorer:
         return Score(
             value=recalled / len(self.checks),
             details={
-                "mode": "reference-free" if reference_free else "facts",
+                "mode": "facts",
                 "checks": len(self.checks),
                 "recalled": recalled,
-                "curve": {d: sum(v) / len(v) for d, v in sorted(by_distance.items())},
-                "curve_n": {d: len(v) for d, v in sorted(by_distance.items())},
+                "curve": {str(d): sum(v) / len(v) for d, v in sorted(by_distance.items())},
+                "curve_n": {str(d): len(v) for d, v in sorted(by_distance.items())},
                 "contradictions": self.contradictions,
                 "missed": [c for c in self.checks if not c["recalled"]],
                 "unintroduced": self.unintroduced,

@@ -44,8 +44,8 @@ def test_retention_curve_shows_that_far_facts_are_forgotten_first() -> None:
         metrics=["context_retention"],
     )
     curves = [r.scores["context_retention"].details["curve"] for r in results]
-    near_mean = [c[d] for c in curves for d in c if d <= 1]
-    far_mean = [c[d] for c in curves for d in c if d >= 4]
+    near_mean = [c[d] for c in curves for d in c if int(d) <= 1]
+    far_mean = [c[d] for c in curves for d in c if int(d) >= 4]
     assert sum(near_mean) / len(near_mean) > sum(far_mean) / len(far_mean)
 
 
@@ -146,7 +146,7 @@ def test_retention_scores_probes_and_flags_contradictions(tmp_path: Path) -> Non
         probes=[{"turn_id": "t2", "facts": ["order_id"]}, {"turn_id": "t3", "facts": ["order_id"]}],
     )
     good = retention_of(conv, ["Noted.", "Ok.", "Order A-1042.", "It is A-1042."])
-    assert good.value == 1.0 and good.details["curve"] == {2: 1.0, 3: 1.0}
+    assert good.value == 1.0 and good.details["curve"] == {"2": 1.0, "3": 1.0}
     wrong = retention_of(conv, ["Noted.", "Ok.", "Order A-1042.", "Your order id is B-7."])
     assert wrong.value == 0.5
     assert wrong.details["contradictions"] == [
@@ -259,12 +259,80 @@ def test_reference_free_retention_follows_back_references() -> None:
     forgotten = score_transcript(
         [*said, {"role": "assistant", "content": "I'm not sure."}], ["context_retention"]
     )["context_retention"]
-    assert remembered.value == 1.0 and forgotten.value == 0.0
+    # two things stated (Rex, the flight); only the dog was asked back
+    assert remembered.value == 1.0 and forgotten.value == 0.5
     assert remembered.details["mode"] == "reference-free"
-    assert remembered.details["checks"] == 1  # the flight was not asked about
-    assert remembered.details["curve"] == {2: 1.0}
-    no_back_reference = score_transcript(said[:4], ["context_retention"])["context_retention"]
-    assert no_back_reference.value is None
+    assert (remembered.details["recalled"], remembered.details["forgotten"]) == (1, 0)
+    assert remembered.details["curve"] == {"2": 1.0} and forgotten.details["curve"] == {"2": 0.0}
+    (missed,) = forgotten.details["missed"]
+    assert missed["what"] == "Rex" and missed["reason"] == "not stated when asked back"
+    silent = score_transcript(said[:4], ["context_retention"])["context_retention"]
+    assert silent.value == 1.0 and silent.details["evidence"] == 0  # silence is kept
+    assert silent.details["untouched"] == 2
+
+
+def _chat(*pairs: tuple[str, str]) -> list[dict[str, str]]:
+    return [
+        {"role": role, "content": text}
+        for user, answer in pairs
+        for role, text in (("user", user), ("assistant", answer))
+    ]
+
+
+def _free(*pairs: tuple[str, str]) -> Any:
+    from convsim.metrics import score_transcript
+
+    return score_transcript(_chat(*pairs), ["context_retention"])["context_retention"]
+
+
+def test_reference_free_retention_catches_a_question_already_answered() -> None:
+    opening = ("Hi! I'm 34. I have two dogs.", "Nice! What are their names?")
+    attentive = _free(opening, ("Rex and Bella.", "Lovely. Are 34 and two dogs a busy life?"))
+    forgetful = _free(opening, ("Rex and Bella.", "Lovely. How old are you? Do you have a dog?"))
+    repeating = _free(opening, ("Rex and Bella.", "Cute. What are their names?"))
+    assert attentive.value == 1.0 and attentive.details["recalled"] == 1  # "34" again
+    assert forgetful.value < attentive.value
+    assert {m["reason"] for m in forgetful.details["missed"]} == {
+        "asked again: age",
+        "asked again: has:dog",
+    }
+    assert repeating.value < attentive.value
+    assert [m["reason"] for m in repeating.details["missed"]] == ["asked the same question again"]
+
+
+def test_reference_free_retention_catches_a_contradiction_of_the_user() -> None:
+    told = ("My name is Ana and I live in Lisbon.", "Hello Ana.")
+    right = _free(told, ("Any food tips?", "Since you live in Lisbon, try the pasteis."))
+    wrong = _free(told, ("Any food tips?", "Since you live in Porto, try a francesinha."))
+    assert right.value == 1.0 and right.details["recalled"] == 1
+    assert wrong.value < right.value
+    assert wrong.details["contradictions"][0]["reason"] == "stated home='porto', was told 'lisbon'"
+    # the user changing their mind is followed, not held against the assistant
+    moved = _free(
+        told,
+        ("I moved: I live in Porto now.", "Porto is lovely."),
+        ("Food tips?", "Since you live in Porto, try a francesinha."),
+    )
+    assert moved.details["forgotten"] == 0
+
+
+def test_reference_free_retention_hears_i_already_told_you() -> None:
+    value = _free(
+        ("I work as a nurse.", "Great."),
+        ("I like hiking.", "What do you do for a living?"),
+        ("I already told you.", "Sorry!"),
+    )
+    reasons = sorted(m["reason"] for m in value.details["missed"])
+    assert reasons == ["asked again: work", "the user said they had already told it"]
+    assert all(m["turn_id"] == "t2" for m in value.details["missed"])
+
+
+def test_reference_free_retention_needs_something_stated() -> None:
+    nothing = _free(("hello", "hi"), ("how is it going", "fine"))
+    assert nothing.value is None and "stated nothing checkable" in (nothing.reason or "")
+    # an echo of the message just answered is not memory
+    echo = _free(("My order is A-1042.", "Order A-1042, noted."))
+    assert echo.details["recalled"] == 0 and echo.details["untouched"] == 1
 
 
 def test_an_embedder_lets_a_paraphrase_count_as_recalled(tmp_path: Path) -> None:
@@ -333,9 +401,12 @@ async def test_judge_criteria_of_a_goal_are_graded_when_a_judge_is_given(
 
 
 def test_ordinary_words_are_not_back_references() -> None:
-    from convsim.metrics._retention import _BACK_REFERENCE, _content
+    from convsim.metrics._free_retention import _BACK_REFERENCE, _content
 
     assert not _BACK_REFERENCE.search("Who is Loki? I've never heard that name before.")
     assert not _BACK_REFERENCE.search("Can you confirm the weather again?")
+    assert not _BACK_REFERENCE.search("remember tarzan, i loved phil collins in it")
+    assert not _BACK_REFERENCE.search("what was the score last night?")
     assert _BACK_REFERENCE.search("Remind me, what was my flight number?")
+    assert _BACK_REFERENCE.search("Do you remember what I ordered?")
     assert _content("I've heard it, they'll stay") == {"heard", "they", "stay"}  # no "ve", "ll"

@@ -35,7 +35,7 @@ def test_score_transcript_from_python() -> None:
         MESSAGES, ["context_retention", "response_length"], facts=FACTS, probes=PROBES
     )
     assert scores["context_retention"].value == 1.0
-    assert scores["context_retention"].details["curve"] == {1: 1.0}
+    assert scores["context_retention"].details["curve"] == {"1": 1.0}
     assert scores["response_length"].value == pytest.approx(3.5)
     plain = score_transcript(MESSAGES, ["context_retention"])["context_retention"]
     # no facts declared: the reference-free fallback follows "What was my order number?"

@@ -886,29 +886,37 @@ def summary(comparisons: list[Comparison], retention_note: str) -> str:
 
 
 def retention_status(all_scores: dict[str, dict[str, dict[str, Any]]]) -> str:
-    values: list[str] = []
-    reasons: Counter[str] = Counter()
+    """How often reference-free context_retention applies to the free, human-rated
+    conversations, and how often it finds evidence (a recall or a forgetting)."""
+    print("\n== context_retention without facts (reference-free) ==")
+    print(
+        f"     {'set':<18} {'transcripts':>11} {'applicable':>11} {'evidence':>9} {'forgotten':>9}"
+    )
+    total = applicable = evidence = 0
     for key, scores in all_scores.items():
-        for cid, row in scores.items():
-            s = row.get("context_retention") or {}
-            if s.get("value") is not None:
-                mode = (s.get("details") or {}).get("mode", "facts")
-                values.append(f"{key}:{cid}={s['value']:.2f} ({mode})")
-            else:
-                reasons[s.get("reason") or "no value"] += 1
-    total = len(values) + sum(reasons.values())
-    reason = reasons.most_common(1)[0][0] if reasons else "-"
-    if not values:
-        return (
-            f"context_retention gave no value on any of the {total} transcripts ({reason}): "
-            "the data declares no facts and probes, so its rows are n/a and retention is "
-            "not measured by this benchmark."
+        rows = [row.get("context_retention") or {} for row in scores.values()]
+        valued = [s for s in rows if s.get("value") is not None]
+        seen = [s for s in valued if s["details"].get("evidence", 0) > 0]
+        forgot = [s for s in valued if s["details"].get("forgotten", 0) > 0]
+        total, applicable, evidence = (
+            total + len(rows),
+            applicable + len(valued),
+            evidence + len(seen),
         )
-    shown = ", ".join(values[:5]) + (" ..." if len(values) > 5 else "")
+        print(
+            f"     {key:<18} {len(rows):>11} {len(valued) / max(1, len(rows)):>11.0%} "
+            f"{len(seen) / max(1, len(valued)):>9.0%} {len(forgot):>9}"
+        )
+    print(
+        "   applicable: the user stated something checkable (about themself, a number, name "
+        "or ID, an answer to the assistant's question); evidence: of those, a later answer "
+        "recalled or forgot one of them"
+    )
     return (
-        f"context_retention gave a value on only {len(values)} of {total} transcripts "
-        f"({shown}); the rest: {reason}. Where fewer than 3 values exist its rows are n/a, "
-        "so retention is in effect not measured by this benchmark."
+        f"context_retention without facts applied to {applicable} of {total} transcripts "
+        f"({applicable / max(1, total):.0%}), but found evidence (a recall or a forgetting) in "
+        f"only {evidence} of them: silence counts as kept, so its agreement with people cannot "
+        "be measured on this data."
     )
 
 

@@ -1,0 +1,319 @@
+"""Reference-free context retention: what the user stated, and which later answer forgot it.
+
+``context_retention`` uses this when a scenario declares no facts and probes (free
+conversation, transcripts from elsewhere). The user states three kinds of things:
+
+- statements about themself, read with the patterns of ``consistency`` (name, age, home,
+  work, favourites, counts, likes/has/is);
+- salient items: numbers, identifiers with digits, capitalised names, quoted phrases;
+- answers: the user's reply to a question the assistant asked.
+
+Every answer is checked against what was stated before it (the message it answers
+included). An answer *forgets* a stated thing when it
+
+- asks for it again ("how old are you?" after "I'm 30", "do you have any pets" is not
+  read, "do you have a dog?" after "I have two dogs" is);
+- asks again a question it asked before and the user answered;
+- states something else about the user ("you are 31" after "I'm 30");
+- does not state an item the user asks back for ("remind me, what was my flight?").
+
+The answer just before a user's "I already told you" forgot something too. An answer
+*recalls* a stated thing when it states it again though the message it answers did not
+(an echo of that message is not memory).
+
+The score is the share of stated things no answer forgot. Details count how many were
+recalled, how many forgotten (with the turn and the reason) and how many no answer
+touched: ``evidence`` is recalled plus forgotten. Blind spots: silence counts as kept,
+so a model that ignores what it is told keeps its score; forgetting is seen only in the
+forms the patterns read, and in English.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from convsim._records import Score
+
+from ._consistency import _END, _PHRASE, statements
+
+__all__ = ["FreeRetention", "asked_slots", "salient_items"]
+
+_WORDS = re.compile(r"[^\w]+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def _normal(text: str) -> str:
+    return " ".join(_WORDS.sub(" ", text.casefold()).split())
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+_ASK_SLOT = [
+    ("name", re.compile(r"\bwhat(?:'s| is) your name\b|\byour name\s*\?")),
+    ("age", re.compile(r"\bhow old are you\b|\bwhat(?:'s| is) your age\b")),
+    (
+        "home",
+        re.compile(r"\bwhere (?:do|did) you (?:live|grow up|come from)\b|\bwhere are you from\b"),
+    ),
+    (
+        "work",
+        re.compile(
+            r"\bwhat do you do for (?:a )?(?:living|work)\b|\bwhere do you work\b"
+            r"|\bwhat(?:'s| is) your (?:job|occupation|profession)\b|\bwhat do you do\s*\?"
+        ),
+    ),
+]
+_ASK_THING = [
+    ("favorite", re.compile(r"\bwhat(?:'s| is) your fav(?:ou?rite) ([a-z]+)\b")),
+    ("count", re.compile(r"\bhow many ([a-z]+) do you have\b")),
+    ("has", re.compile(r"\bdo you (?:have|own) (?:a|an|any) ([a-z]+)\b")),
+    ("likes", re.compile(rf"\bdo you (?:like|love|enjoy) {_PHRASE}{_END}")),
+    ("is", re.compile(r"\bare you (?:a|an) ([a-z]+)\b")),
+]
+
+
+def asked_slots(text: str) -> set[str]:
+    """The slots the questions in ``text`` ask its addressee about, named as
+    ``consistency``'s statements are (``age``, ``likes:jazz``); ``has`` and ``count``
+    questions name the thing in the singular."""
+    if "?" not in text:
+        return set()
+    questions = [q for q in _SENTENCE.split(text) if q.rstrip().endswith("?")]
+    normal = " ".join(" ".join(questions).lower().replace("\u2019", "'").split())
+    if "you" not in normal:
+        return set()
+    asked = {slot for slot, pattern in _ASK_SLOT if pattern.search(normal)}
+    for slot, pattern in _ASK_THING:
+        for m in pattern.finditer(normal):
+            thing = m.group(1).strip()
+            asked.add(f"{slot}:{_singular(thing) if slot in ('has', 'count') else thing}")
+    return asked
+
+
+def _slot_key(slot: str) -> str:
+    """A statement's slot as questions name it: ``count:dogs`` and ``has:dog`` are both
+    about having a dog."""
+    kind, _, thing = slot.partition(":")
+    if kind in ("has", "count"):
+        return f"has:{_singular(thing)}"
+    return slot
+
+
+_ITEM = re.compile(
+    r"\"([^\"]{2,40})\"|"  # a quoted phrase
+    r"(?<![\w.])(\d[\d,]*(?:\.\d+)?%?)(?!\w)|"  # a number
+    r"\b([A-Za-z]+[-_]?\d[\w-]*)\b|"  # an identifier with digits (A-1042, TRK99)
+    r"(?<=[a-z,;:] )([A-Z][a-z]{2,}(?:\s[A-Z][a-z]{2,})*)"  # a capitalised name mid-sentence
+)
+
+
+def salient_items(text: str) -> list[tuple[str, str]]:
+    """(item, its context) for each salient thing ``text`` introduces; the context is the
+    few words just before the item and right after it ("my flight is" for a flight), so
+    a question back about the flight finds it and one about the dog does not."""
+    found = []
+    for sentence in _SENTENCE.split(text):
+        for m in _ITEM.finditer(sentence):
+            item = next(g for g in m.groups() if g).strip()
+            if len(item.strip(",%")) >= 2:
+                before = sentence[: m.start()].split()[-5:]
+                after = sentence[m.end() :].split()[:2]
+                found.append((item, " ".join([*before, *after])))
+    return found
+
+
+_BACK_REFERENCE = re.compile(
+    r"\b(?:remind me|what(?:'s| was| were| is| are) my|what did i (?:say|tell|mention)"
+    r"|which \w+ did i|did i (?:say|tell|mention)"
+    r"|do you (?:remember|recall) (?:what|which|where|when|who|how|my))\b",
+    re.I,
+)
+_TOLD_ALREADY = re.compile(
+    r"\b(?:i (?:already|just) (?:told|said|answered|mentioned)|i told you (?:already|before)"
+    r"|you (?:already|just) asked|you asked (?:me )?(?:that|this|the same)"
+    r"|i said that already|i've already (?:told|said))\b",
+    re.I,
+)
+_STOP = frozenset(
+    """a an and are as at be but by can could did do does for from had has have how i i'm in
+    is it its me my of on or our please so that the their them then there these this to was
+    we were what when where which who why will with would you your again remind earlier
+    before remember said say tell told mentioned going ve ll re s t d m""".split()
+)
+
+
+def _content(text: str) -> set[str]:
+    return {w for w in _normal(text).split() if w not in _STOP and not w.isdigit()}
+
+
+def _questions(text: str) -> list[str]:
+    """The questions in ``text`` worth remembering an answer to: four words or more
+    ("and you?" is not one)."""
+    if "?" not in text:
+        return []
+    out = []
+    for sentence in _SENTENCE.split(text):
+        for q in sentence.split("?")[:-1]:
+            normal = _normal(q)
+            if len(normal.split()) >= 4:
+                out.append(normal)
+    return out
+
+
+@dataclass
+class _Stated:
+    """One thing the user stated, and what the answers after it did with it."""
+
+    kind: str  # "statement", "item", "answer" or "complaint"
+    key: str  # the slot as questions name it, the item, or the question answered
+    value: str  # what to find in a later answer ("" when nothing is looked for)
+    sentence: str
+    turn_id: str
+    position: int
+    slot: str = ""
+    """A statement's slot as ``consistency`` names it (``count:dogs``)."""
+    told: str = ""
+    """A statement's value as ``consistency`` reads it (``2``, ``yes``)."""
+    recalled: list[tuple[str, int]] = field(default_factory=list)
+    forgotten: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        normal = _normal(self.value)
+        self.wanted = f" {normal} " if normal else ""
+        """The value as it is searched for in a normalised answer ("" for nothing)."""
+
+
+@dataclass
+class FreeRetention:
+    """The reference-free retention scorer of one conversation: fed each completed turn
+    (the user's message and the answer) in order."""
+
+    stated: list[_Stated] = field(default_factory=list)
+    slots: dict[str, _Stated] = field(default_factory=dict)
+    """The user's latest statement per slot (``_slot_key``): the user may change their mind."""
+    answered: dict[str, list[_Stated]] = field(default_factory=dict)
+    """The user's answers by the question they answer."""
+    open_questions: list[str] = field(default_factory=list)
+    """The last answer's questions, waiting for the user's reply."""
+    last_turn: tuple[str, int] | None = None
+
+    def update(self, user: str, answer: str, turn_id: str, position: int) -> None:
+        if self.last_turn is not None and _TOLD_ALREADY.search(user):
+            prev_id, prev_position = self.last_turn
+            self.stated.append(
+                _Stated("complaint", "", "", user, prev_id, prev_position, forgotten=[
+                    {"turn_id": prev_id, "reason": "the user said they had already told it",
+                     "distance": 0}
+                ])
+            )  # fmt: skip
+        if self.open_questions and user.strip():
+            for q in self.open_questions:
+                answer_to = _Stated("answer", q, "", user, turn_id, position)
+                self.stated.append(answer_to)
+                self.answered.setdefault(q, []).append(answer_to)
+        self._read_user(user, turn_id, position)
+        self._check(user, answer, turn_id, position)
+        self.open_questions = _questions(answer)
+        self.last_turn = (turn_id, position)
+
+    def _read_user(self, user: str, turn_id: str, position: int) -> None:
+        values = set()
+        for s in statements(user):
+            thing = s.slot.partition(":")[2]
+            value = s.value if s.value not in ("yes", "no") else thing
+            key = _slot_key(s.slot)
+            stated = _Stated("statement", key, value, user, turn_id, position, s.slot, s.value)
+            self.slots[key] = stated
+            self.stated.append(stated)
+            values.add(_normal(value))
+        known = {s.value for s in self.stated if s.kind == "item"}
+        for item, sentence in salient_items(user):
+            if item not in known and _normal(item) not in values:
+                known.add(item)
+                self.stated.append(_Stated("item", item, item, sentence, turn_id, position))
+
+    def _check(self, user: str, answer: str, turn_id: str, position: int) -> None:
+        said = f" {_normal(answer)} "
+        heard = f" {_normal(user)} "
+        for slot in asked_slots(answer):
+            kind, _, thing = slot.partition(":")
+            key = f"has:{thing}" if kind == "count" else slot
+            earlier = self.slots.get(key)
+            if earlier is not None:
+                self._forget(earlier, turn_id, position, f"asked again: {slot}")
+        for s in statements(answer, addressee=True, speaker=False):
+            earlier = self.slots.get(_slot_key(s.slot))
+            if earlier is None or earlier.slot != s.slot:
+                continue
+            if earlier.told != s.value:
+                what = f"stated {s.slot}={s.value!r}, was told {earlier.told!r}"
+                self._forget(earlier, turn_id, position, what)
+        for question in set(_questions(answer)):
+            for answer_to in self.answered.get(question, ()):
+                self._forget(answer_to, turn_id, position, "asked the same question again")
+        back_reference = _BACK_REFERENCE.search(user) is not None
+        asked = _content(user) if back_reference else set()
+        for stated in self.stated:
+            wanted = stated.wanted
+            if not wanted or stated.position >= position:
+                continue  # nothing to look for, or stated in the message answered
+            if wanted in said and wanted not in heard:
+                self._recall(stated, turn_id, position)
+            elif (
+                back_reference
+                and stated.kind == "item"
+                and wanted not in heard
+                and asked & _content(stated.sentence)
+            ):
+                self._forget(stated, turn_id, position, "not stated when asked back")
+
+    def _recall(self, stated: _Stated, turn_id: str, position: int) -> None:
+        if not stated.recalled or stated.recalled[-1][0] != turn_id:
+            stated.recalled.append((turn_id, position - stated.position))
+
+    def _forget(self, stated: _Stated, turn_id: str, position: int, reason: str) -> None:
+        if any(f["turn_id"] == turn_id for f in stated.forgotten):
+            return
+        stated.forgotten.append(
+            {"turn_id": turn_id, "reason": reason, "distance": position - stated.position}
+        )
+
+    def result(self) -> Score:
+        if not self.stated:
+            return Score.not_applicable(
+                "the scenario declares no facts and probes, and the user stated nothing "
+                "checkable (about themself, numbers, names, IDs, answers to questions)"
+            )
+        forgotten = [s for s in self.stated if s.forgotten]
+        recalled = [s for s in self.stated if s.recalled and not s.forgotten]
+        events: dict[int, list[float]] = {}
+        for s in self.stated:
+            for _, distance in s.recalled:
+                events.setdefault(distance, []).append(1.0)
+            for f in s.forgotten:
+                events.setdefault(f["distance"], []).append(0.0)
+        missed = [
+            {"what": s.key or s.sentence, "kind": s.kind, "stated_in": s.turn_id, **f}
+            for s in forgotten
+            for f in s.forgotten
+        ]
+        return Score(
+            value=1.0 - len(forgotten) / len(self.stated),
+            details={
+                "mode": "reference-free",
+                "checks": len(self.stated),
+                "recalled": len(recalled),
+                "forgotten": len(forgotten),
+                "untouched": len(self.stated) - len(recalled) - len(forgotten),
+                "evidence": len(recalled) + len(forgotten),
+                "curve": {str(d): sum(v) / len(v) for d, v in sorted(events.items())},
+                "curve_n": {str(d): len(v) for d, v in sorted(events.items())},
+                "contradictions": [m for m in missed if m["reason"].startswith("stated ")],
+                "missed": missed,
+                "unintroduced": 0,
+            },
+        )

@@ -13,6 +13,9 @@ gone once it is back where the calls in flight were at the cut. A rare 429 so co
 few calls' worth of concurrency for a moment, not the run's pace, while a real overload
 still halves the load at once. :class:`Budgets` hands out one budget per key, so the
 model under test, the simulated user and a judge that share an API key share its limits.
+
+Across processes (runs on Ray), a 429's pause is heard through ``on_pause`` and passed
+on to the other processes' budgets of the same key with :meth:`Budgets.pause`.
 """
 
 from __future__ import annotations
@@ -95,6 +98,9 @@ class ProviderBudget:
     _cut_after: int = -1
     """The sequence of the last call admitted before the cap was last cut."""
     _freed: anyio.Event | None = None
+    on_pause: Callable[[str, float], None] | None = None
+    """Called with (key, seconds) when a 429 pauses the key: how other processes using
+    the key hear of it (None: nobody listens)."""
     _stats: dict[str, int] = field(
         default_factory=lambda: {
             "in_flight": 0,
@@ -182,6 +188,8 @@ class ProviderBudget:
         self._stats["rate_limited"] += 1
         pause = 1.0 if retry_after is None else retry_after
         self._paused_until = max(self._paused_until, self.clock() + pause)
+        if self.on_pause is not None and pause > 0:
+            self.on_pause(self.key, pause)
         if permit is not None and permit.sequence <= self._cut_after:
             return  # sent before the last cut: the same overload, already answered
         self._cut_after = self._admitted
@@ -191,6 +199,17 @@ class ProviderBudget:
             self._cap = max(1.0, in_flight / 2)
         else:
             self._cap = max(1.0, self._cap / 2)
+
+    def pause(self, seconds: float) -> None:
+        """Send nothing for ``seconds``: a 429's pause heard from another process using
+        the key (the calls in flight here are not cut: that process's 429 was not theirs)."""
+        if seconds > 0:
+            self._paused_until = max(self._paused_until, self.clock() + seconds)
+
+    @property
+    def paused_for(self) -> float:
+        """Seconds until the key may send again (0 when it is not paused)."""
+        return max(0.0, self._paused_until - self.clock())
 
     _uncapped_at: float = 2.0
     """Where a recovering cap is lifted: the calls in flight at the first cut."""
@@ -215,20 +234,32 @@ class Budgets:
     """One :class:`ProviderBudget` per provider key.
 
     Adapters asking for the same key share one budget with the stricter of their
-    limits. Create one per application (a :class:`~convsim.Simulator`
-    owns one); nothing is shared between two instances.
+    limits; ``on_pause(key, seconds)`` hears every 429 pause. Create one per
+    application (a :class:`~convsim.Simulator` owns one); nothing is shared between two
+    instances.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, on_pause: Callable[[str, float], None] | None = None) -> None:
         self._budgets: dict[str, ProviderBudget] = {}
+        self._on_pause = on_pause
 
     def get(self, key: str, limits: BudgetLimits) -> ProviderBudget:
         budget = self._budgets.get(key)
         if budget is None:
-            budget = self._budgets[key] = ProviderBudget(key, limits)
+            budget = ProviderBudget(key, limits, on_pause=self._on_pause)
+            self._budgets[key] = budget
         else:
             budget.tighten(limits)
         return budget
+
+    def pause(self, key: str, seconds: float) -> bool:
+        """Pause the budget of ``key`` for ``seconds`` (a 429 another process heard);
+        False when no adapter here uses that key."""
+        budget = self._budgets.get(key)
+        if budget is None:
+            return False
+        budget.pause(seconds)
+        return True
 
     def statistics(self) -> list[BudgetStatistics]:
         return [b.statistics() for b in self._budgets.values()]

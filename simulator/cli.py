@@ -586,10 +586,20 @@ def _run_on_ray(
             last[0] = now
             err.print(f"ray: {done}/{total} finished, {busy} actor(s) busy", highlight=False)
 
+    def interrupted(at_once: bool) -> None:
+        if at_once:
+            err.print("stopping at once: in-flight conversations are cancelled on every actor")
+        else:
+            err.print(
+                "stopping: every actor starts no more conversations and its in-flight ones "
+                "get the grace period (signal again to stop at once)"
+            )
+
     outcome = run_on_ray(
         pack, model_spec, out=out, actors=actors, address=address,
         model_args=parse_model_args(model_args), metrics=metrics, seed=seed,
         concurrency=concurrency, limit=limit, resume=resume, on_progress=progress,
+        on_interrupt=interrupted,
     )  # fmt: skip
     report = summarize_file(out)
     _print_report(report)
@@ -603,6 +613,12 @@ def _run_on_ray(
     )
     if html_out is not None:
         _write_report_html(out, html_out)
+    if outcome.interrupted:
+        print_error(
+            f"interrupted: {outcome.results} conversations recorded; run again with "
+            "--resume to finish the rest"
+        )
+        sys.exit(EXIT_INTERRUPTED)
     _check_gates(report, fail_under)
 
 

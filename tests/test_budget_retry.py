@@ -685,3 +685,25 @@ async def test_an_adapter_waiting_to_retry_counts_as_retrying() -> None:
     assert (stats.retrying, stats.in_flight, stats.requests) == (0, 0, 2)
     assert texts == ["ok"]
     await model.aclose()
+
+
+async def test_a_429_pause_is_heard_and_can_be_passed_to_another_budget() -> None:
+    heard: list[tuple[str, float]] = []
+    here = Budgets(on_pause=lambda key, seconds: heard.append((key, seconds)))
+    budget = here.get("openai|https://api.example/v1|ab12", BudgetLimits())
+    budget.rate_limited(2.5)
+    budget.rate_limited(0.0)  # Retry-After: 0 pauses nothing, so there is nothing to tell
+    assert heard == [("openai|https://api.example/v1|ab12", 2.5)]
+
+    # another process's budget of the same key pauses for what was heard, no more
+    clock = FakeClock()
+    there = ProviderBudget("openai|https://api.example/v1|ab12", BudgetLimits(), clock=clock)
+    elsewhere = Budgets()
+    elsewhere._budgets[there.key] = there
+    assert elsewhere.pause(there.key, 2.5) and not elsewhere.pause("other|key", 2.5)
+    assert there.paused_for == 2.5
+    permit = await there.acquire(1, sleep=clock.sleep)
+    assert clock.sleeps == [2.5] and permit.queue_wait_s == 2.5
+    there.release(permit, None, ok=True)
+    # a heard pause cuts nothing: the 429 was another process's calls' answer
+    assert there.statistics().in_flight_cap is None and there.statistics().rate_limited == 0

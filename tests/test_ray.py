@@ -164,3 +164,214 @@ def test_a_load_test_runs_on_ray_workers_and_merges_their_measurements(tmp_path:
     assert len(per_worker) == 2 and all(d is not None and d >= 0 for d in per_worker)
     assert abs(data["achieved_rate"] - 20.0) < 1.0  # the two shares make the whole schedule
     assert data["requests"]["completed"] >= 35 and data["requests"]["failed"] == 0
+
+
+class _Recorder:
+    """A chat-completions server that answers after ``delay`` seconds, records when each
+    request arrived, and answers one request (the ``refuse_at``-th) with a 429."""
+
+    def __init__(self, delay: float, refuse_at: int, retry_after: float) -> None:
+        self.delay, self.refuse_at, self.retry_after = delay, refuse_at, retry_after
+        self.arrivals: list[float] = []
+        self.refused_at: float | None = None
+
+    async def handle(self, request: Any) -> Any:
+        import time
+
+        import anyio
+        from aiohttp import web
+
+        body = await request.json()
+        self.arrivals.append(time.monotonic())
+        if len(self.arrivals) == self.refuse_at:
+            self.refused_at = self.arrivals[-1]
+            return web.json_response(
+                {"error": {"message": "slow down", "type": "requests"}},
+                status=429,
+                headers={"Retry-After": str(self.retry_after)},
+            )
+        await anyio.sleep(self.delay)
+        usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        if body.get("stream"):
+            chunk = {"choices": [{"index": 0, "delta": {"content": "fine thanks"}}]}
+            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage}
+            text = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(end)}\n\ndata: [DONE]\n\n"
+            return web.Response(text=text, content_type="text/event-stream")
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "fine thanks"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": usage,
+            }
+        )
+
+
+def _serving(recorder: _Recorder) -> Any:
+    import contextlib
+
+    from aiohttp import web
+
+    @contextlib.asynccontextmanager
+    async def serve() -> Any:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", recorder.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            await runner.cleanup()
+
+    return serve()
+
+
+def test_a_429_on_one_actor_pauses_every_actor_using_the_key(tmp_path: Path) -> None:
+    from anyio.from_thread import start_blocking_portal
+
+    recorder = _Recorder(delay=0.1, refuse_at=6, retry_after=3.0)
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(_serving(recorder)) as base_url,
+    ):
+        outcome = run_on_ray(
+            "customer_support",
+            "openai-compatible:m",
+            out=tmp_path / "paused.jsonl",
+            actors=2,
+            model_args={"base_url": base_url},
+            concurrency=2,  # one call at a time per actor
+        )
+    assert outcome.results == 14 and outcome.pauses_relayed >= 1
+    assert recorder.refused_at is not None
+    # the actor that got the 429 waits 3 s; the other one hears of it within a poll or
+    # two, and the server then sees nothing from either until the pause is over
+    quiet = [t - recorder.refused_at for t in recorder.arrivals if t > recorder.refused_at]
+    assert not [t for t in quiet if 1.0 < t < 2.8], quiet
+    assert any(t >= 2.8 for t in quiet)  # and the run went on after it
+
+
+def test_n_actors_together_stay_within_the_servers_rpm(tmp_path: Path) -> None:
+    """A mock server that refuses over R requests in any window, and a budget of R split
+    between two actors: no 429, with the pace close to R (so a budget that was not split,
+    twice R, would be refused). The mock's clock runs 10x, so its minute is 6 s."""
+    import time
+
+    from anyio.from_thread import start_blocking_portal
+
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    (pack / "turn_configs.yml").write_text(
+        json.dumps(
+            {
+                "default": {
+                    "max_turns": 1,
+                    "turns": [{"turn_id": "t0", "prompt_template": "Hello {n}"}],
+                }
+            }
+        )
+    )
+    (pack / "scenarios.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"scenario_id": f"s{i:03d}", "scenario_description": "hi", "variables": {"n": i}}
+            )
+            + "\n"
+            for i in range(360)
+        )
+    )
+    admitted: list[float] = []
+
+    def fast_clock() -> float:
+        now = time.monotonic() * 10.0
+        admitted.append(now)
+        return now
+
+    server = MockModelServer(MockServerConfig(rpm=300), clock=fast_clock)
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(server) as mock:
+        outcome = run_on_ray(
+            pack,
+            "openai-compatible:mock-model",
+            out=tmp_path / "rpm.jsonl",
+            actors=2,
+            # 300 per 6 s is 3,000 per minute of real time: 1,500 for each actor
+            model_args={"base_url": mock.base_url, "rpm": "3000"},
+            metrics=["latency"],
+            concurrency=16,
+        )
+        stats = server.statistics()
+    assert outcome.results == 360
+    assert stats.rate_limited == 0
+    busiest = max(sum(1 for u in admitted if t - 60.0 < u <= t) for t in admitted)
+    assert 270 <= busiest <= 300  # near the limit, never over it
+
+
+def test_ctrl_c_stops_every_actor_gracefully_and_a_resume_finishes(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "interrupted.jsonl"
+    script = (
+        "import json\n"
+        "from convsim.distributed import run_on_ray\n"
+        f"o = run_on_ray('customer_support', 'scripted', out={str(out)!r}, actors=2,\n"
+        "               model_args={'latency': '0.3'}, concurrency=2)\n"
+        "print(json.dumps({'interrupted': o.interrupted, 'results': o.results}))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if out.exists() and len(out.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)  # the driver only, as a terminal's Ctrl-C would
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stdout
+    outcome = json.loads(stdout.strip().splitlines()[-1])
+    recorded = convsim.read_results(out)
+    assert outcome["interrupted"] and 2 <= outcome["results"] < 14
+    # in-flight conversations had the grace period to finish: none was cut short
+    assert all(r.status is convsim.Status.DONE for r in recorded)
+    assert len(recorded) == len({r.conversation_id for r in recorded}) == outcome["results"]
+    manifest = json.loads(out.with_suffix(".manifest.json").read_text())
+    assert manifest["finished_at"] is not None  # the results file was closed properly
+    rest = run_on_ray("customer_support", "scripted", out=out, actors=2, resume=True)
+    assert rest.results == 14 - outcome["results"] and not rest.interrupted
+    ids = [r.conversation_id for r in convsim.read_results(out)]
+    assert len(ids) == len(set(ids)) == 14
+
+
+@pytest.mark.anyio
+async def test_a_ray_run_handle_can_be_stopped_and_waited_for(tmp_path: Path) -> None:
+    from convsim.distributed import RaySimulator
+
+    sink = convsim.JsonlSink(tmp_path / "handle.jsonl")
+    async with RaySimulator("scripted", actors=2, concurrency=2,
+                            model_args={"latency": "0.2"}) as sim:  # fmt: skip
+        handle = sim.run("customer_support", sink=sink)
+        first = await handle.__anext__()
+        handle.stop()
+        rest = [r async for r in handle]
+        outcome = await handle.wait()
+    got = [first, *rest]
+    assert outcome.interrupted and len(got) == outcome.results < 14
+    assert handle.statistics().finished == outcome.results and handle.statistics().total == 14
+    assert len(convsim.read_results(tmp_path / "handle.jsonl")) == len(got)
+    assert all(r.status is convsim.Status.DONE for r in got)

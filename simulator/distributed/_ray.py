@@ -12,13 +12,16 @@ split evenly among the actors, so together they stay within it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import signal
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -26,7 +29,15 @@ from convsim._errors import ConfigError
 from convsim._log import get_logger
 from convsim._records import ConversationResult
 
-__all__ = ["shard_of", "RayRun", "RaySimulator", "run_on_ray", "ensure_ray"]
+__all__ = [
+    "shard_of",
+    "RayRun",
+    "RayProgress",
+    "RayRunHandle",
+    "RaySimulator",
+    "run_on_ray",
+    "ensure_ray",
+]
 
 log = get_logger("convsim.distributed")
 
@@ -112,37 +123,116 @@ def _todo(loaded: Any, done: set[str], limit: int | None) -> list[str]:
     return todo if limit is None else todo[:limit]
 
 
+class _Taken(NamedTuple):
+    """What an actor hands the driver at a poll."""
+
+    lines: list[str]
+    """Results finished since the last poll, as JSON lines."""
+    finished: bool
+    """Whether the actor's run has ended."""
+    error: str | None
+    """Why the run failed, when it did."""
+    pauses: list[tuple[str, float]]
+    """429 pauses heard since the last poll: (provider key, wall-clock end)."""
+
+
+class _Shipment(NamedTuple):
+    """A pack as it travels to the actors: its folder's files by relative path (what an
+    actor on another machine needs without a shared file system) and the folder's name;
+    no files for a pack that is not a folder (a registered source), loaded by ``name``."""
+
+    files: dict[str, bytes]
+    name: str
+
+
+def _ship(spec: str | Path, loaded: Any) -> _Shipment:
+    folder = Path(loaded.path)
+    if not folder.is_dir():
+        return _Shipment({}, str(spec))
+    files = {
+        str(f.relative_to(folder)): f.read_bytes()
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and "__pycache__" not in f.parts
+    }
+    return _Shipment(files, folder.name)
+
+
+def _unpack(files: Mapping[str, bytes], name: str, into: Path) -> Path | str:
+    if not files:
+        return name
+    folder = into / name
+    for relative, data in files.items():
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return folder
+
+
 class _Shard:
     """One actor: a runtime over its share of the conversations (made a Ray actor by
     :func:`run_on_ray`, so this module imports without Ray)."""
 
     def __init__(self) -> None:
         self.buffer: list[str] = []
+        self.pauses: list[tuple[str, float]] = []
         self.finished = False
         self.error: str | None = None
+        self.budgets: Any = None
+        self.handle: Any = None
+        self.stop_asked = False
+        self.stop_grace: float | None = None
+        """A stop asked before the run had started, and its grace period."""
 
-    async def start(self, pack: str, settings: dict[str, Any], only: list[str]) -> None:
+    async def start(
+        self, files: dict[str, bytes], name: str, settings: dict[str, Any], only: list[str]
+    ) -> None:
         import asyncio
 
-        asyncio.get_running_loop().create_task(self._run(pack, settings, only))
+        asyncio.get_running_loop().create_task(self._run(files, name, settings, only))
 
-    async def _run(self, pack: str, settings: dict[str, Any], only: list[str]) -> None:
+    async def _run(
+        self, files: dict[str, bytes], name: str, settings: dict[str, Any], only: list[str]
+    ) -> None:
+        import tempfile
+
         from convsim import Simulator
+        from convsim.adapters import Budgets
 
         try:
-            async with Simulator(**settings) as sim:
-                async for result in sim.run(pack, only=set(only)):
-                    self.buffer.append(result.model_dump_json())
+            with tempfile.TemporaryDirectory(prefix="convsim-shard-") as tmp:
+                folder = _unpack(files, name, Path(tmp))
+                self.budgets = Budgets(on_pause=self._heard)
+                async with Simulator(budgets=self.budgets, **settings) as sim:
+                    self.handle = sim.run(folder, only=set(only))
+                    if self.stop_asked:
+                        self.handle.stop(self.stop_grace)
+                    async for result in self.handle:
+                        self.buffer.append(result.model_dump_json())
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.finished = True
 
-    async def take(self) -> tuple[list[str], bool, str | None]:
-        """The results finished since the last call, whether the shard is done, and
-        its error if it failed."""
+    def _heard(self, key: str, seconds: float) -> None:
+        self.pauses.append((key, time.time() + seconds))
+
+    async def pause(self, key: str, until: float) -> None:
+        """Pause this actor's budget of ``key`` until the wall-clock time ``until``: a
+        429 another actor heard."""
+        if self.budgets is not None:
+            self.budgets.pause(key, until - time.time())
+
+    async def stop(self, grace_period: float | None) -> None:
+        """Start no more conversations; in-flight ones get the grace period."""
+        self.stop_asked, self.stop_grace = True, grace_period
+        if self.handle is not None:
+            self.handle.stop(grace_period)
+
+    async def take(self) -> _Taken:
+        """The results and 429 pauses since the last call, and the shard's state."""
         taken, self.buffer = self.buffer, []
-        return taken, self.finished, self.error
+        pauses, self.pauses = self.pauses, []
+        return _Taken(taken, self.finished, self.error, pauses)
 
 
 @dataclass
@@ -156,81 +246,198 @@ class RayRun:
     first_result_s: float | None
     elapsed_s: float
     shards: dict[int, int] = field(default_factory=dict)
+    pauses_relayed: int = 0
+    """429 pauses one actor heard and passed on to the others."""
+    interrupted: bool = False
+    """The run was stopped before every conversation had run."""
 
 
-async def _drive(
-    pack: Any,
-    todo: list[str],
-    settings: dict[str, Any],
-    actors: int,
-    write: Callable[[ConversationResult], Any],
-    kill_after: Callable[[int, Any], None] | None,
-    on_progress: Callable[[int, int, int], None] | None = None,
-) -> RayRun:
-    import ray
+class RayProgress(NamedTuple):
+    """The whole cluster's progress, as the driver sees it."""
 
-    remote = ray.remote(num_cpus=0)(_Shard)
-    started = time.perf_counter()
-    shards: dict[int, list[str]] = {k: [] for k in range(actors)}
-    for cid in todo:
-        shards[shard_of(cid, actors)].append(cid)
-    pending: dict[int, set[str]] = {k: set(ids) for k, ids in shards.items() if ids}
-    handles: dict[int, Any] = {}
-    for k, ids in shards.items():
-        if ids:
-            handles[k] = remote.remote()
-            await handles[k].start.remote(str(pack.path), settings, ids)
-    written: set[str] = set()
-    restarted = duplicates = 0
-    first: float | None = None
-    while pending:
-        await anyio.sleep(_POLL_S)
-        if on_progress is not None:
-            on_progress(len(written), len(todo), len(pending))
-        for k in list(pending):
-            try:
-                lines, finished, error = await handles[k].take.remote()
-            except ray.exceptions.RayActorError:
-                # the actor died: its unfinished conversations go to a new one
-                restarted += 1
-                left = sorted(pending[k])
-                log.warning("ray_actor_died", shard=k, restarting=len(left))
-                handles[k] = remote.remote()
-                await handles[k].start.remote(str(pack.path), settings, left)
-                continue
-            for line in lines:
-                result = ConversationResult.model_validate_json(line)
-                cid = result.conversation_id
-                if cid in written:
-                    duplicates += 1
-                    continue
-                written.add(cid)
-                pending[k].discard(cid)
-                if first is None:
-                    first = time.perf_counter() - started
-                await write(result)
-                if kill_after is not None:
-                    kill_after(len(written), handles[k])
-            if finished and error is not None:
-                raise ConfigError(f"shard {k} failed: {error}")
-            if (finished and not pending[k]) or finished:
-                del pending[k]
-    for handle in handles.values():
-        ray.kill(handle)
-    return RayRun(
-        results=len(written),
-        actors=actors,
-        restarted_actors=restarted,
-        duplicates_dropped=duplicates,
-        first_result_s=first,
-        elapsed_s=time.perf_counter() - started,
-        shards={k: len(v) for k, v in shards.items()},
-    )
+    finished: int
+    total: int
+    busy_actors: int
+    elapsed_s: float
+
+
+@dataclass
+class _StopRequest:
+    """A stop the driver passes to every actor: the grace period (None: the runtime's)."""
+
+    asked: bool = False
+    grace_period: float | None = None
+    count: int = 0
+    """Stops asked so far (a second one usually with 0: at once)."""
+    sent: int = 0
+    """Stops the actors have been told of."""
+
+    def ask(self, grace_period: float | None = None) -> None:
+        self.asked = True
+        self.grace_period = grace_period
+        self.count += 1
+
+
+@dataclass
+class _Driver:
+    """Drives one run's actors: starts them, polls them for results and 429 pauses,
+    relays pauses, restarts the dead, passes a stop on."""
+
+    shipment: _Shipment
+    todo: list[str]
+    settings: dict[str, Any]
+    actors: int
+    write: Callable[[ConversationResult], Any]
+    kill_after: Callable[[int, Any], None] | None = None
+    stop: _StopRequest = field(default_factory=_StopRequest)
+    written: set[str] = field(default_factory=set)
+    busy: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def progress(self) -> RayProgress:
+        return RayProgress(
+            len(self.written), len(self.todo), self.busy, time.perf_counter() - self.started
+        )
+
+    async def run(self, on_progress: Callable[[int, int, int], None] | None = None) -> RayRun:
+        import ray
+
+        remote = ray.remote(num_cpus=0)(_Shard)
+        files = ray.put(self.shipment.files)
+        name = self.shipment.name
+        shards: dict[int, list[str]] = {k: [] for k in range(self.actors)}
+        for cid in self.todo:
+            shards[shard_of(cid, self.actors)].append(cid)
+        pending: dict[int, set[str]] = {k: set(ids) for k, ids in shards.items() if ids}
+        handles: dict[int, Any] = {}
+        restarted = duplicates = relayed = 0
+        first: float | None = None
+        try:
+            for k, ids in shards.items():
+                if ids:
+                    handles[k] = remote.remote()
+                    await handles[k].start.remote(files, name, self.settings, ids)
+            self.busy = len(pending)
+            while pending:
+                await anyio.sleep(_POLL_S)
+                if self.stop.count > self.stop.sent:
+                    self.stop.sent = self.stop.count
+                    for k in pending:
+                        await handles[k].stop.remote(self.stop.grace_period)
+                if on_progress is not None:
+                    on_progress(len(self.written), len(self.todo), len(pending))
+                for k in list(pending):
+                    try:
+                        taken = await handles[k].take.remote()
+                    except ray.exceptions.RayActorError:
+                        if self.stop.asked:
+                            del pending[k]  # stopping: its conversations wait for a resume
+                            continue
+                        # the actor died: its unfinished conversations go to a new one
+                        restarted += 1
+                        left = sorted(pending[k])
+                        log.warning("ray_actor_died", shard=k, restarting=len(left))
+                        handles[k] = remote.remote()
+                        await handles[k].start.remote(files, name, self.settings, left)
+                        continue
+                    for key, until in taken.pauses:
+                        for j, other in handles.items():
+                            if j != k and j in pending:
+                                other.pause.remote(key, until)
+                                relayed += 1
+                        log.info("ray_429_relayed", key=key, pause_s=round(until - time.time(), 3))
+                    for line in taken.lines:
+                        result = ConversationResult.model_validate_json(line)
+                        cid = result.conversation_id
+                        if cid in self.written:
+                            duplicates += 1
+                            continue
+                        self.written.add(cid)
+                        pending[k].discard(cid)
+                        if first is None:
+                            first = time.perf_counter() - self.started
+                        await self.write(result)
+                        if self.kill_after is not None:
+                            self.kill_after(len(self.written), handles[k])
+                    if taken.finished and taken.error is not None:
+                        raise ConfigError(f"shard {k} failed: {taken.error}")
+                    if taken.finished:
+                        del pending[k]
+                self.busy = len(pending)
+        finally:
+            for handle in handles.values():
+                ray.kill(handle)
+        return RayRun(
+            results=len(self.written),
+            actors=self.actors,
+            restarted_actors=restarted,
+            duplicates_dropped=duplicates,
+            first_result_s=first,
+            elapsed_s=time.perf_counter() - self.started,
+            shards={k: len(v) for k, v in shards.items()},
+            pauses_relayed=relayed,
+            interrupted=self.stop.asked and len(self.written) < len(self.todo),
+        )
+
+
+class RayRunHandle:
+    """One run on Ray: iterate it for results as conversations finish, as with
+    :class:`~convsim.RunHandle`. Returned by :meth:`RaySimulator.run`; the work starts
+    on creation and goes on in the simulator's task group whether or not you iterate."""
+
+    def __init__(self) -> None:
+        self._send, self._receive = anyio.create_memory_object_stream[ConversationResult](1_000_000)
+        self._finished = anyio.Event()
+        self._error: BaseException | None = None
+        self._driver: _Driver | None = None
+        self._stop = _StopRequest()
+        self.outcome: RayRun | None = None
+        """What the run did, once it has ended."""
+
+    def __aiter__(self) -> RayRunHandle:
+        return self
+
+    async def __anext__(self) -> ConversationResult:
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._receive.close()
+            if self._error is not None:
+                raise self._error from None
+            raise StopAsyncIteration from None
+
+    async def wait(self) -> RayRun:
+        """Wait until the run has ended; what it did."""
+        await self._finished.wait()
+        if self._error is not None:
+            raise self._error
+        assert self.outcome is not None
+        return self.outcome
+
+    def close(self) -> None:
+        """Stop delivering results to this handle (the run and its sink go on)."""
+        self._receive.close()
+
+    def stop(self, grace_period: float | None = None) -> None:
+        """Start no more conversations on any actor; in-flight ones get the grace period
+        (default: the runtime's); a second call with 0 cancels them at once."""
+        self._stop.ask(grace_period)
+
+    def statistics(self) -> RayProgress:
+        if self._driver is None:
+            return RayProgress(0, 0, 0, 0.0)
+        return self._driver.progress()
+
+    async def _deliver(self, result: ConversationResult) -> None:
+        # nobody may read this handle any more: the sink still has the result
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._send.send(result)
 
 
 class RaySimulator:
-    """The :class:`~convsim.Simulator` API on Ray: ``async with RaySimulator(...) as sim``
-    and ``async for result in sim.run(pack, sink=...)``, results in finishing order."""
+    """The :class:`~convsim.Simulator` API on Ray: ``async with RaySimulator(...) as sim``,
+    then ``handle = sim.run(pack, sink=...)`` and ``async for result in handle``,
+    results in finishing order. Leaving the block stops unfinished runs gracefully."""
 
     def __init__(
         self,
@@ -246,49 +453,70 @@ class RaySimulator:
         self.actors, self.address = actors, address
         self.settings = _shard_settings(model, actors, model_args, metrics, seed, concurrency)
         self.last: RayRun | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._handles: list[RayRunHandle] = []
 
     async def __aenter__(self) -> RaySimulator:
         ensure_ray(self.address)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
-        return None
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        for handle in self._handles:
+            if not handle._finished.is_set():
+                handle.stop()
+        assert self._tg is not None
+        try:
+            return await self._tg.__aexit__(*exc)
+        finally:
+            self._tg = None
 
-    async def run(
-        self, pack: str | Path, *, sink: Any = None, limit: int | None = None
-    ) -> AsyncIterator[ConversationResult]:
-        """Run ``pack``; yields each conversation's result as it finishes (written to
-        ``sink`` first, when one is given)."""
+    def run(self, pack: str | Path, *, sink: Any = None, limit: int | None = None) -> RayRunHandle:
+        """Start running ``pack`` on the actors (written to ``sink`` too, when given).
+
+        Raises:
+            ConfigError: outside ``async with RaySimulator(...)``.
+            PackError: the pack is invalid (before anything runs).
+        """
         from convsim import load_pack
 
+        if self._tg is None:
+            raise ConfigError("RaySimulator.run() needs 'async with RaySimulator(...)' first")
         loaded = load_pack(pack)
+        handle = RayRunHandle()
+        self._handles.append(handle)
+        self._tg.start_soon(self._produce, handle, pack, loaded, sink, limit)
+        return handle
+
+    async def _produce(
+        self, handle: RayRunHandle, spec: str | Path, loaded: Any, sink: Any, limit: int | None
+    ) -> None:
         manifest = _manifest(loaded, self.settings, self.actors)
-        done = await sink.open(manifest) if sink is not None else set()
-        todo = _todo(loaded, done, limit)
-        send, receive = anyio.create_memory_object_stream[ConversationResult](1_000_000)
 
         async def deliver(result: ConversationResult) -> None:
             if sink is not None:
                 await sink.write(result)
-            await send.send(result)
+            await handle._deliver(result)
 
-        async def produce() -> None:
-            async with send:
+        try:
+            async with handle._send:
+                done = await sink.open(manifest) if sink is not None else set()
+                handle._driver = _Driver(
+                    _ship(spec, loaded), _todo(loaded, done, limit), self.settings,
+                    self.actors, deliver, stop=handle._stop,
+                )  # fmt: skip
                 try:
-                    self.last = await _drive(
-                        loaded, todo, self.settings, self.actors, deliver, None
-                    )
+                    handle.outcome = self.last = await handle._driver.run()
                 finally:
                     if sink is not None:
                         manifest.finished_at = time.time()
                         with anyio.CancelScope(shield=True):
                             await sink.close(manifest)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(produce)
-            async with receive:
-                async for result in receive:
-                    yield result
+        except Exception as exc:
+            handle._error = exc
+        finally:
+            handle._finished.set()
 
 
 def run_on_ray(
@@ -306,14 +534,22 @@ def run_on_ray(
     resume: bool = False,
     kill_after: Callable[[int, Any], None] | None = None,
     on_progress: Callable[[int, int, int], None] | None = None,
+    on_interrupt: Callable[[bool], None] | None = None,
 ) -> RayRun:
     """Run ``pack`` on Ray with ``actors`` actors into the results file ``out``.
 
     Without ``address`` a local Ray instance is started (2 CPUs' worth of actors are
-    light: they mostly wait on models); with one, the cluster is joined. ``kill_after``
-    is for tests: called after each recorded result with the count and an actor.
-    ``on_progress(done, total, busy_actors)`` is called a few times a second with the
-    whole cluster's progress.
+    light: they mostly wait on models); with one, the cluster is joined. The pack's
+    files travel to the actors with the work, so a cluster needs no shared file system.
+    ``kill_after`` is for tests: called after each recorded result with the count and
+    an actor. ``on_progress(done, total, busy_actors)`` is called a few times a second
+    with the whole cluster's progress.
+
+    Called from the main thread, SIGINT and SIGTERM stop the run gracefully: every actor
+    starts no more conversations and its in-flight ones get the grace period; a second
+    signal cancels them at once. Finished results are written, the rest wait for a
+    resume; ``on_interrupt(at_once)`` hears each signal and the outcome says
+    ``interrupted``.
 
     Raises:
         ConfigError: Ray is not installed (``pip install 'convsim[ray]'``), or a shard
@@ -327,16 +563,30 @@ def run_on_ray(
     ensure_ray(address)  # before the results file: without Ray, nothing is created
     sink = JsonlSink(out, resume=resume)
     sink.prepare()
+    signals = threading.current_thread() is threading.main_thread()
+
+    async def watch_signals(stop: _StopRequest) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+            async for _ in received:
+                at_once = stop.asked
+                stop.ask(0.0 if at_once else None)
+                log.warning("ray_run_stopping", at_once=at_once)
+                if on_interrupt is not None:
+                    on_interrupt(at_once)
 
     async def main() -> RayRun:
         todo = _todo(loaded, await sink.open(manifest), limit)
+        driver = _Driver(_ship(pack, loaded), todo, settings, actors, sink.write, kill_after)
         try:
-            outcome = await _drive(
-                loaded, todo, settings, actors, sink.write, kill_after, on_progress
-            )
+            async with anyio.create_task_group() as tg:
+                if signals:
+                    tg.start_soon(watch_signals, driver.stop)
+                outcome = await driver.run(on_progress)
+                tg.cancel_scope.cancel()
         finally:
             manifest.finished_at = time.time()
-            await sink.close(manifest)
+            with anyio.CancelScope(shield=True):
+                await sink.close(manifest)
         return outcome
 
     return anyio.run(main)

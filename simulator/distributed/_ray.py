@@ -570,7 +570,7 @@ def run_on_ray(
             async for _ in received:
                 at_once = stop.asked
                 stop.ask(0.0 if at_once else None)
-                log.warning("ray_run_stopping", at_once=at_once)
+                log.info("ray_run_stopping", at_once=at_once)
                 if on_interrupt is not None:
                     on_interrupt(at_once)
 

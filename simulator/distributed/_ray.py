@@ -323,7 +323,9 @@ class _Driver:
                 if self.stop.count > self.stop.sent:
                     self.stop.sent = self.stop.count
                     for k in pending:
-                        await handles[k].stop.remote(self.stop.grace_period)
+                        # a dead actor has nothing to stop: the poll below sees it
+                        with contextlib.suppress(ray.exceptions.RayActorError):
+                            await handles[k].stop.remote(self.stop.grace_period)
                 if on_progress is not None:
                     on_progress(len(self.written), len(self.todo), len(pending))
                 for k in list(pending):

@@ -40,12 +40,13 @@ from ._consistency import _END, _PHRASE, statements
 
 __all__ = ["FreeRetention", "asked_slots", "salient_items"]
 
-_WORDS = re.compile(r"[^\w]+")
+_WORD = re.compile(r"\w+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
 def _normal(text: str) -> str:
-    return " ".join(_WORDS.sub(" ", text.casefold()).split())
+    """Lower-cased words, one space apart: what values are compared in."""
+    return " ".join(_WORD.findall(text.casefold()))
 
 
 def _singular(word: str) -> str:
@@ -53,7 +54,7 @@ def _singular(word: str) -> str:
 
 
 _ASK_SLOT = [
-    ("name", re.compile(r"\bwhat(?:'s| is) your name\b|\byour name\s*\?")),
+    ("name", re.compile(r"\bwhat(?:'s| is) your name\b")),
     ("age", re.compile(r"\bhow old are you\b|\bwhat(?:'s| is) your age\b")),
     (
         "home",
@@ -76,6 +77,14 @@ _ASK_THING = [
 ]
 
 
+_NOT_POSSESSIONS = frozenset(
+    """question questions idea ideas problem problems issue issues minute moment second sec
+    time chance doubt doubts clue point feeling way lot bit look plan plans preference
+    suggestion suggestions favorite favourite""".split()
+)
+"""Things one "has" that are not facts about oneself ("I have a question")."""
+
+
 def asked_slots(text: str) -> set[str]:
     """The slots the questions in ``text`` ask its addressee about, named as
     ``consistency``'s statements are (``age``, ``likes:jazz``); ``has`` and ``count``
@@ -90,7 +99,11 @@ def asked_slots(text: str) -> set[str]:
     for slot, pattern in _ASK_THING:
         for m in pattern.finditer(normal):
             thing = m.group(1).strip()
-            asked.add(f"{slot}:{_singular(thing) if slot in ('has', 'count') else thing}")
+            if slot in ("has", "count"):
+                thing = _singular(thing)
+                if thing in _NOT_POSSESSIONS or f"{thing}s" in _NOT_POSSESSIONS:
+                    continue
+            asked.add(f"{slot}:{thing}")
     return asked
 
 
@@ -133,9 +146,12 @@ _BACK_REFERENCE = re.compile(
     re.I,
 )
 _TOLD_ALREADY = re.compile(
-    r"\b(?:i (?:already|just) (?:told|said|answered|mentioned)|i told you (?:already|before)"
-    r"|you (?:already|just) asked|you asked (?:me )?(?:that|this|the same)"
-    r"|i said that already|i've already (?:told|said))\b",
+    r"\bi (?:already |just )?told you (?:that |this |it )?(?:already|before|earlier)\b"
+    r"|\bi (?:already|just) told you\b"
+    r"|\bi(?:'ve| have)? already (?:said|answered|mentioned|given you) (?:that|this|it)\b"
+    r"(?!\s+to\b)"
+    r"|\byou (?:already|just) asked\b|\byou asked (?:me )?(?:that|this|the same)\b"
+    r"|\bi said that already\b",
     re.I,
 )
 _STOP = frozenset(
@@ -150,18 +166,52 @@ def _content(text: str) -> set[str]:
     return {w for w in _normal(text).split() if w not in _STOP and not w.isdigit()}
 
 
+_WH = frozenset("what where when which who whose how".split())
+_ABOUT_YOU = frozenset("do did are have".split())
+_FORMULA = frozenset(
+    """help assist else anything today doing going question questions other more need
+    needs want wants""".split()
+)
+
+
 def _questions(text: str) -> list[str]:
-    """The questions in ``text`` worth remembering an answer to: four words or more
-    ("and you?" is not one)."""
+    """The questions in ``text`` whose answer stays true, so that asking one again means
+    the answer was forgotten: wh-questions of four words or more ("what are their
+    names?") and questions about the addressee ("do you like fish?"), not offers ("would
+    you like another?") nor formulas ("how can I help you today?", "do you need
+    anything else?")."""
     if "?" not in text:
         return []
     out = []
     for sentence in _SENTENCE.split(text):
         for q in sentence.split("?")[:-1]:
-            normal = _normal(q)
-            if len(normal.split()) >= 4:
-                out.append(normal)
+            words = _normal(q).split()
+            start = next(
+                (
+                    i
+                    for i, w in enumerate(words)
+                    if w in _WH or (w in _ABOUT_YOU and words[i + 1 : i + 2] == ["you"])
+                ),
+                None,
+            )
+            if start is None:
+                continue
+            words = words[start:]
+            if len(words) >= 4 and not _FORMULA.intersection(words):
+                out.append(" ".join(words))
     return out
+
+
+def _differs(told: str, stated: str) -> bool:
+    """Whether a value the assistant states about the user is another one than the user
+    told: not a description ("a big city" for Lisbon), nor the same with more words
+    ("a nurse on night shifts" for "nurse")."""
+    if told == stated:
+        return False
+    if stated.split()[0] in ("a", "an", "the", "some", "such", "that", "this"):
+        return False
+    told_n, stated_n = f" {_normal(told)} ", f" {_normal(stated)} "
+    return told_n not in stated_n and stated_n not in told_n
 
 
 @dataclass
@@ -185,6 +235,7 @@ class _Stated:
         normal = _normal(self.value)
         self.wanted = f" {normal} " if normal else ""
         """The value as it is searched for in a normalised answer ("" for nothing)."""
+        self.first_word = normal.split()[0] if normal else ""
 
 
 @dataclass
@@ -200,20 +251,24 @@ class FreeRetention:
     open_questions: list[str] = field(default_factory=list)
     """The last answer's questions, waiting for the user's reply."""
     last_turn: tuple[str, int] | None = None
+    forgetting_turns: set[str] = field(default_factory=set)
+    """Turns whose answer forgot something."""
 
     def update(self, user: str, answer: str, turn_id: str, position: int) -> None:
         if self.last_turn is not None and _TOLD_ALREADY.search(user):
             prev_id, prev_position = self.last_turn
-            self.stated.append(
-                _Stated("complaint", "", "", user, prev_id, prev_position, forgotten=[
-                    {"turn_id": prev_id, "reason": "the user said they had already told it",
-                     "distance": 0}
-                ])
-            )  # fmt: skip
+            if prev_id not in self.forgetting_turns:  # one lapse is counted once
+                self.forgetting_turns.add(prev_id)
+                self.stated.append(
+                    _Stated("complaint", "", "", user, prev_id, prev_position, forgotten=[
+                        {"turn_id": prev_id, "reason": "the user said they had already told it",
+                         "distance": 0}
+                    ])
+                )  # fmt: skip
         if self.open_questions and user.strip():
+            answer_to = _Stated("answer", self.open_questions[0], "", user, turn_id, position)
+            self.stated.append(answer_to)
             for q in self.open_questions:
-                answer_to = _Stated("answer", q, "", user, turn_id, position)
-                self.stated.append(answer_to)
                 self.answered.setdefault(q, []).append(answer_to)
         self._read_user(user, turn_id, position)
         self._check(user, answer, turn_id, position)
@@ -243,13 +298,14 @@ class FreeRetention:
             kind, _, thing = slot.partition(":")
             key = f"has:{thing}" if kind == "count" else slot
             earlier = self.slots.get(key)
-            if earlier is not None:
+            if earlier is not None and earlier.position < position:
+                # a question about the message just answered asks for more, not again
                 self._forget(earlier, turn_id, position, f"asked again: {slot}")
         for s in statements(answer, addressee=True, speaker=False):
             earlier = self.slots.get(_slot_key(s.slot))
             if earlier is None or earlier.slot != s.slot:
                 continue
-            if earlier.told != s.value:
+            if _differs(earlier.told, s.value):
                 what = f"stated {s.slot}={s.value!r}, was told {earlier.told!r}"
                 self._forget(earlier, turn_id, position, what)
         for question in set(_questions(answer)):
@@ -257,17 +313,20 @@ class FreeRetention:
                 self._forget(answer_to, turn_id, position, "asked the same question again")
         back_reference = _BACK_REFERENCE.search(user) is not None
         asked = _content(user) if back_reference else set()
+        words = set(said.split())
         for stated in self.stated:
             wanted = stated.wanted
             if not wanted or stated.position >= position:
                 continue  # nothing to look for, or stated in the message answered
+            if not back_reference and stated.first_word not in words:
+                continue  # the common case, decided without a substring search
             if wanted in said and wanted not in heard:
                 self._recall(stated, turn_id, position)
             elif (
                 back_reference
                 and stated.kind == "item"
                 and wanted not in heard
-                and asked & _content(stated.sentence)
+                and len(asked & _content(stated.sentence)) * 2 > len(asked)
             ):
                 self._forget(stated, turn_id, position, "not stated when asked back")
 
@@ -276,11 +335,12 @@ class FreeRetention:
             stated.recalled.append((turn_id, position - stated.position))
 
     def _forget(self, stated: _Stated, turn_id: str, position: int, reason: str) -> None:
-        if any(f["turn_id"] == turn_id for f in stated.forgotten):
-            return
-        stated.forgotten.append(
-            {"turn_id": turn_id, "reason": reason, "distance": position - stated.position}
-        )
+        """The first answer that forgot ``stated`` is the one recorded."""
+        self.forgetting_turns.add(turn_id)
+        if not stated.forgotten:
+            stated.forgotten.append(
+                {"turn_id": turn_id, "reason": reason, "distance": position - stated.position}
+            )
 
     def result(self) -> Score:
         if not self.stated:

@@ -317,14 +317,59 @@ def test_reference_free_retention_catches_a_contradiction_of_the_user() -> None:
 
 
 def test_reference_free_retention_hears_i_already_told_you() -> None:
-    value = _free(
+    heard_alone = _free(
+        ("My cat is called Tom.", "Nice."),
+        ("Guess his name.", "Is he called Felix?"),
+        ("I already told you.", "Sorry, Tom!"),
+    )
+    (missed,) = heard_alone.details["missed"]
+    assert missed["reason"] == "the user said they had already told it"
+    assert missed["turn_id"] == "t2" and heard_alone.value < 1.0
+    # a lapse already seen (the question asked again) is not counted twice
+    seen = _free(
         ("I work as a nurse.", "Great."),
         ("I like hiking.", "What do you do for a living?"),
         ("I already told you.", "Sorry!"),
     )
-    reasons = sorted(m["reason"] for m in value.details["missed"])
-    assert reasons == ["asked again: work", "the user said they had already told it"]
-    assert all(m["turn_id"] == "t2" for m in value.details["missed"])
+    assert [(m["reason"], m["turn_id"]) for m in seen.details["missed"]] == [
+        ("asked again: work", "t2")
+    ]
+
+
+def test_ordinary_chat_is_not_taken_for_forgetting() -> None:
+    support = _free(
+        ("My order A-1042 is late.", "Sorry! Is there anything else I can help you with?"),
+        ("Yes, the invoice.", "Sent. How can I help you today?"),
+        ("That's all.", "Great. Is there anything else I can help you with?"),
+    )
+    assert support.details["forgotten"] == 0  # a closing formula, asked every time
+    followed_up = _free(("I'm a student.", "Are you a student in engineering or arts?"))
+    assert followed_up.details["forgotten"] == 0  # asks for more, not again
+    from convsim.metrics._free_retention import _TOLD_ALREADY
+
+    assert not _TOLD_ALREADY.search("I just told my boss I'm quitting.")
+    assert not _TOLD_ALREADY.search("I already mentioned it to my doctor.")
+    assert _TOLD_ALREADY.search("I already told you that.")
+    described = _free(("I live in Lisbon.", "Nice."), ("Any tips?", "In a city where you live"))
+    assert described.details["forgotten"] == 0
+    broader = _free(("I live in Lisbon.", "Ok."), ("Tips?", "Since you live in a big city, walk."))
+    assert broader.details["forgotten"] == 0  # a description, not another city
+    offer = _free(("I have a question.", "Sure."), ("Also...", "Do you have a question about it?"))
+    assert offer.details["forgotten"] == 0  # a question is not something one owns
+    status = _free(
+        ("My order number is A-1042.", "Thanks."),
+        ("What is my order status?", "It ships tomorrow."),
+    )
+    assert status.details["forgotten"] == 0  # asks about the order, not for its number
+
+
+def test_a_question_asked_every_turn_forgets_each_answer_once() -> None:
+    pairs = [(f"Turn {i}: fine.", "What are you reading these days?") for i in range(400)]
+    score = _free(*pairs)
+    # each answer is forgotten once, at the first repeat after it: details grow with the
+    # turns, not with their square (they had 79,800 entries)
+    assert len(score.details["missed"]) == score.details["forgotten"] == 399
+    assert {m["distance"] for m in score.details["missed"]} == {0}
 
 
 def test_reference_free_retention_needs_something_stated() -> None:

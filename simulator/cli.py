@@ -17,7 +17,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from ._console import EXIT_BAD_INPUT, EXIT_INTERRUPTED, clear_errors, print_error, run_verdict
+from ._console import (
+    EXIT_BAD_INPUT,
+    EXIT_ENDPOINT_UNREACHABLE,
+    EXIT_INTERRUPTED,
+    clear_errors,
+    print_error,
+    run_verdict,
+)
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
 from ._errors import ConfigError, ConvsimError
@@ -619,6 +626,13 @@ def _run_on_ray(
             "--resume to finish the rest"
         )
         sys.exit(EXIT_INTERRUPTED)
+    if outcome.not_run:
+        why = outcome.stopped_early or "an actor died too often"
+        print_error(
+            f"stopped early: {why}; {outcome.not_run} conversations not run — run again "
+            "with --resume once the endpoint is back"
+        )
+        sys.exit(EXIT_ENDPOINT_UNREACHABLE)
     _check_gates(report, fail_under)
 
 

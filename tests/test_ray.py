@@ -261,6 +261,21 @@ def test_a_429_on_one_actor_pauses_every_actor_using_the_key(tmp_path: Path) -> 
     assert any(t >= 2.8 for t in quiet)  # and the run went on after it
 
 
+def one_turn_pack(tmp_path: Path, n: int) -> Path:
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    flow = {"max_turns": 1, "turns": [{"turn_id": "t0", "prompt_template": "Hello {n}"}]}
+    (pack / "turn_configs.yml").write_text(json.dumps({"default": flow}))
+    lines = [
+        json.dumps(
+            {"scenario_id": f"s{i:03d}", "scenario_description": "hi", "variables": {"n": i}}
+        )
+        for i in range(n)
+    ]
+    (pack / "scenarios.jsonl").write_text("\n".join(lines) + "\n")
+    return pack
+
+
 def test_n_actors_together_stay_within_the_servers_rpm(tmp_path: Path) -> None:
     """A mock server that refuses over R requests in any window, and a budget of R split
     between two actors: no 429, with the pace close to R (so a budget that was not split,
@@ -271,27 +286,7 @@ def test_n_actors_together_stay_within_the_servers_rpm(tmp_path: Path) -> None:
 
     from convsim.adapters.mock import MockModelServer, MockServerConfig
 
-    pack = tmp_path / "pack"
-    pack.mkdir()
-    (pack / "turn_configs.yml").write_text(
-        json.dumps(
-            {
-                "default": {
-                    "max_turns": 1,
-                    "turns": [{"turn_id": "t0", "prompt_template": "Hello {n}"}],
-                }
-            }
-        )
-    )
-    (pack / "scenarios.jsonl").write_text(
-        "".join(
-            json.dumps(
-                {"scenario_id": f"s{i:03d}", "scenario_description": "hi", "variables": {"n": i}}
-            )
-            + "\n"
-            for i in range(360)
-        )
-    )
+    pack = one_turn_pack(tmp_path, 360)
     admitted: list[float] = []
 
     def fast_clock() -> float:
@@ -341,7 +336,7 @@ def test_ctrl_c_stops_every_actor_gracefully_and_a_resume_finishes(tmp_path: Pat
         if out.exists() and len(out.read_text().splitlines()) >= 2:
             break
         time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGINT)  # the driver only, as a terminal's Ctrl-C would
+    os.kill(proc.pid, signal.SIGINT)  # the driver alone (a terminal signals the whole group)
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, stdout
     outcome = json.loads(stdout.strip().splitlines()[-1])
@@ -375,3 +370,32 @@ async def test_a_ray_run_handle_can_be_stopped_and_waited_for(tmp_path: Path) ->
     assert handle.statistics().finished == outcome.results and handle.statistics().total == 14
     assert len(convsim.read_results(tmp_path / "handle.jsonl")) == len(got)
     assert all(r.status is convsim.Status.DONE for r in got)
+
+
+def test_a_failing_shard_is_a_config_error_not_an_exception_group(tmp_path: Path) -> None:
+    from convsim import ConfigError
+
+    with pytest.raises(ConfigError, match=r"shard \d failed: .*no-such-model"):
+        run_on_ray("customer_support", "no-such-model", out=tmp_path / "bad.jsonl", actors=2)
+
+
+def test_actors_whose_circuit_breaker_trips_are_reported(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pack = one_turn_pack(tmp_path, 120)
+    outcome = run_on_ray(
+        pack,
+        "openai-compatible:m",
+        out=tmp_path / "down.jsonl",
+        actors=2,
+        model_args={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": "0"},
+        metrics=["latency"],
+        concurrency=4,
+    )
+    assert outcome.stopped_early is not None and "in a row" in outcome.stopped_early
+    assert outcome.not_run > 0 and outcome.results + outcome.not_run == 120
+    assert not outcome.interrupted
+    assert len(convsim.read_results(tmp_path / "down.jsonl")) == outcome.results

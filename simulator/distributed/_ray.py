@@ -42,6 +42,10 @@ __all__ = [
 log = get_logger("convsim.distributed")
 
 _POLL_S = 0.2
+_TAKE_TIMEOUT_S = 30.0
+"""An actor that does not answer a poll for this long is asked again at the next one."""
+_MAX_RESTARTS = 3
+"""Restarts of one shard's actor before its conversations are left for a resume."""
 
 
 def shard_of(conversation_id: str, shards: int) -> int:
@@ -133,7 +137,9 @@ class _Taken(NamedTuple):
     error: str | None
     """Why the run failed, when it did."""
     pauses: list[tuple[str, float]]
-    """429 pauses heard since the last poll: (provider key, wall-clock end)."""
+    """429 pauses heard since the last poll: (provider key, seconds)."""
+    stopped_early: str | None = None
+    """Why the actor's runtime started no more conversations (its circuit breaker)."""
 
 
 class _Shipment(NamedTuple):
@@ -146,9 +152,13 @@ class _Shipment(NamedTuple):
 
 
 def _ship(spec: str | Path, loaded: Any) -> _Shipment:
-    folder = Path(loaded.path)
+    """The pack folder ``spec`` names, with its files; any other spec (a bundled pack's
+    name, ``lm-eval:``, ``task:`` or another registered source) is sent as it is and
+    resolved on the actor, where convsim is installed too."""
+    folder = Path(spec).expanduser()
     if not folder.is_dir():
         return _Shipment({}, str(spec))
+    folder = folder.resolve()
     files = {
         str(f.relative_to(folder)): f.read_bytes()
         for f in sorted(folder.rglob("*"))
@@ -182,13 +192,16 @@ class _Shard:
         self.stop_asked = False
         self.stop_grace: float | None = None
         """A stop asked before the run had started, and its grace period."""
+        self.task: Any = None
+        """The running shard (held: the event loop keeps only weak references)."""
+        self.stopped_early: str | None = None
 
     async def start(
         self, files: dict[str, bytes], name: str, settings: dict[str, Any], only: list[str]
     ) -> None:
         import asyncio
 
-        asyncio.get_running_loop().create_task(self._run(files, name, settings, only))
+        self.task = asyncio.get_running_loop().create_task(self._run(files, name, settings, only))
 
     async def _run(
         self, files: dict[str, bytes], name: str, settings: dict[str, Any], only: list[str]
@@ -208,19 +221,20 @@ class _Shard:
                         self.handle.stop(self.stop_grace)
                     async for result in self.handle:
                         self.buffer.append(result.model_dump_json())
+                    self.stopped_early = self.handle.statistics().stopped_early
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.finished = True
 
     def _heard(self, key: str, seconds: float) -> None:
-        self.pauses.append((key, time.time() + seconds))
+        self.pauses.append((key, seconds))
 
-    async def pause(self, key: str, until: float) -> None:
-        """Pause this actor's budget of ``key`` until the wall-clock time ``until``: a
-        429 another actor heard."""
+    async def pause(self, key: str, seconds: float) -> None:
+        """Pause this actor's budget of ``key`` for ``seconds``: a 429 another actor
+        heard. A duration, not a time: the nodes' clocks need not agree."""
         if self.budgets is not None:
-            self.budgets.pause(key, until - time.time())
+            self.budgets.pause(key, seconds)
 
     async def stop(self, grace_period: float | None) -> None:
         """Start no more conversations; in-flight ones get the grace period."""
@@ -232,7 +246,7 @@ class _Shard:
         """The results and 429 pauses since the last call, and the shard's state."""
         taken, self.buffer = self.buffer, []
         pauses, self.pauses = self.pauses, []
-        return _Taken(taken, self.finished, self.error, pauses)
+        return _Taken(taken, self.finished, self.error, pauses, self.stopped_early)
 
 
 @dataclass
@@ -249,7 +263,12 @@ class RayRun:
     pauses_relayed: int = 0
     """429 pauses one actor heard and passed on to the others."""
     interrupted: bool = False
-    """The run was stopped before every conversation had run."""
+    """The run was stopped (a signal, or ``stop()``) before every conversation had run."""
+    not_run: int = 0
+    """Conversations no actor ran: stopped, or an actor's circuit breaker tripped, or an
+    actor died more than ``_MAX_RESTARTS`` times. A resume runs them."""
+    stopped_early: str | None = None
+    """Why an actor's runtime started no more conversations, when one did."""
 
 
 class RayProgress(NamedTuple):
@@ -277,6 +296,11 @@ class _StopRequest:
         self.grace_period = grace_period
         self.count += 1
 
+    @property
+    def abandon(self) -> bool:
+        """A third request: stop waiting for the actors at all (they are killed)."""
+        return self.count >= 3
+
 
 @dataclass
 class _Driver:
@@ -300,9 +324,11 @@ class _Driver:
         )
 
     async def run(self, on_progress: Callable[[int, int, int], None] | None = None) -> RayRun:
+        import asyncio
+
         import ray
 
-        remote = ray.remote(num_cpus=0)(_Shard)
+        remote = ray.remote(num_cpus=0, scheduling_strategy="SPREAD")(_Shard)
         files = ray.put(self.shipment.files)
         name = self.shipment.name
         shards: dict[int, list[str]] = {k: [] for k in range(self.actors)}
@@ -310,15 +336,22 @@ class _Driver:
             shards[shard_of(cid, self.actors)].append(cid)
         pending: dict[int, set[str]] = {k: set(ids) for k, ids in shards.items() if ids}
         handles: dict[int, Any] = {}
-        restarted = duplicates = relayed = 0
+        restarts: dict[int, int] = {}
+        duplicates = relayed = 0
         first: float | None = None
+        stopped_early: str | None = None
+        given_up: set[str] = set()
+
+        async def start(k: int, ids: list[str]) -> None:
+            handles[k] = remote.remote()
+            await handles[k].start.remote(files, name, self.settings, ids)
+
         try:
             for k, ids in shards.items():
                 if ids:
-                    handles[k] = remote.remote()
-                    await handles[k].start.remote(files, name, self.settings, ids)
+                    await start(k, ids)
             self.busy = len(pending)
-            while pending:
+            while pending and not self.stop.abandon:
                 await anyio.sleep(_POLL_S)
                 if self.stop.count > self.stop.sent:
                     self.stop.sent = self.stop.count
@@ -328,26 +361,32 @@ class _Driver:
                             await handles[k].stop.remote(self.stop.grace_period)
                 if on_progress is not None:
                     on_progress(len(self.written), len(self.todo), len(pending))
-                for k in list(pending):
-                    try:
-                        taken = await handles[k].take.remote()
-                    except ray.exceptions.RayActorError:
-                        if self.stop.asked:
-                            del pending[k]  # stopping: its conversations wait for a resume
+                polled = list(pending)
+                takes = await asyncio.gather(
+                    *(asyncio.wait_for(handles[k].take.remote(), _TAKE_TIMEOUT_S) for k in polled),
+                    return_exceptions=True,
+                )
+                for k, taken in zip(polled, takes, strict=True):
+                    if isinstance(taken, (ray.exceptions.ActorUnavailableError, TimeoutError)):
+                        continue  # unreachable for now: asked again at the next poll
+                    if isinstance(taken, ray.exceptions.RayActorError):
+                        ray.kill(handles[k])  # dead, or as good as: it must not go on
+                        if self.stop.asked or restarts.get(k, 0) >= _MAX_RESTARTS:
+                            given_up |= pending.pop(k)  # left for a resume
                             continue
                         # the actor died: its unfinished conversations go to a new one
-                        restarted += 1
-                        left = sorted(pending[k])
-                        log.warning("ray_actor_died", shard=k, restarting=len(left))
-                        handles[k] = remote.remote()
-                        await handles[k].start.remote(files, name, self.settings, left)
+                        restarts[k] = restarts.get(k, 0) + 1
+                        log.warning("ray_actor_died", shard=k, restarting=len(pending[k]))
+                        await start(k, sorted(pending[k]))
                         continue
-                    for key, until in taken.pauses:
-                        for j, other in handles.items():
-                            if j != k and j in pending:
-                                other.pause.remote(key, until)
+                    if isinstance(taken, BaseException):
+                        raise ConfigError(f"shard {k} could not be polled: {taken}") from taken
+                    for key, seconds in taken.pauses:
+                        for j in pending:
+                            if j != k:
+                                handles[j].pause.remote(key, seconds)
                                 relayed += 1
-                        log.info("ray_429_relayed", key=key, pause_s=round(until - time.time(), 3))
+                        log.info("ray_429_relayed", key=key, pause_s=seconds)
                     for line in taken.lines:
                         result = ConversationResult.model_validate_json(line)
                         cid = result.conversation_id
@@ -364,21 +403,25 @@ class _Driver:
                     if taken.finished and taken.error is not None:
                         raise ConfigError(f"shard {k} failed: {taken.error}")
                     if taken.finished:
-                        del pending[k]
+                        stopped_early = stopped_early or taken.stopped_early
+                        given_up |= pending.pop(k)  # what it did not run (stopped)
                 self.busy = len(pending)
         finally:
             for handle in handles.values():
                 ray.kill(handle)
+        not_run = len(self.todo) - len(self.written)
         return RayRun(
             results=len(self.written),
             actors=self.actors,
-            restarted_actors=restarted,
+            restarted_actors=sum(restarts.values()),
             duplicates_dropped=duplicates,
             first_result_s=first,
             elapsed_s=time.perf_counter() - self.started,
             shards={k: len(v) for k, v in shards.items()},
             pauses_relayed=relayed,
-            interrupted=self.stop.asked and len(self.written) < len(self.todo),
+            interrupted=self.stop.asked and not_run > 0,
+            not_run=not_run,
+            stopped_early=stopped_early,
         )
 
 
@@ -572,23 +615,31 @@ def run_on_ray(
             async for _ in received:
                 at_once = stop.asked
                 stop.ask(0.0 if at_once else None)
-                log.info("ray_run_stopping", at_once=at_once)
+                log.info("ray_run_stopping", at_once=at_once, abandon=stop.abandon)
                 if on_interrupt is not None:
                     on_interrupt(at_once)
 
     async def main() -> RayRun:
         todo = _todo(loaded, await sink.open(manifest), limit)
         driver = _Driver(_ship(pack, loaded), todo, settings, actors, sink.write, kill_after)
+        error: Exception | None = None
+        outcome: RayRun | None = None
         try:
             async with anyio.create_task_group() as tg:
                 if signals:
                     tg.start_soon(watch_signals, driver.stop)
-                outcome = await driver.run(on_progress)
+                try:
+                    outcome = await driver.run(on_progress)
+                except Exception as exc:  # kept out of the task group: no ExceptionGroup
+                    error = exc
                 tg.cancel_scope.cancel()
         finally:
             manifest.finished_at = time.time()
             with anyio.CancelScope(shield=True):
                 await sink.close(manifest)
+        if error is not None:
+            raise error
+        assert outcome is not None
         return outcome
 
     return anyio.run(main)

@@ -20,6 +20,7 @@ from rich.table import Table
 from ._console import (
     EXIT_BAD_INPUT,
     EXIT_ENDPOINT_UNREACHABLE,
+    EXIT_INFRASTRUCTURE_FAILURES,
     EXIT_INTERRUPTED,
     clear_errors,
     print_error,
@@ -531,9 +532,13 @@ def run(
             Path("runs") / f"{loaded.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         )
     if backend == "ray":
+        try:  # the endpoint check runs here, as in one process: before any actor starts
+            anyio.run(_check_endpoints, simulator)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
         _run_on_ray(
             pack, model_spec, model_args, out, actors, ray_address, metrics, seed,
-            concurrency, limit, resume, fail_under, html_out,
+            concurrency, limit, resume, fail_under, html_out, max_failure_rate,
         )  # fmt: skip
         return
     sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
@@ -578,6 +583,7 @@ def _run_on_ray(
     resume: bool,
     fail_under: dict[str, float],
     html_out: str | None,
+    max_failure_rate: float,
 ) -> None:
     from ._report import summarize_file
     from .adapters import parse_model_args
@@ -633,7 +639,20 @@ def _run_on_ray(
             "with --resume once the endpoint is back"
         )
         sys.exit(EXIT_ENDPOINT_UNREACHABLE)
+    failures, attempted = outcome.infrastructure_failures, outcome.attempted
+    if attempted and failures / attempted > max_failure_rate:
+        print_error(
+            f"{failures} of {attempted} conversations failed for infrastructure reasons "
+            f"({failures / attempted:.0%}), above --max-failure-rate {max_failure_rate:g}"
+        )
+        sys.exit(EXIT_INFRASTRUCTURE_FAILURES)
     _check_gates(report, fail_under)
+
+
+async def _check_endpoints(simulator: Simulator) -> None:
+    """Enter and leave the simulator: its endpoint check, and nothing else."""
+    async with simulator:
+        pass
 
 
 class _RunOutcome(NamedTuple):

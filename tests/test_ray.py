@@ -399,3 +399,37 @@ def test_actors_whose_circuit_breaker_trips_are_reported(tmp_path: Path) -> None
     assert outcome.not_run > 0 and outcome.results + outcome.not_run == 120
     assert not outcome.interrupted
     assert len(convsim.read_results(tmp_path / "down.jsonl")) == outcome.results
+
+
+def test_the_command_line_judges_a_ray_run_as_it_judges_one_process(tmp_path: Path) -> None:
+    """Infrastructure failures above --max-failure-rate exit 3, and an endpoint that
+    does not answer its check exits 4 before any actor starts or any file is made."""
+    from anyio.from_thread import start_blocking_portal
+    from click.testing import CliRunner
+
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+    from convsim.cli import main
+
+    failing = MockServerConfig(fault_rate=1.0, faults={"500": 1.0})
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(MockModelServer(failing)) as mock,
+    ):
+        result = CliRunner().invoke(
+            main,
+            ["run", "customer_support", "--model", "openai-compatible:mock-model",
+             "--model-arg", f"base_url={mock.base_url}", "--model-arg", "max_retries=0",
+             "--backend", "ray", "--actors", "2", "--out", str(tmp_path / "500.jsonl")],
+        )  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert "14 of 14 conversations failed for infrastructure reasons" in result.output
+    assert len(convsim.read_results(tmp_path / "500.jsonl")) == 14
+
+    result = CliRunner().invoke(
+        main,
+        ["run", "customer_support", "--model", "openai-compatible:m", "--model-arg",
+         f"base_url={mock.base_url}", "--backend", "ray", "--actors", "2",
+         "--out", str(tmp_path / "gone.jsonl")],
+    )  # fmt: skip
+    assert result.exit_code == 4, result.output
+    assert not (tmp_path / "gone.jsonl").exists()

@@ -25,9 +25,10 @@ from typing import Any, NamedTuple
 
 import anyio
 
+from convsim._breaker import is_infrastructure_failure
 from convsim._errors import ConfigError
 from convsim._log import get_logger
-from convsim._records import ConversationResult
+from convsim._records import ConversationResult, Status
 
 __all__ = [
     "shard_of",
@@ -44,6 +45,7 @@ log = get_logger("convsim.distributed")
 _POLL_S = 0.2
 _TAKE_TIMEOUT_S = 30.0
 """An actor that does not answer a poll for this long is asked again at the next one."""
+_ATTEMPTED = frozenset({Status.DONE, Status.FAILED, Status.TIMED_OUT})
 _MAX_RESTARTS = 3
 """Restarts of one shard's actor before its conversations are left for a resume."""
 
@@ -269,6 +271,11 @@ class RayRun:
     actor died more than ``_MAX_RESTARTS`` times. A resume runs them."""
     stopped_early: str | None = None
     """Why an actor's runtime started no more conversations, when one did."""
+    attempted: int = 0
+    """Conversations recorded DONE, FAILED or TIMED_OUT by this run."""
+    infrastructure_failures: int = 0
+    """Of those, the ones that failed for infrastructure reasons (as the circuit breaker
+    counts them): what ``--max-failure-rate`` judges."""
 
 
 class RayProgress(NamedTuple):
@@ -341,6 +348,7 @@ class _Driver:
         first: float | None = None
         stopped_early: str | None = None
         given_up: set[str] = set()
+        attempted = infrastructure = 0
 
         async def start(k: int, ids: list[str]) -> None:
             handles[k] = remote.remote()
@@ -395,6 +403,9 @@ class _Driver:
                             continue
                         self.written.add(cid)
                         pending[k].discard(cid)
+                        if result.status in _ATTEMPTED:
+                            attempted += 1
+                            infrastructure += is_infrastructure_failure(result)
                         if first is None:
                             first = time.perf_counter() - self.started
                         await self.write(result)
@@ -422,6 +433,8 @@ class _Driver:
             interrupted=self.stop.asked and not_run > 0,
             not_run=not_run,
             stopped_early=stopped_early,
+            attempted=attempted,
+            infrastructure_failures=infrastructure,
         )
 
 

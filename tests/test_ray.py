@@ -433,3 +433,58 @@ def test_the_command_line_judges_a_ray_run_as_it_judges_one_process(tmp_path: Pa
     )  # fmt: skip
     assert result.exit_code == 4, result.output
     assert not (tmp_path / "gone.jsonl").exists()
+
+
+def _line(proc: Any, timeout: float = 60.0) -> str:
+    """The process's next line of output, or a failure (not a hang) when none comes."""
+    import select
+
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        proc.kill()
+        pytest.fail(f"no output within {timeout} s")
+    return str(proc.stdout.readline())
+
+
+def test_a_second_signal_cancels_in_flight_conversations_and_a_resume_reruns_them(
+    tmp_path: Path,
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "at-once.jsonl"
+    script = (
+        "import json\n"
+        "from convsim.distributed import run_on_ray\n"
+        f"o = run_on_ray('customer_support', 'scripted', out={str(out)!r}, actors=2,\n"
+        "               model_args={'latency': '1.0'}, concurrency=4,\n"
+        "               on_interrupt=lambda at_once: print('heard', at_once, flush=True))\n"
+        "print(json.dumps({'interrupted': o.interrupted, 'results': o.results}))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # a result recorded: the others are in flight
+        if out.exists() and out.read_text().strip():
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert _line(proc).split() == ["heard", "False"]  # a graceful stop, asked
+    os.kill(proc.pid, signal.SIGTERM)  # again: at once
+    assert _line(proc).split() == ["heard", "True"]
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stdout
+    outcome = json.loads(stdout.strip().splitlines()[-1])
+    recorded = convsim.read_results(out)
+    statuses = {r.status for r in recorded}
+    assert outcome["interrupted"] and convsim.Status.CANCELLED in statuses
+    rest = run_on_ray("customer_support", "scripted", out=out, actors=2, resume=True)
+    final = convsim.read_results(out)
+    assert rest.results >= sum(r.status is convsim.Status.CANCELLED for r in recorded)
+    assert len(final) == len({r.conversation_id for r in final}) == 14
+    assert all(r.status is convsim.Status.DONE for r in final)

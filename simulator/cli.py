@@ -539,6 +539,7 @@ def run(
         _run_on_ray(
             pack, model_spec, model_args, out, actors, ray_address, metrics, seed,
             concurrency, limit, resume, fail_under, html_out, max_failure_rate,
+            overwrite, retry_failed,
         )  # fmt: skip
         return
     sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
@@ -584,6 +585,8 @@ def _run_on_ray(
     fail_under: dict[str, float],
     html_out: str | None,
     max_failure_rate: float,
+    overwrite: bool,
+    retry_failed: bool,
 ) -> None:
     from ._report import summarize_file
     from .adapters import parse_model_args
@@ -611,8 +614,8 @@ def _run_on_ray(
     outcome = run_on_ray(
         pack, model_spec, out=out, actors=actors, address=address,
         model_args=parse_model_args(model_args), metrics=metrics, seed=seed,
-        concurrency=concurrency, limit=limit, resume=resume, on_progress=progress,
-        on_interrupt=interrupted,
+        concurrency=concurrency, limit=limit, resume=resume, overwrite=overwrite,
+        retry_failed=retry_failed, on_progress=progress, on_interrupt=interrupted,
     )  # fmt: skip
     report = summarize_file(out)
     _print_report(report)
@@ -636,7 +639,7 @@ def _run_on_ray(
         why = outcome.stopped_early or "an actor died too often"
         print_error(
             f"stopped early: {why}; {outcome.not_run} conversations not run — run again "
-            "with --resume once the endpoint is back"
+            "with --resume --retry-failed once the endpoint is back"
         )
         sys.exit(EXIT_ENDPOINT_UNREACHABLE)
     failures, attempted = outcome.infrastructure_failures, outcome.attempted

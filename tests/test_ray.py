@@ -488,3 +488,20 @@ def test_a_second_signal_cancels_in_flight_conversations_and_a_resume_reruns_the
     assert rest.results >= sum(r.status is convsim.Status.CANCELLED for r in recorded)
     assert len(final) == len({r.conversation_id for r in final}) == 14
     assert all(r.status is convsim.Status.DONE for r in final)
+
+
+@pytest.mark.anyio
+async def test_an_actor_keeps_its_results_until_the_driver_acknowledges_them() -> None:
+    """A poll the driver gave up waiting for (a timeout) must not lose what it carried:
+    the actor drops results only once a later poll acknowledges them."""
+    from convsim.distributed._ray import _Shard
+
+    shard = _Shard()
+    shard.buffer += ["a", "b", "c"]
+    lost = await shard.take(0)  # the driver never saw this reply
+    again = await shard.take(0)
+    assert (lost.lines, again.lines, again.first) == (["a", "b", "c"], ["a", "b", "c"], 0)
+    shard.buffer.append("d")
+    later = await shard.take(2)  # the driver has a and b
+    assert (later.lines, later.first) == (["c", "d"], 2)
+    assert (await shard.take(4)).lines == [] and shard.base == 4

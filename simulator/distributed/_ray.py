@@ -47,6 +47,9 @@ _TAKE_TIMEOUT_S = 30.0
 """An actor that does not answer a poll for this long is asked again at the next one."""
 _ATTEMPTED = frozenset({Status.DONE, Status.FAILED, Status.TIMED_OUT})
 _MAX_RESTARTS = 3
+_MAX_MISSED_POLLS = 4
+"""Polls in a row an actor may leave unanswered (each up to ``_TAKE_TIMEOUT_S``) before
+it is taken for dead."""
 """Restarts of one shard's actor before its conversations are left for a resume."""
 
 
@@ -133,7 +136,9 @@ class _Taken(NamedTuple):
     """What an actor hands the driver at a poll."""
 
     lines: list[str]
-    """Results finished since the last poll, as JSON lines."""
+    """Results not yet acknowledged, as JSON lines."""
+    first: int
+    """The sequence number of ``lines[0]`` among this actor's results (0, 1, ...)."""
     finished: bool
     """Whether the actor's run has ended."""
     error: str | None
@@ -186,6 +191,8 @@ class _Shard:
 
     def __init__(self) -> None:
         self.buffer: list[str] = []
+        self.base = 0
+        """The sequence number of ``buffer[0]``: results before it were acknowledged."""
         self.pauses: list[tuple[str, float]] = []
         self.finished = False
         self.error: str | None = None
@@ -244,11 +251,18 @@ class _Shard:
         if self.handle is not None:
             self.handle.stop(grace_period)
 
-    async def take(self) -> _Taken:
-        """The results and 429 pauses since the last call, and the shard's state."""
-        taken, self.buffer = self.buffer, []
+    async def take(self, ack: int) -> _Taken:
+        """The results the driver has not acknowledged (it has the first ``ack``), the
+        429 pauses since the last call, and the shard's state. A result is kept until
+        acknowledged: a reply the driver gave up waiting for loses nothing."""
+        drop = ack - self.base
+        if drop > 0:
+            del self.buffer[:drop]
+            self.base = ack
         pauses, self.pauses = self.pauses, []
-        return _Taken(taken, self.finished, self.error, pauses, self.stopped_early)
+        return _Taken(
+            list(self.buffer), self.base, self.finished, self.error, pauses, self.stopped_early
+        )
 
 
 @dataclass
@@ -265,7 +279,8 @@ class RayRun:
     pauses_relayed: int = 0
     """429 pauses one actor heard and passed on to the others."""
     interrupted: bool = False
-    """The run was stopped (a signal, or ``stop()``) before every conversation had run."""
+    """The run was stopped (a signal, or ``stop()``): conversations may be unrun or
+    recorded CANCELLED, for a resume."""
     not_run: int = 0
     """Conversations no actor ran: stopped, or an actor's circuit breaker tripped, or an
     actor died more than ``_MAX_RESTARTS`` times. A resume runs them."""
@@ -297,11 +312,15 @@ class _StopRequest:
     """Stops asked so far (a second one usually with 0: at once)."""
     sent: int = 0
     """Stops the actors have been told of."""
+    scope: anyio.CancelScope | None = None
+    """The driver's wait for its actors, which a third request cancels."""
 
     def ask(self, grace_period: float | None = None) -> None:
         self.asked = True
         self.grace_period = grace_period
         self.count += 1
+        if self.abandon and self.scope is not None:
+            self.scope.cancel()
 
     @property
     def abandon(self) -> bool:
@@ -343,81 +362,108 @@ class _Driver:
             shards[shard_of(cid, self.actors)].append(cid)
         pending: dict[int, set[str]] = {k: set(ids) for k, ids in shards.items() if ids}
         handles: dict[int, Any] = {}
+        acked: dict[int, int] = {}
+        """Results received from each shard's current actor (what the next poll acks)."""
+        missed: dict[int, int] = {}
         restarts: dict[int, int] = {}
-        duplicates = relayed = 0
+        duplicates = relayed = attempted = infrastructure = 0
         first: float | None = None
         stopped_early: str | None = None
-        given_up: set[str] = set()
-        attempted = infrastructure = 0
 
         async def start(k: int, ids: list[str]) -> None:
-            handles[k] = remote.remote()
-            await handles[k].start.remote(files, name, self.settings, ids)
+            handles[k], acked[k], missed[k] = remote.remote(), 0, 0
+            # a failed start shows as a dead actor at the next poll
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                await handles[k].start.remote(files, name, self.settings, ids)
+
+        async def record(k: int, taken: _Taken) -> None:
+            nonlocal first, duplicates, attempted, infrastructure
+            for seq, line in enumerate(taken.lines, start=taken.first):
+                if seq < acked[k]:
+                    continue  # received before: its acknowledgement had not arrived
+                acked[k] = seq + 1
+                result = ConversationResult.model_validate_json(line)
+                cid = result.conversation_id
+                if cid in self.written:
+                    duplicates += 1  # run again by a restarted actor: the first one counts
+                    continue
+                self.written.add(cid)
+                pending[k].discard(cid)
+                if result.status in _ATTEMPTED:
+                    attempted += 1
+                    infrastructure += is_infrastructure_failure(result)
+                if first is None:
+                    first = time.perf_counter() - self.started
+                await self.write(result)
+                if self.kill_after is not None:
+                    self.kill_after(len(self.written), handles[k])
 
         try:
-            for k, ids in shards.items():
-                if ids:
-                    await start(k, ids)
-            self.busy = len(pending)
-            while pending and not self.stop.abandon:
-                await anyio.sleep(_POLL_S)
-                if self.stop.count > self.stop.sent:
-                    self.stop.sent = self.stop.count
-                    for k in pending:
-                        # a dead actor has nothing to stop: the poll below sees it
-                        with contextlib.suppress(ray.exceptions.RayActorError):
-                            await handles[k].stop.remote(self.stop.grace_period)
-                if on_progress is not None:
-                    on_progress(len(self.written), len(self.todo), len(pending))
-                polled = list(pending)
-                takes = await asyncio.gather(
-                    *(asyncio.wait_for(handles[k].take.remote(), _TAKE_TIMEOUT_S) for k in polled),
-                    return_exceptions=True,
-                )
-                for k, taken in zip(polled, takes, strict=True):
-                    if isinstance(taken, (ray.exceptions.ActorUnavailableError, TimeoutError)):
-                        continue  # unreachable for now: asked again at the next poll
-                    if isinstance(taken, ray.exceptions.RayActorError):
-                        ray.kill(handles[k])  # dead, or as good as: it must not go on
-                        if self.stop.asked or restarts.get(k, 0) >= _MAX_RESTARTS:
-                            given_up |= pending.pop(k)  # left for a resume
-                            continue
-                        # the actor died: its unfinished conversations go to a new one
-                        restarts[k] = restarts.get(k, 0) + 1
-                        log.warning("ray_actor_died", shard=k, restarting=len(pending[k]))
-                        await start(k, sorted(pending[k]))
-                        continue
-                    if isinstance(taken, BaseException):
-                        raise ConfigError(f"shard {k} could not be polled: {taken}") from taken
-                    for key, seconds in taken.pauses:
-                        for j in pending:
-                            if j != k:
-                                handles[j].pause.remote(key, seconds)
-                                relayed += 1
-                        log.info("ray_429_relayed", key=key, pause_s=seconds)
-                    for line in taken.lines:
-                        result = ConversationResult.model_validate_json(line)
-                        cid = result.conversation_id
-                        if cid in self.written:
-                            duplicates += 1
-                            continue
-                        self.written.add(cid)
-                        pending[k].discard(cid)
-                        if result.status in _ATTEMPTED:
-                            attempted += 1
-                            infrastructure += is_infrastructure_failure(result)
-                        if first is None:
-                            first = time.perf_counter() - self.started
-                        await self.write(result)
-                        if self.kill_after is not None:
-                            self.kill_after(len(self.written), handles[k])
-                    if taken.finished and taken.error is not None:
-                        raise ConfigError(f"shard {k} failed: {taken.error}")
-                    if taken.finished:
-                        stopped_early = stopped_early or taken.stopped_early
-                        given_up |= pending.pop(k)  # what it did not run (stopped)
+            with anyio.CancelScope() as scope:
+                self.stop.scope = scope
+                for k, ids in shards.items():
+                    if ids:
+                        await start(k, ids)
                 self.busy = len(pending)
+                while pending:
+                    await anyio.sleep(_POLL_S)
+                    if self.stop.count > self.stop.sent:
+                        self.stop.sent = self.stop.count
+                        for k in pending:
+                            # a dead or stuck actor has nothing to stop: the poll sees it
+                            with (
+                                anyio.move_on_after(_TAKE_TIMEOUT_S),
+                                contextlib.suppress(ray.exceptions.RayActorError),
+                            ):
+                                await handles[k].stop.remote(self.stop.grace_period)
+                    if on_progress is not None:
+                        on_progress(len(self.written), len(self.todo), len(pending))
+                    polled = list(pending)
+                    takes = await asyncio.gather(
+                        *(
+                            asyncio.wait_for(handles[k].take.remote(acked[k]), _TAKE_TIMEOUT_S)
+                            for k in polled
+                        ),
+                        return_exceptions=True,
+                    )
+                    failures: list[str] = []
+                    for k, taken in zip(polled, takes, strict=True):
+                        silent = isinstance(taken, ray.exceptions.ActorUnavailableError)
+                        if silent or isinstance(taken, (TimeoutError, asyncio.TimeoutError)):
+                            missed[k] += 1  # unreachable for now: asked again next time
+                            if missed[k] < _MAX_MISSED_POLLS:
+                                continue
+                            taken = ray.exceptions.RayActorError()  # as good as dead
+                        if isinstance(taken, ray.exceptions.RayActorError):
+                            ray.kill(handles[k])  # dead, or as good as: it must not go on
+                            if self.stop.asked or restarts.get(k, 0) >= _MAX_RESTARTS:
+                                del pending[k]  # its conversations wait for a resume
+                                continue
+                            restarts[k] = restarts.get(k, 0) + 1
+                            log.warning("ray_actor_died", shard=k, restarting=len(pending[k]))
+                            await start(k, sorted(pending[k]))
+                            continue
+                        if isinstance(taken, BaseException):
+                            failures.append(f"shard {k} could not be polled: {taken}")
+                            continue
+                        missed[k] = 0
+                        for key, seconds in taken.pauses:
+                            for j in pending:
+                                if j != k:
+                                    handles[j].pause.remote(key, seconds)
+                                    relayed += 1
+                            log.info("ray_429_relayed", key=key, pause_s=seconds)
+                        await record(k, taken)
+                        if taken.finished and taken.error is not None:
+                            failures.append(f"shard {k} failed: {taken.error}")
+                        elif taken.finished:
+                            stopped_early = stopped_early or taken.stopped_early
+                            del pending[k]  # what it did not run was stopped
+                    if failures:  # raised once every shard's results are written
+                        raise ConfigError("; ".join(failures))
+                    self.busy = len(pending)
         finally:
+            self.stop.scope = None
             for handle in handles.values():
                 ray.kill(handle)
         not_run = len(self.todo) - len(self.written)
@@ -430,7 +476,7 @@ class _Driver:
             elapsed_s=time.perf_counter() - self.started,
             shards={k: len(v) for k, v in shards.items()},
             pauses_relayed=relayed,
-            interrupted=self.stop.asked and not_run > 0,
+            interrupted=self.stop.asked,
             not_run=not_run,
             stopped_early=stopped_early,
             attempted=attempted,
@@ -469,7 +515,8 @@ class RayRunHandle:
         await self._finished.wait()
         if self._error is not None:
             raise self._error
-        assert self.outcome is not None
+        if self.outcome is None:
+            raise ConfigError("the run was cancelled before it ended (its simulator closed)")
         return self.outcome
 
     def close(self) -> None:
@@ -550,8 +597,6 @@ class RaySimulator:
     async def _produce(
         self, handle: RayRunHandle, spec: str | Path, loaded: Any, sink: Any, limit: int | None
     ) -> None:
-        manifest = _manifest(loaded, self.settings, self.actors)
-
         async def deliver(result: ConversationResult) -> None:
             if sink is not None:
                 await sink.write(result)
@@ -559,6 +604,7 @@ class RaySimulator:
 
         try:
             async with handle._send:
+                manifest = _manifest(loaded, self.settings, self.actors)
                 done = await sink.open(manifest) if sink is not None else set()
                 handle._driver = _Driver(
                     _ship(spec, loaded), _todo(loaded, done, limit), self.settings,
@@ -590,6 +636,8 @@ def run_on_ray(
     concurrency: int = 32,
     limit: int | None = None,
     resume: bool = False,
+    overwrite: bool = False,
+    retry_failed: bool = False,
     kill_after: Callable[[int, Any], None] | None = None,
     on_progress: Callable[[int, int, int], None] | None = None,
     on_interrupt: Callable[[bool], None] | None = None,
@@ -603,9 +651,11 @@ def run_on_ray(
     an actor. ``on_progress(done, total, busy_actors)`` is called a few times a second
     with the whole cluster's progress.
 
-    Called from the main thread, SIGINT and SIGTERM stop the run gracefully: every actor
-    starts no more conversations and its in-flight ones get the grace period; a second
-    signal cancels them at once. Finished results are written, the rest wait for a
+    ``resume``, ``overwrite`` and ``retry_failed`` are the results file's, as for
+    :class:`~convsim.JsonlSink`. Called from the main thread, SIGINT and SIGTERM stop
+    the run gracefully: every actor starts no more conversations and its in-flight ones
+    get the grace period; a second signal cancels them at once, a third stops waiting
+    for the actors (they are killed). Finished results are written, the rest wait for a
     resume; ``on_interrupt(at_once)`` hears each signal and the outcome says
     ``interrupted``.
 
@@ -619,7 +669,7 @@ def run_on_ray(
     loaded = load_pack(pack)
     manifest = _manifest(loaded, settings, actors)
     ensure_ray(address)  # before the results file: without Ray, nothing is created
-    sink = JsonlSink(out, resume=resume)
+    sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
     sink.prepare()
     signals = threading.current_thread() is threading.main_thread()
 

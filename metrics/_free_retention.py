@@ -271,8 +271,9 @@ class FreeRetention:
             for q in self.open_questions:
                 self.answered.setdefault(q, []).append(answer_to)
         self._read_user(user, turn_id, position)
-        self._check(user, answer, turn_id, position)
-        self.open_questions = _questions(answer)
+        questions = _questions(answer)
+        self._check(user, answer, questions, turn_id, position)
+        self.open_questions = questions
         self.last_turn = (turn_id, position)
 
     def _read_user(self, user: str, turn_id: str, position: int) -> None:
@@ -291,7 +292,9 @@ class FreeRetention:
                 known.add(item)
                 self.stated.append(_Stated("item", item, item, sentence, turn_id, position))
 
-    def _check(self, user: str, answer: str, turn_id: str, position: int) -> None:
+    def _check(
+        self, user: str, answer: str, questions: list[str], turn_id: str, position: int
+    ) -> None:
         said = f" {_normal(answer)} "
         heard = f" {_normal(user)} "
         for slot in asked_slots(answer):
@@ -308,7 +311,7 @@ class FreeRetention:
             if _differs(earlier.told, s.value):
                 what = f"stated {s.slot}={s.value!r}, was told {earlier.told!r}"
                 self._forget(earlier, turn_id, position, what)
-        for question in set(_questions(answer)):
+        for question in set(questions):
             for answer_to in self.answered.get(question, ()):
                 self._forget(answer_to, turn_id, position, "asked the same question again")
         back_reference = _BACK_REFERENCE.search(user) is not None

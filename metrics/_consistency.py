@@ -7,9 +7,11 @@ one's work, a favourite, how many of something one has, and what one likes, has 
 its speaker ("I ...") or, in an assistant turn, the user ("you ...", "your name is").
 
 A check is an assistant statement on something already stated: by the assistant about
-itself, or by the user about themself when the assistant speaks about the user. It is a
-contradiction when the value differs (another name, another number, the opposite
-polarity). The score is the share of checks that do not contradict; with no check it is
+itself (or by its persona, given as ``persona`` in the scenario's or transcript's
+metadata, as PersonaChat gives it), or by the user about themself when the assistant
+speaks about the user. It is a contradiction when the value differs (another name,
+another number, the opposite polarity; a description such as "a big city" is not another
+value). The score is the share of checks that do not contradict; with no check it is
 not applicable. The user contradicting themself is not the assistant's doing and is not
 counted (the user's later statement simply replaces the earlier one).
 
@@ -21,7 +23,7 @@ contradictions of meaning without a stated value are not seen at all.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -103,8 +105,42 @@ class Statement(NamedTuple):
     value: str
 
 
+_CONTRACTED = re.compile(r"\b(i|you|we|they)'ve\b")
+_WORD = re.compile(r"\w+")
+
+
 def _normal(text: str) -> str:
-    return " ".join(text.lower().replace("\u2019", "'").split())
+    text = " ".join(text.lower().replace("\u2019", "'").split())
+    return _CONTRACTED.sub(r"\1 have", text) if "'ve" in text else text
+
+
+def values_differ(earlier: str, stated: str) -> bool:
+    """Whether ``stated`` is another value than ``earlier`` for the same slot: not a
+    description ("a big city" for Lisbon), nor the same with more words ("a nurse on
+    night shifts" for "nurse")."""
+    if earlier == stated:
+        return False
+    if stated.split()[0] in ("a", "an", "the", "some", "such", "that", "this"):
+        return False
+    a = f" {' '.join(_WORD.findall(earlier.casefold()))} "
+    b = f" {' '.join(_WORD.findall(stated.casefold()))} "
+    return a not in b and b not in a
+
+
+def persona_lines(metadata: Mapping[str, Any]) -> list[str]:
+    """The assistant's persona from a scenario's or transcript's ``metadata``
+    (``persona``: lines in one string, or a list), without "your persona:" prefixes."""
+    persona = metadata.get("persona")
+    if isinstance(persona, str):
+        lines = persona.splitlines()
+    elif isinstance(persona, (list, tuple)):
+        lines = [str(line) for line in persona]
+    else:
+        return []
+    return [_PERSONA_PREFIX.sub("", line) for line in lines if line.strip()]
+
+
+_PERSONA_PREFIX = re.compile(r"^\s*(?:your|my)\s+persona\s*:\s*", re.I)
 
 
 def _at(pattern: re.Pattern[str], text: str, anchors: list[int]) -> Iterator[re.Match[str]]:
@@ -166,12 +202,17 @@ class ConsistencyMetric:
     description = (
         "Share of the assistant's statements (name, age, home, work, favourites, counts, "
         "likes/has/is with polarity) on something already stated, by itself or by the "
-        "user about themself, that do not contradict it; not applicable when nothing is "
-        "stated twice. Sees only what its patterns read."
+        "user about themself, or by its persona (metadata ``persona``), that do not "
+        "contradict it; not applicable when nothing is stated twice. Sees only what its "
+        "patterns read."
     )
 
     def scorer(self, conversation: Conversation) -> _ConsistencyScorer:
-        return _ConsistencyScorer()
+        scorer = _ConsistencyScorer()
+        for line in persona_lines(conversation.scenario.metadata or {}):
+            for s in statements(line):
+                scorer.assistant.setdefault(s.slot, (s.value, "persona"))
+        return scorer
 
 
 @dataclass
@@ -193,10 +234,11 @@ class _ConsistencyScorer:
             earlier = known.get(s.slot)
             if earlier is not None:
                 self.checks += 1
-                if earlier[0] != s.value:
+                if values_differ(earlier[0], s.value):
+                    about = "the user" if s.about == "addressee" else "itself"
                     self.contradictions.append(
                         {
-                            "about": "itself" if s.about == "speaker" else "the user",
+                            "about": "its persona" if earlier[1] == "persona" else about,
                             "slot": s.slot,
                             "earlier": earlier[0],
                             "earlier_turn": earlier[1],

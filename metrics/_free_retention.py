@@ -36,7 +36,7 @@ from typing import Any
 
 from convsim._records import Score
 
-from ._consistency import _END, _PHRASE, statements
+from ._consistency import _END, _PHRASE, statements, values_differ
 
 __all__ = ["FreeRetention", "asked_slots", "salient_items"]
 
@@ -202,18 +202,6 @@ def _questions(text: str) -> list[str]:
     return out
 
 
-def _differs(told: str, stated: str) -> bool:
-    """Whether a value the assistant states about the user is another one than the user
-    told: not a description ("a big city" for Lisbon), nor the same with more words
-    ("a nurse on night shifts" for "nurse")."""
-    if told == stated:
-        return False
-    if stated.split()[0] in ("a", "an", "the", "some", "such", "that", "this"):
-        return False
-    told_n, stated_n = f" {_normal(told)} ", f" {_normal(stated)} "
-    return told_n not in stated_n and stated_n not in told_n
-
-
 @dataclass
 class _Stated:
     """One thing the user stated, and what the answers after it did with it."""
@@ -308,7 +296,7 @@ class FreeRetention:
             earlier = self.slots.get(_slot_key(s.slot))
             if earlier is None or earlier.slot != s.slot:
                 continue
-            if _differs(earlier.told, s.value):
+            if values_differ(earlier.told, s.value):
                 what = f"stated {s.slot}={s.value!r}, was told {earlier.told!r}"
                 self._forget(earlier, turn_id, position, what)
         for question in set(questions):

@@ -78,3 +78,53 @@ def test_nothing_stated_twice_is_not_applicable() -> None:
 )
 def test_what_the_patterns_read(text: str, expected: list[Statement]) -> None:
     assert statements(text) == expected
+
+
+def test_the_assistant_is_held_to_its_persona_from_the_metadata(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from convsim.cli import main
+
+    persona = "your persona: i've three dogs.\nyour persona: i live in texas."
+    messages = [
+        {"role": "user", "content": "hi, do you have pets?"},
+        {"role": "assistant", "content": "i have no dogs, i live in ohio."},
+        {"role": "user", "content": "and your family?"},
+        {"role": "assistant", "content": "i have three dogs and i live in texas."},
+    ]
+    held = score_transcript(messages, ["consistency"], metadata={"persona": persona})
+    contradictions = held["consistency"].details["contradictions"]
+    found = {(c["about"], c["slot"], c["earlier"], c["stated"]) for c in contradictions}
+    assert found == {
+        ("its persona", "count:dog", "3", "0"),
+        ("its persona", "home", "texas", "ohio"),
+    }
+    assert held["consistency"].value == pytest.approx(0.5)  # the second answer keeps to it
+    assert score_transcript(messages, ["consistency"])["consistency"].value == pytest.approx(0.0)
+
+    # the same through `convsim score`, the persona in the transcript's metadata
+    path = Path(str(tmp_path)) / "persona.jsonl"
+    row = {"conversation_id": "p", "metadata": {"persona": persona.splitlines()}}
+    path.write_text(json.dumps({**row, "messages": messages}) + "\n")
+    out = path.with_suffix(".scores.jsonl")
+    result = CliRunner().invoke(
+        main, ["score", str(path), "--metrics", "consistency", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["scores"]["consistency"]["value"] == pytest.approx(0.5)
+
+
+def test_a_description_is_not_another_value() -> None:
+    from convsim.metrics._consistency import values_differ
+
+    assert values_differ("lisbon", "porto") and values_differ("3", "0")
+    assert not values_differ("lisbon", "a big city")
+    assert not values_differ("nurse", "nurse on night shifts")
+    described = score(
+        ("I live in Lisbon.", "Nice."),
+        ("Tips?", "Since you live in a big city, walk."),
+    )
+    assert described.value == 1.0  # type: ignore[attr-defined]

@@ -15,6 +15,10 @@ Transcripts follow what the ratings apply to:
 - per-dialogue ratings (FED dialogue level): the whole dialogue, "User:" lines as user
   messages and "System:" lines as assistant messages.
 
+USR's grounding travels in the transcript's ``metadata``: PersonaChat's persona lines as
+``persona`` (the rated responder's: ``consistency`` holds the assistant to it), and
+Topical-Chat's reading passage as ``knowledge``.
+
 Every file is scored by the real command, in a subprocess:
 ``python -m convsim score FILE --metrics
 coherence,lexical_coherence,consistency,conversation_flow,context_retention --out
@@ -225,6 +229,7 @@ class Item:
     group: str  # the subset published figures are given for (GRADE) or the system
     response: str  # the rated response ("" for a dialogue)
     system: str = ""  # the system that produced the rated text, when group is not it
+    metadata: dict[str, Any] = field(default_factory=dict)  # persona or knowledge, if any
 
     @property
     def who(self) -> str:
@@ -311,6 +316,8 @@ def load_usr(root: Path) -> list[Dataset]:
                 _ratings(r["ratings"], keys),
                 r["model"],
                 r["response"],
+                # the responder's persona (PersonaChat) or reading passage (Topical-Chat)
+                metadata={"persona" if name == "personachat" else "knowledge": r["fact"]},
             )
             for r in loader.load(name, root=root / "usr")
         ]
@@ -333,8 +340,9 @@ def load_usr(root: Path) -> list[Dataset]:
                         "Uses Knowledge",
                         "Uses Knowledge (0-1, mean of 3 annotators)",
                         {"all": USR_TC_KNOWLEDGE} if tc else {},
-                        "convsim never sees the knowledge passage / persona (no such field "
-                        "in a transcript); shown for completeness"
+                        "the knowledge passage / persona travel in the transcript's "
+                        "metadata, but only consistency reads the persona (no scorer reads "
+                        "the passage); shown for completeness"
                         + ("" if tc else "; no published per-quality figures for PersonaChat"),
                     ),
                     Dimension(
@@ -504,7 +512,10 @@ def run_score(dataset: Dataset, folder: Path) -> tuple[dict[str, dict[str, Any]]
     out = folder / f"{dataset.key}.scores.jsonl"
     with open(transcripts, "w", encoding="utf-8") as fh:
         for item in dataset.items:
-            fh.write(json.dumps({"conversation_id": item.id, "messages": item.messages}) + "\n")
+            row = {"conversation_id": item.id, "messages": item.messages}
+            if item.metadata:
+                row["metadata"] = item.metadata
+            fh.write(json.dumps(row) + "\n")
     cmd = [sys.executable, "-m", "convsim", "score", str(transcripts), "--metrics", METRICS]
     started = time.perf_counter()
     proc = subprocess.run(
@@ -595,6 +606,7 @@ RESPONSE_VARIANTS = [
     Variant("lexical_coherence: conversation value", _value("lexical_coherence")),
     Variant("conversation_flow: value (all turns)", _value("conversation_flow")),
     Variant("context_retention: value", _value("context_retention")),
+    Variant("consistency: value (with the persona, where given)", _value("consistency")),
     Variant("(yardstick) words in the rated response", _words_in_response, reference=True),
 ]
 

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
+from ._words import normal_words
+
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
 
@@ -106,7 +108,6 @@ class Statement(NamedTuple):
 
 
 _CONTRACTED = re.compile(r"\b(i|you|we|they)'ve\b")
-_WORD = re.compile(r"\w+")
 
 
 def _normal(text: str) -> str:
@@ -122,8 +123,7 @@ def values_differ(earlier: str, stated: str) -> bool:
         return False
     if stated.split()[0] in ("a", "an", "the", "some", "such", "that", "this"):
         return False
-    a = f" {' '.join(_WORD.findall(earlier.casefold()))} "
-    b = f" {' '.join(_WORD.findall(stated.casefold()))} "
+    a, b = f" {normal_words(earlier)} ", f" {normal_words(stated)} "
     return a not in b and b not in a
 
 

@@ -37,16 +37,11 @@ from typing import Any
 from convsim._records import Score
 
 from ._consistency import _END, _PHRASE, statements, values_differ
+from ._words import normal_words
 
 __all__ = ["FreeRetention", "asked_slots", "salient_items"]
 
-_WORD = re.compile(r"\w+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
-
-
-def _normal(text: str) -> str:
-    """Lower-cased words, one space apart: what values are compared in."""
-    return " ".join(_WORD.findall(text.casefold()))
 
 
 def _singular(word: str) -> str:
@@ -163,7 +158,7 @@ _STOP = frozenset(
 
 
 def _content(text: str) -> set[str]:
-    return {w for w in _normal(text).split() if w not in _STOP and not w.isdigit()}
+    return {w for w in normal_words(text).split() if w not in _STOP and not w.isdigit()}
 
 
 _WH = frozenset("what where when which who whose how".split())
@@ -185,7 +180,7 @@ def _questions(text: str) -> list[str]:
     out = []
     for sentence in _SENTENCE.split(text):
         for q in sentence.split("?")[:-1]:
-            words = _normal(q).split()
+            words = normal_words(q).split()
             start = next(
                 (
                     i
@@ -220,7 +215,7 @@ class _Stated:
     forgotten: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        normal = _normal(self.value)
+        normal = normal_words(self.value)
         self.wanted = f" {normal} " if normal else ""
         """The value as it is searched for in a normalised answer ("" for nothing)."""
         self.first_word = normal.split()[0] if normal else ""
@@ -273,18 +268,18 @@ class FreeRetention:
             stated = _Stated("statement", key, value, user, turn_id, position, s.slot, s.value)
             self.slots[key] = stated
             self.stated.append(stated)
-            values.add(_normal(value))
+            values.add(normal_words(value))
         known = {s.value for s in self.stated if s.kind == "item"}
         for item, sentence in salient_items(user):
-            if item not in known and _normal(item) not in values:
+            if item not in known and normal_words(item) not in values:
                 known.add(item)
                 self.stated.append(_Stated("item", item, item, sentence, turn_id, position))
 
     def _check(
         self, user: str, answer: str, questions: list[str], turn_id: str, position: int
     ) -> None:
-        said = f" {_normal(answer)} "
-        heard = f" {_normal(user)} "
+        said = f" {normal_words(answer)} "
+        heard = f" {normal_words(user)} "
         for slot in asked_slots(answer):
             kind, _, thing = slot.partition(":")
             key = f"has:{thing}" if kind == "count" else slot

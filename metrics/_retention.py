@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._free_retention import FreeRetention
+from ._words import normal_words
 
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["ContextRetentionMetric", "fact_recalled", "stated_values"]
 
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?(?!\w)")
-_WORDS = re.compile(r"[^\w]+")
 _MONTHS = (
     "january february march april may june july august september october november december"
 ).split()
@@ -63,10 +63,6 @@ _STATED = re.compile(
     rf"((?:[$€£]\s?)?(?:{_MONTH}\s+)?(?:\d+(?:[.,]\d+)+|{_VALUE_TOKEN}))",
     re.I,
 )
-
-
-def _normal(text: str) -> str:
-    return " ".join(_WORDS.sub(" ", text.casefold()).split())
 
 
 def _as_number(value: Any) -> float | None:
@@ -122,9 +118,9 @@ def _as_date(value: Any) -> MonthDay | None:
 
 def fact_recalled(fact: Fact, text: str) -> bool:
     """Whether ``text`` states the fact's value (or an alias)."""
-    normal = f" {_normal(text)} "
+    normal = f" {normal_words(text)} "
     for candidate in (str(fact.value), *fact.aliases):
-        wanted = _normal(candidate)
+        wanted = normal_words(candidate)
         if wanted and f" {wanted} " in normal:
             return True
     target = _as_number(fact.value)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import sys
 import time
 import uuid
@@ -33,6 +32,7 @@ from ._log import get_logger
 from ._packs import load_pack
 from ._records import ConversationResult, Status, TurnStatus
 from ._registry import Registry
+from ._result_stream import ResultStream
 from ._sinks import JsonlSink, ResultSink, RunManifest
 from .plugins import PLUGINS, BasePlugin, PluginManager
 
@@ -153,7 +153,7 @@ class _BoundModel(NamedTuple):
     name: str
 
 
-class RunHandle:
+class RunHandle(ResultStream):
     """One run: iterate it for results as conversations finish.
 
     Returned by :meth:`Simulator.run`; the work starts on creation and goes on in the
@@ -161,30 +161,16 @@ class RunHandle:
     """
 
     def __init__(self, run_id: str, pack: Pack, grace_period: float, budgets: Budgets) -> None:
+        super().__init__()
         self.run_id = run_id
         self.pack = pack
-        self._send, self._receive = anyio.create_memory_object_stream[ConversationResult](math.inf)
         self._counters = _Counters()
         self._started = time.perf_counter()
         self._alive = InFlight(time.perf_counter)
-        self._error: BaseException | None = None
-        self._finished = anyio.Event()
         self._stopping = _Stopping(grace_period)
         self._budgets = budgets
         self._stopped_early: str | None = None
         self.manifest: RunManifest | None = None
-
-    def __aiter__(self) -> RunHandle:
-        return self
-
-    async def __anext__(self) -> ConversationResult:
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._receive.close()
-            if self._error is not None:
-                raise self._error from None
-            raise StopAsyncIteration from None
 
     async def wait(self) -> None:
         """Wait until the run has ended. Results not yet read stay available until the
@@ -192,10 +178,6 @@ class RunHandle:
         await self._finished.wait()
         if self._error is not None:
             raise self._error
-
-    def close(self) -> None:
-        """Stop delivering results to this handle (the run and its sink go on)."""
-        self._receive.close()
 
     def stop(self, grace_period: float | None = None) -> None:
         """Start no more conversations; in-flight ones get the grace period.

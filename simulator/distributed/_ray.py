@@ -29,6 +29,7 @@ from convsim._breaker import is_infrastructure_failure
 from convsim._errors import ConfigError
 from convsim._log import get_logger
 from convsim._records import ConversationResult, Status
+from convsim._result_stream import ResultStream
 
 __all__ = [
     "shard_of",
@@ -484,31 +485,17 @@ class _Driver:
         )
 
 
-class RayRunHandle:
+class RayRunHandle(ResultStream):
     """One run on Ray: iterate it for results as conversations finish, as with
     :class:`~convsim.RunHandle`. Returned by :meth:`RaySimulator.run`; the work starts
     on creation and goes on in the simulator's task group whether or not you iterate."""
 
     def __init__(self) -> None:
-        self._send, self._receive = anyio.create_memory_object_stream[ConversationResult](1_000_000)
-        self._finished = anyio.Event()
-        self._error: BaseException | None = None
+        super().__init__()
         self._driver: _Driver | None = None
         self._stop = _StopRequest()
         self.outcome: RayRun | None = None
         """What the run did, once it has ended."""
-
-    def __aiter__(self) -> RayRunHandle:
-        return self
-
-    async def __anext__(self) -> ConversationResult:
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._receive.close()
-            if self._error is not None:
-                raise self._error from None
-            raise StopAsyncIteration from None
 
     async def wait(self) -> RayRun:
         """Wait until the run has ended; what it did."""
@@ -518,10 +505,6 @@ class RayRunHandle:
         if self.outcome is None:
             raise ConfigError("the run was cancelled before it ended (its simulator closed)")
         return self.outcome
-
-    def close(self) -> None:
-        """Stop delivering results to this handle (the run and its sink go on)."""
-        self._receive.close()
 
     def stop(self, grace_period: float | None = None) -> None:
         """Start no more conversations on any actor; in-flight ones get the grace period

@@ -28,6 +28,7 @@ _public = _lazy_module(
         ],
         "._scripted": ["ScriptedAdapter", "ScriptedConfig"],
         "._budget": ["Budgets"],
+        "._egress": ["EgressPolicy", "is_public_address"],
         "convsim._types": [
             "CallTimings",
             "Completion",
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from convsim._types import Usage as Usage
 
     from ._budget import Budgets as Budgets
+    from ._egress import EgressPolicy as EgressPolicy
+    from ._egress import is_public_address as is_public_address
     from ._openai import render_prompt as render_prompt
     from ._protocol import LogprobsUnsupported as LogprobsUnsupported
     from ._protocol import ModelAdapter as ModelAdapter

@@ -25,11 +25,15 @@ import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from convsim._errors import LocalResourceError, ResponseTooLarge, ServerError, Timeout
+from convsim._errors import EgressRefused, LocalResourceError, ResponseTooLarge, ServerError, Timeout
+
+from ._egress import EgressBlocked, EgressPolicy
+
+E = TypeVar("E", bound=BaseException)
 
 __all__ = [
     "HttpTimeouts",
@@ -243,6 +247,9 @@ def _translation(
     if isinstance(exc, timeouts):  # checked first: some libraries' timeouts are failures too
         return Timeout(f"no response from {url} in time")
     if isinstance(exc, failures):
+        blocked = _cause(exc, EgressBlocked)
+        if blocked is not None:
+            return EgressRefused(str(blocked).removeprefix("base_url: "))
         if _out_of_descriptors(exc):
             return LocalResourceError(
                 f"cannot open a connection to {url}: too many open files in this process; "
@@ -265,17 +272,26 @@ def _translated(
         raise translated from exc
 
 
-def _out_of_descriptors(exc: BaseException) -> bool:
-    """Whether a connection failed for want of a file descriptor (EMFILE, ENFILE)
-    anywhere among the exception's causes: a local limit, not the server's doing."""
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and its causes, each once."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
-            return True
+        yield cause
         cause = cause.__cause__ or cause.__context__
-    return False
+
+
+def _cause(exc: BaseException, kind: type[E]) -> E | None:
+    return next((c for c in _causes(exc) if isinstance(c, kind)), None)
+
+
+def _out_of_descriptors(exc: BaseException) -> bool:
+    """Whether a connection failed for want of a file descriptor (EMFILE, ENFILE)
+    anywhere among the exception's causes: a local limit, not the server's doing."""
+    return any(
+        isinstance(c, OSError) and c.errno in (errno.EMFILE, errno.ENFILE) for c in _causes(exc)
+    )
 
 
 def _encode(payload: Any) -> bytes:
@@ -290,36 +306,47 @@ PROBE_BODY_LIMIT = 64 * 1024
 class AiohttpTransport:
     """The default seam: one aiohttp session with a pool sized to the concurrency."""
 
-    def __init__(self, *, pool_size: int = 100) -> None:
+    def __init__(self, *, pool_size: int = 100, egress: EgressPolicy | None = None) -> None:
         self.pool_size = pool_size
+        self.egress = egress
+        """Where calls may go; with one, redirects are not followed and no proxy from
+        the environment is used (see :class:`~convsim.adapters.EgressPolicy`)."""
         self._session: Any = None
         self._timeouts: dict[HttpTimeouts, Any] = {}
-        self._proxies: dict[str, dict[str, Any]] = {}
+        self._options: dict[str, dict[str, Any]] = {}
 
     def _client(self) -> Any:
         if self._session is None or self._session.closed:
             import aiohttp
 
-            connector = aiohttp.TCPConnector(limit=self.pool_size, limit_per_host=self.pool_size)
+            resolver = self.egress.resolver() if self.egress is not None else None
+            connector = aiohttp.TCPConnector(
+                limit=self.pool_size, limit_per_host=self.pool_size, resolver=resolver
+            )
             # trust_env stays off: aiohttp would then look the proxy up in a worker
-            # thread on every request; _proxy() does it once per origin instead
+            # thread on every request; _request_options() does it once per origin instead
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
         return self._session
 
-    async def _proxy(self, url: str) -> dict[str, Any]:
-        """The proxy the environment names for ``url``'s origin (HTTP(S)_PROXY, NO_PROXY,
-        credentials from the proxy URL or .netrc), as httpx and ``trust_env`` would pick
-        it; looked up once per origin, off the loop (.netrc is a file read)."""
-        known = self._proxies.get(url)  # the few URLs an adapter calls, not parsed again
+    async def _request_options(self, url: str) -> dict[str, Any]:
+        """The options of a request to ``url``: under an egress policy, the URL checked
+        and redirects off; otherwise the proxy the environment names for its origin
+        (HTTP(S)_PROXY, NO_PROXY, credentials from the proxy URL or .netrc), as httpx
+        and ``trust_env`` would pick it, looked up once per origin, off the loop (.netrc
+        is a file read)."""
+        known = self._options.get(url)  # the few URLs an adapter calls, not parsed again
+        if known is None and self.egress is not None:
+            self.egress.check_url(url)  # raises EgressRefused
+            known = self._options[url] = {"allow_redirects": False}
         if known is None:
             from yarl import URL
 
             target = URL(url)
             origin = str(target.origin())
-            known = self._proxies.get(origin)
+            known = self._options.get(origin)
             if known is None:
-                known = self._proxies[origin] = await anyio.to_thread.run_sync(_env_proxy, target)
-            self._proxies[url] = known
+                known = self._options[origin] = await anyio.to_thread.run_sync(_env_proxy, target)
+            self._options[url] = known
         return known
 
     def _timeout(self, t: HttpTimeouts) -> Any:
@@ -356,7 +383,7 @@ class AiohttpTransport:
         :data:`PROBE_BODY_LIMIT` bytes, as only its start is ever shown."""
         import aiohttp
 
-        proxy = await self._proxy(url)
+        proxy = await self._request_options(url)
         with _translated(url, asyncio.TimeoutError, aiohttp.ClientError):
             async with self._client().get(
                 url, headers=headers, timeout=self._timeout(timeouts), **proxy
@@ -401,9 +428,9 @@ class _AiohttpPost:
         import aiohttp
 
         transport = self._transport
-        proxy = transport._proxies.get(self._url)
+        proxy = transport._options.get(self._url)
         if proxy is None:
-            proxy = await transport._proxy(self._url)
+            proxy = await transport._request_options(self._url)
         try:
             self._request = transport._client().post(
                 self._url,

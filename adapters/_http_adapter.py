@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from convsim._errors import (
     AdapterError,
     ConfigError,
+    EgressRefused,
     EndpointError,
     MalformedResponse,
     ProtocolError,
@@ -46,6 +47,7 @@ from convsim._types import (
 )
 
 from ._budget import BudgetLimits, Budgets, ProviderBudget
+from ._egress import EgressPolicy
 from ._http import (
     JSON_HEADERS,
     PROBE_BODY_LIMIT,
@@ -114,6 +116,9 @@ class HttpAdapterConfig(BaseModel):
     """The largest server-sent event (or line of one) of a stream, in bytes."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     max_tokens: int | None = Field(default=None, gt=0)
+    max_tokens_cap: int | None = Field(default=None, gt=0)
+    """The most tokens any call may ask for: a turn asking for more, or for no limit,
+    asks for this many (an operator's limit, as the evaluation service sets it)."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     input_price: float | None = Field(default=None, ge=0)
     """USD per million prompt tokens (overrides the pricing file)."""
@@ -234,6 +239,7 @@ class HttpModelAdapter(ModelAdapter):
         transport: HttpTransport | None = None,
         budgets: Budgets | None = None,
         env: Mapping[str, str] | None = None,
+        egress: EgressPolicy | None = None,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         cfg = self.config = parse_config(self.Config, config, f"{self.model_type} model")
@@ -244,6 +250,15 @@ class HttpModelAdapter(ModelAdapter):
                 f"(--model-arg base_url=http://HOST:PORT/v1)"
             )
         self.base_url = base_url.rstrip("/")
+        self.egress = egress
+        """Where this adapter's calls may go (None: anywhere); checked at every
+        connection. A policy needs convsim's aiohttp transport."""
+        if egress is not None:
+            if cfg.http != "aiohttp" or transport is not None:
+                raise ConfigError(
+                    "an egress policy needs the aiohttp transport (drop http=httpx)"
+                )
+            egress.check_url(self.base_url)
         self._api_key = self._resolve_key(env if env is not None else os.environ)
         self._scrub = Redactor.of(keys=[self._api_key], urls=[self.base_url])
         """Blanks the key, and credentials inside base_url, out of errors and snippets."""
@@ -360,7 +375,7 @@ class HttpModelAdapter(ModelAdapter):
     def _http(self) -> HttpTransport:
         if self._transport is None:
             self._transport = (
-                AiohttpTransport(pool_size=self._concurrency)
+                AiohttpTransport(pool_size=self._concurrency, egress=self.egress)
                 if self.config.http == "aiohttp"
                 else HttpxTransport(pool_size=self._concurrency)
             )
@@ -407,6 +422,9 @@ class HttpModelAdapter(ModelAdapter):
         if self._slots is None:
             # fast_acquire: a free slot is taken without a trip through the event loop
             self._slots = anyio.Semaphore(self._concurrency, fast_acquire=True)
+        cap = self.config.max_tokens_cap
+        if cap is not None and (params.max_tokens is None or params.max_tokens > cap):
+            params = params.model_copy(update={"max_tokens": cap})
         budget = self.budget()
         stream = exchange is None and (on_text is not None or self.config.stream)
         # only a token budget needs the estimate of what the call will use
@@ -739,6 +757,8 @@ class HttpModelAdapter(ModelAdapter):
 
     def _raise_unreachable(self, exc: Exception) -> None:
         """Raise EndpointError when ``exc`` shows the endpoint cannot be reached."""
+        if isinstance(exc, EgressRefused):
+            raise EndpointError(str(exc), url=redact_url(self.base_url)) from exc
         what = _unreachable(exc, self.base_url)
         if what is not None:
             shown = redact_url(self.base_url)

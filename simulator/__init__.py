@@ -54,6 +54,7 @@ _public = _lazy_module(
             "EndpointError",
             "MalformedResponse",
             "ResponseTooLarge",
+            "EgressRefused",
         ],
     },
     also=["__version__"],
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from ._errors import BadRequest as BadRequest
     from ._errors import ConfigError as ConfigError
     from ._errors import ConvsimError as ConvsimError
+    from ._errors import EgressRefused as EgressRefused
     from ._errors import EndpointError as EndpointError
     from ._errors import InvalidTransition as InvalidTransition
     from ._errors import LocalResourceError as LocalResourceError

@@ -58,6 +58,7 @@ __all__ = [
     "LocalResourceError",
     "EndpointError",
     "MalformedResponse",
+    "EgressRefused",
     "ResponseTooLarge",
     "RETRYABLE_STATUSES",
     "describe_validation_error",
@@ -234,6 +235,19 @@ class LocalResourceError(AdapterError):
     once other connections close."""
 
     retryable = True
+
+
+class EgressRefused(AdapterError):
+    """A call (or a URL given for one) goes where the egress policy does not allow: a
+    URL outside the allowed prefixes, or a host at a loopback, private or reserved
+    address. ``field`` names the setting that holds the URL."""
+
+    infrastructure = False
+
+    def __init__(self, reason: str, *, field: str = "base_url", **kw: Any) -> None:
+        super().__init__(f"{field}: {reason}", **kw)
+        self.field = field
+        self.reason = reason
 
 
 class EndpointError(ConvsimError):

@@ -23,6 +23,7 @@ _public = _lazy_module(
             "Unauthorized",
             "NotFound",
             "Invalid",
+            "LimitReached",
         ],
     },
 )
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from ._client import Evaluation as Evaluation
     from ._client import EvaluationClient as EvaluationClient
     from ._client import Invalid as Invalid
+    from ._client import LimitReached as LimitReached
     from ._client import NotFound as NotFound
     from ._client import ServiceError as ServiceError
     from ._client import Unauthorized as Unauthorized

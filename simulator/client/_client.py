@@ -25,6 +25,7 @@ __all__ = [
     "Unauthorized",
     "NotFound",
     "Invalid",
+    "LimitReached",
 ]
 
 FINISHED = ("done", "failed", "cancelled")
@@ -47,11 +48,16 @@ class NotFound(ServiceError):
 
 
 class Invalid(ServiceError):
-    """422: the request was refused; ``problems`` says why."""
+    """422: the request was refused; ``problems`` says why (each with its ``loc``, the
+    field refused, and ``msg``)."""
 
     def __init__(self, message: str, problems: Any) -> None:
         super().__init__(message, 422)
         self.problems = problems
+
+
+class LimitReached(ServiceError):
+    """429: a limit of the key (jobs at once, uploads) stops the request."""
 
 
 @dataclass(frozen=True)
@@ -88,13 +94,23 @@ def _raise_for(response: httpx.Response) -> None:
         detail = response.json().get("detail")
     except ValueError:
         detail = response.text[:200]
-    message = f"{response.status_code}: {detail}"
+    if isinstance(detail, list):  # refused fields: "model_args.base_url: why; ..."
+        shown = "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', ())[1:]) or 'body'}: {d.get('msg')}"
+            for d in detail
+            if isinstance(d, dict)
+        )
+    else:
+        shown = str(detail)
+    message = f"{response.status_code}: {shown}"
     if response.status_code == 401:
         raise Unauthorized(message, 401)
     if response.status_code == 404:
         raise NotFound(message, 404)
     if response.status_code == 422:
         raise Invalid(message, detail)
+    if response.status_code == 429:
+        raise LimitReached(message, 429)
     raise ServiceError(message, response.status_code)
 
 
@@ -105,12 +121,15 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def _body(
-    pack: str | None, model: str, model_args: dict[str, Any] | None, metrics: Any, **extra: Any
+    pack: str | None,
+    model: str | None,
+    model_args: dict[str, Any] | None,
+    metrics: Any,
+    **extra: Any,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "model_args": {k: str(v) for k, v in (model_args or {}).items()},
-    }
+    body: dict[str, Any] = {"model_args": {k: str(v) for k, v in (model_args or {}).items()}}
+    if model is not None and extra.get("endpoint") is None:
+        body["model"] = model
     if pack is not None:
         body["pack"] = pack
     if metrics is not None:
@@ -188,12 +207,16 @@ class EvaluationClient:
         limit: int | None = None,
         concurrency: int | None = None,
         pack_files: dict[str, str] | None = None,
+        endpoint: str | None = None,
+        trials: int | None = None,
     ) -> Evaluation:
         """Start an evaluation of ``pack`` (a bundled pack's name), or of a pack of your
-        own given as ``pack_files`` (its files' text by name), against ``model``."""
+        own given as ``pack_files`` (its files' text by name), against ``model`` (your
+        own, with its ``base_url`` and ``api_key`` in ``model_args``) or ``endpoint`` (a
+        model the operator declared, by name)."""
         body = _body(
             pack, model, model_args, metrics, limit=limit, concurrency=concurrency,
-            pack_files=pack_files,
+            pack_files=pack_files, endpoint=endpoint, trials=trials,
         )  # fmt: skip
         return Evaluation.of(self._call("POST", "/v1/evaluations", json=body).json())
 
@@ -292,12 +315,16 @@ class AsyncEvaluationClient:
         limit: int | None = None,
         concurrency: int | None = None,
         pack_files: dict[str, str] | None = None,
+        endpoint: str | None = None,
+        trials: int | None = None,
     ) -> Evaluation:
         """Start an evaluation of ``pack`` (a bundled pack's name), or of a pack of your
-        own given as ``pack_files`` (its files' text by name), against ``model``."""
+        own given as ``pack_files`` (its files' text by name), against ``model`` (your
+        own, with its ``base_url`` and ``api_key`` in ``model_args``) or ``endpoint`` (a
+        model the operator declared, by name)."""
         body = _body(
             pack, model, model_args, metrics, limit=limit, concurrency=concurrency,
-            pack_files=pack_files,
+            pack_files=pack_files, endpoint=endpoint, trials=trials,
         )  # fmt: skip
         return Evaluation.of((await self._call("POST", "/v1/evaluations", json=body)).json())
 

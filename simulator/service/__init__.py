@@ -13,7 +13,9 @@ _public = _lazy_module(
     __name__,
     globals(),
     {
-        "._app": ["create_app", "EvaluationRequest", "Evaluation"],
+        "._app": ["create_app", "Evaluation"],
+        "._intake": ["EvaluationRequest"],
+        "._settings": ["ServiceSettings", "KeyLimits", "Endpoint"],
         "._store": ["Store"],
         "._jobs": ["JobRunner"],
     },
@@ -22,7 +24,10 @@ __getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
     from ._app import Evaluation as Evaluation
-    from ._app import EvaluationRequest as EvaluationRequest
     from ._app import create_app as create_app
+    from ._intake import EvaluationRequest as EvaluationRequest
     from ._jobs import JobRunner as JobRunner
+    from ._settings import Endpoint as Endpoint
+    from ._settings import KeyLimits as KeyLimits
+    from ._settings import ServiceSettings as ServiceSettings
     from ._store import Store as Store

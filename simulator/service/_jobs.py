@@ -1,38 +1,54 @@
-"""Running the service's jobs on one runtime, durably.
+"""Running the service's jobs on one runtime, durably, each tenant apart.
 
 A job is a run of a pack against a model, written to ``RESULTS_DIR/JOB_ID.jsonl`` by a
 resuming :class:`~convsim.JsonlSink`: a job found queued or running when the server
 starts (it was killed) is started again and continues its results file, so no
-conversation is lost or recorded twice. Jobs share the process's provider budgets
-through one simulator per job whose adapters bind to a shared :class:`Budgets`.
+conversation is lost or recorded twice.
+
+Jobs on an operator's endpoint share the server's budgets for it (the operator's rpm
+and tpm hold across tenants); a tenant's own endpoints have budgets of the tenant's
+own, dropped when its last job ends, so no tenant's limits or 429s slow another. A
+revoked key's jobs are stopped; an uploaded pack is removed ``upload_retention_s`` after
+its job ends.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from convsim._log import get_logger
 
-from ._store import Store
+from ._job_model import JobModel, Refused, build_adapter
+from ._settings import KeyLimits, ServiceSettings
+from ._store import ACTIVE, JobRow, Store
+from ._tenant_sink import TenantSink, sanitized
 
-__all__ = ["JobRunner", "split_secrets"]
+__all__ = ["JobRunner", "load_job_pack"]
 
 log = get_logger("convsim.service")
 
-_SECRET_NAME = re.compile(r"key|token|secret|password|auth", re.I)
+FINISHED = ("done", "failed", "cancelled")
+_WATCH_EVERY_S = 1.0
 
 
-def split_secrets(model_args: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-    """(plain, secret) model arguments: those named like a credential are secret."""
-    plain: dict[str, str] = {}
-    secret: dict[str, str] = {}
-    for name, value in model_args.items():
-        (secret if _SECRET_NAME.search(name) else plain)[name] = str(value)
-    return plain, secret
+def load_job_pack(request: dict[str, Any]) -> Any:
+    """The job's pack, as it runs (trials included); blocking: call it off the loop."""
+    from convsim import load_pack
+
+    pack = load_pack(request.get("pack_dir") or request["pack"])
+    return pack.with_trials(request.get("trials") or 1)
+
+
+@dataclass
+class _TenantBudgets:
+    budgets: Any
+    jobs: int = 0
 
 
 @dataclass
@@ -41,15 +57,27 @@ class JobRunner:
 
     store: Store
     results_dir: Path
+    settings: ServiceSettings = field(default_factory=ServiceSettings)
     tg: Any = None
-    budgets: Any = None
-    """One set of provider budgets for every job: the same key's rpm/tpm holds across
-    jobs, as across the conversations of one run."""
     handles: dict[str, Any] = field(default_factory=dict)
-    cancelled: set[str] = field(default_factory=set)
+    cancelled: dict[str, str | None] = field(default_factory=dict)
+    """Jobs asked to stop, with why when it was not their tenant's asking."""
+    endpoint_budgets: Any = None
+    """The operator's endpoints' budgets, shared by every job using them."""
+    _tenant_budgets: dict[str, _TenantBudgets] = field(default_factory=dict)
+    _keys: dict[str, str] = field(default_factory=dict)
+    """Running jobs' key names."""
+
+    def __post_init__(self) -> None:
+        self.egress = self.settings.egress()
 
     def results_path(self, job_id: str) -> Path:
         return self.results_dir / f"{job_id}.jsonl"
+
+    def limits(self, key_name: str) -> KeyLimits:
+        """A key's limits: its own where it has them, the server's otherwise (blocking)."""
+        row = self.store.key(key_name)
+        return self.settings.limits.merged(row.limits if row is not None else {})
 
     def start(self, job_id: str) -> None:
         assert self.tg is not None, "the runner starts with the server"
@@ -57,52 +85,151 @@ class JobRunner:
 
     def resume_all(self) -> list[str]:
         """Start again every job a killed server left queued or running."""
-        pending = [job.id for job in self.store.jobs(states=("queued", "running"))]
+        pending = [job.id for job in self.store.jobs(states=ACTIVE)]
         for job_id in pending:
             self.start(job_id)
         return pending
 
-    def cancel(self, job_id: str) -> None:
-        self.cancelled.add(job_id)
+    async def cancel(self, job_id: str, *, why: str | None = None) -> None:
+        self.cancelled.setdefault(job_id, why)
         handle = self.handles.get(job_id)
         if handle is not None:
             handle.stop(grace_period=0)
         else:
-            self.store.set_state(job_id, "cancelled")
+            await anyio.to_thread.run_sync(
+                lambda: self.store.set_state(job_id, "cancelled", error=why)
+            )
 
-    async def _run(self, job_id: str) -> None:
-        from convsim import JsonlSink, Simulator
+    async def watch(self) -> None:
+        """Stop the jobs of revoked keys, and remove uploads past their retention."""
+        while True:
+            revoked = await anyio.to_thread.run_sync(
+                self.store.revoked_since, set(self._keys.values())
+            )
+            for job_id, key_name in list(self._keys.items()):
+                if key_name in revoked:
+                    log.info("job_stopped_key_revoked", job_id=job_id, key=key_name)
+                    await self.cancel(job_id, why="the job's API key was revoked")
+            await anyio.to_thread.run_sync(self.remove_expired_uploads)
+            await anyio.sleep(_WATCH_EVERY_S)
+
+    def remove_expired_uploads(self, now: float | None = None) -> list[str]:
+        """Remove the packs of jobs that ended over ``upload_retention_s`` ago."""
+        now = time.time() if now is None else now
+        removed = []
+        for job in self.store.uploads():
+            ended = job.state in FINISHED and job.finished is not None
+            if ended and job.finished + self.settings.upload_retention_s <= now:  # type: ignore[operator]
+                folder = job.request.get("pack_dir")
+                if folder:
+                    shutil.rmtree(folder, ignore_errors=True)
+                self.store.upload_removed(job.id)
+                removed.append(job.id)
+        return removed
+
+    def _budgets_for(self, job: JobRow, model: JobModel) -> Any:
         from convsim.adapters import Budgets
 
-        if self.budgets is None:
-            self.budgets = Budgets()
-        job = self.store.job(job_id)
-        if job is None or job.state not in ("queued", "running"):
+        if model.endpoint is not None:
+            if self.endpoint_budgets is None:
+                self.endpoint_budgets = Budgets()
+            return self.endpoint_budgets
+        shared = self._tenant_budgets.get(job.key_name)
+        if shared is None:
+            shared = self._tenant_budgets[job.key_name] = _TenantBudgets(Budgets())
+        shared.jobs += 1
+        return shared.budgets
+
+    def _release_budgets(self, job: JobRow, model: JobModel) -> None:
+        shared = self._tenant_budgets.get(job.key_name)
+        if model.endpoint is None and shared is not None:
+            shared.jobs -= 1
+            if shared.jobs == 0:
+                del self._tenant_budgets[job.key_name]
+
+    async def _run(self, job_id: str) -> None:
+        job = await anyio.to_thread.run_sync(self.store.job, job_id)
+        if job is None or job.state not in ACTIVE:
+            return
+        if job_id in self.cancelled:
+            await self._finish(job_id, "cancelled", self.cancelled[job_id])
             return
         request = job.request
-        model_args = {**request.get("model_args", {}), **self.store.unseal(job.secret_args)}
-        path = self.results_path(job_id)
-        self.store.set_state(job_id, "running")
+        model = JobModel(
+            request["model"],
+            request.get("endpoint"),
+            request.get("model_args", {}),
+            await anyio.to_thread.run_sync(self.store.unseal, job.secret_args),
+        )
+        await anyio.to_thread.run_sync(self.store.set_state, job_id, "running")
+        self._keys[job_id] = job.key_name
+        budgets = self._budgets_for(job, model)
         try:
-            async with Simulator(
-                request["model"],
-                budgets=self.budgets,
-                model_args=model_args,
-                metrics=request.get("metrics"),
-                concurrency=request.get("concurrency", 16),
-            ) as sim:
-                sink = JsonlSink(path, resume=path.exists())
-                planned = request.get("conversations")
-                pack = request.get("pack_dir") or request["pack"]
-                handle = sim.run(pack, sink=sink, only=planned)
-                self.handles[job_id] = handle
-                if job_id in self.cancelled:
-                    handle.stop(grace_period=0)
-                await handle.wait()
+            await self._execute(job, model, budgets)
         except Exception as exc:
-            log.warning("job_failed", job_id=job_id, error=f"{type(exc).__name__}: {exc}")
-            self.store.set_state(job_id, "failed", error=f"{type(exc).__name__}: {exc}")
+            error = _job_error(exc, own=model.endpoint is None)
+            log.warning("job_failed", job_id=job_id, error=error)
+            await self._finish(job_id, "failed", error)
             return
         finally:
             self.handles.pop(job_id, None)
-        self.store.set_state(job_id, "cancelled" if job_id in self.cancelled else "done")
+            self._keys.pop(job_id, None)
+            self._release_budgets(job, model)
+        if job_id in self.cancelled:
+            await self._finish(job_id, "cancelled", self.cancelled[job_id])
+        else:
+            await self._finish(job_id, "done", None)
+
+    async def _finish(self, job_id: str, state: str, error: str | None) -> None:
+        await anyio.to_thread.run_sync(
+            lambda: self.store.set_state(job_id, state, error=error)
+        )
+
+    async def _execute(self, job: JobRow, model: JobModel, budgets: Any) -> None:
+        from convsim import JsonlSink, Simulator
+
+        request = job.request
+        limits = await anyio.to_thread.run_sync(self.limits, job.key_name)
+        concurrency = min(request.get("concurrency", 16), limits.concurrency)
+        adapter = build_adapter(
+            model, self.settings, limits, concurrency=concurrency, egress=self.egress
+        )
+        try:
+            pack = await anyio.to_thread.run_sync(load_job_pack, request)
+            path = self.results_path(job.id)
+            async with Simulator(
+                adapter,
+                budgets=budgets,
+                metrics=request.get("metrics"),
+                concurrency=concurrency,
+            ) as sim:
+                sink = TenantSink(
+                    JsonlSink(path, resume=path.exists()),
+                    sanitize=model.endpoint is None,
+                    record=lambda cost: self.store.record_cost(job.id, cost),
+                )
+                handle = sim.run(pack, sink=sink, only=request.get("conversations"))
+                self.handles[job.id] = handle
+                if job.id in self.cancelled:
+                    handle.stop(grace_period=0)
+                await handle.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await adapter.aclose()
+
+
+def _job_error(exc: Exception, *, own: bool) -> str:
+    """What a failed job says; for a tenant's own endpoint, nothing its server said."""
+    if isinstance(exc, Refused):
+        return str(exc)
+    if own:
+        from convsim import EndpointError
+        from convsim._records import ErrorInfo
+
+        if isinstance(exc, EndpointError):
+            status = f" (HTTP {exc.status_code})" if exc.status_code else ""
+            return f"EndpointError: the endpoint check failed{status}"
+        info = sanitized(ErrorInfo.from_exception(exc))
+        assert info is not None
+        return f"{info.type}: {info.message}"
+    return f"{type(exc).__name__}: {exc}"

@@ -42,8 +42,16 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_by_key ON jobs (key_name, created);
 """
 
-SCHEMA_VERSION = 1
-MIGRATIONS = [SCHEMA]
+TENANCY = """
+ALTER TABLE keys ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE keys ADD COLUMN spent_usd REAL NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN cost_usd REAL;
+ALTER TABLE jobs ADD COLUMN upload_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN upload_removed REAL;
+"""
+
+SCHEMA_VERSION = 2
+MIGRATIONS = [SCHEMA, TENANCY]
 """``MIGRATIONS[n]`` takes a database from schema ``n`` to ``n + 1`` (SQLite's
 ``user_version``); a change of schema appends a step, never edits one."""
 
@@ -59,6 +67,10 @@ class KeyRow:
     name: str
     created: float
     revoked: float | None
+    limits: dict[str, int]
+    """This key's own limits (the rest are the server's)."""
+    spent_usd: float
+    """What this key's jobs cost, as priced by their adapters."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,10 @@ class JobRow:
     started: float | None
     finished: float | None
     error: str | None
+    cost_usd: float | None = None
+    upload_bytes: int = 0
+    """The size of the job's uploaded pack (0: a bundled pack)."""
+    upload_removed: float | None = None
 
 
 class Store:
@@ -83,6 +99,10 @@ class Store:
         self.path = Path(path)
         if not self.path.parent.exists():
             raise ConfigError(f"{self.path}: its folder does not exist")
+        # keys' hashes and sealed arguments: the owner's alone (SQLite gives its -wal and
+        # -shm files the database's mode)
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(self.path, 0o600)
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -91,9 +111,10 @@ class Store:
                     f"{self.path} was written by a newer convsim (schema {version}; this one "
                     f"knows {SCHEMA_VERSION}): upgrade convsim"
                 )
-            for step in range(version, SCHEMA_VERSION):  # migrations, in order
-                db.executescript(MIGRATIONS[step])
-                db.execute(f"PRAGMA user_version = {step + 1}")
+            for step in range(version, SCHEMA_VERSION):  # migrations, in order, each whole
+                db.executescript(
+                    f"BEGIN; {MIGRATIONS[step]} PRAGMA user_version = {step + 1}; COMMIT;"
+                )
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -147,8 +168,34 @@ class Store:
 
     def list_keys(self) -> list[KeyRow]:
         with self._connect() as db:
-            rows = db.execute("SELECT name, created, revoked FROM keys ORDER BY created").fetchall()
-        return [KeyRow(r["name"], r["created"], r["revoked"]) for r in rows]
+            rows = db.execute("SELECT * FROM keys ORDER BY created").fetchall()
+        return [_key(r) for r in rows]
+
+    def key(self, name: str) -> KeyRow | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM keys WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _key(row)
+
+    def set_limits(self, name: str, limits: dict[str, int]) -> None:
+        """Replace the key's own limits (an empty dict: the server's apply)."""
+        with self._connect() as db:
+            done = db.execute(
+                "UPDATE keys SET limits = ? WHERE name = ?", (json.dumps(limits), name)
+            )
+            if done.rowcount == 0:
+                raise ConfigError(f"no key named {name!r}")
+
+    def revoked_since(self, names: set[str]) -> set[str]:
+        """Which of ``names`` are revoked (or gone)."""
+        if not names:
+            return set()
+        with self._connect() as db:
+            rows = db.execute(
+                f"SELECT name FROM keys WHERE revoked IS NULL AND name IN "
+                f"({', '.join('?' * len(names))})",
+                sorted(names),
+            ).fetchall()
+        return names - {r["name"] for r in rows}
 
     def key_name(self, key: str) -> str | None:
         """The name of an active key, or None."""
@@ -161,14 +208,51 @@ class Store:
     # -- jobs ---------------------------------------------------------------------------
 
     def add_job(
-        self, job_id: str, key_name: str, request: dict[str, Any], secret: bytes | None
+        self,
+        job_id: str,
+        key_name: str,
+        request: dict[str, Any],
+        secret: bytes | None,
+        *,
+        upload_bytes: int = 0,
     ) -> None:
         with self._connect() as db:
             db.execute(
-                "INSERT INTO jobs (id, key_name, state, request, secret_args, created) "
-                "VALUES (?, ?, 'queued', ?, ?, ?)",
-                (job_id, key_name, json.dumps(request), secret, time.time()),
+                "INSERT INTO jobs (id, key_name, state, request, secret_args, created, "
+                "upload_bytes) VALUES (?, ?, 'queued', ?, ?, ?, ?)",
+                (job_id, key_name, json.dumps(request), secret, time.time(), upload_bytes),
             )
+
+    def record_cost(self, job_id: str, cost_usd: float) -> None:
+        """Set the job's cost so far, and add the change to its key's spending."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute(
+                "SELECT key_name, cost_usd FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+            if row is not None:
+                added = cost_usd - (row["cost_usd"] or 0.0)
+                db.execute("UPDATE jobs SET cost_usd = ? WHERE id = ?", (cost_usd, job_id))
+                db.execute(
+                    "UPDATE keys SET spent_usd = spent_usd + ? WHERE name = ?",
+                    (added, row["key_name"]),
+                )
+            db.execute("COMMIT")
+
+    def uploads(self, key_name: str | None = None) -> list[JobRow]:
+        """Jobs whose uploaded pack is still kept (of one key, or of all)."""
+        query = "SELECT * FROM jobs WHERE upload_bytes > 0 AND upload_removed IS NULL"
+        args: list[Any] = []
+        if key_name is not None:
+            query += " AND key_name = ?"
+            args.append(key_name)
+        with self._connect() as db:
+            rows = db.execute(query + " ORDER BY created", args).fetchall()
+        return [_job(r) for r in rows]
+
+    def upload_removed(self, job_id: str) -> None:
+        with self._connect() as db:
+            db.execute("UPDATE jobs SET upload_removed = ? WHERE id = ?", (time.time(), job_id))
 
     def set_state(self, job_id: str, state: str, *, error: str | None = None) -> None:
         now = time.time()
@@ -215,4 +299,17 @@ def _job(row: sqlite3.Row) -> JobRow:
         started=row["started"],
         finished=row["finished"],
         error=row["error"],
+        cost_usd=row["cost_usd"],
+        upload_bytes=row["upload_bytes"],
+        upload_removed=row["upload_removed"],
+    )
+
+
+def _key(row: sqlite3.Row) -> KeyRow:
+    return KeyRow(
+        name=row["name"],
+        created=row["created"],
+        revoked=row["revoked"],
+        limits=json.loads(row["limits"]),
+        spent_usd=row["spent_usd"],
     )

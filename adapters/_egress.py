@@ -6,9 +6,9 @@ segments, and fall under an allowed prefix. Addresses are checked where the conn
 is made, after name resolution, so a name that resolves to a private address at the
 second look (DNS rebinding) is refused as at the first:
 
-- a host that a prefix names exactly (``http://10.0.0.5:8000/v1``,
-  ``https://llm.internal/v1``) may be at any address: the operator named it;
-- any other host (under ``https://`` or ``https://*.example.com``) must resolve to
+- a URL under a prefix that names its host exactly (``http://10.0.0.5:8000/v1``,
+  ``https://llm.internal/v1``) may go to any address: the operator named it;
+- any other URL (under ``https://`` or ``https://*.example.com``) must resolve to
   public addresses only: loopback, link-local, private, shared, multicast, reserved and
   unspecified addresses are refused, in every spelling (``2130706433``, ``127.1``,
   ``[::ffff:127.0.0.1]``, NAT64 and 6to4 forms), as is a name that resolves to one.
@@ -30,7 +30,7 @@ import anyio
 
 from convsim._errors import ConfigError, EgressRefused
 
-__all__ = ["EgressPolicy", "AllowedPrefix", "is_public_address"]
+__all__ = ["EgressPolicy", "AllowedPrefix", "Target", "is_public_address"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -70,6 +70,7 @@ class AllowedPrefix:
     host: str | None
     """Lower-case; None for any host; ``*.example.com`` for its subdomains."""
     port: int | None
+    """The scheme's default when the prefix names a host without one; None: any."""
     path: str
     """Without a trailing slash ("" for the whole host)."""
 
@@ -97,6 +98,8 @@ class AllowedPrefix:
             raise ConfigError(f"--allow-base-url {text!r}: a wildcard host is *.DOMAIN")
         if _dot_segments(parts.path):
             raise ConfigError(f"--allow-base-url {text!r}: the path has . or .. segments")
+        if host is not None and port is None:
+            port = _DEFAULT_PORTS[scheme]  # a URL without a port means the scheme's
         return cls(text.strip(), scheme, host, port, parts.path.rstrip("/"))
 
     @property
@@ -124,7 +127,9 @@ def _dot_segments(path: str) -> bool:
 
 
 @dataclass(frozen=True)
-class _Target:
+class Target:
+    """Where a checked URL goes."""
+
     host: str
     port: int
     named: bool
@@ -148,7 +153,6 @@ class EgressPolicy:
     def __init__(self, allow: Iterable[str] = (), *, resolve: Resolve | None = None) -> None:
         self.prefixes: tuple[AllowedPrefix, ...] = tuple(AllowedPrefix.parse(p) for p in allow)
         self._resolve = resolve or _system_resolve
-        self._named_hosts = frozenset(p.host for p in self.prefixes if p.names_host)
 
     def __repr__(self) -> str:
         return f"EgressPolicy({[p.text for p in self.prefixes]!r})"
@@ -159,7 +163,7 @@ class EgressPolicy:
             return "no URL is allowed (the operator allows none: --allow-base-url)"
         return "allowed: " + ", ".join(p.text for p in self.prefixes)
 
-    def check_url(self, url: str, *, field: str = "base_url") -> _Target:
+    def check_url(self, url: str, *, field: str = "base_url") -> Target:
         """The URL's host and port if it may be called, before any name resolution.
 
         Raises:
@@ -181,20 +185,20 @@ class EgressPolicy:
         if _dot_segments(parts.path):
             raise EgressRefused("a URL with . or .. path segments is not allowed", field=field)
         port = port if port is not None else _DEFAULT_PORTS[scheme]
-        if not any(p.matches(parts, host, port) for p in self.prefixes):
+        matched = [p for p in self.prefixes if p.matches(parts, host, port)]
+        if not matched:
             raise EgressRefused(f"the URL is not under an allowed prefix; {self.describe()}",
                                 field=field)  # fmt: skip
-        named = host in self._named_hosts
+        named = any(p.names_host for p in matched)
         if not named and _is_address(host) and not is_public_address(host):
             raise EgressRefused(_private(host), field=field)
-        return _Target(host, port, named)
+        return Target(host, port, named)
 
-    def allows_address(self, host: str, address: str) -> bool:
-        """Whether a connection to ``address`` (which ``host`` resolved to) is allowed."""
-        return host.lower().rstrip(".") in self._named_hosts or is_public_address(address)
-
-    async def addresses(self, host: str, port: int, *, field: str = "base_url") -> list[str]:
-        """``host`` resolved, keeping only the addresses a connection may go to.
+    async def addresses(
+        self, host: str, port: int, *, named: bool, field: str = "base_url"
+    ) -> list[str]:
+        """``host`` resolved, keeping only the addresses a connection may go to: any
+        when a prefix names the host (``named``), public ones otherwise.
 
         Raises:
             EgressRefused: when the name does not resolve, or only to refused addresses.
@@ -204,7 +208,7 @@ class EgressPolicy:
         except OSError as exc:
             raise EgressRefused(f"the host does not resolve ({exc.strerror or exc})",
                                 field=field) from None  # fmt: skip
-        allowed = [a for a in found if self.allows_address(host, a)]
+        allowed = [a for a in found if named or is_public_address(a)]
         if not allowed:
             raise EgressRefused(_private(host), field=field)
         return allowed
@@ -214,10 +218,12 @@ class EgressPolicy:
         is accepted (the connection checks again, at every connection)."""
         target = self.check_url(url, field=field)
         if not _is_address(target.host):
-            await self.addresses(target.host, target.port, field=field)
+            await self.addresses(target.host, target.port, named=target.named, field=field)
 
-    def resolver(self) -> Any:
-        """An aiohttp resolver that hands out only allowed addresses."""
+    def resolver(self, named: set[tuple[str, int]]) -> Any:
+        """An aiohttp resolver that hands out only allowed addresses; ``named`` holds
+        the (host, port) pairs of the URLs checked so far whose prefix names the host,
+        filled by the transport as it checks each URL."""
         from aiohttp.abc import AbstractResolver
 
         policy = self
@@ -226,8 +232,9 @@ class EgressPolicy:
             async def resolve(
                 self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
             ) -> list[Any]:
+                bare = host.lower().rstrip(".")
                 try:
-                    found = await policy.addresses(host, port)
+                    found = await policy.addresses(host, port, named=(bare, port) in named)
                 except EgressRefused as exc:
                     raise EgressBlocked(str(exc)) from None
                 return [_resolved(host, address, port) for address in found]

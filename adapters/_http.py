@@ -29,7 +29,13 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from convsim._errors import EgressRefused, LocalResourceError, ResponseTooLarge, ServerError, Timeout
+from convsim._errors import (
+    EgressRefused,
+    LocalResourceError,
+    ResponseTooLarge,
+    ServerError,
+    Timeout,
+)
 
 from ._egress import EgressBlocked, EgressPolicy
 
@@ -314,12 +320,14 @@ class AiohttpTransport:
         self._session: Any = None
         self._timeouts: dict[HttpTimeouts, Any] = {}
         self._options: dict[str, dict[str, Any]] = {}
+        self._named: set[tuple[str, int]] = set()
+        """Hosts and ports of checked URLs whose allowed prefix names the host."""
 
     def _client(self) -> Any:
         if self._session is None or self._session.closed:
             import aiohttp
 
-            resolver = self.egress.resolver() if self.egress is not None else None
+            resolver = self.egress.resolver(self._named) if self.egress is not None else None
             connector = aiohttp.TCPConnector(
                 limit=self.pool_size, limit_per_host=self.pool_size, resolver=resolver
             )
@@ -336,7 +344,9 @@ class AiohttpTransport:
         is a file read)."""
         known = self._options.get(url)  # the few URLs an adapter calls, not parsed again
         if known is None and self.egress is not None:
-            self.egress.check_url(url)  # raises EgressRefused
+            checked = self.egress.check_url(url)  # raises EgressRefused
+            if checked.named:
+                self._named.add((checked.host, checked.port))
             known = self._options[url] = {"allow_redirects": False}
         if known is None:
             from yarl import URL

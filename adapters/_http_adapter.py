@@ -255,9 +255,7 @@ class HttpModelAdapter(ModelAdapter):
         connection. A policy needs convsim's aiohttp transport."""
         if egress is not None:
             if cfg.http != "aiohttp" or transport is not None:
-                raise ConfigError(
-                    "an egress policy needs the aiohttp transport (drop http=httpx)"
-                )
+                raise ConfigError("an egress policy needs the aiohttp transport (drop http=httpx)")
             egress.check_url(self.base_url)
         self._api_key = self._resolve_key(env if env is not None else os.environ)
         self._scrub = Redactor.of(keys=[self._api_key], urls=[self.base_url])

@@ -1,3 +1,4 @@
 from convsim.cli import main
 
-main()
+if __name__ == "__main__":  # a worker process loads this module too, as __mp_main__
+    main()

@@ -3,69 +3,17 @@ results, a server killed mid-job and restarted, and the refusals."""
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from _listeners import Listener
+from _service import Server, cli
 
 import convsim
 from convsim.client import EvaluationClient, NotFound, Unauthorized
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cli(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "convsim", *args], capture_output=True, text=True, check=True
-    )
-    return done.stdout
-
-
-class Server:
-    def __init__(self, tmp: Path) -> None:
-        self.db = tmp / "service.db"
-        self.results = tmp / "results"
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "convsim", "serve", "--port", str(self.port),
-             "--db", str(self.db), "--results-dir", str(self.results)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.url + "/openapi.json", timeout=1)
-                return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError("the service did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 @pytest.fixture
@@ -77,7 +25,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def _key(server: Server, name: str) -> str:
-    return _cli("serve", "keys", "create", "--db", str(server.db), "--name", name).splitlines()[-1]
+    return server.key(name)
 
 
 def test_an_evaluation_runs_streams_and_summarises(server: Server) -> None:
@@ -108,23 +56,30 @@ def test_refusals_no_key_a_revoked_key_and_another_keys_job(server: Server) -> N
     )
     with EvaluationClient(server.url, bob) as other, pytest.raises(NotFound):
         other.get_evaluation(job.id)
-    _cli("serve", "keys", "revoke", "--db", str(server.db), "--name", "alice")
+    cli("serve", "keys", "revoke", "--db", str(server.db), "--name", "alice")
     with EvaluationClient(server.url, alice) as client, pytest.raises(Unauthorized):
         client.list_evaluations()
 
 
-def test_secrets_given_to_a_job_are_never_stored_or_shown(server: Server) -> None:
-    key = _key(server, "alice")
+def test_secrets_given_to_a_job_are_never_stored_or_shown(tmp_path: Path) -> None:
     secret = "sk-live-THIS-MUST-NOT-LEAK-0123456789"
-    with EvaluationClient(server.url, key) as client:
-        job = client.create_evaluation(
-            "customer_support", "scripted", model_args={"api_key": secret}, limit=1
-        )
-        assert job.raw["model_args"]["api_key"] == "***"
-        client.wait(job.id, timeout=60)
-    assert secret.encode() not in server.db.read_bytes()
-    wal = server.db.with_name(server.db.name + "-wal")
-    assert not wal.exists() or secret.encode() not in wal.read_bytes()
+    with Listener() as model:
+        server = Server(tmp_path, ["--allow-base-url", model.url])
+        server.start()
+        try:
+            with EvaluationClient(server.url, server.key("alice")) as client:
+                job = client.create_evaluation(
+                    "customer_support",
+                    "openai-compatible:m",
+                    model_args={"api_key": secret, "base_url": model.url + "/v1"},
+                    limit=1,
+                )
+                assert job.raw["model_args"]["api_key"] == "***"
+                assert client.wait(job.id, timeout=60).status == "done"
+        finally:
+            server.stop()
+        assert model.heard(f"Bearer {secret}")  # the tenant's key went to the tenant's model
+    assert secret.encode() not in server.everything_written()
 
 
 def test_a_killed_server_finishes_its_job_after_a_restart(server: Server, tmp_path: Path) -> None:
@@ -175,7 +130,7 @@ def test_an_uploaded_pack_is_validated_before_the_job_is_accepted(server: Server
 def test_the_guides_integration_test_with_convsims_names(server: Server) -> None:
     client = EvaluationClient(base_url=server.url, api_key=_key(server, "guide"))
     evaluation = client.create_evaluation(
-        pack="single_turn_qa", model="scripted", model_args={"temperature": "0.0"}
+        pack="single_turn_qa", model="scripted", model_args={"memory_turns": "4"}
     )
     assert evaluation.id is not None
     assert evaluation.status in ["queued", "running", "done"]

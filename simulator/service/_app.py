@@ -158,7 +158,7 @@ def create_app(
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
             runner.tg = tg
-            await anyio.to_thread.run_sync(runner.resume_all)
+            await runner.resume_all()
             tg.start_soon(runner.watch)
             yield
             stopping.set()

@@ -32,9 +32,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and (
-                not value.isdigit() or int(value) > self.max_bytes
-            ):
+            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_bytes):
                 await self._refuse(send)
                 return
         received = 0

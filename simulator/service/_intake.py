@@ -21,18 +21,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from convsim._errors import ConvsimError, EgressRefused, PackError
 
 from ._job_model import URL_ARGS, JobModel, Problem, Refused, build_adapter, choose_model
-from ._jobs import JobRunner, load_job_pack
+from ._jobs import JobRunner, load_isolated, load_job_pack
 from ._settings import KeyLimits
 from ._store import ACTIVE, JobRow
 
-__all__ = ["EvaluationRequest", "JobIntake", "LimitReached", "bundled_packs"]
+__all__ = [
+    "EvaluationRequest",
+    "JobIntake",
+    "LimitReached",
+    "PackCheck",
+    "bundled_packs",
+    "check_pack",
+]
 
 _PACK_FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 _PACK_NAME = re.compile(r"^(?:(?:lm-eval|task):)?[A-Za-z0-9_.\-]{1,150}$")
 _SOURCES = ("lm-eval:", "task:")
 _RESOLVE_TIMEOUT_S = 10.0
 _HEAVY_PER_KEY = 1
-_HEAVY_IN_ALL = 4
 
 
 def bundled_packs() -> list[str]:
@@ -70,8 +76,25 @@ class LimitReached(ConvsimError):
 
 
 @dataclass(frozen=True)
-class _Accepted:
-    job_id: str
+class PackCheck:
+    """What loading a job's pack found: its name and conversations, or its problems."""
+
+    name: str = ""
+    conversations: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def check_pack(stored: dict[str, Any]) -> PackCheck:
+    """Load the job's pack as it will run (blocking; run in a worker process for a
+    tenant's own pack, so its CPU and memory are the worker's)."""
+    folder = Path(stored["pack_dir"]) if stored.get("pack_dir") else None
+    try:
+        pack = load_job_pack(stored)
+    except PackError as exc:  # every problem with its file, line and field
+        return PackCheck(problems=[_pack_problem(p, folder) for p in exc.problems])
+    except ConvsimError as exc:
+        return PackCheck(problems=[Problem(("body", "pack"), str(exc))])
+    return PackCheck(pack.name, [c.conversation_id for c in pack.conversations])
 
 
 @dataclass
@@ -81,9 +104,6 @@ class JobIntake:
     runner: JobRunner
     packs_dir: Path
     _heavy: dict[str, anyio.CapacityLimiter] = field(default_factory=dict)
-    _heavy_in_all: anyio.CapacityLimiter = field(
-        default_factory=lambda: anyio.CapacityLimiter(_HEAVY_IN_ALL)
-    )
     _bundled: frozenset[str] = field(default_factory=lambda: frozenset(bundled_packs()))
 
     @property
@@ -116,12 +136,36 @@ class JobIntake:
         await adapter.aclose()  # built to check its arguments; nothing was opened
         job_id = uuid.uuid4().hex[:16]
         heavy = self._heavy.setdefault(key_name, anyio.CapacityLimiter(_HEAVY_PER_KEY))
-        async with heavy, self._heavy_in_all:
-            stored = await anyio.to_thread.run_sync(
-                self._store_job, job_id, key_name, request, model, limits
+        async with heavy:
+            stored, upload = await anyio.to_thread.run_sync(
+                self._prepare, job_id, key_name, request, model, limits
             )
-        self.runner.start(stored.job_id)
-        return stored.job_id
+            pack_dir = stored["pack_dir"]
+            try:
+                checked = await load_isolated(check_pack, stored, self.runner.workers)
+                if checked.problems:
+                    raise Refused(checked.problems)
+                conversations = checked.conversations[: request.limit]
+                if len(conversations) > limits.conversations:
+                    why = (
+                        f"the job has {len(conversations)} conversations (trials included): "
+                        f"at most {limits.conversations} for this key; set limit"
+                    )
+                    raise Refused([Problem(("body", "limit"), why)])
+                stored["pack"] = request.pack or checked.name
+                # the job is these conversations, fixed now: a resumed job runs the rest
+                stored["conversations"] = conversations
+                sealed = await anyio.to_thread.run_sync(self.store.seal, model.secret)
+                await anyio.to_thread.run_sync(
+                    lambda: self.store.add_job(
+                        job_id, key_name, stored, sealed, upload_bytes=upload
+                    )
+                )
+            except BaseException:
+                _remove(Path(pack_dir) if pack_dir else None)
+                raise
+        self.runner.start(job_id)
+        return job_id
 
     def _key_state(self, key_name: str) -> tuple[KeyLimits, list[JobRow]]:
         return self.runner.limits(key_name), self.store.jobs(key_name, states=ACTIVE)
@@ -138,15 +182,15 @@ class JobIntake:
                 raise Refused([Problem(("body", "model_args", name),
                                        "the host did not resolve in time")]) from None  # fmt: skip
 
-    def _store_job(
+    def _prepare(
         self,
         job_id: str,
         key_name: str,
         request: EvaluationRequest,
         model: JobModel,
         limits: KeyLimits,
-    ) -> _Accepted:
-        """Write the pack, load it, check its size, store the job (blocking)."""
+    ) -> tuple[dict[str, Any], int]:
+        """The job as stored, and its upload's size, with the pack written (blocking)."""
         stored: dict[str, Any] = request.model_dump(
             exclude={"model_args", "pack_files", "model", "endpoint"}
         )
@@ -163,32 +207,7 @@ class JobIntake:
             assert request.pack is not None
             self._check_pack_name(request.pack)
         stored["pack_dir"] = str(pack_dir) if pack_dir is not None else None
-        stored["pack"] = request.pack
-        try:
-            pack = load_job_pack(stored)
-            conversations = [c.conversation_id for c in pack.conversations][: request.limit]
-            if len(conversations) > limits.conversations:
-                raise Refused([Problem(("body", "limit"), f"the job has {len(conversations)} "
-                                       f"conversations (trials included): at most "
-                                       f"{limits.conversations} for this key; set limit")])  # fmt: skip
-        except PackError as exc:  # every problem with its file, line and field
-            _remove(pack_dir)
-            raise Refused([_pack_problem(p, pack_dir) for p in exc.problems]) from None
-        except ConvsimError as exc:
-            _remove(pack_dir)
-            if isinstance(exc, Refused):
-                raise
-            raise Refused([Problem(("body", "pack"), str(exc))]) from None
-        except BaseException:
-            _remove(pack_dir)
-            raise
-        stored["pack"] = request.pack or pack.name
-        # the job is these conversations, fixed now: a resumed job runs the rest of them
-        stored["conversations"] = conversations
-        self.store.add_job(
-            job_id, key_name, stored, self.store.seal(model.secret), upload_bytes=upload
-        )
-        return _Accepted(job_id)
+        return stored, upload
 
     def _check_pack_name(self, name: str) -> None:
         """A bundled pack or a registered source: never a path on the server."""
@@ -217,7 +236,9 @@ def _parse(body: bytes) -> EvaluationRequest:
     try:
         return EvaluationRequest.model_validate_json(body)
     except ValidationError as exc:
-        raise Refused([Problem(("body", *err["loc"]), err["msg"]) for err in exc.errors()]) from None
+        raise Refused(
+            [Problem(("body", *err["loc"]), err["msg"]) for err in exc.errors()]
+        ) from None
 
 
 def _check_numbers(request: EvaluationRequest, limits: KeyLimits) -> None:
@@ -225,7 +246,9 @@ def _check_numbers(request: EvaluationRequest, limits: KeyLimits) -> None:
     if (request.pack is None) == (request.pack_files is None):
         problems.append(Problem(("body",), "give pack or pack_files"))
     if request.concurrency > limits.concurrency:
-        problems.append(Problem(("body", "concurrency"), f"at most {limits.concurrency} for this key"))
+        problems.append(
+            Problem(("body", "concurrency"), f"at most {limits.concurrency} for this key")
+        )
     if request.trials > limits.trials:
         problems.append(Problem(("body", "trials"), f"at most {limits.trials} for this key"))
     if problems:

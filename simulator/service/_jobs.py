@@ -14,11 +14,13 @@ its job ends.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -29,20 +31,45 @@ from ._settings import KeyLimits, ServiceSettings
 from ._store import ACTIVE, JobRow, Store
 from ._tenant_sink import TenantSink, sanitized
 
-__all__ = ["JobRunner", "load_job_pack"]
+__all__ = ["JobRunner", "load_job_pack", "load_isolated"]
 
 log = get_logger("convsim.service")
+
+T = TypeVar("T")
 
 FINISHED = ("done", "failed", "cancelled")
 _WATCH_EVERY_S = 1.0
 
 
+_SOURCES = ("lm-eval:", "task:")
+_PACK_WORKERS = 4
+
+
 def load_job_pack(request: dict[str, Any]) -> Any:
-    """The job's pack, as it runs (trials included); blocking: call it off the loop."""
+    """The job's pack as it runs: trials included, and only the job's conversations
+    once they are fixed (blocking: see :func:`load_isolated`)."""
     from convsim import load_pack
 
     pack = load_pack(request.get("pack_dir") or request["pack"])
-    return pack.with_trials(request.get("trials") or 1)
+    pack = pack.with_trials(request.get("trials") or 1)
+    planned = request.get("conversations")
+    if planned is None:
+        return pack
+    wanted = set(planned)
+    return dataclasses.replace(
+        pack, conversations=tuple(c for c in pack.conversations if c.conversation_id in wanted)
+    )
+
+
+async def load_isolated(
+    function: Callable[[dict[str, Any]], T], request: dict[str, Any], workers: Any
+) -> T:
+    """``function(request)`` off the event loop: in a worker process for a tenant's
+    own pack or a task source (its CPU, memory and garbage collections are not the
+    server's), in a thread for a bundled pack."""
+    if request.get("pack_dir") or str(request.get("pack")).startswith(_SOURCES):
+        return await anyio.to_process.run_sync(function, request, limiter=workers)
+    return await anyio.to_thread.run_sync(function, request)
 
 
 @dataclass
@@ -67,6 +94,10 @@ class JobRunner:
     _tenant_budgets: dict[str, _TenantBudgets] = field(default_factory=dict)
     _keys: dict[str, str] = field(default_factory=dict)
     """Running jobs' key names."""
+    workers: anyio.CapacityLimiter = field(
+        default_factory=lambda: anyio.CapacityLimiter(_PACK_WORKERS)
+    )
+    """Worker processes that load tenants' packs."""
 
     def __post_init__(self) -> None:
         self.egress = self.settings.egress()
@@ -83,12 +114,12 @@ class JobRunner:
         assert self.tg is not None, "the runner starts with the server"
         self.tg.start_soon(self._run, job_id)
 
-    def resume_all(self) -> list[str]:
+    async def resume_all(self) -> list[str]:
         """Start again every job a killed server left queued or running."""
-        pending = [job.id for job in self.store.jobs(states=ACTIVE)]
-        for job_id in pending:
-            self.start(job_id)
-        return pending
+        jobs = await anyio.to_thread.run_sync(lambda: self.store.jobs(states=ACTIVE))
+        for job in jobs:
+            self.start(job.id)
+        return [job.id for job in jobs]
 
     async def cancel(self, job_id: str, *, why: str | None = None) -> None:
         self.cancelled.setdefault(job_id, why)
@@ -181,9 +212,7 @@ class JobRunner:
             await self._finish(job_id, "done", None)
 
     async def _finish(self, job_id: str, state: str, error: str | None) -> None:
-        await anyio.to_thread.run_sync(
-            lambda: self.store.set_state(job_id, state, error=error)
-        )
+        await anyio.to_thread.run_sync(lambda: self.store.set_state(job_id, state, error=error))
 
     async def _execute(self, job: JobRow, model: JobModel, budgets: Any) -> None:
         from convsim import JsonlSink, Simulator
@@ -195,7 +224,7 @@ class JobRunner:
             model, self.settings, limits, concurrency=concurrency, egress=self.egress
         )
         try:
-            pack = await anyio.to_thread.run_sync(load_job_pack, request)
+            pack = await load_isolated(load_job_pack, request, self.workers)
             path = self.results_path(job.id)
             async with Simulator(
                 adapter,

@@ -8,10 +8,12 @@ every result is added up and recorded for the key as results arrive.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+
 import anyio
 
 from convsim._records import ConversationResult, ErrorInfo
@@ -47,7 +49,7 @@ def sanitized(error: ErrorInfo | None) -> ErrorInfo | None:
 
 def _sanitized_result(result: ConversationResult) -> ConversationResult:
     turns = tuple(
-        t.model_copy(update={"error": sanitized(t.error)}) if t.error is not None else t
+        dataclasses.replace(t, error=sanitized(t.error)) if t.error is not None else t
         for t in result.turns
     )
     return result.model_copy(update={"error": sanitized(result.error), "turns": turns})

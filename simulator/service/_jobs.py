@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from convsim._errors import ConvsimError
 from convsim._log import get_logger
 
 from ._job_model import JobModel, Refused, build_adapter
@@ -199,7 +200,9 @@ class JobRunner:
             await self._execute(job, model, budgets)
         except Exception as exc:
             error = _job_error(exc, own=model.endpoint is None)
-            log.warning("job_failed", job_id=job_id, error=error)
+            # the operator's log has the whole failure; the tenant sees ``error``
+            log.warning("job_failed", job_id=job_id, error=error,
+                        exc_info=not isinstance(exc, ConvsimError))  # fmt: skip
             await self._finish(job_id, "failed", error)
             return
         finally:
@@ -252,10 +255,12 @@ def _job_error(exc: Exception, *, own: bool) -> str:
     if isinstance(exc, Refused):
         return str(exc)
     if own:
-        from convsim import EndpointError
+        from convsim import EgressRefused, EndpointError
         from convsim._records import ErrorInfo
 
         if isinstance(exc, EndpointError):
+            if isinstance(exc.__cause__, EgressRefused):
+                return f"EgressRefused: {exc.__cause__}"
             status = f" (HTTP {exc.status_code})" if exc.status_code else ""
             return f"EndpointError: the endpoint check failed{status}"
         info = sanitized(ErrorInfo.from_exception(exc))

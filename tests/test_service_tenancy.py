@@ -359,6 +359,27 @@ def test_credentials_in_a_url_are_sealed_and_files_are_the_owners(
         assert path.stat().st_mode & 0o077 == 0, path
 
 
+def test_each_jobs_cost_is_recorded_for_its_key(hosts: Hosts, server: Server) -> None:
+    from convsim.service import Store
+
+    with EvaluationClient(server.url, server.key("payer")) as payer:
+        job = payer.create_evaluation(
+            "customer_support", "openai-compatible:m",
+            model_args={"base_url": hosts.tenant.url + "/v1", "input_price": "1000000",
+                        "output_price": "2000000"},
+            limit=2,
+        )  # fmt: skip
+        done = payer.wait(job.id, timeout=60)
+        results = list(payer.iter_results(job.id))
+    # every call reports 10 prompt and 6 completion tokens: $10 + $12 at these prices
+    calls = sum(1 for r in results for t in r["turns"] if t.get("usage"))
+    assert calls > 0
+    assert done.raw["cost_usd"] == pytest.approx(22.0 * calls)
+    assert sum(r["cost_usd"] for r in results) == pytest.approx(22.0 * calls)
+    spent = Store(server.db).key("payer").spent_usd  # type: ignore[union-attr]
+    assert spent == pytest.approx(22.0 * calls)
+
+
 def test_no_planted_secret_is_written_anywhere(server: Server) -> None:
     written = server.everything_written()
     for secret in PLANTED.values():

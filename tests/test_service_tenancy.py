@@ -304,6 +304,24 @@ def test_an_endless_answer_costs_the_server_little_memory(tmp_path: Path) -> Non
             server.stop()
 
 
+def test_a_keys_job_limit_holds_for_requests_sent_at_once(server: Server) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    headers = {"Authorization": f"Bearer {server.key('eager', 'jobs=2')}"}
+    job = {"pack": "customer_support", "model": "scripted", "model_args": {"latency": "30"},
+           "concurrency": 1}  # fmt: skip
+
+    def create(_: int) -> int:
+        return httpx.post(server.url + "/v1/evaluations", json=job, headers=headers,
+                          timeout=60).status_code  # fmt: skip
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = sorted(pool.map(create, range(8)))
+    assert codes == [201, 201] + [429] * 6
+    for evaluation in httpx.get(server.url + "/v1/evaluations", headers=headers).json():
+        httpx.post(f"{server.url}/v1/evaluations/{evaluation['id']}/cancel", headers=headers)
+
+
 def _chunked(size: int) -> Iterator[bytes]:
     body = json.dumps({"model": "scripted", "pack_files": {"scenarios.jsonl": "x" * size}})
     data = body.encode()

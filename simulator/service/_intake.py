@@ -38,7 +38,6 @@ _PACK_FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 _PACK_NAME = re.compile(r"^(?:(?:lm-eval|task):)?[A-Za-z0-9_.\-]{1,150}$")
 _SOURCES = ("lm-eval:", "task:")
 _RESOLVE_TIMEOUT_S = 10.0
-_HEAVY_PER_KEY = 1
 
 
 def bundled_packs() -> list[str]:
@@ -103,7 +102,7 @@ class JobIntake:
 
     runner: JobRunner
     packs_dir: Path
-    _heavy: dict[str, anyio.CapacityLimiter] = field(default_factory=dict)
+    _turn: dict[str, anyio.Lock] = field(default_factory=dict)
     _bundled: frozenset[str] = field(default_factory=lambda: frozenset(bundled_packs()))
 
     @property
@@ -118,25 +117,26 @@ class JobIntake:
             LimitReached: 429, a limit of the key.
         """
         request = await anyio.to_thread.run_sync(_parse, body)
-        limits, active = await anyio.to_thread.run_sync(self._key_state, key_name)
-        if len(active) >= limits.jobs:
-            raise LimitReached(
-                f"this key has {len(active)} jobs queued or running: at most {limits.jobs}"
+        # one job at a time per key from here: its limits hold however many requests
+        # it sends at once, and its heavy work waits for its own turn only
+        async with self._turn.setdefault(key_name, anyio.Lock()):
+            limits, active = await anyio.to_thread.run_sync(self._key_state, key_name)
+            if len(active) >= limits.jobs:
+                raise LimitReached(
+                    f"this key has {len(active)} jobs queued or running: at most {limits.jobs}"
+                )
+            _check_numbers(request, limits)
+            model = choose_model(
+                request.model, request.endpoint, request.model_args, self.runner.settings, limits
             )
-        _check_numbers(request, limits)
-        model = choose_model(
-            request.model, request.endpoint, request.model_args, self.runner.settings, limits
-        )
-        if model.endpoint is None:
-            await self._check_egress(model)
-        adapter = build_adapter(
-            model, self.runner.settings, limits,
-            concurrency=request.concurrency, egress=self.runner.egress,
-        )  # fmt: skip
-        await adapter.aclose()  # built to check its arguments; nothing was opened
-        job_id = uuid.uuid4().hex[:16]
-        heavy = self._heavy.setdefault(key_name, anyio.CapacityLimiter(_HEAVY_PER_KEY))
-        async with heavy:
+            if model.endpoint is None:
+                await self._check_egress(model)
+            adapter = build_adapter(
+                model, self.runner.settings, limits,
+                concurrency=request.concurrency, egress=self.runner.egress,
+            )  # fmt: skip
+            await adapter.aclose()  # built to check its arguments; nothing was opened
+            job_id = uuid.uuid4().hex[:16]
             stored, upload = await anyio.to_thread.run_sync(
                 self._prepare, job_id, key_name, request, model, limits
             )

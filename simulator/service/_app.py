@@ -27,6 +27,7 @@ from ._job_model import Refused
 from ._jobs import JobRunner
 from ._settings import ServiceSettings
 from ._store import ACTIVE, JobRow, Store
+from ._tenant_sink import result_rows
 
 __all__ = ["create_app", "Evaluation"]
 
@@ -74,17 +75,10 @@ class Evaluation(BaseModel):
 
 def _count(path: Path, total: int | None) -> Progress:
     done = failed = 0
-    if path.exists():
-        with path.open("rb") as fh:
-            for raw in fh:
-                if not raw.endswith(b"\n"):
-                    break
-                try:
-                    status = json.loads(raw).get("status")
-                except ValueError:
-                    continue
-                done += status == "DONE"
-                failed += status in ("FAILED", "TIMED_OUT")
+    for row in result_rows(path):
+        status = row.get("status")
+        done += status == "DONE"
+        failed += status in ("FAILED", "TIMED_OUT")
     return Progress(total=total, done=done, failed=failed)
 
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from convsim._records import ConversationResult, ErrorInfo
 from convsim._sinks import JsonlSink, RunManifest
 
-__all__ = ["TenantSink", "sanitized", "file_cost"]
+__all__ = ["TenantSink", "sanitized", "file_cost", "result_rows"]
 
 _REASONS = {
     "Timeout": "no answer in time",
@@ -59,20 +60,28 @@ def _cost(result: ConversationResult) -> float:
     return (result.cost_usd or 0.0) + (result.user_cost_usd or 0.0)
 
 
+def result_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The whole lines of a job's results file, as JSON objects (blocking)."""
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break  # a line still being written
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                yield row
+
+
 def file_cost(path: Path) -> float:
     """The cost of the results already in a job's file."""
-    total = 0.0
-    if path.exists():
-        with path.open("rb") as fh:
-            for raw in fh:
-                if not raw.endswith(b"\n"):
-                    break
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    continue
-                total += (line.get("cost_usd") or 0.0) + (line.get("user_cost_usd") or 0.0)
-    return total
+    return sum(
+        (row.get("cost_usd") or 0.0) + (row.get("user_cost_usd") or 0.0)
+        for row in result_rows(path)
+    )
 
 
 class TenantSink:

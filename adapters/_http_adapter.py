@@ -16,10 +16,11 @@ import socket
 import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal, NamedTuple, Protocol
+from typing import Any, ClassVar, Literal, NamedTuple, NoReturn, Protocol
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.lowlevel
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from convsim._errors import (
@@ -46,7 +47,7 @@ from convsim._types import (
     Usage,
 )
 
-from ._budget import BudgetLimits, Budgets, ProviderBudget
+from ._budget import BudgetLimits, Budgets, ProviderBudget, Refusal
 from ._egress import EgressPolicy
 from ._http import (
     JSON_HEADERS,
@@ -63,7 +64,7 @@ from ._http import (
 )
 from ._pricing import price_of
 from ._protocol import ModelAdapter
-from ._retry import RetryPolicy, error_for_status
+from ._retry import RetryPolicy, error_for_status, quota_exhausted, refused_call
 from ._text import StreamedText, repair_text
 
 __all__ = [
@@ -108,6 +109,10 @@ class HttpAdapterConfig(BaseModel):
     max_retries: int = Field(default=3, ge=0, le=20)
     max_retry_time: float = Field(default=120.0, gt=0)
     """No retry starts after this many seconds since the first attempt."""
+    max_retry_after: float = Field(default=60.0, ge=0)
+    """The longest Retry-After (seconds) a 429 is waited for. A longer one (a daily
+    quota used up) fails the call with QuotaExhausted, and the key then refuses calls
+    for this long instead of pausing them for as long as the server asked."""
     http: Literal["aiohttp", "httpx"] = "aiohttp"
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
     """The largest answer read, in bytes after decompression (a whole stream counts);
@@ -440,10 +445,26 @@ class HttpModelAdapter(ModelAdapter):
             assert on_text is not None
             on_text(text)
 
+        max_retry_after = self.config.max_retry_after
+
+        async def refuse(refusal: Refusal) -> NoReturn:
+            # a checkpoint, so that a caller failing in a loop still lets others run
+            await anyio.lowlevel.checkpoint()
+            raise refused_call(
+                refusal.asked_s, refusal.remaining_s, max_retry_after, model=self.config.model
+            )
+
         async def attempt(number: int) -> _Answer:
             nonlocal budget_wait
+            refusal = budget.refusal()
+            if refusal is not None:  # a quota is used up: fail now, do not wait for it
+                await refuse(refusal)
             permit = await budget.acquire(claim, sleep=self._sleep)
             budget_wait += permit.queue_wait_s
+            refusal = budget.refusal()
+            if refusal is not None:  # refused while this call waited for the budget
+                budget.release(permit, 0, ok=False)
+                await refuse(refusal)
             used = 0  # a failed call gives its whole token claim back
             ok = False
             try:
@@ -457,13 +478,18 @@ class HttpModelAdapter(ModelAdapter):
                 used, ok = answer.usage.total_tokens, True
                 return answer
             except AdapterError as exc:
-                if exc.status_code == 429:
-                    retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
-                    budget.rate_limited(retry_after, permit)
+                failure: AdapterError = exc
+                if isinstance(exc, RateLimited):
+                    exc.paused_s = budget.rate_limited(
+                        exc.retry_after, permit, max_pause=max_retry_after
+                    )
+                    failure = quota_exhausted(exc, max_retry_after, exc.paused_s) or exc
                 if delivered:  # text already reached the caller: it cannot be taken back
-                    exc.retryable = False
-                self._scrub_error(exc)
-                raise
+                    failure.retryable = False
+                self._scrub_error(failure)
+                if failure is exc:
+                    raise
+                raise failure from exc
             finally:
                 budget.release(permit, used, ok=ok)
 

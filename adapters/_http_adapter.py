@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from convsim._errors import (
     AdapterError,
@@ -47,6 +47,7 @@ from convsim._types import (
     Usage,
 )
 
+from ._base_url import EXAMPLE, check_base_url
 from ._budget import BudgetLimits, Budgets, ProviderBudget, Refusal
 from ._egress import EgressPolicy
 from ._http import (
@@ -85,7 +86,8 @@ class HttpAdapterConfig(BaseModel):
 
     model: str = Field(min_length=1)
     base_url: str | None = None
-    """Where the API lives; each backend has a default where one exists."""
+    """Where the API lives (http:// or https://, a host, a port from 1 to 65535); each
+    backend has a default where one exists."""
     api_key: SecretStr | None = None
     """The key itself; prefer ``api_key_env``. Never logged or written to results."""
     api_key_env: str | None = None
@@ -130,6 +132,11 @@ class HttpAdapterConfig(BaseModel):
     output_price: float | None = Field(default=None, ge=0)
     """USD per million completion tokens."""
     context_length: int | None = Field(default=None, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _usable_base_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_base_url(value)
 
 
 class HttpRequest(NamedTuple):
@@ -251,8 +258,7 @@ class HttpModelAdapter(ModelAdapter):
         base_url = cfg.base_url or self.default_base_url
         if not base_url:
             raise ConfigError(
-                f"{self.model_type}:{cfg.model} needs a base_url "
-                f"(--model-arg base_url=http://HOST:PORT/v1)"
+                f"{self.model_type}:{cfg.model} needs a base_url (--model-arg base_url={EXAMPLE})"
             )
         self.base_url = base_url.rstrip("/")
         self.egress = egress

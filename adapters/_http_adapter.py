@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from convsim._errors import (
     AdapterError,
@@ -63,6 +63,7 @@ from ._http import (
     read_limited,
     too_large,
 )
+from ._inflight import BytesInFlight, InflightStatistics
 from ._pricing import price_of
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status, quota_exhausted, refused_call
@@ -121,6 +122,11 @@ class HttpAdapterConfig(BaseModel):
     beyond it the call fails with ResponseTooLarge rather than filling memory."""
     max_event_bytes: int = Field(default=2**20, ge=1024)
     """The largest server-sent event (or line of one) of a stream, in bytes."""
+    max_inflight_bytes: int = Field(default=256 * 2**20, ge=1024)
+    """The bytes of answers (bodies and streams, after decompression) all calls of
+    this adapter may hold at once while reading them; a call that would pass it fails
+    at once with ResponseTooLarge (retried) rather than filling memory. At least
+    max_body_bytes."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     max_tokens: int | None = Field(default=None, gt=0)
     max_tokens_cap: int | None = Field(default=None, gt=0)
@@ -137,6 +143,16 @@ class HttpAdapterConfig(BaseModel):
     @classmethod
     def _usable_base_url(cls, value: str | None) -> str | None:
         return None if value is None else check_base_url(value)
+
+    @model_validator(mode="after")
+    def _one_answer_fits_in_flight(self) -> HttpAdapterConfig:
+        if self.max_inflight_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_bytes={self.max_inflight_bytes} is below "
+                f"max_body_bytes={self.max_body_bytes}: one answer of that size could never "
+                "be read; raise max_inflight_bytes"
+            )
+        return self
 
 
 class HttpRequest(NamedTuple):
@@ -207,6 +223,22 @@ def _optional_text(value: Any, what: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{what} is {type(value).__name__}, not a string")
     return value
+
+
+MAX_TOKEN_COUNT = 10**9
+"""More tokens than any one call uses: a count above it is a broken answer."""
+
+
+def _valid_usage(usage: Usage | None) -> Usage | None:
+    """``usage`` if its counts are token counts (0 to :data:`MAX_TOKEN_COUNT`); a
+    negative or absurd count raises (a malformed answer, not a figure to add up)."""
+    if usage is None:
+        return None
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        count = getattr(usage, name)
+        if not 0 <= count <= MAX_TOKEN_COUNT:
+            raise ValueError(f"usage.{name} is {count}, not a token count")
+    return usage
 
 
 def _finish_reason(reason: str | None) -> str | None:
@@ -283,6 +315,8 @@ class HttpModelAdapter(ModelAdapter):
         )
         self._budgets = budgets if budgets is not None else Budgets()
         self._budget: ProviderBudget | None = None
+        self._inflight = BytesInFlight(cfg.max_inflight_bytes)
+        """Answer bytes held by this adapter's calls: one budget for the run it serves."""
         self._slots: anyio.Semaphore | None = None
         self._sleep = sleep
 
@@ -331,6 +365,11 @@ class HttpModelAdapter(ModelAdapter):
             limits = BudgetLimits(rpm=self.config.rpm, tpm=self.config.tpm)
             self._budget = self._budgets.get(self.connection_key(), limits)
         return self._budget
+
+    def bytes_in_flight(self) -> InflightStatistics:
+        """The answer bytes this adapter's calls hold now, at most so far, and the limit
+        (``max_inflight_bytes``)."""
+        return self._inflight.statistics()
 
     def default_max_tokens(self) -> int:
         """What a call may produce when a turn sets no max_tokens (for token budgets)."""
@@ -556,40 +595,49 @@ class HttpModelAdapter(ModelAdapter):
         payload = call.body
         headers = self._headers
         t0 = time.perf_counter()
+        what = f"the answer from {url}"
         async with self._http().stream(url, payload, headers, self._timeouts) as response:
-            if response.status >= 300:
-                body = await read_limited(response, _ERROR_BODY_BYTES, truncate=True)
-                raise error_for_status(
-                    response.status,
-                    response.headers,
-                    body,
-                    model=self.config.model,
-                    url=url,
-                    secret=self._api_key,
+            # the bytes read are held until the answer is parsed, and given back before
+            # the connection is closed (a refused call must not hold them meanwhile)
+            with self._inflight.holding(what) as holding:
+                if response.status >= 300:
+                    body = await read_limited(
+                        response, _ERROR_BODY_BYTES, truncate=True, take=holding.take
+                    )
+                    raise error_for_status(
+                        response.status,
+                        response.headers,
+                        body,
+                        model=self.config.model,
+                        url=url,
+                        secret=self._api_key,
+                    )
+                if stream:
+                    return await self._read_stream(
+                        response, messages, url, t0, on_text, holding.take
+                    )
+                body = await read_limited(
+                    response, self.config.max_body_bytes, what=what, take=holding.take
                 )
-            if stream:
-                return await self._read_stream(response, messages, url, t0, on_text)
-            body = await read_limited(
-                response, self.config.max_body_bytes, what=f"the answer from {url}"
-            )
-            try:
-                data = json.loads(body)
-                parse = exchange.parse if exchange is not None else self.parse_response
-                answer = parse(data)
-                text = repair_text(_optional_text(answer.text, "the answer's text") or "")
-                finish = _optional_text(answer.finish_reason, "the finish reason")
-            except AdapterError:
-                raise
-            except Exception as exc:  # any misshapen answer, whatever the parser tripped on
-                raise MalformedResponse(
-                    f"unreadable response from {url}: {exc}",
-                    snippet=self._scrub(body[:400].decode("utf-8", "replace"))[:200],
-                    model=self.config.model,
-                ) from exc
+                try:
+                    data = json.loads(body)
+                    parse = exchange.parse if exchange is not None else self.parse_response
+                    answer = parse(data)
+                    text = repair_text(_optional_text(answer.text, "the answer's text") or "")
+                    finish = _optional_text(answer.finish_reason, "the finish reason")
+                    usage = _valid_usage(answer.usage)
+                except AdapterError:
+                    raise
+                except Exception as exc:  # any misshapen answer, whatever the parser met
+                    raise MalformedResponse(
+                        f"unreadable response from {url}: {exc}",
+                        snippet=self._scrub(body[:400].decode("utf-8", "replace"))[:200],
+                        model=self.config.model,
+                    ) from exc
         return _Answer(
             text.text,
             _finish_reason(finish),
-            answer.usage or self._estimated(messages, text.text),
+            usage or self._estimated(messages, text.text),
             time.perf_counter() - t0,
             replaced_chars=text.replaced,
         )
@@ -601,7 +649,9 @@ class HttpModelAdapter(ModelAdapter):
         url: str,
         t0: float,
         on_text: Callable[[str], None] | None,
+        hold: Callable[[int], None],
     ) -> _Answer:
+        """Read a stream; ``hold`` counts its bytes in the adapter's bytes in flight."""
         decoder = SSEDecoder(max_event_bytes=self.config.max_event_bytes)
         limit = self.config.max_body_bytes
         received = 0
@@ -635,6 +685,7 @@ class HttpModelAdapter(ModelAdapter):
                 delta = self.parse_event(event)
                 piece = _optional_text(delta.text, "a streamed piece of text")
                 finish = _optional_text(delta.finish_reason, "the finish reason")
+                reported = _valid_usage(delta.usage)
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
@@ -648,13 +699,14 @@ class HttpModelAdapter(ModelAdapter):
                 if text:
                     hand_on(text)
             finish_reason = finish or finish_reason
-            usage = _merge_usage(usage, delta.usage)
+            usage = _merge_usage(usage, reported)
             done = done or delta.done
 
         async for chunk in response.chunks():
             received += len(chunk)
             if received > limit:
                 raise too_large(f"the stream from {url}", "max_body_bytes", limit)
+            hold(len(chunk))
             if len(opening) < 200:
                 opening += chunk[: 200 - len(opening)]
             for event in decoder.feed(chunk):
@@ -825,7 +877,7 @@ def _server_message(body: str) -> str:
     """The server's own words about an error, short, to append to a message."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes
         return ""
     error = data.get("error") if isinstance(data, dict) else None
     message = error.get("message") if isinstance(error, dict) else error

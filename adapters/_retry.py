@@ -205,7 +205,7 @@ def _message(body: bytes, secret: str | None) -> str:
         text = text.replace(secret, "***")
     try:
         data: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes
         return text[:200]
     if isinstance(data, dict):
         error = data.get("error", data)
@@ -213,7 +213,10 @@ def _message(body: bytes, secret: str | None) -> str:
             return error["message"]
         if isinstance(error, str):
             return error
-    return json.dumps(data)[:200]
+    try:
+        return json.dumps(data)[:200]
+    except RecursionError:
+        return text[:200]
 
 
 def error_for_status(

@@ -239,7 +239,9 @@ class ResponseTooLarge(AdapterError):
 
     ``setting`` names the adapter argument that sets the limit, ``limit`` its value in
     bytes. The server's fault, not the model's; not retried, as the server would most
-    likely do it again.
+    likely do it again. The one exception is ``max_inflight_bytes``, the bytes all calls
+    of an adapter hold at once: that call failed for its neighbours' answers, and is
+    retried.
     """
 
     def __init__(self, message: str, *, limit: int, setting: str, **kw: Any) -> None:

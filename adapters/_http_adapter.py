@@ -302,7 +302,8 @@ class HttpModelAdapter(ModelAdapter):
             egress.check_url(self.base_url)
         self._api_key = self._resolve_key(env if env is not None else os.environ)
         self._scrub = Redactor.of(keys=[self._api_key], urls=[self.base_url])
-        """Blanks the key, and credentials inside base_url, out of errors and snippets."""
+        """Blanks the key, and credentials inside base_url, out of errors, snippets and
+        answers."""
         self._headers = {**JSON_HEADERS, **self.auth_headers()}
         if cfg.stream and not self.supports_streaming:
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
@@ -559,10 +560,13 @@ class HttpModelAdapter(ModelAdapter):
                 replaced_chars=answer.replaced_chars,
                 reason="lone UTF-16 surrogates replaced with U+FFFD",
             )
+        text = answer.text
+        if self._scrub.secrets:  # a server that echoes the key must not get it recorded
+            text = self._scrub(text)
         # every part is checked (text repaired, usage validated where it was read): the
         # answer is assembled without validating it again on this hot path
         return Completion.model_construct(
-            text=answer.text,
+            text=text,
             finish_reason=answer.finish_reason,
             usage=answer.usage,
             timings=CallTimings.model_construct(

@@ -1050,6 +1050,41 @@ async def test_a_key_echoed_by_the_server_is_scrubbed(
     assert SECRET not in all_text(out)
 
 
+PATH_KEY = "pk9f8e7d6c5b4a3f2e1d0"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_a_key_echoed_in_an_answer_is_not_recorded(
+    http: Seam, tmp_path: Path, stream: bool
+) -> None:
+    """The API key, and a key inside base_url, repeated by the model in a successful
+    answer are blanked from the completion and so from the results file."""
+    said = f"Your key is {SECRET}, and the URL key {PATH_KEY}; bye."
+    reply = chat_stream(said[:20], said[20:]) if stream else chat_reply(said)
+    adapter = await http.adapter(
+        OpenAICompatibleAdapter,
+        sequence(reply),
+        base_url=f"http://llm.test/v1/{PATH_KEY}",
+        api_key=SECRET,
+        stream=stream,
+    )
+    completion = await adapter.generate(HI, GenerationParams())
+    assert completion.text == "Your key is ***, and the URL key ***; bye."
+    out = tmp_path / "out.jsonl"
+    async with Simulator(adapter, metrics=[]) as sim:
+        (result,) = [r async for r in sim.run(small_pack(tmp_path, n=1), sink=JsonlSink(out))]
+    assert result.status is Status.DONE and "Your key is ***" in all_text(out)
+    assert SECRET not in all_text(out) and PATH_KEY not in all_text(out)
+
+
+async def test_an_answer_without_known_secrets_is_left_as_it_is(http: Seam) -> None:
+    text = "sk-secret-12 is close to the key, but not it"
+    adapter = await http.adapter(
+        OpenAICompatibleAdapter, sequence(chat_reply(text)), api_key=SECRET
+    )
+    assert (await adapter.generate(HI, GenerationParams())).text == text
+
+
 # -- cost -----------------------------------------------------------------------------
 
 

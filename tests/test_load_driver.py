@@ -267,11 +267,11 @@ async def test_a_429_pause_is_noted_and_a_dominating_one_invalidates() -> None:
         FakeModel(limited(5.0)), _synthetic(), LoadShape(concurrency=1, duration=0.2)
     )
     point = merged_result([long])
-    assert any(
-        "429 answers paused sending for 0.2 s of the 0.2 s window (100%" in r
-        and "measured the rate limit" in r
-        for r in point.invalid_reasons
+    reasons = [r for r in point.invalid_reasons if r.startswith("429 answers paused sending")]
+    assert len(reasons) == 1 and reasons[0].endswith(
+        "Retry-After): the run measured the rate limit, not the server"
     )
+    assert [p.end_s - p.start_s for p in long.pauses] == [pytest.approx(5.0)]
 
 
 def test_overlapping_pauses_count_once_and_only_inside_the_window() -> None:

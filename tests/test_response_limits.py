@@ -411,3 +411,17 @@ def test_max_inflight_bytes_is_an_adapter_argument_of_at_least_max_body_bytes() 
             "openai-compatible:m",
             {"base_url": "http://x/v1", "max_body_bytes": "4096", "max_inflight_bytes": "2048"},
         )
+
+
+def test_the_service_gives_each_jobs_adapter_its_keys_inflight_bytes() -> None:
+    from convsim.service._job_model import _limited
+    from convsim.service._settings import KeyLimits
+
+    tenant = {"base_url": "http://127.0.0.1:9/v1"}
+    limits = KeyLimits(inflight_bytes=8 * MIB)
+    adapter = create_adapter("openai-compatible:m", _limited(tenant, limits, 4))
+    assert adapter.bytes_in_flight().limit == 8 * MIB
+    # a key whose one answer may be larger still gets room for that one answer
+    roomy = KeyLimits(response_bytes=16 * MIB, inflight_bytes=8 * MIB)
+    adapter = create_adapter("openai-compatible:m", _limited(tenant, roomy, 4))
+    assert adapter.bytes_in_flight().limit == 16 * MIB

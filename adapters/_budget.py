@@ -6,7 +6,10 @@ as the estimated prompt + max_tokens, then corrected to the real usage). Concurr
 capped per adapter (per role).
 
 A 429 pauses the key for exactly what the server asked (Retry-After; 0 is no pause, an
-absent header one second) and halves the calls it may have in flight, once per burst:
+absent header one second), up to the caller's ``max_pause``; a 429 asking for longer
+(a quota used up, not an overload) makes the key refuse calls for ``max_pause`` instead
+(:meth:`ProviderBudget.refusal`), so callers fail at once rather than wait for hours.
+It also halves the calls it may have in flight, once per burst:
 429s of calls sent before that cut are answers to the same overload and cut nothing more.
 Each success then adds one call back (the cap doubles per round of calls), and the cap is
 gone once it is back where the calls in flight were at the cut. A rare 429 so costs a
@@ -27,7 +30,14 @@ from dataclasses import dataclass, field
 import anyio
 from aiolimiter import AsyncLimiter
 
-__all__ = ["BudgetLimits", "Budgets", "ProviderBudget", "BudgetStatistics", "Permit"]
+__all__ = [
+    "BudgetLimits",
+    "Budgets",
+    "ProviderBudget",
+    "BudgetStatistics",
+    "Permit",
+    "Refusal",
+]
 
 
 class _RefundableLimiter(AsyncLimiter):
@@ -82,6 +92,16 @@ class Permit:
     before the last cut of the cap from one sent after it."""
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """The key refuses calls: a 429 asked for a longer wait than its caller takes."""
+
+    asked_s: float
+    """The wait the server asked for (Retry-After), in seconds."""
+    remaining_s: float
+    """Seconds until the key sends again (the caller's ``max_pause`` after the 429)."""
+
+
 @dataclass
 class ProviderBudget:
     key: str
@@ -98,6 +118,9 @@ class ProviderBudget:
     _cut_after: int = -1
     """The sequence of the last call admitted before the cap was last cut."""
     _freed: anyio.Event | None = None
+    _refused_until: float = 0.0
+    _refused_asked: float = 0.0
+    """What the 429 behind the refusal asked for (see rate_limited's ``max_pause``)."""
     on_pause: Callable[[str, float], None] | None = None
     """Called with (key, seconds) when a 429 pauses the key: how other processes using
     the key hear of it (None: nobody listens)."""
@@ -181,15 +204,44 @@ class ProviderBudget:
             if self._cap >= self._uncapped_at:
                 self._cap = None
 
-    def rate_limited(self, retry_after: float | None, permit: Permit | None = None) -> None:
+    def rate_limited(
+        self,
+        retry_after: float | None,
+        permit: Permit | None = None,
+        *,
+        max_pause: float | None = None,
+    ) -> float:
         """A 429 for the call holding ``permit``: pause the key for Retry-After (0: not
         at all; absent: 1 s), and halve the calls it may have in flight unless the cap
-        was already cut after that call was sent (one cut per burst of 429s)."""
+        was already cut after that call was sent (one cut per burst of 429s).
+
+        A Retry-After beyond ``max_pause`` pauses the key for ``max_pause`` only, and
+        the key refuses calls meanwhile (:meth:`refusal`). Returns the pause taken.
+        """
         self._stats["rate_limited"] += 1
-        pause = 1.0 if retry_after is None else retry_after
-        self._paused_until = max(self._paused_until, self.clock() + pause)
+        asked = 1.0 if retry_after is None else retry_after
+        pause = asked if max_pause is None else min(asked, max_pause)
+        now = self.clock()
+        if pause < asked and now + pause >= self._refused_until:
+            self._refused_until, self._refused_asked = now + pause, asked
+        self._paused_until = max(self._paused_until, now + pause)
         if self.on_pause is not None and pause > 0:
             self.on_pause(self.key, pause)
+        self._cut(permit)
+        return pause
+
+    def refusal(self) -> Refusal | None:
+        """The refusal in force (a 429 asked for more than its caller's ``max_pause``
+        lately), or None: a call should then fail at once instead of waiting."""
+        if not self._refused_until:  # never refused: no clock read on the hot path
+            return None
+        remaining = self._refused_until - self.clock()
+        if remaining <= 0:
+            return None
+        return Refusal(self._refused_asked, remaining)
+
+    def _cut(self, permit: Permit | None) -> None:
+        """Halve the calls in flight, once per burst of 429s."""
         if permit is not None and permit.sequence <= self._cut_after:
             return  # sent before the last cut: the same overload, already answered
         self._cut_after = self._admitted

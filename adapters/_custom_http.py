@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from convsim._secrets import redact_url
 from convsim._types import GenerationParams, Message, ModelInfo
 
+from ._base_url import check_base_url
 from ._http import SSEEvent
 from ._http_adapter import (
     Delta,
@@ -28,6 +29,7 @@ class CustomHttpConfig(HttpAdapterConfig):
     """The guide's fields (``api_endpoint``, ``model_name``) are accepted as well."""
 
     api_endpoint: str | None = None
+    """The guide's name for ``base_url`` (checked the same way)."""
     model_name: str | None = None
 
     @model_validator(mode="before")
@@ -37,9 +39,23 @@ class CustomHttpConfig(HttpAdapterConfig):
             data = dict(data)
             if data.get("model_name") and not data.get("model"):
                 data["model"] = data["model_name"]
-            if data.get("api_endpoint") and not data.get("base_url"):
-                data["base_url"] = data["api_endpoint"]
+            endpoint = data.get("api_endpoint")
+            if endpoint and not data.get("base_url") and _usable(endpoint):
+                data["base_url"] = endpoint  # a bad one is reported as api_endpoint
         return data
+
+    @field_validator("api_endpoint")
+    @classmethod
+    def _usable_endpoint(cls, value: str | None) -> str | None:
+        return None if value is None else check_base_url(value)
+
+
+def _usable(url: Any) -> bool:
+    try:
+        check_base_url(url)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return True
 
 
 class CustomHttpAdapter(HttpModelAdapter):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -182,13 +182,21 @@ class SSEDecoder:
 
 
 async def read_limited(
-    response: StreamResponse, limit: int, *, truncate: bool = False, what: str = "the answer"
+    response: StreamResponse,
+    limit: int,
+    *,
+    truncate: bool = False,
+    what: str = "the answer",
+    take: Callable[[int], None] | None = None,
 ) -> bytes:
     """The body of ``response``, at most ``limit`` bytes (after decompression).
 
     Past the limit: :class:`~convsim.ResponseTooLarge` naming ``what`` and the setting
     ``max_body_bytes``; or with ``truncate`` the first ``limit`` bytes (for error
     bodies, where the status says what happened and the text only adds to it).
+    ``take`` is told the size of each piece before it is kept (a budget shared by
+    several calls); should it raise, reading stops: the error goes on, or with
+    ``truncate`` the pieces kept so far are the body.
     """
     headers = response.headers
     declared = headers.get("Content-Length")
@@ -200,17 +208,33 @@ async def read_limited(
     ):
         # the HTTP parser stops at the declared length, and nothing is decompressed:
         # the body cannot pass the limit, so it is read in one go
+        if take is not None:
+            try:
+                take(int(declared))
+            except ResponseTooLarge:
+                if truncate:
+                    return b""
+                raise
         return await response.read()
     parts: list[bytes] = []
     size = 0
     async for chunk in response.chunks():
         size += len(chunk)
-        if size > limit:
-            if truncate:
-                parts.append(chunk[: len(chunk) - (size - limit)])
-                break
-            raise too_large(what, "max_body_bytes", limit)
+        over = size > limit
+        if over:
+            if not truncate:
+                raise too_large(what, "max_body_bytes", limit)
+            chunk = chunk[: len(chunk) - (size - limit)]
+        if take is not None:
+            try:
+                take(len(chunk))
+            except ResponseTooLarge:
+                if truncate:
+                    break
+                raise
         parts.append(chunk)
+        if over:
+            break
     return b"".join(parts)
 
 

@@ -16,11 +16,12 @@ import socket
 import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal, NamedTuple, Protocol
+from typing import Any, ClassVar, Literal, NamedTuple, NoReturn, Protocol
 from urllib.parse import urlsplit
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+import anyio.lowlevel
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from convsim._errors import (
     AdapterError,
@@ -46,7 +47,8 @@ from convsim._types import (
     Usage,
 )
 
-from ._budget import BudgetLimits, Budgets, ProviderBudget
+from ._base_url import EXAMPLE, check_base_url
+from ._budget import BudgetLimits, Budgets, ProviderBudget, Refusal
 from ._egress import EgressPolicy
 from ._http import (
     JSON_HEADERS,
@@ -61,9 +63,10 @@ from ._http import (
     read_limited,
     too_large,
 )
+from ._inflight import BytesInFlight, InflightStatistics
 from ._pricing import price_of
 from ._protocol import ModelAdapter
-from ._retry import RetryPolicy, error_for_status
+from ._retry import RetryPolicy, error_for_status, quota_exhausted, refused_call
 from ._text import StreamedText, repair_text
 
 __all__ = [
@@ -84,7 +87,8 @@ class HttpAdapterConfig(BaseModel):
 
     model: str = Field(min_length=1)
     base_url: str | None = None
-    """Where the API lives; each backend has a default where one exists."""
+    """Where the API lives (http:// or https://, a host, a port from 1 to 65535); each
+    backend has a default where one exists."""
     api_key: SecretStr | None = None
     """The key itself; prefer ``api_key_env``. Never logged or written to results."""
     api_key_env: str | None = None
@@ -108,12 +112,21 @@ class HttpAdapterConfig(BaseModel):
     max_retries: int = Field(default=3, ge=0, le=20)
     max_retry_time: float = Field(default=120.0, gt=0)
     """No retry starts after this many seconds since the first attempt."""
+    max_retry_after: float = Field(default=60.0, ge=0)
+    """The longest Retry-After (seconds) a 429 is waited for. A longer one (a daily
+    quota used up) fails the call with QuotaExhausted, and the key then refuses calls
+    for this long instead of pausing them for as long as the server asked."""
     http: Literal["aiohttp", "httpx"] = "aiohttp"
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
     """The largest answer read, in bytes after decompression (a whole stream counts);
     beyond it the call fails with ResponseTooLarge rather than filling memory."""
     max_event_bytes: int = Field(default=2**20, ge=1024)
     """The largest server-sent event (or line of one) of a stream, in bytes."""
+    max_inflight_bytes: int = Field(default=256 * 2**20, ge=1024)
+    """The bytes of answers (bodies and streams, after decompression) all calls of
+    this adapter may hold at once while reading them; a call that would pass it fails
+    at once with ResponseTooLarge (retried) rather than filling memory. At least
+    max_body_bytes."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     max_tokens: int | None = Field(default=None, gt=0)
     max_tokens_cap: int | None = Field(default=None, gt=0)
@@ -125,6 +138,21 @@ class HttpAdapterConfig(BaseModel):
     output_price: float | None = Field(default=None, ge=0)
     """USD per million completion tokens."""
     context_length: int | None = Field(default=None, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _usable_base_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_base_url(value)
+
+    @model_validator(mode="after")
+    def _one_answer_fits_in_flight(self) -> HttpAdapterConfig:
+        if self.max_inflight_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_bytes={self.max_inflight_bytes} is below "
+                f"max_body_bytes={self.max_body_bytes}: one answer of that size could never "
+                "be read; raise max_inflight_bytes"
+            )
+        return self
 
 
 class HttpRequest(NamedTuple):
@@ -197,6 +225,22 @@ def _optional_text(value: Any, what: str) -> str | None:
     return value
 
 
+MAX_TOKEN_COUNT = 10**9
+"""More tokens than any one call uses: a count above it is a broken answer."""
+
+
+def _valid_usage(usage: Usage | None) -> Usage | None:
+    """``usage`` if its counts are token counts (0 to :data:`MAX_TOKEN_COUNT`); a
+    negative or absurd count raises (a malformed answer, not a figure to add up)."""
+    if usage is None:
+        return None
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        count = getattr(usage, name)
+        if not 0 <= count <= MAX_TOKEN_COUNT:
+            raise ValueError(f"usage.{name} is {count}, not a token count")
+    return usage
+
+
 def _finish_reason(reason: str | None) -> str | None:
     return None if reason is None else repair_text(reason).text
 
@@ -246,8 +290,7 @@ class HttpModelAdapter(ModelAdapter):
         base_url = cfg.base_url or self.default_base_url
         if not base_url:
             raise ConfigError(
-                f"{self.model_type}:{cfg.model} needs a base_url "
-                f"(--model-arg base_url=http://HOST:PORT/v1)"
+                f"{self.model_type}:{cfg.model} needs a base_url (--model-arg base_url={EXAMPLE})"
             )
         self.base_url = base_url.rstrip("/")
         self.egress = egress
@@ -259,7 +302,8 @@ class HttpModelAdapter(ModelAdapter):
             egress.check_url(self.base_url)
         self._api_key = self._resolve_key(env if env is not None else os.environ)
         self._scrub = Redactor.of(keys=[self._api_key], urls=[self.base_url])
-        """Blanks the key, and credentials inside base_url, out of errors and snippets."""
+        """Blanks the key, and credentials inside base_url, out of errors, snippets and
+        answers."""
         self._headers = {**JSON_HEADERS, **self.auth_headers()}
         if cfg.stream and not self.supports_streaming:
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
@@ -272,6 +316,8 @@ class HttpModelAdapter(ModelAdapter):
         )
         self._budgets = budgets if budgets is not None else Budgets()
         self._budget: ProviderBudget | None = None
+        self._inflight = BytesInFlight(cfg.max_inflight_bytes)
+        """Answer bytes held by this adapter's calls: one budget for the run it serves."""
         self._slots: anyio.Semaphore | None = None
         self._sleep = sleep
 
@@ -320,6 +366,11 @@ class HttpModelAdapter(ModelAdapter):
             limits = BudgetLimits(rpm=self.config.rpm, tpm=self.config.tpm)
             self._budget = self._budgets.get(self.connection_key(), limits)
         return self._budget
+
+    def bytes_in_flight(self) -> InflightStatistics:
+        """The answer bytes this adapter's calls hold now, at most so far, and the limit
+        (``max_inflight_bytes``)."""
+        return self._inflight.statistics()
 
     def default_max_tokens(self) -> int:
         """What a call may produce when a turn sets no max_tokens (for token budgets)."""
@@ -440,10 +491,26 @@ class HttpModelAdapter(ModelAdapter):
             assert on_text is not None
             on_text(text)
 
+        max_retry_after = self.config.max_retry_after
+
+        async def refuse(refusal: Refusal) -> NoReturn:
+            # a checkpoint, so that a caller failing in a loop still lets others run
+            await anyio.lowlevel.checkpoint()
+            raise refused_call(
+                refusal.asked_s, refusal.remaining_s, max_retry_after, model=self.config.model
+            )
+
         async def attempt(number: int) -> _Answer:
             nonlocal budget_wait
+            refusal = budget.refusal()
+            if refusal is not None:  # a quota is used up: fail now, do not wait for it
+                await refuse(refusal)
             permit = await budget.acquire(claim, sleep=self._sleep)
             budget_wait += permit.queue_wait_s
+            refusal = budget.refusal()
+            if refusal is not None:  # refused while this call waited for the budget
+                budget.release(permit, 0, ok=False)
+                await refuse(refusal)
             used = 0  # a failed call gives its whole token claim back
             ok = False
             try:
@@ -457,13 +524,18 @@ class HttpModelAdapter(ModelAdapter):
                 used, ok = answer.usage.total_tokens, True
                 return answer
             except AdapterError as exc:
-                if exc.status_code == 429:
-                    retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
-                    budget.rate_limited(retry_after, permit)
+                failure: AdapterError = exc
+                if isinstance(exc, RateLimited):
+                    exc.paused_s = budget.rate_limited(
+                        exc.retry_after, permit, max_pause=max_retry_after
+                    )
+                    failure = quota_exhausted(exc, max_retry_after, exc.paused_s) or exc
                 if delivered:  # text already reached the caller: it cannot be taken back
-                    exc.retryable = False
-                self._scrub_error(exc)
-                raise
+                    failure.retryable = False
+                self._scrub_error(failure)
+                if failure is exc:
+                    raise
+                raise failure from exc
             finally:
                 budget.release(permit, used, ok=ok)
 
@@ -488,10 +560,13 @@ class HttpModelAdapter(ModelAdapter):
                 replaced_chars=answer.replaced_chars,
                 reason="lone UTF-16 surrogates replaced with U+FFFD",
             )
+        text = answer.text
+        if self._scrub.secrets:  # a server that echoes the key must not get it recorded
+            text = self._scrub(text)
         # every part is checked (text repaired, usage validated where it was read): the
         # answer is assembled without validating it again on this hot path
         return Completion.model_construct(
-            text=answer.text,
+            text=text,
             finish_reason=answer.finish_reason,
             usage=answer.usage,
             timings=CallTimings.model_construct(
@@ -524,40 +599,49 @@ class HttpModelAdapter(ModelAdapter):
         payload = call.body
         headers = self._headers
         t0 = time.perf_counter()
+        what = f"the answer from {url}"
         async with self._http().stream(url, payload, headers, self._timeouts) as response:
-            if response.status >= 300:
-                body = await read_limited(response, _ERROR_BODY_BYTES, truncate=True)
-                raise error_for_status(
-                    response.status,
-                    response.headers,
-                    body,
-                    model=self.config.model,
-                    url=url,
-                    secret=self._api_key,
+            # the bytes read are held until the answer is parsed, and given back before
+            # the connection is closed (a refused call must not hold them meanwhile)
+            with self._inflight.holding(what) as holding:
+                if response.status >= 300:
+                    body = await read_limited(
+                        response, _ERROR_BODY_BYTES, truncate=True, take=holding.take
+                    )
+                    raise error_for_status(
+                        response.status,
+                        response.headers,
+                        body,
+                        model=self.config.model,
+                        url=url,
+                        secret=self._api_key,
+                    )
+                if stream:
+                    return await self._read_stream(
+                        response, messages, url, t0, on_text, holding.take
+                    )
+                body = await read_limited(
+                    response, self.config.max_body_bytes, what=what, take=holding.take
                 )
-            if stream:
-                return await self._read_stream(response, messages, url, t0, on_text)
-            body = await read_limited(
-                response, self.config.max_body_bytes, what=f"the answer from {url}"
-            )
-            try:
-                data = json.loads(body)
-                parse = exchange.parse if exchange is not None else self.parse_response
-                answer = parse(data)
-                text = repair_text(_optional_text(answer.text, "the answer's text") or "")
-                finish = _optional_text(answer.finish_reason, "the finish reason")
-            except AdapterError:
-                raise
-            except Exception as exc:  # any misshapen answer, whatever the parser tripped on
-                raise MalformedResponse(
-                    f"unreadable response from {url}: {exc}",
-                    snippet=self._scrub(body[:400].decode("utf-8", "replace"))[:200],
-                    model=self.config.model,
-                ) from exc
+                try:
+                    data = json.loads(body)
+                    parse = exchange.parse if exchange is not None else self.parse_response
+                    answer = parse(data)
+                    text = repair_text(_optional_text(answer.text, "the answer's text") or "")
+                    finish = _optional_text(answer.finish_reason, "the finish reason")
+                    usage = _valid_usage(answer.usage)
+                except AdapterError:
+                    raise
+                except Exception as exc:  # any misshapen answer, whatever the parser met
+                    raise MalformedResponse(
+                        f"unreadable response from {url}: {exc}",
+                        snippet=self._scrub(body[:400].decode("utf-8", "replace"))[:200],
+                        model=self.config.model,
+                    ) from exc
         return _Answer(
             text.text,
             _finish_reason(finish),
-            answer.usage or self._estimated(messages, text.text),
+            usage or self._estimated(messages, text.text),
             time.perf_counter() - t0,
             replaced_chars=text.replaced,
         )
@@ -569,7 +653,9 @@ class HttpModelAdapter(ModelAdapter):
         url: str,
         t0: float,
         on_text: Callable[[str], None] | None,
+        hold: Callable[[int], None],
     ) -> _Answer:
+        """Read a stream; ``hold`` counts its bytes in the adapter's bytes in flight."""
         decoder = SSEDecoder(max_event_bytes=self.config.max_event_bytes)
         limit = self.config.max_body_bytes
         received = 0
@@ -603,6 +689,7 @@ class HttpModelAdapter(ModelAdapter):
                 delta = self.parse_event(event)
                 piece = _optional_text(delta.text, "a streamed piece of text")
                 finish = _optional_text(delta.finish_reason, "the finish reason")
+                reported = _valid_usage(delta.usage)
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
@@ -616,13 +703,14 @@ class HttpModelAdapter(ModelAdapter):
                 if text:
                     hand_on(text)
             finish_reason = finish or finish_reason
-            usage = _merge_usage(usage, delta.usage)
+            usage = _merge_usage(usage, reported)
             done = done or delta.done
 
         async for chunk in response.chunks():
             received += len(chunk)
             if received > limit:
                 raise too_large(f"the stream from {url}", "max_body_bytes", limit)
+            hold(len(chunk))
             if len(opening) < 200:
                 opening += chunk[: 200 - len(opening)]
             for event in decoder.feed(chunk):
@@ -793,7 +881,7 @@ def _server_message(body: str) -> str:
     """The server's own words about an error, short, to append to a message."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes
         return ""
     error = data.get("error") if isinstance(data, dict) else None
     message = error.get("message") if isinstance(error, dict) else error

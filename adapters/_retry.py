@@ -23,13 +23,21 @@ from convsim._errors import (
     AdapterError,
     AuthError,
     BadRequest,
+    QuotaExhausted,
     RateLimited,
     ServerError,
     Timeout,
 )
 from convsim._log import get_logger
 
-__all__ = ["Attempted", "RetryPolicy", "error_for_status", "retry_after_seconds"]
+__all__ = [
+    "Attempted",
+    "RetryPolicy",
+    "error_for_status",
+    "quota_exhausted",
+    "refused_call",
+    "retry_after_seconds",
+]
 
 log = get_logger("convsim.adapters")
 T = TypeVar("T")
@@ -197,7 +205,7 @@ def _message(body: bytes, secret: str | None) -> str:
         text = text.replace(secret, "***")
     try:
         data: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes
         return text[:200]
     if isinstance(data, dict):
         error = data.get("error", data)
@@ -205,7 +213,10 @@ def _message(body: bytes, secret: str | None) -> str:
             return error["message"]
         if isinstance(error, str):
             return error
-    return json.dumps(data)[:200]
+    try:
+        return json.dumps(data)[:200]
+    except RecursionError:
+        return text[:200]
 
 
 def error_for_status(
@@ -234,3 +245,47 @@ def error_for_status(
     if status >= 500 or status == 409:
         return ServerError(f"server error: {detail}", model=model, status_code=status)
     return BadRequest(f"request rejected: {detail}", model=model, status_code=status)
+
+
+def _advice(asked: float, max_retry_after: float) -> str:
+    return (
+        f"the server asked to wait {asked:g} s (Retry-After), more than "
+        f"max_retry_after={max_retry_after:g}: a quota is probably exhausted. The key sends "
+        f"nothing for {max_retry_after:g} s; to wait as long as asked, raise "
+        "--model-arg max_retry_after=SECONDS"
+    )
+
+
+def quota_exhausted(
+    error: RateLimited, max_retry_after: float, paused_s: float | None
+) -> QuotaExhausted | None:
+    """The error for a 429 whose Retry-After is beyond ``max_retry_after`` (a quota,
+    not an overload: not worth waiting for), or None when the wait is acceptable."""
+    asked = error.retry_after
+    if asked is None or asked <= max_retry_after:
+        return None
+    return QuotaExhausted(
+        f"{error}; {_advice(asked, max_retry_after)}",
+        retry_after=asked,
+        paused_s=paused_s,
+        max_retry_after=max_retry_after,
+        sent=True,
+        model=error.model,
+        status_code=error.status_code,
+    )
+
+
+def refused_call(
+    asked: float, remaining: float, max_retry_after: float, *, model: str | None
+) -> QuotaExhausted:
+    """The error for a call not sent because a recent 429 asked for a wait beyond
+    ``max_retry_after`` (the key refuses calls for ``remaining`` more seconds)."""
+    return QuotaExhausted(
+        f"rate limited, not sent ({remaining:.0f} s before the key sends again): "
+        f"{_advice(asked, max_retry_after)}",
+        retry_after=asked,
+        paused_s=remaining,
+        max_retry_after=max_retry_after,
+        sent=False,
+        model=model,
+    )

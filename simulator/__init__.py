@@ -45,6 +45,7 @@ _public = _lazy_module(
             "ResultsError",
             "AdapterError",
             "RateLimited",
+            "QuotaExhausted",
             "ServerError",
             "Timeout",
             "BadRequest",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
     from ._errors import PackError as PackError
     from ._errors import PackProblem as PackProblem
     from ._errors import ProtocolError as ProtocolError
+    from ._errors import QuotaExhausted as QuotaExhausted
     from ._errors import RateLimited as RateLimited
     from ._errors import RegistryError as RegistryError
     from ._errors import ResponseTooLarge as ResponseTooLarge

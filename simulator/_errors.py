@@ -11,7 +11,8 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
     ├── ResultsError             the results file cannot be written or resumed
     ├── EndpointError            a model endpoint cannot serve a run (checked before it)
     └── AdapterError             a model call failed (carries model and attempts)
-        ├── RateLimited          429, after retries (retry_after)
+        ├── RateLimited          429, after retries (retry_after, paused_s)
+        │   └── QuotaExhausted   a 429 asking for a wait past max_retry_after; not retried
         ├── ServerError          5xx or a dropped connection, after retries (status_code)
         ├── Timeout              the call did not finish in time
         ├── BadRequest           400/404/422: the request itself is wrong (status_code)
@@ -50,6 +51,7 @@ __all__ = [
     "ResultsError",
     "AdapterError",
     "RateLimited",
+    "QuotaExhausted",
     "ServerError",
     "Timeout",
     "BadRequest",
@@ -170,13 +172,40 @@ class AdapterError(ConvsimError):
 
 
 class RateLimited(AdapterError):
-    """The provider kept answering 429 until the retry budget ran out."""
+    """The provider kept answering 429 until the retry budget ran out.
+
+    ``retry_after`` is the wait the server asked for (seconds; None if it named none);
+    ``paused_s`` how long the provider key then stopped sending (set by the adapter's
+    rate budget; None when nothing paused).
+    """
 
     retryable = True
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        paused_s: float | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(message, **kw)
         self.retry_after = retry_after
+        self.paused_s = paused_s
+
+
+class QuotaExhausted(RateLimited):
+    """A 429 asked for a longer wait than the adapter takes (``max_retry_after``): most
+    likely a daily or monthly quota is used up. Not retried; the key sends nothing for
+    ``max_retry_after`` seconds, and calls in that time fail at once with this error
+    (``sent`` False). ``retry_after`` is what the server asked."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, max_retry_after: float, sent: bool, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.max_retry_after = max_retry_after
+        self.sent = sent
 
 
 class ServerError(AdapterError):
@@ -210,7 +239,9 @@ class ResponseTooLarge(AdapterError):
 
     ``setting`` names the adapter argument that sets the limit, ``limit`` its value in
     bytes. The server's fault, not the model's; not retried, as the server would most
-    likely do it again.
+    likely do it again. The one exception is ``max_inflight_bytes``, the bytes all calls
+    of an adapter hold at once: that call failed for its neighbours' answers, and is
+    retried.
     """
 
     def __init__(self, message: str, *, limit: int, setting: str, **kw: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 __all__ = ["MASK", "Redactor", "is_secret_key", "looks_like_url", "redact_url", "url_secrets"]
 
@@ -40,45 +40,118 @@ def _secret_param(name: str) -> bool:
     return _SECRET_PARAM.search(name) is not None or is_secret_key(name)
 
 
-def redact_url(url: str) -> str:
-    """``url`` fit to show: user and password, and query values named like secrets
-    (``key``, ``api-key``, ``token``, ``sig``, ...), replaced by ``***``.
+_URL_PARTS = re.compile(
+    r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):)?(?://(?P<netloc>[^/?#]*))?"
+    r"(?P<path>[^?#]*)(?:\?(?P<query>[^#]*))?(?:#(?P<fragment>.*))?$",
+    re.DOTALL,
+)
+"""RFC 3986's own split (appendix B): it takes any string, a malformed URL included."""
+_KEY_RUN = re.compile(r"[A-Za-z0-9]{16,}")
+_SECRET_SEGMENT = re.compile(
+    r"^(api[_-]?key|apikey|key|(access[_-]?|auth[_-]?)?token|secret|password|passwd|pwd"
+    r"|bearer)$",
+    re.IGNORECASE,
+)
+"""A path segment naming what the next segment holds (``/key/VALUE``)."""
 
-    Text that does not parse as a URL is returned unchanged.
+
+def _key_shaped(text: str) -> bool:
+    """Whether ``text`` looks like a generated credential: 16 letters and digits or more
+    in a row, mixing both, or 32 or more of either (words and dates are shorter)."""
+    return any(
+        len(run) >= 32 or not (run.isalpha() or run.isdigit())
+        for run in _KEY_RUN.findall(unquote(text))
+    )
+
+
+class _Scan:
+    """A URL's text with its secrets masked, and the secrets as written."""
+
+    def __init__(self) -> None:
+        self.secrets: list[str] = []
+
+    def hide(self, value: str) -> str:
+        self.secrets.append(value)
+        return MASK
+
+    def pairs(self, text: str) -> str:
+        """``name=value`` pairs split by ``&`` or ``;`` (a query, a fragment, a path
+        segment's parameters): a value named like a secret or shaped like a key is
+        masked, as is a lone key-shaped item."""
+        pieces = re.split(r"([&;])", text)
+        for i in range(0, len(pieces), 2):
+            name, eq, value = pieces[i].partition("=")
+            if eq:
+                if value and (_secret_param(unquote_plus(name)) or _key_shaped(value)):
+                    pieces[i] = f"{name}={self.hide(value)}"
+            elif _key_shaped(name):
+                pieces[i] = self.hide(name)
+        return "".join(pieces)
+
+    def path(self, text: str) -> str:
+        """Segments shaped like a key, or following one that names a secret
+        (``/key/VALUE``), masked; parameters after ``;`` as :meth:`pairs`."""
+        segments = text.split("/")
+        names_secret = False
+        for i, segment in enumerate(segments):
+            base, semi, params = segment.partition(";")
+            was = base
+            if base and (names_secret or _key_shaped(base)):
+                base = self.hide(base)
+            names_secret = _SECRET_SEGMENT.match(unquote(was)) is not None
+            segments[i] = base + semi + (self.pairs(params) if semi else "")
+        return "/".join(segments)
+
+    def netloc(self, text: str) -> str:
+        """User and password replaced: with a password, the user name is only a name;
+        without one, it is the key."""
+        if "@" not in text:
+            return text
+        userinfo, _, host = text.rpartition("@")
+        self.secrets += [userinfo, userinfo.partition(":")[2] or userinfo]
+        return f"{MASK}@{host}"
+
+
+def _scan(url: str) -> tuple[str, list[str]]:
+    match = _URL_PARTS.match(url)
+    assert match is not None  # every string matches
+    scan = _Scan()
+    scheme, netloc, path, query, fragment = match.group(
+        "scheme", "netloc", "path", "query", "fragment"
+    )
+    shown = f"{scheme}:" if scheme is not None else ""
+    if netloc is not None:
+        shown += "//" + scan.netloc(netloc)
+    shown += scan.path(path)
+    if query is not None:
+        shown += "?" + scan.pairs(query)
+    if fragment is not None:
+        shown += "#" + scan.pairs(fragment)
+    return (shown if scan.secrets else url), scan.secrets
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit to show: user and password; query and fragment values named like
+    secrets (``key``, ``api-key``, ``token``, ``sig``, ...) or shaped like keys, also
+    after ``;``; path segments shaped like keys (``/v1/KEY/chat``) or following a
+    segment that names one (``/key/VALUE``) — each replaced by ``***``.
+
+    A URL that does not parse is masked the same way (it is split as RFC 3986 splits
+    any string); text without credentials is returned unchanged.
     """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{MASK}@{netloc.rpartition('@')[2]}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_secret_param(k) for k, _ in pairs):
-            query = urlencode([(k, MASK if _secret_param(k) else v) for k, v in pairs], safe="*")
-    if netloc == parts.netloc and query == parts.query:
-        return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return _scan(url)[0]
 
 
 def url_secrets(url: str) -> tuple[str, ...]:
-    """The secret parts of ``url`` (user, password, secret query values), as written and
-    as decoded, so a :class:`Redactor` finds them in either form."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return ()
-    found: list[str] = []
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rpartition("@")[0]
-        # with a password, the user name is only a name; without one, it is the key
-        found += [userinfo, userinfo.partition(":")[2] or userinfo]
-    for k, v in parse_qsl(parts.query, keep_blank_values=True):
-        if _secret_param(k) and v:
-            found.append(v)
-    forms = {form for s in found if s for form in (s, unquote(s), quote(s, safe=""), quote_plus(s))}
+    """The secret parts of ``url`` (what :func:`redact_url` masks), as written and as
+    decoded, so a :class:`Redactor` finds them in either form."""
+    forms = {
+        form
+        for written in _scan(url)[1]
+        for plain in {written, unquote(written), unquote_plus(written)}
+        for form in (plain, quote(plain, safe=""), quote_plus(plain))
+        if form
+    }
     return tuple(sorted(forms, key=len, reverse=True))
 
 

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
 from anyio.from_thread import start_blocking_portal
@@ -38,6 +39,7 @@ from convsim import MalformedResponse, ProtocolError, Status, TerminationReason
 from convsim.adapters import GenerationParams
 from convsim.adapters._anthropic import AnthropicAdapter
 from convsim.adapters._custom_http import CustomHttpAdapter
+from convsim.adapters._http import HttpxTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters._text import StreamedText, repair_text
 from convsim.cli import main
@@ -394,3 +396,112 @@ async def test_a_run_retries_malformed_answers_to_success(http: Seam, tmp_path: 
     results = await run_pack(adapter, tmp_path)
     assert {r.status for r in results} == {Status.DONE}
     assert all(t.attempts == 2 for r in results for t in r.turns)
+
+
+# -- JSON nested deeper than Python's parser goes, and counts that are not counts -------
+
+DEEP = b'{"error": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+"""An error body nested 100,000 deep: json.loads raises RecursionError on it."""
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "retried"),
+    [
+        (500, convsim.ServerError, True),
+        (429, convsim.RateLimited, True),
+        (400, convsim.BadRequest, False),
+        (401, convsim.AuthError, False),
+    ],
+)
+async def test_a_deeply_nested_error_body_is_the_statuss_error(
+    seam: Seam, status: int, error: type[Exception], retried: bool
+) -> None:
+    deep = Reply(status=status, body=DEEP, headers={"Retry-After": "0"})
+    adapter = await seam.adapter(OpenAICompatibleAdapter, sequence(deep, chat_reply("fine")))
+    if retried:
+        completion = await adapter.generate(HI, GenerationParams())
+        assert completion.text == "fine" and completion.attempts == 2
+    else:
+        with pytest.raises(error, match=f"{status} from "):
+            await adapter.generate(HI, GenerationParams())
+        assert len(seam.seen) == 1
+
+
+async def test_a_deeply_nested_answer_or_event_is_malformed(http: Seam) -> None:
+    adapter = await http.adapter(OpenAICompatibleAdapter, sequence(Reply(body=DEEP)), max_retries=0)
+    with pytest.raises(MalformedResponse, match="unreadable response"):
+        await adapter.generate(HI, GenerationParams())
+    deep_event = Reply(chunks=[b"data: " + DEEP + b"\n\n", b"data: [DONE]\n\n"])
+    streaming = await http.adapter(
+        OpenAICompatibleAdapter, sequence(deep_event), stream=True, max_retries=0
+    )
+    with pytest.raises(MalformedResponse, match="unreadable stream event"):
+        await streaming.generate(HI, GenerationParams())
+
+
+async def test_a_deeply_nested_404_still_fails_the_check_before_a_run() -> None:
+    def not_found(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, content=DEEP)
+
+    adapter = OpenAICompatibleAdapter(
+        {"model": "m", "base_url": "http://llm.test/v1"},
+        transport=HttpxTransport(transport=httpx.MockTransport(not_found)),
+        env={},
+    )
+    with pytest.raises(convsim.EndpointError, match=r"404 from http://llm\.test/v1/chat"):
+        await adapter.preflight()
+    await adapter.aclose()
+
+
+BAD_COUNTS: dict[str, Any] = {
+    "negative": {"prompt_tokens": -5, "completion_tokens": 3, "total_tokens": -2},
+    "1e308": {"prompt_tokens": 1e308, "completion_tokens": 3, "total_tokens": 3},
+    "above 10**9": {"prompt_tokens": 9, "completion_tokens": 10**12, "total_tokens": 9},
+    "infinite": {"prompt_tokens": 9, "completion_tokens": "inf", "total_tokens": 9},
+}
+
+
+@pytest.mark.parametrize("usage", BAD_COUNTS.values(), ids=BAD_COUNTS.keys())
+async def test_token_counts_that_are_not_counts_are_a_malformed_answer(
+    http: Seam, usage: dict[str, Any]
+) -> None:
+    broken = chat_reply("counted")
+    assert isinstance(broken.body, dict)
+    broken = Reply(body={**broken.body, "usage": usage})
+    adapter = await http.adapter(
+        OpenAICompatibleAdapter, sequence(broken, chat_reply("fine")), max_retries=1
+    )
+    completion = await adapter.generate(HI, GenerationParams())
+    assert completion.text == "fine" and completion.attempts == 2  # retried, like a 5xx
+    assert 0 <= completion.usage.prompt_tokens < 100
+
+
+@pytest.mark.parametrize("usage", BAD_COUNTS.values(), ids=BAD_COUNTS.keys())
+async def test_streamed_token_counts_that_are_not_counts_are_malformed(
+    http: Seam, usage: dict[str, Any]
+) -> None:
+    chunks = [
+        chat_chunk("hi"),
+        chat_chunk(finish="stop"),
+        {**chat_chunk(), "choices": [], "usage": usage},
+    ]
+    adapter = await http.adapter(
+        OpenAICompatibleAdapter, sequence(Reply(chunks=data_lines(*chunks))), stream=True,
+        max_retries=0,
+    )  # fmt: skip
+    with pytest.raises(MalformedResponse, match="unreadable stream event"):
+        await adapter.generate(HI, GenerationParams())
+
+
+async def test_anthropic_token_counts_are_checked_too(http: Seam) -> None:
+    answer = {
+        "type": "message",
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": -1, "output_tokens": 2},
+    }
+    adapter = await http.adapter(
+        AnthropicAdapter, sequence(Reply(body=answer)), api_key="k", max_retries=0
+    )
+    with pytest.raises(MalformedResponse, match=r"usage\.prompt_tokens is -1, not a token count"):
+        await adapter.generate(HI, GenerationParams())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ import httpx
 import pytest
 import structlog
 from aiohttp import web
+from click.testing import CliRunner
 from conftest import write_pack
 
 from convsim import (
@@ -52,6 +54,7 @@ from convsim.adapters._custom_http import CustomHttpAdapter
 from convsim.adapters._http import HttpxTransport
 from convsim.adapters._http_adapter import HttpModelAdapter
 from convsim.adapters._openai import OpenAIAdapter, OpenAICompatibleAdapter
+from convsim.cli import main
 
 pytestmark = pytest.mark.anyio
 
@@ -1047,6 +1050,41 @@ async def test_a_key_echoed_by_the_server_is_scrubbed(
     assert SECRET not in all_text(out)
 
 
+PATH_KEY = "pk9f8e7d6c5b4a3f2e1d0"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_a_key_echoed_in_an_answer_is_not_recorded(
+    http: Seam, tmp_path: Path, stream: bool
+) -> None:
+    """The API key, and a key inside base_url, repeated by the model in a successful
+    answer are blanked from the completion and so from the results file."""
+    said = f"Your key is {SECRET}, and the URL key {PATH_KEY}; bye."
+    reply = chat_stream(said[:20], said[20:]) if stream else chat_reply(said)
+    adapter = await http.adapter(
+        OpenAICompatibleAdapter,
+        sequence(reply),
+        base_url=f"http://llm.test/v1/{PATH_KEY}",
+        api_key=SECRET,
+        stream=stream,
+    )
+    completion = await adapter.generate(HI, GenerationParams())
+    assert completion.text == "Your key is ***, and the URL key ***; bye."
+    out = tmp_path / "out.jsonl"
+    async with Simulator(adapter, metrics=[]) as sim:
+        (result,) = [r async for r in sim.run(small_pack(tmp_path, n=1), sink=JsonlSink(out))]
+    assert result.status is Status.DONE and "Your key is ***" in all_text(out)
+    assert SECRET not in all_text(out) and PATH_KEY not in all_text(out)
+
+
+async def test_an_answer_without_known_secrets_is_left_as_it_is(http: Seam) -> None:
+    text = "sk-secret-12 is close to the key, but not it"
+    adapter = await http.adapter(
+        OpenAICompatibleAdapter, sequence(chat_reply(text)), api_key=SECRET
+    )
+    assert (await adapter.generate(HI, GenerationParams())).text == text
+
+
 # -- cost -----------------------------------------------------------------------------
 
 
@@ -1163,6 +1201,73 @@ async def test_cli_strings_are_accepted(http: Seam) -> None:
 def test_a_compatible_server_needs_a_base_url() -> None:
     with pytest.raises(ConfigError, match="base_url"):
         OpenAICompatibleAdapter({"model": "m"}, env={})
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("127.0.0.1:8000/v1", "has no scheme (http:// or https://): did you mean "
+         "http://127.0.0.1:8000/v1?"),
+        ("localhost:8000/v1", "did you mean http://localhost:8000/v1?"),
+        ("http//localhost:8000/v1", "has no scheme"),
+        ("http://localhost:99999/v1", "has an invalid port '99999' (a number from 1 to 65535)"),
+        ("http://localhost:0/v1", "has port 0"),
+        ("http://localhost:80a/v1", "has an invalid port '80a'"),
+        ("file:///tmp/model.sock", "uses file:// where convsim speaks http:// or https:// only"),
+        ("unix:///var/run/llm.sock", "uses unix://"),
+        ("http:///v1", "has no host"),
+        ("http://[::1/v1", "is not a URL"),
+        ("http://my host/v1", "has an invalid host 'my host'"),
+    ],
+)  # fmt: skip
+def test_a_base_url_no_request_could_reach_is_refused_naming_the_field(
+    url: str, problem: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        create_adapter("openai-compatible:m", {"base_url": url})
+    message = str(info.value)
+    assert message.startswith(f"invalid openai-compatible model: base_url: {url!r} ")
+    assert problem in message and "http://HOST:PORT/v1" in message
+    # the guide's custom backend checks its api_endpoint the same way, under that name
+    with pytest.raises(ConfigError, match=f"api_endpoint: {re.escape(repr(url))} "):
+        create_adapter("http:m", {"api_endpoint": url})
+
+
+def test_a_refused_base_url_shows_no_credentials() -> None:
+    with pytest.raises(ConfigError) as info:
+        create_adapter("openai-compatible:m", {"base_url": "http://u:sk-inurl-1@h:99999/v1"})
+    assert "sk-inurl-1" not in str(info.value) and "'http://***@h:99999/v1'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "kept"),
+    [
+        ("https://api.example.com/v1", "https://api.example.com/v1"),
+        ("  http://127.0.0.1:8000/v1 ", "http://127.0.0.1:8000/v1"),
+        ("HTTP://[::1]:8000/v1", "HTTP://[::1]:8000/v1"),
+        ("https://u:pw@h.example:443/openai?api-version=2024-06", None),
+    ],
+)
+def test_good_base_urls_pass(url: str, kept: str | None) -> None:
+    adapter = create_adapter("openai-compatible:m", {"base_url": url})
+    assert adapter.base_url == (kept if kept is not None else url)
+
+
+def test_convsim_run_refuses_a_base_url_without_a_scheme_before_any_conversation(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "run", "customer_support", "--model", "openai-compatible:x",
+            "--model-arg", "base_url=127.0.0.1:8000/v1", "--out", str(tmp_path / "r.jsonl"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "base_url" in lines[0]
+    assert "did you mean http://127.0.0.1:8000/v1?" in lines[0]
+    assert not (tmp_path / "r.jsonl").exists()
 
 
 # -- the registry ---------------------------------------------------------------------

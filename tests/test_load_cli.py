@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.cli import main
+from convsim.load import LoadPlan, LoadResult, run_load
 
 POINT_KEYS = {
     "valid",
@@ -249,3 +250,32 @@ def test_a_server_that_is_down_exits_4(tmp_path: Path) -> None:
         "--concurrency", "1", "--max-requests", "1",
     )  # fmt: skip
     assert code == 4 and "connection refused" in stderr
+
+
+def test_a_used_up_quota_ends_the_run_and_marks_it_invalid() -> None:
+    """A 429 asking for a day (a daily quota): the run stops at once and says why,
+    instead of pausing the key for the day and reporting the few requests before it as
+    a valid result."""
+    with (
+        start_blocking_portal() as portal,
+        _serve(portal, fault_rate=0.05, faults={"429": 1.0}, retry_after_s=86400.0) as mock,
+    ):
+        plan = LoadPlan(
+            model="openai-compatible:mock-model",
+            model_args={"base_url": mock.base_url},
+            concurrency=4,
+            duration=30,
+            synthetic="turns=2,input_tokens=16,output_tokens=4",
+            calibrate=False,
+            drain_timeout=1,
+        )
+        run = portal.call(run_load, plan)
+    result = run.result
+    assert isinstance(result, LoadResult)
+    assert not result.valid and result.stopped_by == "quota_exhausted"
+    assert result.duration_s < 30  # stopped on the refusal, not at the duration
+    assert result.requests.errors_by_class.get("QuotaExhausted", 0) >= 1
+    assert any(
+        "asked to wait 86400 s (Retry-After), more than max_retry_after" in r
+        for r in result.invalid_reasons
+    )

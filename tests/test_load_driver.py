@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from convsim import ServerError
+from convsim import QuotaExhausted, RateLimited, ServerError
 from convsim._types import CallTimings, Completion, GenerationParams, Message, Usage
 from convsim.adapters import ModelAdapter
 from convsim.load import (
@@ -26,7 +26,7 @@ from convsim.load import (
     parse_synthetic,
     summarize,
 )
-from convsim.load._driver import DriveOutcome, SessionRecord
+from convsim.load._driver import DriveOutcome, Pause, SessionRecord
 from convsim.load._records import RequestRecord
 
 pytestmark = pytest.mark.anyio
@@ -218,6 +218,70 @@ async def test_warmup_is_left_out_of_the_window() -> None:
     point = merged_result([outcome])
     assert outcome.window.start_s == pytest.approx(0.03)
     assert point.requests.completed == 2
+
+
+async def test_a_used_up_quota_stops_the_run_and_invalidates_it() -> None:
+    """A 429 asking for a day (past max_retry_after) ends the sending at once: what
+    follows would only be refusals. The result says why it is not valid."""
+
+    def quota(number: int) -> object:
+        if number == 20:
+            raise QuotaExhausted(
+                "asked for a day", retry_after=86400.0, paused_s=60.0, max_retry_after=60.0,
+                sent=True, status_code=429,
+            )  # fmt: skip
+        return None
+
+    outcome = await drive(FakeModel(quota), _synthetic(), LoadShape(concurrency=2, duration=30))
+    assert outcome.stopped_by == "quota_exhausted"
+    assert outcome.quota_refused == 1 and outcome.quota_asked_s == 86400
+    assert len(outcome.records) <= 22  # stopped at once, not after the 30 s asked
+    point = merged_result([outcome])
+    assert not point.valid and point.stopped_by == "quota_exhausted"
+    assert any(
+        "QuotaExhausted" in r and "asked to wait 86400 s" in r for r in point.invalid_reasons
+    )
+
+
+async def test_a_429_pause_is_noted_and_a_dominating_one_invalidates() -> None:
+    """Each 429 that paused the key is timed from the error: a short pause is a note; a
+    pause over most of the window means the rate limit, not the server, was measured."""
+
+    def limited(paused: float) -> Callable[[int], object]:
+        def hook(number: int) -> object:
+            if number == 0:
+                raise RateLimited("busy", retry_after=paused, paused_s=paused, status_code=429)
+            return anyio.sleep(0.001)
+
+        return hook
+
+    short = await drive(
+        FakeModel(limited(0.01)), _synthetic(), LoadShape(concurrency=1, duration=0.2)
+    )
+    assert [p.end_s - p.start_s for p in short.pauses] == [pytest.approx(0.01)]
+    point = merged_result([short])
+    assert not any("429" in r for r in point.invalid_reasons)
+    assert any(n.startswith("429 answers paused sending for 0.0 s") for n in point.notes)
+
+    long = await drive(
+        FakeModel(limited(5.0)), _synthetic(), LoadShape(concurrency=1, duration=0.2)
+    )
+    point = merged_result([long])
+    reasons = [r for r in point.invalid_reasons if r.startswith("429 answers paused sending")]
+    assert len(reasons) == 1 and reasons[0].endswith(
+        "Retry-After): the run measured the rate limit, not the server"
+    )
+    assert [p.end_s - p.start_s for p in long.pauses] == [pytest.approx(5.0)]
+
+
+def test_overlapping_pauses_count_once_and_only_inside_the_window() -> None:
+    outcome = _outcome([_record(i, i * 0.1, 0.01, 0.02) for i in range(50)], [0.0], cpu=1.0)
+    outcome.pauses = [Pause(-2.0, 1.0), Pause(0.5, 2.0), Pause(4.0, 5.0), Pause(9.0, 12.0)]
+    point = merged_result([outcome])  # window 0-10 s: 2 + 1 + 1 seconds paused
+    assert "429 answers paused sending for 4.0 s of the 10.0 s window (40%, Retry-After)" in (
+        point.notes
+    )
+    assert point.valid
 
 
 def _outcome(

@@ -1,4 +1,5 @@
-"""Random 429s cost what the server asked, not the run's pace.
+"""Random 429s cost what the server asked, not the run's pace; a 429 asking for a day
+(a used-up quota) fails at once instead of pausing the key for that day.
 
 Calls on virtual time (an event loop whose clock jumps to the next timer when nothing
 is ready to run) through the real adapter, budget and retry policy: 32 callers, each
@@ -16,9 +17,9 @@ import anyio.lowlevel
 import httpx
 import pytest
 
-from convsim import RateLimited
+from convsim import ConfigError, QuotaExhausted, RateLimited
 from convsim.adapters import GenerationParams, Message
-from convsim.adapters._budget import BudgetLimits, Budgets, ProviderBudget
+from convsim.adapters._budget import BudgetLimits, Budgets, ProviderBudget, Refusal
 from convsim.adapters._http import HttpxTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters._retry import RetryPolicy
@@ -150,3 +151,133 @@ async def test_the_cap_recovers_within_one_round_of_successes() -> None:
         caps.append(budget.statistics().in_flight_cap)
     # one call more per success, lifted once back at the 16 in flight at the 429
     assert caps == [9, 10, 11, 12, 13, 14, 15, None]
+
+
+# -- a Retry-After longer than the adapter waits: a quota, not an overload ----------------
+
+
+def quota_server(requests: list[float]) -> httpx.MockTransport:
+    """The first request gets ``429 Retry-After: 86400`` (a daily quota); the rest an
+    answer. Records when each request arrived (loop time)."""
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        requests.append(asyncio.get_running_loop().time())
+        first = len(requests) == 1
+        await asyncio.sleep(0.05)
+        if first:
+            return httpx.Response(
+                429, headers={"Retry-After": "86400"}, json={"error": "daily quota exceeded"}
+            )
+        return httpx.Response(200, json=OK)
+
+    return httpx.MockTransport(answer)
+
+
+def test_a_daily_quota_429_fails_at_once_and_pauses_the_key_only_max_retry_after() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        requests: list[float] = []
+        adapter = OpenAICompatibleAdapter(
+            {"model": "m", "base_url": "http://llm.test/v1", "max_retry_after": 30},
+            transport=HttpxTransport(transport=quota_server(requests)),
+            env={},
+        )
+        adapter.budget().clock = loop.time
+        try:
+            with pytest.raises(QuotaExhausted) as first:
+                await adapter.generate(HI, GenerationParams())
+            refused_at = loop.time()
+            assert first.value.sent and first.value.retry_after == 86400
+            assert first.value.attempts == 1 and first.value.paused_s == 30
+            message = str(first.value)
+            assert "daily quota exceeded" in message  # what the server said
+            assert "asked to wait 86400 s (Retry-After), more than max_retry_after=30" in message
+            assert "a quota is probably exhausted" in message
+
+            # meanwhile the key refuses calls at once, without sending them
+            with pytest.raises(QuotaExhausted) as refused:
+                await adapter.generate(HI, GenerationParams())
+            assert not refused.value.sent and len(requests) == 1
+            assert loop.time() == refused_at
+            assert "not sent" in str(refused.value) and "86400 s" in str(refused.value)
+
+            # max_retry_after later, the key sends again
+            await asyncio.sleep(30)
+            assert (await adapter.generate(HI, GenerationParams())).text == "ok"
+            assert len(requests) == 2
+            return loop.time() - requests[0]
+        finally:
+            await adapter.aclose()
+
+    assert on_virtual_time(main) < 31  # not a day
+
+
+def test_a_quota_refusal_fails_waiting_callers_instead_of_holding_them() -> None:
+    """Callers queued behind the key (8 callers, concurrency 2) fail at once after the
+    refusal: none waits max_retry_after, let alone the day the server asked."""
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        requests: list[float] = []
+        adapter = OpenAICompatibleAdapter(
+            {"model": "m", "base_url": "http://llm.test/v1", "concurrency": 2},
+            transport=HttpxTransport(transport=quota_server(requests)),
+            env={},
+        )
+        adapter.budget().clock = loop.time
+        outcomes: list[str] = []
+
+        async def caller() -> None:
+            try:
+                outcomes.append((await adapter.generate(HI, GenerationParams())).text)
+            except QuotaExhausted as exc:
+                outcomes.append("sent" if exc.sent else "refused")
+
+        started = loop.time()
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(caller)
+        finally:
+            await adapter.aclose()
+        assert outcomes.count("sent") == 1
+        # the one sent beside the refused call was answered; the rest never went out
+        assert outcomes.count("ok") == len(requests) - 1
+        assert outcomes.count("refused") == 8 - len(requests)
+        return loop.time() - started
+
+    assert on_virtual_time(main) < 1.0
+
+
+async def test_max_retry_after_is_an_adapter_argument() -> None:
+    """Raised past the server's ask, a long Retry-After is an ordinary 429 again (here
+    beyond max_retry_time, so not waited either); a negative cap is refused."""
+    requests: list[float] = []
+    adapter = OpenAICompatibleAdapter(
+        {"model": "m", "base_url": "http://llm.test/v1", "max_retry_after": 100_000},
+        transport=HttpxTransport(transport=quota_server(requests)),
+        env={},
+    )
+    with pytest.raises(RateLimited) as info:
+        await adapter.generate(HI, GenerationParams())
+    assert type(info.value) is RateLimited and info.value.paused_s == 86400
+    assert adapter.budget().paused_for > 80_000
+    await adapter.aclose()
+    with pytest.raises(ConfigError, match="max_retry_after"):
+        OpenAICompatibleAdapter({"model": "m", "base_url": "http://h/v1", "max_retry_after": -1})
+
+
+async def test_the_budget_caps_a_pause_and_refuses_for_that_long() -> None:
+    clock = [100.0]
+    budget = ProviderBudget("k", BudgetLimits(), clock=lambda: clock[0])
+    assert budget.refusal() is None
+    assert budget.rate_limited(5.0, max_pause=60) == 5.0  # within the cap: as asked
+    assert budget.refusal() is None and budget.paused_for == 5.0
+    assert budget.rate_limited(86400.0, max_pause=60) == 60.0
+    assert budget.paused_for == 60.0
+    assert budget.refusal() == Refusal(asked_s=86400.0, remaining_s=60.0)
+    clock[0] += 59.5
+    refusal = budget.refusal()
+    assert refusal is not None and refusal.remaining_s == pytest.approx(0.5)
+    clock[0] += 0.5
+    assert budget.refusal() is None and budget.paused_for == 0.0

@@ -286,3 +286,142 @@ def test_the_limits_are_adapter_arguments() -> None:
     assert default.config.max_body_bytes == 64 * MIB and default.config.max_event_bytes == MIB
     with pytest.raises(ConfigError, match="max_body_bytes"):
         create_adapter("openai-compatible:m", {"base_url": "http://x/v1", "max_body_bytes": 0})
+
+
+# -- the bytes all calls of one adapter hold at once ------------------------------------
+
+CALLS = 32
+ANSWER_BYTES = MIB
+INFLIGHT_LIMIT = 4 * MIB
+
+
+def _answer(kind: str) -> tuple[dict[str, str], bytes]:
+    """Headers and body of a 1 MiB answer: JSON (chunked or with its length declared),
+    or a stream of server-sent events."""
+    if kind == "stream":
+        event = b'data: {"choices": [{"delta": {"content": "' + b"w" * 8000 + b'"}}]}\n\n'
+        end = b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+        body = event * (ANSWER_BYTES // len(event)) + end
+        return {"Content-Type": "text/event-stream"}, body
+    text = b"w" * (ANSWER_BYTES - 100)
+    body = b'{"choices": [{"message": {"content": "' + text + b'"}, "finish_reason": "stop"}]}'
+    headers = {"Content-Type": "application/json"}
+    if kind == "declared":
+        headers["Content-Length"] = str(len(body))
+    return headers, body
+
+
+@asynccontextmanager
+async def half_then_all(calls: int) -> AsyncIterator[str]:
+    """Serves /{kind}/v1/chat/completions: each answer's first half at once, the second
+    half only once every one of ``calls`` requests has had its first half, so every call
+    is in the middle of its answer at the same time."""
+    all_in = anyio.Event()
+    arrived = 0
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        nonlocal arrived
+        await request.read()
+        headers, body = _answer(request.match_info["kind"])
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        half = len(body) // 2
+        try:
+            with suppress(ConnectionError):
+                await response.write(body[:half])
+        finally:
+            arrived += 1
+            if arrived == calls:
+                all_in.set()
+        with suppress(ConnectionError):  # a call the budget refused has hung up
+            await all_in.wait()
+            await response.write(body[half:])
+            await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/{kind}/v1/chat/completions", respond)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("seam", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("kind", ["chunked", "declared", "stream"])
+async def test_answers_read_at_once_stay_within_max_inflight_bytes(seam: str, kind: str) -> None:
+    """32 calls each in the middle of a 1 MiB answer would hold 32 MiB; the adapter's
+    budget of 4 MiB holds: the calls that would pass it fail at once, naming the
+    setting, and give their bytes back."""
+    async with half_then_all(CALLS) as server:
+        adapter = OpenAICompatibleAdapter(
+            {
+                "model": "m",
+                "base_url": f"{server}/{kind}/v1",
+                "stream": kind == "stream",
+                "concurrency": CALLS,
+                "max_body_bytes": 2 * MIB,
+                "max_inflight_bytes": INFLIGHT_LIMIT,
+                "max_retries": 0,
+            },
+            transport=AiohttpTransport(pool_size=CALLS)
+            if seam == "aiohttp"
+            else HttpxTransport(pool_size=CALLS),
+            env={},
+        )
+        answered: list[int] = []
+        refused: list[ResponseTooLarge] = []
+
+        async def call() -> None:
+            try:
+                completion = await adapter.generate(HI, GenerationParams())
+            except ResponseTooLarge as exc:
+                refused.append(exc)
+            else:
+                answered.append(len(completion.text))
+
+        try:
+            with anyio.fail_after(30):  # a guard against a hang, not the measure
+                async with anyio.create_task_group() as tg:
+                    for _ in range(CALLS):
+                        tg.start_soon(call)
+        finally:
+            await adapter.aclose()
+    held = adapter.bytes_in_flight()
+    assert len(answered) + len(refused) == CALLS
+    assert answered and refused  # some read their whole answer; the rest were refused
+    assert all(length > ANSWER_BYTES // 2 for length in answered)
+    assert held.peak <= INFLIGHT_LIMIT < CALLS * ANSWER_BYTES // 2
+    assert held.peak > INFLIGHT_LIMIT - ANSWER_BYTES  # the budget was what stopped them
+    assert held.held == 0 and held.refused == len(refused)
+    for error in refused:
+        assert (error.setting, error.limit) == ("max_inflight_bytes", INFLIGHT_LIMIT)
+        assert "--model-arg max_inflight_bytes=BYTES" in str(error) and error.retryable
+
+
+def test_max_inflight_bytes_is_an_adapter_argument_of_at_least_max_body_bytes() -> None:
+    default = create_adapter("openai-compatible:m", {"base_url": "http://127.0.0.1:9/v1"})
+    assert default.config.max_inflight_bytes == 256 * MIB
+    assert default.bytes_in_flight().limit == 256 * MIB
+    with pytest.raises(ConfigError, match="max_inflight_bytes=2048 is below max_body_bytes"):
+        create_adapter(
+            "openai-compatible:m",
+            {"base_url": "http://x/v1", "max_body_bytes": "4096", "max_inflight_bytes": "2048"},
+        )
+
+
+def test_the_service_gives_each_jobs_adapter_its_keys_inflight_bytes() -> None:
+    from convsim.service._job_model import _limited
+    from convsim.service._settings import KeyLimits
+
+    tenant = {"base_url": "http://127.0.0.1:9/v1"}
+    limits = KeyLimits(inflight_bytes=8 * MIB)
+    adapter = create_adapter("openai-compatible:m", _limited(tenant, limits, 4))
+    assert adapter.bytes_in_flight().limit == 8 * MIB
+    # a key whose one answer may be larger still gets room for that one answer
+    roomy = KeyLimits(response_bytes=16 * MIB, inflight_bytes=8 * MIB)
+    adapter = create_adapter("openai-compatible:m", _limited(tenant, roomy, 4))
+    assert adapter.bytes_in_flight().limit == 16 * MIB

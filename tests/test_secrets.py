@@ -30,6 +30,32 @@ from convsim.lm_eval._secret_args import hide_model_arg_secrets
         ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
         ("https://host/v1?api-version=2", "https://host/v1?api-version=2"),
         ("not a url", "not a url"),
+        # a key in the path: shaped like one, or after a segment that names one
+        ("https://host/v1/sk-9aB3xQ7mK2pL5wZ8/chat", "https://host/v1/***/chat"),
+        ("https://host/v3/9aa3d95b3bc440fa88ea12eaa4456161", "https://host/v3/***"),
+        ("https://host/key/short-one/v1", "https://host/key/***/v1"),
+        ("https://host/v1;api_key=sk-1/chat", "https://host/v1;api_key=***/chat"),
+        # in the fragment, and after ; in the query
+        ("https://host/v1#key=sk-1", "https://host/v1#key=***"),
+        ("https://host/v1#access_token=tk-2&x=1", "https://host/v1#access_token=***&x=1"),
+        ("https://host/v1?x=1;key=sk-1", "https://host/v1?x=1;key=***"),
+        ("https://host/v1?a=b;token=t;c=d", "https://host/v1?a=b;token=***;c=d"),
+        # in a URL that does not parse (an unclosed IPv6 bracket)
+        ("https://u:sk-1@[::1/v1?key=sk-2", "https://***@[::1/v1?key=***"),
+        ("http://[::1/v1/sk-9aB3xQ7mK2pL5wZ8/chat", "http://[::1/v1/***/chat"),
+        # names, versions, dates and ids stay readable
+        (
+            "https://h/openai/deployments/gpt-4o-mini-2024-07-18/chat?api-version=2024-06-01",
+            "https://h/openai/deployments/gpt-4o-mini-2024-07-18/chat?api-version=2024-06-01",
+        ),
+        (
+            "https://h/v1beta/models/gemini-1.5-pro-002:streamGenerateContent",
+            "https://h/v1beta/models/gemini-1.5-pro-002:streamGenerateContent",
+        ),
+        (
+            "https://h/v1/threads/123e4567-e89b-12d3-a456-426614174000",
+            "https://h/v1/threads/123e4567-e89b-12d3-a456-426614174000",
+        ),
     ],
 )
 def test_redact_url(url: str, shown: str) -> None:
@@ -43,6 +69,14 @@ def test_redactor_blanks_every_form_of_a_url_secret() -> None:
     # a user name alone is the key; beside a password it is only a name
     assert "alice" in url_secrets("https://alice@h/v1")
     assert "bob" not in url_secrets("https://bob:pw@h/v1")
+
+
+def test_secrets_found_anywhere_in_a_url_are_blanked_from_text() -> None:
+    url = "http://[::1/v1/sk-9aB3xQ7mK2pL5wZ8/chat?x=1;key=sk-semi#token=tk-frag"
+    scrub = Redactor.of(urls=[url])
+    said = "failed: sk-9aB3xQ7mK2pL5wZ8 sk-semi tk-frag"
+    assert scrub(said) == "failed: *** *** ***"
+    assert {"sk-9aB3xQ7mK2pL5wZ8", "sk-semi", "tk-frag"} <= set(url_secrets(url))
 
 
 def test_log_events_show_urls_without_credentials() -> None:

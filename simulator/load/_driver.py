@@ -25,7 +25,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from convsim._errors import AdapterError, ConfigError
+from convsim._errors import AdapterError, ConfigError, QuotaExhausted, RateLimited
 from convsim._gauges import InFlight, LoopMonitor
 from convsim._types import GenerationParams, Message
 from convsim.adapters import ModelAdapter
@@ -43,6 +43,7 @@ __all__ = [
     "SessionTranscript",
     "TranscriptTurn",
     "DriveOutcome",
+    "Pause",
     "drive",
     "open_schedule",
     "ramped",
@@ -149,6 +150,13 @@ class SessionTranscript:
     turns: tuple[TranscriptTurn, ...]
 
 
+class Pause(NamedTuple):
+    """When 429s kept the provider key from sending, on the run clock (seconds)."""
+
+    start_s: float
+    end_s: float
+
+
 @dataclass
 class DriveOutcome:
     """Everything one drive measured. Times are on the run clock (seconds from start)."""
@@ -170,13 +178,22 @@ class DriveOutcome:
     held_by_cap: int
     """Arrivals that waited for a slot under ``max_concurrency``."""
     stopped_by: str
-    """``duration``, ``max_requests``, ``max_errors``, ``workload`` or ``cancelled``."""
+    """``duration``, ``max_requests``, ``max_errors``, ``quota_exhausted``, ``workload``
+    or ``cancelled``."""
     timeline: list[TimelinePoint]
     notes: list[str]
     event_loop: str = "asyncio"
     """``uvloop`` or ``asyncio``."""
     transcripts: list[SessionTranscript] = field(default_factory=list)
     """Completed sessions' turns, when the shape keeps them."""
+    pauses: list[Pause] = field(default_factory=list)
+    """When 429s paused the key (from the failed requests' errors), merged where they
+    overlap: time in which the client offered no load."""
+    quota_refused: int = 0
+    """Requests that failed with QuotaExhausted: a 429 asked for a wait beyond the
+    adapter's max_retry_after (a quota used up), or came while the key refused calls."""
+    quota_asked_s: float | None = None
+    """The longest wait those 429s asked for, in seconds."""
 
 
 def ramped(offsets: np.ndarray, ramp_up: float) -> np.ndarray:
@@ -278,6 +295,9 @@ class _Driver:
         self.params_by_length: dict[tuple[int | None, bool], GenerationParams] = {}
         self.gauges: _Gauges | None = None
         self.transcripts: list[SessionTranscript] = []
+        self.pauses: list[Pause] = []
+        self.quota_refused = 0
+        self.quota_asked_s: float | None = None
 
     # -- time -----------------------------------------------------------------------
 
@@ -405,6 +425,8 @@ class _Driver:
                 )
             )
             self.failed += 1
+            if isinstance(exc, RateLimited):
+                self.rate_limited(exc, end)
             if self.shape.max_errors is not None and self.failed >= self.shape.max_errors:
                 self.stop("max_errors")
             return None
@@ -437,6 +459,23 @@ class _Driver:
         )
         self.completed += 1
         return completion.text
+
+    def rate_limited(self, exc: RateLimited, at: float) -> None:
+        """Note the pause a 429 caused; a used-up quota stops the run (the server asked
+        not to come back for longer than the adapter waits: what follows would measure
+        nothing but refusals)."""
+        if isinstance(exc, QuotaExhausted):
+            self.quota_refused += 1
+            if exc.retry_after is not None:
+                self.quota_asked_s = max(self.quota_asked_s or 0.0, exc.retry_after)
+            self.stop("quota_exhausted")
+        if exc.paused_s:
+            end = at + exc.paused_s
+            last = self.pauses[-1] if self.pauses else None
+            if last is not None and at <= last.end_s:  # overlapping: one longer pause
+                self.pauses[-1] = Pause(last.start_s, max(last.end_s, end))
+            else:
+                self.pauses.append(Pause(at, end))
 
     def params(self, max_tokens: int | None, exact: bool) -> GenerationParams:
         """The settings of a request, made once per length (validated, then shared)."""
@@ -611,6 +650,9 @@ class _Driver:
             notes=self.notes,
             event_loop=_event_loop_name(),
             transcripts=self.transcripts,
+            pauses=self.pauses,
+            quota_refused=self.quota_refused,
+            quota_asked_s=self.quota_asked_s,
         )
 
     async def drain_guard(self, sessions: anyio.CancelScope) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._driver import DriveOutcome
+from ._driver import DriveOutcome, Pause
 from ._records import RequestRecord
 from ._result import (
     ClientFigures,
@@ -38,6 +38,9 @@ class Thresholds:
     max_loop_lag_ms: float = 10.0
     max_worker_cpu: float = 0.95
     min_rate_ratio: float = 0.95
+    max_paused_share: float = 0.5
+    """The share of the window 429s may keep the key paused: past it, the run measured
+    the provider's rate limit rather than the server."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,28 @@ def merged_result(
             f"--max-concurrency held back {client.held_by_max_concurrency} arrivals: the "
             "offered load was below the target"
         )
+    refused = sum(o.quota_refused for o in outcomes)
+    if refused:
+        asked = max((o.quota_asked_s or 0.0 for o in outcomes), default=0.0)
+        reasons.append(
+            f"{refused} {'request' if refused == 1 else 'requests'} failed with "
+            f"QuotaExhausted: the server asked to wait "
+            f"{asked:g} s (Retry-After), more than max_retry_after, so a quota is probably "
+            "used up; the run stopped there, and its figures do not show what the server "
+            "can serve"
+        )
+    paused = _paused_s(outcomes, window)
+    rate_notes: list[str] = []
+    if paused > 0:
+        share = paused / window.duration_s
+        said = (
+            f"429 answers paused sending for {paused:.1f} s of the {window.duration_s:.1f} s "
+            f"window ({share:.0%}, Retry-After)"
+        )
+        if share > thresholds.max_paused_share:
+            reasons.append(f"{said}: the run measured the rate limit, not the server")
+        else:
+            rate_notes.append(said)
     stopped = {o.stopped_by for o in outcomes}
     if "max_errors" in stopped:
         reasons.append("the run stopped at --max-errors")
@@ -199,7 +224,8 @@ def merged_result(
         goodput = Goodput(
             requests_per_s=goodput.requests_per_s, conversations_per_s=good_conversations
         )
-    stopped_by = "max_errors" if "max_errors" in stopped else sorted(stopped)[0]
+    first = [reason for reason in ("max_errors", "quota_exhausted") if reason in stopped]
+    stopped_by = first[0] if first else sorted(stopped)[0]
     return point.model_copy(
         update={
             "goodput": goodput,
@@ -211,6 +237,7 @@ def merged_result(
             "stopped_by": stopped_by,
             "concurrency": concurrency,
             "notes": [n for o in outcomes for n in o.notes]
+            + rate_notes
             + _token_notes(records)
             + (
                 [
@@ -224,6 +251,23 @@ def merged_result(
             "timeline": _timeline(outcomes),
         }
     )
+
+
+def _paused_s(outcomes: Sequence[DriveOutcome], window: Window) -> float:
+    """Seconds of ``window`` in which 429s kept some worker's key paused (the union of
+    the workers' pauses)."""
+    clipped = sorted(
+        Pause(max(p.start_s, window.start_s), min(p.end_s, window.end_s))
+        for o in outcomes
+        for p in o.pauses
+        if p.end_s > window.start_s and p.start_s < window.end_s
+    )
+    total, reach = 0.0, window.start_s
+    for start, end in clipped:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def _token_notes(records: list[RequestRecord]) -> list[str]:

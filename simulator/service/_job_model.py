@@ -181,6 +181,8 @@ def _forced(limits: KeyLimits, concurrency: int) -> dict[str, Any]:
         "max_tokens_cap": limits.max_tokens,
         "max_body_bytes": limits.response_bytes,
         "max_event_bytes": min(limits.response_bytes, 2**20),
+        # the budget of answer bytes a job's adapter reads at once; one answer must fit
+        "max_inflight_bytes": max(limits.inflight_bytes, limits.response_bytes),
         "concurrency": concurrency,
     }
 

@@ -84,7 +84,7 @@ def _json_in(text: str) -> Any:
     for candidate in candidates:
         try:
             return json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser
             continue
     raise ValueError("no JSON in the response")
 

@@ -169,7 +169,10 @@ def parse_grade(text: str) -> Grade:
     start, end = text.find("{"), text.rfind("}")
     if not 0 <= start < end:
         raise ValueError("no JSON object")
-    data = json.loads(text[start : end + 1])
+    try:
+        data = json.loads(text[start : end + 1])
+    except RecursionError:  # a model's answer nested past the parser's depth
+        raise ValueError("the JSON is nested too deeply") from None
     score = data.get("score") if isinstance(data, dict) else None
     if isinstance(score, bool) or not isinstance(score, (int, float)) or score != int(score):
         raise ValueError("score is not an integer")

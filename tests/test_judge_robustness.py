@@ -279,3 +279,14 @@ async def test_a_judge_behind_http_that_answers_prose_is_counted_unparsable() ->
     assert score.status == "failed" and "could not be parsed" in (score.reason or "")
     assert score.details["samples_asked"] == 3 == score.details["samples_unparsable"]
     assert score.details["samples_graded"] == 0 and served == 3
+
+
+def test_an_answer_nested_past_the_json_parser_is_unparsable_not_a_crash() -> None:
+    from convsim.metrics._goal import _json_in
+    from convsim.metrics._judge import parse_grade
+
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(ValueError, match="nested too deeply"):
+        parse_grade('{"score": ' + deep + "}")
+    with pytest.raises(ValueError, match="no JSON"):
+        _json_in("here: " + deep)

@@ -138,6 +138,19 @@ async def test_a_slow_turn_hook_never_holds_a_conversation_up() -> None:
     assert len(seen) == 4
 
 
+async def test_two_runs_of_one_simulator_each_have_their_turn_hooks() -> None:
+    """Each run has its own queue of turns for the turn hooks: one run ending does not
+    close the other's, and every turn of both is seen once."""
+    async with Simulator("scripted", plugins=["recorder"], plugin_registry=_registry()) as sim:
+        first = sim.run("customer_support", limit=6)
+        second = sim.run("customer_support", limit=6)
+        with anyio.fail_after(30):  # a hang guard: both runs end at once here
+            results = [r async for r in first] + [r async for r in second]
+        (recorder,) = sim.plugins.plugins
+    seen = [key for kind, key in recorder.events if kind == "turn"]  # type: ignore[attr-defined]
+    assert len(seen) == sum(len(r.turns) for r in results) == 2 * len(set(seen))
+
+
 def test_bad_plugin_names_and_settings_are_refused_before_running() -> None:
     with pytest.raises(convsim.RegistryError, match="no_such_plugin"):
         Simulator("scripted", plugins=["no_such_plugin"])

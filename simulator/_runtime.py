@@ -7,7 +7,7 @@ import contextlib
 import sys
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -113,16 +113,21 @@ class _Stopping:
     dispatch: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     deadline: float | None = None
     finished: bool = False
+    on_stop: list[Callable[[float], None]] = field(default_factory=list)
+    """Told each stop's deadline, also once every conversation has ended: plugin hooks
+    may still be running then."""
 
     def begin(self, grace_period: float | None = None) -> None:
         """Start no more conversations; cancel in-flight ones after the grace period.
 
         Calling it again with a shorter grace period brings the deadline forward.
         """
-        if self.finished:
-            return
         grace = self.grace_period if grace_period is None else grace_period
         deadline = anyio.current_time() + grace
+        for notify in self.on_stop:
+            notify(deadline)
+        if self.finished:
+            return
         if self.deadline is not None and self.deadline <= deadline:
             return
         self.deadline = deadline
@@ -601,6 +606,8 @@ class Simulator:
         counters = handle._counters
         counters.total, counters.resumed = len(todo), len(done)
         stopping = handle._stopping
+        plugins = self.plugins.start_run()
+        stopping.on_stop.append(plugins.stop)  # a stop cuts the plugins' hooks short too
         settings = ActorSettings(
             run_id=handle.run_id,
             pack_name=handle.pack.name,
@@ -615,9 +622,8 @@ class Simulator:
             seed=self.seed,
             conversation_timeout=self.config.conversation_timeout,
             max_turns=self.config.max_turns,
-            on_turn=self.plugins.turn if self.plugins.plugins else None,
+            on_turn=plugins.turn if plugins.manager.plugins else None,
         )
-        plugins = self.plugins
         slots = self._slots
         alive = handle._alive
         loop = LoopMonitor()
@@ -637,10 +643,10 @@ class Simulator:
             cid = conv.conversation_id
             try:
                 with structlog.contextvars.bound_contextvars(conversation_id=cid):
-                    if plugins.plugins:
+                    if plugins.manager.plugins:
                         await plugins.conversation_start(cid, conv.scenario.scenario_id)
                     result = await converse(conv)
-                    if plugins.plugins:
+                    if plugins.manager.plugins:
                         result = await plugins.conversation_end(result)
                 counters.by_status[result.status] += 1
                 counters.turns += sum(1 for t in result.turns if t.status is TurnStatus.COMPLETED)
@@ -691,12 +697,13 @@ class Simulator:
             try:
                 await anyio.sleep_forever()
             except anyio.get_cancelled_exc_class():
-                stopping.begin()
+                if not stopping.finished:  # not the run's own end
+                    stopping.begin()
                 raise
 
         try:
             async with anyio.create_task_group() as hooks:
-                if plugins.plugins:
+                if plugins.manager.plugins:
                     await hooks.start(plugins.turn_worker)
                     await plugins.run_start(manifest)
                 try:
@@ -726,7 +733,7 @@ class Simulator:
                         await plugins.close_turns()  # the turn worker drains, then ends
         finally:
             stats = handle.statistics()
-            if plugins.plugins:
+            if plugins.manager.plugins:
                 with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                     await plugins.run_end(stats)
             manifest.finished_at = time.time()

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 import anyio
-from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._errors import ConfigError, ResultsError
 from ._log import get_logger
 from ._records import ConversationResult, Status, TerminationReason
+from .results._lock import ResultsLock
 
 __all__ = [
     "ResultSink",
@@ -134,75 +134,6 @@ class ResultSink(Protocol):
 def manifest_path(results: Path) -> Path:
     """``runs/x.jsonl`` -> ``runs/x.manifest.json``."""
     return results.with_name(results.name.removesuffix(".jsonl") + ".manifest.json")
-
-
-def lock_path(results: Path) -> Path:
-    """``runs/x.jsonl`` -> ``runs/x.jsonl.lock``: what the one writer of a file holds."""
-    return results.with_name(results.name + ".lock")
-
-
-class ResultsLock:
-    """One writer per results file: an exclusive lock on ``FILE.lock`` beside it.
-
-    The lock is the operating system's (``flock``, through filelock): a process that
-    dies, even by SIGKILL, releases it, so it is never stale. The lock file stays after
-    release (removing it would let two writers lock two files of one name). Two
-    instances exclude each other, in one process as in two; one instance may be
-    acquired again (it counts).
-    """
-
-    def __init__(self, results: str | Path, *, required: bool = True) -> None:
-        self.results = Path(results)
-        self.path = lock_path(self.results)
-        self.required = required
-        """False: where no lock file can be made (a read-only folder) go on without one."""
-        self._lock = FileLock(self.path, blocking=False, thread_local=False)
-        self._unlocked_holds = 0
-
-    @property
-    def held(self) -> bool:
-        return self._lock.is_locked or self._unlocked_holds > 0
-
-    def acquire(self) -> None:
-        """Take the lock at once, or raise ResultsError saying who holds it."""
-        try:
-            self._lock.acquire()
-        except Timeout:
-            raise ResultsError(
-                f"{self.results}: is being written by another convsim run "
-                f"(pid {self._holder()}?); wait for it to finish, or use another file"
-            ) from None
-        except OSError as exc:
-            if not self.required:
-                self._unlocked_holds += 1
-                return
-            raise ResultsError(
-                f"{self.results}: cannot write results: cannot make its lock file "
-                f"{self.path.name}: {exc.strerror or exc}"
-            ) from None
-        if self._lock.lock_counter == 1:
-            with contextlib.suppress(OSError):  # who holds it is a courtesy, not the lock
-                self.path.write_text(f"{os.getpid()}\n", encoding="ascii")
-
-    def release(self) -> None:
-        if self._unlocked_holds:
-            self._unlocked_holds -= 1
-        elif self._lock.is_locked:
-            self._lock.release()
-
-    def _holder(self) -> str:
-        try:
-            text = self.path.read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
-            return "unknown"
-        return text if text.isdigit() else "unknown"
-
-    def __enter__(self) -> ResultsLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -441,6 +372,7 @@ class JsonlSink:
                     pass
             except OSError as exc:
                 raise ResultsError(f"{self.path}: cannot write results: {exc.strerror}") from None
+            self.lock.refresh()  # the file exists now: lock it by its identity too
         except BaseException:
             self.lock.release()
             raise
@@ -457,6 +389,7 @@ class JsonlSink:
             done: set[str] = set()
             if self.resume and self.path.stat().st_size:
                 done = self._compact(manifest)
+                self.lock.refresh()  # a rewrite replaced the file: a new inode
             elif self.overwrite or not self.resume:
                 self.path.write_bytes(b"")
             self._write_manifest(manifest)
@@ -541,7 +474,8 @@ class JsonlSink:
                         out.write(raw)
 
         try:
-            _atomic_fill(self.path, fill)
+            # the file itself, not a symlink to it: a link stays a link
+            _atomic_fill(Path(os.path.realpath(self.path)), fill)
         except OSError as exc:
             raise ResultsError(
                 f"{self.path}: cannot rewrite the results file to resume it: "

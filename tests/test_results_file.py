@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import pytest
 from click.testing import CliRunner
+from structlog.testing import capture_logs
 from test_sinks import read, run_all, write_pack
 
 import convsim
@@ -26,6 +27,7 @@ from convsim import (
     JsonlSink,
     ResultsError,
     ResultsLock,
+    RunManifest,
     ServerError,
     Simulator,
     Status,
@@ -290,6 +292,153 @@ def test_another_process_holding_the_file(tmp_path: Path) -> None:
                 pipe.close()
     code, _, err = invoke("run", str(pack), "--out", str(out), "--resume")
     assert code == 0, err
+
+
+def other_names(path: Path) -> dict[str, Path]:
+    """More names of ``path``: a symlink to it, the file through a symlinked folder, and
+    a hard link."""
+    symlink = path.with_name("sym.jsonl")
+    symlink.symlink_to(path.name)
+    (path.parent / "linked").symlink_to(path.parent, target_is_directory=True)
+    hard = path.with_name("hard.jsonl")
+    os.link(path, hard)
+    return {
+        "symlink": symlink,
+        "folder symlink": path.parent / "linked" / path.name,
+        "hard link": hard,
+    }
+
+
+@pytest.mark.anyio
+async def test_a_file_in_use_is_refused_under_any_of_its_names(tmp_path: Path) -> None:
+    pack = write_pack(tmp_path / "pack", 4)
+    out = tmp_path / "x.jsonl"
+    await run_all(pack, JsonlSink(out))
+    before = out.read_bytes()
+    names = [out, *other_names(out).values()]
+    for holder_name in names:
+        holder = JsonlSink(holder_name, resume=True)
+        holder.prepare()  # locked from here until released
+        for name in names:
+            if name != holder_name:
+                with pytest.raises(ResultsError, match="being written by another convsim run"):
+                    await run_all(pack, JsonlSink(name, resume=True))
+        holder.lock.release()
+    assert out.read_bytes() == before
+    await run_all(pack, JsonlSink(tmp_path / "hard.jsonl", resume=True))  # free again
+
+
+@pytest.mark.anyio
+async def test_two_runs_on_one_file_through_a_link(tmp_path: Path) -> None:
+    """The reviewer's case: two runs at once, one through another name of the file,
+    must not write each conversation twice."""
+    pack = write_pack(tmp_path / "pack", 6)
+    out = tmp_path / "x.jsonl"
+    out.touch()
+    names = other_names(out)
+    for name in names.values():
+        adapter = Gated()
+        async with Simulator(adapter, concurrency=2) as sim:
+            first = sim.run(pack, sink=JsonlSink(out, overwrite=True))
+            with anyio.fail_after(10):
+                await adapter.called.wait()
+            second = sim.run(pack, sink=JsonlSink(name, overwrite=True))
+            with pytest.raises(ResultsError, match="being written by another convsim run"):
+                await second.wait()
+            adapter.gate.set()
+            await first.wait()
+        assert sorted(ids_in(out)) == [f"c{i:02d}" for i in range(6)]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "folder symlink", "hard link"])
+def test_another_process_holding_the_file_under_another_name(tmp_path: Path, kind: str) -> None:
+    pack = write_pack(tmp_path / "pack", 3)
+    out = tmp_path / "x.jsonl"
+    assert invoke("run", str(pack), "--out", str(out))[0] == 0
+    name = other_names(out)[kind]
+    before = out.read_bytes()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+        for args in (
+            ("run", str(pack), "--out", str(name), "--resume"),
+            ("run", str(pack), "--out", str(name), "--overwrite"),
+            ("report", str(name)),
+        ):
+            code, _, err = invoke(*args)
+            assert code == 2, args
+            assert "is being written by another convsim run" in err
+            assert str(name) in err and "Traceback" not in err
+            assert len(err.strip().splitlines()) == 1, err
+        if kind != "hard link":  # the lock file beside the real path names the holder
+            assert f"(pid {proc.pid}?)" in err
+        assert out.read_bytes() == before
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+    code, _, err = invoke("run", str(pack), "--out", str(name), "--resume")
+    assert code == 0, err
+
+
+@pytest.mark.anyio
+async def test_a_resume_that_rewrites_the_file_keeps_it_locked(tmp_path: Path) -> None:
+    """Resuming replaces the file in one step (a new inode): the writer locks the new
+    file, and a symlink to it stays a symlink."""
+    pack = write_pack(tmp_path / "pack", 4)
+    out = tmp_path / "x.jsonl"
+    await run_all(pack, JsonlSink(out))
+    lines = out.read_bytes().splitlines(keepends=True)
+    cancelled = json.loads(lines[0])
+    cancelled["status"] = Status.CANCELLED.value
+    out.write_bytes(json.dumps(cancelled).encode() + b"\n" + b"".join(lines[1:]))
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(out)
+    holder = JsonlSink(link, resume=True)
+    manifest = RunManifest.model_validate_json((tmp_path / "x.manifest.json").read_text())
+    (tmp_path / "link.manifest.json").write_text(manifest.model_dump_json())
+    inode = out.stat().st_ino
+    done = await holder.open(manifest)
+    try:
+        assert len(done) == 3 and out.stat().st_ino != inode  # rewritten
+        assert link.is_symlink() and link.resolve() == out.resolve()
+        os.link(out, tmp_path / "late.jsonl")  # a name made after the rewrite
+        with pytest.raises(ResultsError, match="being written by another convsim run"):
+            JsonlSink(tmp_path / "late.jsonl", resume=True).prepare()
+    finally:
+        await holder.close(manifest)
+    JsonlSink(tmp_path / "late.jsonl", resume=True).prepare()  # released
+
+
+def test_without_flock_the_lock_goes_by_name_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A platform or file system without flock (Windows, some network mounts): the lock
+    file still excludes a second writer by name; that hard links are not guarded is
+    logged, not a crash."""
+    from convsim.results import _lock
+
+    def no_flock(fd: int) -> bool:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(_lock, "_flock", no_flock)
+    path = tmp_path / "x.jsonl"
+    path.touch()
+    with (
+        capture_logs() as logs,
+        ResultsLock(path),
+        pytest.raises(ResultsError, match="being written by another convsim run"),
+    ):
+        ResultsLock(path).acquire()
+    [event] = [e for e in logs if e["event"] == "results_lock_by_name_only"]
+    assert event["log_level"] == "warning" and event["reason"] == "No locks available"
 
 
 def test_the_lock_is_not_reentrant_across_instances(tmp_path: Path) -> None:

@@ -16,20 +16,29 @@ _public = _lazy_module(
     __name__,
     globals(),
     {
-        "._base": ["BasePlugin", "PluginScores", "NoConfig"],
-        "._manager": ["PLUGINS", "PluginManager", "PluginFailure"],
+        "._base": [
+            "BasePlugin",
+            "PluginScores",
+            "ScoreRange",
+            "NoConfig",
+            "DEFAULT_HOOK_TIMEOUT_S",
+        ],
+        "._manager": ["PLUGINS", "PluginManager", "PluginRun", "PluginFailure"],
         "._code_analysis": ["CodeAnalysisPlugin", "PythonComplexityAnalyzer", "CodeFigures"],
     },
 )
 __getattr__, __dir__ = _public.getattr, _public.dir
 
 if TYPE_CHECKING:
+    from ._base import DEFAULT_HOOK_TIMEOUT_S as DEFAULT_HOOK_TIMEOUT_S
     from ._base import BasePlugin as BasePlugin
     from ._base import NoConfig as NoConfig
     from ._base import PluginScores as PluginScores
+    from ._base import ScoreRange as ScoreRange
     from ._code_analysis import CodeAnalysisPlugin as CodeAnalysisPlugin
     from ._code_analysis import CodeFigures as CodeFigures
     from ._code_analysis import PythonComplexityAnalyzer as PythonComplexityAnalyzer
     from ._manager import PLUGINS as PLUGINS
     from ._manager import PluginFailure as PluginFailure
     from ._manager import PluginManager as PluginManager
+    from ._manager import PluginRun as PluginRun

@@ -5,20 +5,28 @@ A plugin has a ``name`` and a ``version``, takes its configuration through
 overrides only the hooks it needs. Hooks see records (a manifest, a conversation's
 result, a turn record), never the runtime's own objects. :meth:`BasePlugin.score` is
 how a plugin contributes scores: it returns them for a finished conversation and they
-are recorded in its result before it is written; a plugin whose scoring is CPU-bound
-sets ``cpu_heavy`` and it runs in a worker thread.
+are recorded in its result before it is written, once checked (each a :class:`Score`
+with a finite value within :meth:`BasePlugin.score_range`).
+
+Each hook call is isolated from the run (see ``_calls``): it has ``hook_timeout``
+seconds; a sync hook (``score``, or any hook written without ``async``) runs in a
+thread of its own, so blocking work belongs there, never in an ``async`` hook.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from convsim._records import ConversationResult, Score, TurnRecord
 
-__all__ = ["BasePlugin", "PluginScores", "NoConfig"]
+__all__ = ["BasePlugin", "PluginScores", "ScoreRange", "NoConfig", "DEFAULT_HOOK_TIMEOUT_S"]
+
+DEFAULT_HOOK_TIMEOUT_S = 10.0
+"""How long one hook call may take unless the plugin or its settings say otherwise."""
 
 
 class NoConfig(BaseModel):
@@ -42,8 +50,10 @@ class BasePlugin:
     name: ClassVar[str]
     version: ClassVar[str] = "0"
     Config: ClassVar[type[BaseModel]] = NoConfig
-    cpu_heavy: ClassVar[bool] = False
-    """:meth:`score` is CPU-bound: it runs in a worker thread."""
+    hook_timeout: ClassVar[float] = DEFAULT_HOOK_TIMEOUT_S
+    """Seconds one hook call may take; a user overrides it with the plugin setting
+    ``hook_timeout`` (``--plugin-arg NAME.hook_timeout=30``). A hook that overruns it is
+    abandoned and recorded, and the plugin is called no more: it may still be stuck."""
 
     def initialize(self, config: BaseModel) -> None:
         """Take the validated configuration; called once before the first run."""
@@ -69,5 +79,19 @@ class BasePlugin:
         """A conversation ended, scores included (the plugin's own among them)."""
 
     def score(self, result: ConversationResult) -> PluginScores | None:
-        """Scores for a finished conversation, recorded in its result; None for none."""
+        """Scores for a finished conversation, recorded in its result; None for none.
+        Runs in a worker thread (it may block or compute)."""
         return None
+
+    def score_range(self, name: str) -> ScoreRange | None:
+        """The values score ``name`` may take; None: any finite value. A score outside
+        its range is not written (the plugin's scores for that conversation are
+        recorded as failed)."""
+        return None
+
+
+class ScoreRange(NamedTuple):
+    """The closed interval a score's value lies in."""
+
+    low: float = -math.inf
+    high: float = math.inf

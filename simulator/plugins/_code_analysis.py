@@ -19,7 +19,7 @@ from convsim._records import ConversationResult, Score, TurnStatus
 from convsim.metrics._builtin import python_blocks
 from convsim.metrics._security import analyse_code
 
-from ._base import BasePlugin, PluginScores
+from ._base import BasePlugin, PluginScores, ScoreRange
 
 __all__ = ["CodeAnalysisPlugin", "PythonComplexityAnalyzer", "CodeFigures"]
 
@@ -111,11 +111,20 @@ class CodeAnalysisPlugin(BasePlugin):
     name: ClassVar[str] = "code_analysis"
     version: ClassVar[str] = "1.0"
     Config: ClassVar[type[BaseModel]] = CodeAnalysisConfig
-    cpu_heavy: ClassVar[bool] = True
 
     def initialize(self, config: BaseModel) -> None:
         super().initialize(config)
         self.analyzer = PythonComplexityAnalyzer()
+
+    def score_range(self, name: str) -> ScoreRange | None:
+        figure = name.removeprefix("code_analysis:")
+        if figure in ("summary", "syntax_ok"):
+            return ScoreRange(0.0, 1.0)
+        if figure == "maintainability_index":
+            return ScoreRange(0.0, 100.0)
+        if figure in _FIGURES:
+            return ScoreRange(0.0)
+        return None
 
     def _merged(self, blocks: list[CodeFigures]) -> dict[str, float]:
         """One answer's figures over its code blocks: worst complexity and MI, sums of

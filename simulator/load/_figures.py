@@ -199,7 +199,8 @@ def merged_result(
         goodput = Goodput(
             requests_per_s=goodput.requests_per_s, conversations_per_s=good_conversations
         )
-    stopped_by = "max_errors" if "max_errors" in stopped else sorted(stopped)[0]
+    stopped_by = next((s for s in ("max_errors", "interrupted") if s in stopped), min(stopped))
+    interrupted = any(o.interrupted for o in outcomes)
     return point.model_copy(
         update={
             "goodput": goodput,
@@ -222,6 +223,8 @@ def merged_result(
                 else []
             ),
             "timeline": _timeline(outcomes),
+            "partial": interrupted,
+            "partial_reason": "interrupted" if interrupted else None,
         }
     )
 

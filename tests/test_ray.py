@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import convsim
@@ -164,6 +165,47 @@ def test_a_load_test_runs_on_ray_workers_and_merges_their_measurements(tmp_path:
     assert len(per_worker) == 2 and all(d is not None and d >= 0 for d in per_worker)
     assert abs(data["achieved_rate"] - 20.0) < 1.0  # the two shares make the whole schedule
     assert data["requests"]["completed"] >= 35 and data["requests"]["failed"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_stopped_load_test_on_ray_keeps_what_its_actors_measured() -> None:
+    import time
+
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+    from convsim.load import LoadPlan, StopRequest, run_load
+
+    stop = StopRequest()
+    async with MockModelServer(MockServerConfig(ttft_ms=5)) as mock:
+        plan = LoadPlan(
+            model_args={"base_url": mock.base_url},
+            synthetic="turns=1,input_tokens=8,output_tokens=4",
+            rate=20,
+            arrival="constant",
+            duration=600,
+            calibrate=False,
+            backend="ray",
+            workers=2,
+        )
+
+        def measuring() -> None:
+            """Until the actors have sent 20 requests (a hang guard, not a clock)."""
+            give_up = time.monotonic() + 60
+            while mock.statistics().by_endpoint["/v1/chat/completions"] < 20:
+                assert time.monotonic() < give_up, "the actors sent no load"
+                time.sleep(0.02)
+
+        async def stop_once_measuring() -> None:
+            await anyio.to_thread.run_sync(measuring)
+            stop.ask()
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_once_measuring)
+                run = await run_load(plan, stop=stop)
+    assert run.result is not None and run.result.partial
+    assert run.result.stopped_by == "interrupted"  # type: ignore[union-attr]
+    assert run.result.client is not None and run.result.client.workers == 2  # type: ignore[union-attr]
+    assert 0 < run.result.duration_s < 60  # type: ignore[union-attr]
 
 
 class _Recorder:

@@ -3,6 +3,7 @@ conversations as in one process, and an actor killed mid-run with nothing lost o
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,55 @@ def test_a_killed_driver_is_resumed_with_nothing_lost_or_twice(tmp_path: Path) -
     ids = [r.conversation_id for r in convsim.read_results(out)]
     assert outcome.results == 14 - before
     assert len(ids) == len(set(ids)) == 14
+
+
+@pytest.mark.timeout(150)
+def test_a_killed_driver_leaves_no_process_of_the_ray_it_started() -> None:
+    """SIGKILL the driver alone: the local Ray it started goes too, its agents included
+    (Ray kills what the driver started; the raylet's agents linger a minute without help)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    script = (
+        "import sys\n"
+        "from convsim.distributed._ray import ensure_ray\n"
+        "ensure_ray(None)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+
+    def running(processes: list[Any]) -> list[str]:
+        left = []
+        for p in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(" ".join(p.cmdline())[:60])
+        return left
+
+    session: list[Any] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert _line(proc, timeout=90).strip() == "ready"
+            session = psutil.Process(proc.pid).children(recursive=True)  # this Ray's alone
+            names = " ".join(" ".join(p.cmdline()) for p in session)
+            assert "ray::DashboardAgent" in names and "ray::RuntimeEnvAgent" in names
+            os.kill(proc.pid, signal.SIGKILL)  # the driver alone, not its process group
+            proc.wait(timeout=30)
+            give_up = time.monotonic() + 20  # a hang guard: the agents alone take 60 s
+            while running(session):
+                assert time.monotonic() < give_up, f"still running: {running(session)}"
+                time.sleep(0.1)
+        finally:
+            proc.kill()
+            for p in session:  # left by a failure: this Ray's own processes, by pid
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
 
 
 @pytest.mark.anyio

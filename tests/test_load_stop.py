@@ -5,12 +5,14 @@ stop requests, their relay to workers, a stopped sweep."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.load import LoadPlan, StopRequest, run_load
 from convsim.load._plan import _measured
 from convsim.load._stop import ThreadedStop
-from convsim.load._workers import Ended, collect
+from convsim.load._workers import Ended, Job, collect, run_processes
 
 psutil = pytest.importorskip("psutil")
 
@@ -300,6 +302,42 @@ async def test_workers_hear_each_stop_and_one_that_does_not_answer_is_killed() -
     measured = _measured(ends)
     assert measured.outcomes == ["measured"]
     assert "worker 0 did not answer" in measured.notes[0]
+
+
+def _wait_for_ever(started: Path, stop: ThreadedStop) -> None:
+    """A worker's job that says it started, then ends only when its process does."""
+    started.touch()
+    threading.Event().wait()
+
+
+@pytest.mark.anyio
+async def test_cancelled_worker_processes_are_killed(tmp_path: Path, leftovers: list[Any]) -> None:
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    marks = [tmp_path / "0", tmp_path / "1"]
+
+    def workers() -> list[Any]:
+        """The worker processes started since (not multiprocessing's resource tracker,
+        which serves this process for its life)."""
+        found = []
+        for p in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if p.pid not in before and "spawn_main" in " ".join(p.cmdline()):
+                    found.append(p)
+        return found
+
+    def both_running() -> bool:
+        return all(m.exists() for m in marks)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            jobs = [Job(_wait_for_ever, (mark,)) for mark in marks]
+            tg.start_soon(partial(run_processes, jobs, StopRequest(), kill_after=60))
+            await anyio.to_thread.run_sync(wait_until, both_running, "both jobs running")
+            running = workers()
+            leftovers.extend(running)
+            tg.cancel_scope.cancel()  # while this process waits for their answers
+    assert len(running) == 2 and gone(running)
 
 
 def test_a_worker_that_dies_unasked_is_an_error() -> None:

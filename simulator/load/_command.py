@@ -507,11 +507,14 @@ def load_command(
         sys.exit(EXIT_INTERRUPTED)
     with _signals_held() as heard:
         _write_outputs(plan, run, out, requests_out, html_out)
-    if stop.asked or heard:
+    if stop.asked:
         _stderr().print(
             "interrupted: the result holds what was measured before the stop (partial)",
             highlight=False,
         )
+        sys.exit(EXIT_INTERRUPTED)
+    if heard:
+        _stderr().print("interrupted after the run: its result was written first", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
 
 

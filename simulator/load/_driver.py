@@ -681,8 +681,8 @@ class _Driver:
             )
         elif self.in_flight.now:
             self.notes.append(
-                f"the run was stopped early: {self.in_flight.now} requests still in flight "
-                f"{waited:.3g} s after it stopped sending were cancelled (not counted)"
+                f"the run was stopped early: {self.in_flight.now} requests in flight were "
+                f"cancelled {waited:.1f} s after it stopped sending (not counted)"
             )
         sessions.cancel()
 

@@ -87,7 +87,8 @@ async def collect(
             worker.kill()
 
     async def wait(index: int, worker: Worker) -> None:
-        end = await anyio.to_thread.run_sync(worker.result)
+        # abandoned when the caller gives up: the worker is then killed, its thread ends
+        end = await anyio.to_thread.run_sync(worker.result, abandon_on_cancel=True)
         ended[index] = replace(end, killed=index in killed and not end.answered)
 
     async with anyio.create_task_group() as guard:
@@ -110,14 +111,18 @@ async def run_processes(
     jobs: Sequence[Job], stop: StopRequest, *, kill_after: float
 ) -> list[Ended]:
     """Run each job in a :class:`ProcessWorker` of its own, as :func:`collect` does;
-    none outlives the call, however it ends."""
+    none outlives the call, however it ends (cancelled too)."""
     workers: list[ProcessWorker] = []
+
+    async def send(worker: ProcessWorker, job: Job) -> None:
+        await anyio.to_thread.run_sync(worker.send, job, abandon_on_cancel=True)
+
     try:
         for _ in jobs:
             workers.append(ProcessWorker())  # in this thread: see ProcessWorker
         async with anyio.create_task_group() as sending:
             for worker, job in zip(workers, jobs, strict=True):
-                sending.start_soon(anyio.to_thread.run_sync, worker.send, job)
+                sending.start_soon(send, worker, job)
         return await collect(workers, stop, kill_after=kill_after)
     finally:
         for worker in workers:

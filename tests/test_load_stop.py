@@ -23,7 +23,7 @@ from conftest import Convsim
 
 from convsim import ConvsimError
 from convsim.adapters.mock import MockModelServer, MockServerConfig
-from convsim.load import LoadPlan, StopRequest, run_load
+from convsim.load import LoadPlan, NothingMeasured, StopRequest, run_load
 from convsim.load._plan import _measured
 from convsim.load._stop import ThreadedStop
 from convsim.load._workers import Ended, Job, collect, run_processes
@@ -211,13 +211,21 @@ def test_a_killed_command_takes_its_workers_along(
     wait_until(lambda: gone(children), "end of every worker process", timeout=10)
 
 
-def test_a_stop_before_the_window_writes_no_result(server: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stop_before_the_window_writes_no_result(
+    server: Any, tmp_path: Path, workers: int, leftovers: list[Any]
+) -> None:
     out = tmp_path / "none.json"
-    with load(server.base_url, out, "--concurrency", "2", "--warmup", "600") as run:
-        run.wait_for_line("warming up")
+    args = ("--concurrency", "2", "--warmup", "600", "--workers", str(workers))
+    with load(server.base_url, out, *args) as run:
+        children = started_workers(run, workers, leftovers) if workers > 1 else []
+        if workers == 1:
+            run.wait_for_line("warming up")
         run.interrupt()
         assert run.finish(timeout=20) == 130, run.stderr
     assert "before anything was measured" in run.stderr and not out.exists()
+    assert "Traceback" not in run.stderr
+    wait_until(lambda: gone(children), "end of every worker process", timeout=10)
 
 
 # -- the parts -------------------------------------------------------------------------
@@ -247,6 +255,13 @@ async def test_a_threaded_stop_reaches_the_loop_also_when_asked_before_it_serves
         await anyio.to_thread.run_sync(early.ask, True)  # from another thread
         assert request.at_once
     early.ask(True)  # after: nothing to reach, and no error
+
+
+@pytest.mark.anyio
+async def test_an_error_while_a_threaded_stop_serves_comes_out_as_raised() -> None:
+    with pytest.raises(NothingMeasured, match="before the start"):
+        async with ThreadedStop().serves():
+            raise NothingMeasured("before the start")
 
 
 class SilentWorker:

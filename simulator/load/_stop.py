@@ -85,8 +85,10 @@ class ThreadedStop:
 
     @contextlib.asynccontextmanager
     async def serves(self) -> AsyncIterator[StopRequest]:
-        """The stop request of the running loop, fed with this object's requests."""
+        """The stop request of the running loop, fed with this object's requests. An
+        error of the block comes out as it was raised (not in an exception group)."""
         request = StopRequest()
+        error: Exception | None = None
         async with BlockingPortal() as portal:
             with self._lock:
                 self._portal, self._request = portal, request
@@ -95,6 +97,10 @@ class ThreadedStop:
                 request.ask(at_once=pending)
             try:
                 yield request
+            except Exception as exc:  # re-raised outside the portal's task group
+                error = exc
             finally:
                 with self._lock:
                     self._portal = self._request = None
+        if error is not None:
+            raise error

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import Convsim
 
 from convsim import read_results
 from convsim.cli import main
@@ -172,77 +166,6 @@ def test_json_logs_on_stderr(tmp_path: Path) -> None:
     assert "run_started" in names and "run_finished" in names
     finished = next(e for e in events if e["event"] == "run_finished")
     assert finished["done"] == 3 and finished["level"] == "info"
-
-
-class Convsim:
-    """``python -m convsim ARGS`` in a subprocess, its stderr read line by line as it
-    comes (stdout is not kept), so that a test can wait for what the run prints.
-    Leaving the ``with`` block kills the process if it is still running."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "convsim", *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "COLUMNS": "200"},
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._stderr: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def __enter__(self) -> Convsim:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self._reader.join()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        with self.proc.stderr:
-            for line in self.proc.stderr:
-                self._stderr.append(line)
-                self._lines.put(line)
-        self._lines.put(None)
-
-    def wait_for_line(self, text: str, timeout: float = 30) -> None:
-        """Wait until stderr has a line containing ``text`` (a hang guard, not a clock)."""
-        give_up = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, give_up - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"convsim printed no {text!r} in {timeout} s:\n{self.stderr}")
-            if line is None:
-                pytest.fail(f"convsim ended before printing {text!r}:\n{self.stderr}")
-            if text in line:
-                return
-
-    def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-        """Poll ``condition`` until it holds (for what only shows on disk), while the
-        process runs. A hang guard, not a clock: the test never assumes it took a while."""
-        give_up = time.monotonic() + timeout
-        while not condition():
-            assert self.proc.poll() is None, f"convsim ended before {what}:\n{self.stderr}"
-            assert time.monotonic() < give_up, f"no {what} in {timeout} s:\n{self.stderr}"
-            time.sleep(0.01)
-
-    def interrupt(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-
-    def finish(self, timeout: float = 30) -> int:
-        """Wait for the process to end; its exit code."""
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=timeout)
-        return code
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self._stderr)
 
 
 def stop_pack(folder: Path) -> Path:

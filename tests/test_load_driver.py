@@ -4,6 +4,7 @@ the invalid-run flag, and the exact merge of workers' measurements."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -28,6 +29,7 @@ from convsim.load import (
 )
 from convsim.load._driver import DriveOutcome, Pause, SessionRecord
 from convsim.load._records import RequestRecord
+from convsim.load._stop import NothingMeasured, StopRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -282,6 +284,88 @@ def test_overlapping_pauses_count_once_and_only_inside_the_window() -> None:
         point.notes
     )
     assert point.valid
+
+
+class TimedModel(FakeModel):
+    """A fake model whose timings say how long each call took (as a server's would)."""
+
+    async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
+        started = time.perf_counter()
+        completion = await super().generate(messages, params)
+        took = time.perf_counter() - started
+        return completion.model_copy(update={"timings": CallTimings(ttft_s=took, total_s=took)})
+
+
+async def test_a_stop_ends_sending_and_the_window_and_lets_in_flight_requests_finish() -> None:
+    stop = StopRequest()
+    done_at_stop = 0
+
+    def hook(number: int) -> object:
+        nonlocal done_at_stop
+        if number == 5:  # the sixth request is in flight when the run is stopped
+            done_at_stop = number
+            stop.ask()
+            return anyio.sleep(0.01)  # it ends within the grace
+        return None
+
+    shape = LoadShape(concurrency=2, duration=600, interrupt_grace=60)
+    with anyio.fail_after(10):
+        outcome = await drive(
+            TimedModel(hook), _synthetic("turns=3,input_tokens=8,output_tokens=4"), shape, stop=stop
+        )
+    assert outcome.interrupted and outcome.stopped_by == "interrupted"
+    assert 0 < outcome.window.end_s < 1  # where sending stopped, not the 600 s asked for
+    assert all(r.sent_s <= outcome.window.end_s for r in outcome.records)  # none after
+    assert len(outcome.records) == done_at_stop + 1 and all(r.ok for r in outcome.records)
+    assert max(r.end_s for r in outcome.records) > outcome.window.end_s  # it was let finish
+    assert not outcome.notes
+    point = merged_result([outcome])
+    assert point.partial and point.partial_reason == "interrupted"
+    assert point.stopped_by == "interrupted" and point.requests.completed == done_at_stop + 1
+
+
+async def test_a_second_stop_cancels_the_requests_in_flight_at_once() -> None:
+    stop = StopRequest()
+    stuck = anyio.Event()  # never set: a server that does not answer
+    asked = anyio.Event()
+
+    def hook(number: int) -> object:
+        if number == 3:
+            stop.ask()  # the grace below is far longer than the test may take
+            asked.set()
+        return stuck.wait() if number >= 3 else None
+
+    async def ask_again() -> None:
+        await asked.wait()
+        stop.ask()
+
+    shape = LoadShape(concurrency=2, duration=600, interrupt_grace=600)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask_again)
+            outcome = await drive(FakeModel(hook), _synthetic(), shape, stop=stop)
+    assert stop.at_once and outcome.interrupted
+    assert len(outcome.records) == 3  # the stuck ones are not counted as answered or failed
+    assert any("were cancelled" in n and "stopped early" in n for n in outcome.notes)
+    assert merged_result([outcome]).partial
+
+
+@pytest.mark.parametrize("when", ["before the start", "in the warm-up"])
+async def test_a_stop_before_the_window_measured_nothing(when: str) -> None:
+    stop = StopRequest()
+    if when == "before the start":
+        stop.ask()
+
+    def hook(number: int) -> object:
+        if number == 2:
+            stop.ask()
+        return None
+
+    model = FakeModel(hook)
+    shape = LoadShape(concurrency=1, duration=600, warmup=600)
+    with anyio.fail_after(10), pytest.raises(NothingMeasured, match="nothing was measured"):
+        await drive(model, _synthetic(), shape, stop=stop)
+    assert len(model.calls) == (0 if when == "before the start" else 3)
 
 
 def _outcome(

@@ -3,10 +3,12 @@ conversations as in one process, and an actor killed mid-run with nothing lost o
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import convsim
@@ -126,6 +128,55 @@ def test_a_killed_driver_is_resumed_with_nothing_lost_or_twice(tmp_path: Path) -
     assert len(ids) == len(set(ids)) == 14
 
 
+@pytest.mark.timeout(150)
+def test_a_killed_driver_leaves_no_process_of_the_ray_it_started() -> None:
+    """SIGKILL the driver alone: the local Ray it started goes too, its agents included
+    (Ray kills what the driver started; the raylet's agents linger a minute without help)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    script = (
+        "import sys\n"
+        "from convsim.distributed._ray import ensure_ray\n"
+        "ensure_ray(None)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+
+    def running(processes: list[Any]) -> list[str]:
+        left = []
+        for p in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(" ".join(p.cmdline())[:60])
+        return left
+
+    session: list[Any] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert _line(proc, timeout=90).strip() == "ready"
+            session = psutil.Process(proc.pid).children(recursive=True)  # this Ray's alone
+            names = " ".join(" ".join(p.cmdline()) for p in session)
+            assert "ray::DashboardAgent" in names and "ray::RuntimeEnvAgent" in names
+            os.kill(proc.pid, signal.SIGKILL)  # the driver alone, not its process group
+            proc.wait(timeout=30)
+            give_up = time.monotonic() + 20  # a hang guard: the agents alone take 60 s
+            while running(session):
+                assert time.monotonic() < give_up, f"still running: {running(session)}"
+                time.sleep(0.1)
+        finally:
+            proc.kill()
+            for p in session:  # left by a failure: this Ray's own processes, by pid
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+
+
 @pytest.mark.anyio
 async def test_the_simulator_api_on_ray(tmp_path: Path) -> None:
     from convsim.distributed import RaySimulator
@@ -164,6 +215,47 @@ def test_a_load_test_runs_on_ray_workers_and_merges_their_measurements(tmp_path:
     assert len(per_worker) == 2 and all(d is not None and d >= 0 for d in per_worker)
     assert abs(data["achieved_rate"] - 20.0) < 1.0  # the two shares make the whole schedule
     assert data["requests"]["completed"] >= 35 and data["requests"]["failed"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_stopped_load_test_on_ray_keeps_what_its_actors_measured() -> None:
+    import time
+
+    from convsim.adapters.mock import MockModelServer, MockServerConfig
+    from convsim.load import LoadPlan, StopRequest, run_load
+
+    stop = StopRequest()
+    async with MockModelServer(MockServerConfig(ttft_ms=5)) as mock:
+        plan = LoadPlan(
+            model_args={"base_url": mock.base_url},
+            synthetic="turns=1,input_tokens=8,output_tokens=4",
+            rate=20,
+            arrival="constant",
+            duration=600,
+            calibrate=False,
+            backend="ray",
+            workers=2,
+        )
+
+        def measuring() -> None:
+            """Until the actors have sent 20 requests (a hang guard, not a clock)."""
+            give_up = time.monotonic() + 60
+            while mock.statistics().by_endpoint["/v1/chat/completions"] < 20:
+                assert time.monotonic() < give_up, "the actors sent no load"
+                time.sleep(0.02)
+
+        async def stop_once_measuring() -> None:
+            await anyio.to_thread.run_sync(measuring)
+            stop.ask()
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_once_measuring)
+                run = await run_load(plan, stop=stop)
+    assert run.result is not None and run.result.partial
+    assert run.result.stopped_by == "interrupted"  # type: ignore[union-attr]
+    assert run.result.client is not None and run.result.client.workers == 2  # type: ignore[union-attr]
+    assert 0 < run.result.duration_s < 60  # type: ignore[union-attr]
 
 
 class _Recorder:

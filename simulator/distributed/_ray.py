@@ -31,6 +31,8 @@ from convsim._log import get_logger
 from convsim._records import ConversationResult, Status
 from convsim._result_stream import ResultStream
 
+from ._ray_watchdog import guard_local_ray
+
 __all__ = [
     "shard_of",
     "RayRun",
@@ -70,7 +72,8 @@ def _split_budgets(model_args: Mapping[str, Any], actors: int) -> dict[str, Any]
 
 def ensure_ray(address: str | None, *, num_cpus: int = 2) -> Any:
     """Ray, started or joined once per process: the cluster at ``address``, or a local
-    instance of ``num_cpus`` without a dashboard.
+    instance of ``num_cpus`` without a dashboard, which ends with this process however
+    it ends (see :mod:`convsim.distributed._ray_watchdog`).
 
     Raises:
         ConfigError: Ray is not installed.
@@ -83,7 +86,11 @@ def ensure_ray(address: str | None, *, num_cpus: int = 2) -> Any:
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            import psutil
+
+            before = {p.pid for p in psutil.Process().children(recursive=True)}
+            context: Any = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            guard_local_ray(context.address_info["session_dir"], before)
     return ray
 
 

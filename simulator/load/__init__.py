@@ -2,7 +2,8 @@
 benchmark.
 
 :func:`run_load` runs a whole test from a :class:`LoadPlan` (what ``convsim load``
-does); :func:`drive` offers a workload to an adapter in one event loop. The pieces:
+does); :func:`drive` offers a workload to an adapter in one event loop; a
+:class:`StopRequest` ends either early, keeping what was measured. The pieces:
 
 - arrival schedules computed in advance (:func:`arrival_schedule`, :func:`read_trace`);
 - token-count and think-time distributions (:func:`parse_distribution`) and synthetic
@@ -62,6 +63,7 @@ _public = _lazy_module(
         "._calibrate": ["Calibration", "calibrate"],
         "._figures": ["Thresholds", "merged_result"],
         "._plan": ["LoadPlan", "LoadRun", "run_load"],
+        "._stop": ["StopRequest", "NothingMeasured"],
         "._requests_file": ["write_requests"],
         "._slo": ["SLO", "SLOs", "SLOMetric", "SLOStatistic", "Goodput", "goodput", "parse_slos"],
         "._result": [
@@ -143,6 +145,8 @@ if TYPE_CHECKING:
     from ._stats import LatencySummary as LatencySummary
     from ._stats import Samples as Samples
     from ._stats import summarize as summarize
+    from ._stop import NothingMeasured as NothingMeasured
+    from ._stop import StopRequest as StopRequest
     from ._workloads import PackSessions as PackSessions
     from ._workloads import SessionScript as SessionScript
     from ._workloads import ShareGPTSessions as ShareGPTSessions

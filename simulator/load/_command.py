@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +25,10 @@ from ._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
 
 if TYPE_CHECKING:
     from ._monitor import Progress
-    from ._plan import LoadRun
+    from ._plan import LoadPlan, LoadRun
     from ._result import LoadResult, PointResult, SweepResult
     from ._stats import LatencySummary
+    from ._stop import StopRequest
 
 __all__ = ["load_command"]
 
@@ -157,6 +160,17 @@ def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
             out.print(f"[bold red]invalid:[/] {reason}", highlight=False)
     for note in dict.fromkeys(n for p in points for n in p.notes):
         out.print(f"note: {note}", highlight=False)
+    if result.partial:
+        measured = (
+            f"{len(points)} point(s) measured"
+            if isinstance(result, SweepResult)
+            else f"{points[0].duration_s:.1f} s measured"
+        )
+        out.print(
+            f"[bold yellow]partial:[/] {result.partial_reason}; the figures cover what was "
+            f"measured before the stop ({measured})",
+            highlight=False,
+        )
     if isinstance(result, SweepResult) and slo:
         best = result.max_rate_meeting_slo
         out.print(
@@ -199,6 +213,53 @@ class _Display:
         elif time.monotonic() - self.last_line >= 5.0:
             self.last_line = time.monotonic()
             self.console.print(text, highlight=False)
+
+
+async def _run_stoppable(plan: LoadPlan, display: _Display, stop: StopRequest) -> LoadRun:
+    """The run, stopped by SIGINT or SIGTERM: the first stops sending and gives the
+    requests in flight the grace; the second cancels them at once."""
+    from ._plan import run_load
+
+    async def watch_signals() -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                if not stop.asked:
+                    display.report(
+                        "stopping: no new requests; those in flight get "
+                        f"{plan.interrupt_grace:g} s (signal again to stop at once)"
+                    )
+                    stop.ask()
+                else:
+                    display.report("stopping at once: requests in flight are cancelled")
+                    stop.ask(at_once=True)
+
+    error: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_signals)
+        try:
+            run = await run_load(
+                plan, report=display.report, on_progress=display.progress, stop=stop
+            )
+        except Exception as exc:  # kept out of the task group: no ExceptionGroup
+            error = exc
+        tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return run
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM wait while the result is written (a half-written file helps
+    no one): the list gets those that came."""
+    heard: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: heard.append(signum)) for s in held}
+    try:
+        yield heard
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _model_args(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -413,9 +474,14 @@ def load_command(
     actors: int | None,
     **options: Any,
 ) -> None:
-    """Load-test a model server with multi-turn sessions, measured like a serving benchmark."""
-    from ._plan import LoadPlan, event_loop_options, run_load
-    from ._requests_file import write_requests
+    """Load-test a model server with multi-turn sessions, measured like a serving benchmark.
+
+    SIGINT or SIGTERM stops the run: no new requests, those in flight get a few seconds
+    (a second signal cancels them), and what was measured is written, marked partial;
+    the exit code is then 130.
+    """
+    from ._plan import LoadPlan, event_loop_options
+    from ._stop import StopRequest
 
     if actors is not None:
         if options.get("backend") != "ray":
@@ -427,15 +493,38 @@ def load_command(
     for path in (out, requests_out, html_out):
         if path is not None and not path.parent.exists():
             raise ConfigError(f"{path}: its folder does not exist")
+    stop = StopRequest()
     try:
         with _Display() as display:
             run: LoadRun = anyio.run(
-                lambda: run_load(plan, report=display.report, on_progress=display.progress),
-                backend_options=event_loop_options(plan.loop),
+                _run_stoppable, plan, display, stop, backend_options=event_loop_options(plan.loop)
             )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the signal handling began
         _stderr().print("interrupted", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
+    if run.result is None:
+        _stderr().print("interrupted before anything was measured: no result", highlight=False)
+        sys.exit(EXIT_INTERRUPTED)
+    with _signals_held() as heard:
+        _write_outputs(plan, run, out, requests_out, html_out)
+    if stop.asked:
+        _stderr().print(
+            "interrupted: the result holds what was measured before the stop (partial)",
+            highlight=False,
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    if heard:
+        _stderr().print("interrupted after the run: its result was written first", highlight=False)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _write_outputs(
+    plan: LoadPlan, run: LoadRun, out: Path | None, requests_out: Path | None, html_out: Path | None
+) -> None:
+    """The summary on stdout, and the files asked for."""
+    from ._requests_file import write_requests
+
+    assert run.result is not None
     _print_result(run.result, slo=plan.slo is not None)
     if out is not None:
         out.write_text(json.dumps(run.result.model_dump(mode="json"), indent=2) + "\n")

@@ -10,6 +10,10 @@ Every request becomes a :class:`RequestRecord` (cheap, unvalidated) with its sch
 and actual send times: for a session's first turn its arrival, for a later turn the end
 of the turn before plus the think time. The measured window leaves out ramp-up and
 warm-up at the start and the cool-down at the end.
+
+A :class:`~convsim.load._stop.StopRequest` ends a run early: sending stops, the requests
+in flight get ``interrupt_grace`` (none on a second request), and the window ends where
+sending stopped; the outcome says it was interrupted.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ._distributions import Distribution, Fixed
 from ._monitor import Progress, TimelinePoint
 from ._records import RequestRecord
 from ._result import Window
+from ._stop import NothingMeasured, StopRequest
 from ._workloads import SessionScript, Workload
 
 __all__ = [
@@ -82,6 +87,8 @@ class LoadShape:
     seed: int = 0
     drain_timeout: float = 60.0
     """Seconds the requests still in flight at the end get to finish."""
+    interrupt_grace: float = 5.0
+    """Seconds the requests in flight get when a stop request ends the run early."""
     session_offset: int = 0
     session_stride: int = 1
     """This worker runs sessions ``offset, offset + stride, ...`` of the workload."""
@@ -178,8 +185,8 @@ class DriveOutcome:
     held_by_cap: int
     """Arrivals that waited for a slot under ``max_concurrency``."""
     stopped_by: str
-    """``duration``, ``max_requests``, ``max_errors``, ``quota_exhausted``, ``workload``
-    or ``cancelled``."""
+    """``duration``, ``max_requests``, ``max_errors``, ``quota_exhausted``, ``workload``,
+    ``interrupted`` or ``cancelled``."""
     timeline: list[TimelinePoint]
     notes: list[str]
     event_loop: str = "asyncio"
@@ -194,6 +201,8 @@ class DriveOutcome:
     adapter's max_retry_after (a quota used up), or came while the key refused calls."""
     quota_asked_s: float | None = None
     """The longest wait those 429s asked for, in seconds."""
+    interrupted: bool = False
+    """A stop request ended the run before its end: the figures are partial."""
 
 
 def ramped(offsets: np.ndarray, ramp_up: float) -> np.ndarray:
@@ -259,7 +268,9 @@ class _Driver:
         start_at: float | None,
         on_progress: Callable[[Progress], None] | None = None,
         label: str = "",
+        stop_request: StopRequest | None = None,
     ) -> None:
+        self.stop_request = stop_request or StopRequest()
         self.on_progress = on_progress
         self.label = label
         self.adapter = adapter
@@ -298,6 +309,16 @@ class _Driver:
         self.pauses: list[Pause] = []
         self.quota_refused = 0
         self.quota_asked_s: float | None = None
+        self.interrupted = False
+        self.stopped_at = math.inf
+        """When sending stopped (run clock)."""
+        self.drain_until = math.inf
+        """When the requests still in flight after sending stopped are cancelled."""
+        self.drain_moved = anyio.Event()
+        self.starting = anyio.CancelScope()
+        """The endpoint check and the wait for the clock's zero: a stop ends them."""
+        self.offering = anyio.CancelScope()
+        """The open loop's arrivals: a stop ends the wait for the next one."""
 
     # -- time -----------------------------------------------------------------------
 
@@ -318,8 +339,22 @@ class _Driver:
         if self.sending:
             self.sending = False
             self.stopped_by = reason
+            self.stopped_at = self.now()
             self.stop_event.set()
+            self.offering.cancel()
             self.gauges = self.read_gauges()  # the window's, not the drain's after it
+
+    def interrupt(self, at_once: bool) -> None:
+        """A stop request: stop sending; the requests in flight get the grace, or are
+        cancelled at once."""
+        self.interrupted = True
+        self.starting.cancel()
+        self.stop("interrupted")
+        self.end_drain_within(0.0 if at_once else self.shape.interrupt_grace)
+
+    def end_drain_within(self, seconds: float) -> None:
+        self.drain_until = min(self.drain_until, self.now() + seconds)
+        self.drain_moved.set()
 
     def read_gauges(self) -> _Gauges:
         return _Gauges(
@@ -513,25 +548,26 @@ class _Driver:
                 alive -= 1
                 freed.set()
 
-        for offset in offsets:
-            at = float(offset)
-            if at >= self.send_until:
-                break
-            script = self.take_session()  # built before it is due, not on its time
-            if script is None:
-                break
-            await self.until(at)
-            if not self.sending:
-                break
-            if cap is not None and alive >= cap:
-                self.held_by_cap += 1
-                while alive >= cap and self.sending:
-                    freed = anyio.Event()
-                    await freed.wait()
+        with self.offering:
+            for offset in offsets:
+                at = float(offset)
+                if at >= self.send_until:
+                    break
+                script = self.take_session()  # built before it is due, not on its time
+                if script is None:
+                    break
+                await self.until(at)
                 if not self.sending:
                     break
-            alive += 1
-            tg.start_soon(session, script, at)
+                if cap is not None and alive >= cap:
+                    self.held_by_cap += 1
+                    while alive >= cap and self.sending:
+                        freed = anyio.Event()
+                        await freed.wait()
+                    if not self.sending:
+                        break
+                alive += 1
+                tg.start_soon(session, script, at)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -586,6 +622,10 @@ class _Driver:
         )
 
     async def run(self) -> DriveOutcome:
+        with self.stop_request.listening(self.interrupt):
+            return await self.run_measured()
+
+    async def run_measured(self) -> DriveOutcome:
         shape = self.shape
         if shape.open_loop:
             offsets = open_schedule(shape).offsets
@@ -601,11 +641,14 @@ class _Driver:
                 )
             target = None
         # the client's first connection and lazy set-up happen before the clock starts
-        await self.adapter.preflight()
-        if not self.aligned:
-            self.t0 = self.clock()
-        elif self.t0 > self.clock():
-            await anyio.sleep(self.t0 - self.clock())
+        with self.starting:
+            await self.adapter.preflight()
+            if not self.aligned:
+                self.t0 = self.clock()
+            elif self.t0 > self.clock():
+                await anyio.sleep(self.t0 - self.clock())
+        if self.interrupted:
+            raise NothingMeasured("stopped before the run started: nothing was measured")
         async with anyio.create_task_group() as background:
             background.start_soon(self.monitor.run)
             background.start_soon(self.watch)
@@ -627,6 +670,13 @@ class _Driver:
         gauges = self.gauges or self.read_gauges()
         end = self.now()
         window_end = min(self.window_end, end) if math.isfinite(self.window_end) else end
+        if self.interrupted:  # nothing was offered after the stop: the window ends there
+            window_end = min(window_end, self.stopped_at)
+        if window_end <= self.window_start and self.interrupted:
+            raise NothingMeasured(
+                f"stopped after {self.stopped_at:.2f} s, before the measured window began "
+                f"(ramp-up and warm-up take {self.window_start:g} s): nothing was measured"
+            )
         if window_end <= self.window_start:
             raise ConfigError(
                 f"the run ended after {end:.2f} s, before its measured window began "
@@ -653,17 +703,29 @@ class _Driver:
             pauses=self.pauses,
             quota_refused=self.quota_refused,
             quota_asked_s=self.quota_asked_s,
+            interrupted=self.interrupted,
         )
 
     async def drain_guard(self, sessions: anyio.CancelScope) -> None:
         """Once the run stops sending, give the requests in flight the drain timeout to
-        end, then cancel what is left."""
+        end (after a stop request, its grace), then cancel what is left."""
         await self.stop_event.wait()
-        await anyio.sleep(self.shape.drain_timeout)
-        self.notes.append(
-            f"{self.in_flight.now} requests were still in flight {self.shape.drain_timeout:g} s "
-            "after the run stopped sending and were cancelled"
-        )
+        self.end_drain_within(self.shape.drain_timeout)
+        while (left := self.drain_until - self.now()) > 0:
+            self.drain_moved = anyio.Event()
+            with anyio.move_on_after(left):
+                await self.drain_moved.wait()
+        waited = self.now() - self.stopped_at
+        if not self.interrupted:
+            self.notes.append(
+                f"{self.in_flight.now} requests were still in flight "
+                f"{self.shape.drain_timeout:g} s after the run stopped sending and were cancelled"
+            )
+        elif self.in_flight.now:
+            self.notes.append(
+                f"the run was stopped early: {self.in_flight.now} requests in flight were "
+                f"cancelled {waited:.1f} s after it stopped sending (not counted)"
+            )
         sessions.cancel()
 
 
@@ -693,11 +755,17 @@ async def drive(
     start_at: float | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     label: str = "",
+    stop: StopRequest | None = None,
 ) -> DriveOutcome:
     """Offer ``workload`` to ``adapter`` as ``shape`` says and measure every request.
 
     ``start_at`` (on ``clock``) aligns workers on one schedule: the run clock's zero.
-    ``on_progress`` gets a snapshot about twice a second.
+    ``on_progress`` gets a snapshot about twice a second. ``stop`` ends the run early:
+    the outcome is then ``interrupted`` and its window ends where sending stopped.
+
+    Raises:
+        NothingMeasured: ``stop`` came before the measured window began.
+        ConfigError: the run ended before its measured window began.
     """
     driver = _Driver(
         adapter,
@@ -707,5 +775,6 @@ async def drive(
         start_at=start_at,
         on_progress=on_progress,
         label=label,
+        stop_request=stop,
     )
     return await driver.run()

@@ -224,8 +224,9 @@ def merged_result(
         goodput = Goodput(
             requests_per_s=goodput.requests_per_s, conversations_per_s=good_conversations
         )
-    first = [reason for reason in ("max_errors", "quota_exhausted") if reason in stopped]
-    stopped_by = first[0] if first else sorted(stopped)[0]
+    first = [r for r in ("max_errors", "quota_exhausted", "interrupted") if r in stopped]
+    stopped_by = first[0] if first else min(stopped)
+    interrupted = any(o.interrupted for o in outcomes)
     return point.model_copy(
         update={
             "goodput": goodput,
@@ -249,6 +250,8 @@ def merged_result(
                 else []
             ),
             "timeline": _timeline(outcomes),
+            "partial": interrupted,
+            "partial_reason": "interrupted" if interrupted else None,
         }
     )
 

@@ -5,23 +5,25 @@
 open-loop schedule is computed once here and dealt out arrival by arrival, a closed
 loop's sessions are split, and rate budgets (``rpm``, ``tpm``) are divided so that the
 workers together keep to them. Their raw measurements are merged exactly.
+
+A :class:`StopRequest` (what ``convsim load`` makes of SIGINT and SIGTERM) ends the run
+early wherever it runs: no point starts after it, the running one keeps what it
+measured until then, and the result is marked partial.
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from convsim._errors import ConfigError
+from convsim._errors import ConfigError, ConvsimError
 from convsim._log import get_logger
 
 from ._arrivals import ArrivalPattern, Schedule, read_trace
@@ -35,6 +37,8 @@ from ._quality import check_metrics, score_transcripts
 from ._records import RequestRecord
 from ._result import LoadResult, PointResult, QualitySummary, SweepResult, sweep_result
 from ._slo import parse_slos
+from ._stop import NothingMeasured, StopRequest, ThreadedStop
+from ._workers import Ended, Job, collect, run_processes
 from ._workloads import PackSessions, ShareGPTSessions, SyntheticSessions, Workload, read_sharegpt
 
 __all__ = ["LoadPlan", "LoadRun", "Progress", "run_load", "DEFAULT_SYNTHETIC"]
@@ -42,6 +46,8 @@ __all__ = ["LoadPlan", "LoadRun", "Progress", "run_load", "DEFAULT_SYNTHETIC"]
 log = get_logger("convsim.load")
 
 _OPEN_LOOP_POOL = 4096
+_KILL_AFTER_S = 5.0
+"""Seconds workers get to answer a stop at once before they are killed."""
 
 
 class LoadPlan(BaseModel):
@@ -88,6 +94,9 @@ class LoadPlan(BaseModel):
     """Metrics (comma-separated) to score each completed pack conversation with, after
     each point has run."""
     drain_timeout: float = Field(default=60.0, gt=0)
+    interrupt_grace: float = Field(default=5.0, ge=0)
+    """Seconds the requests in flight get when the run is stopped early (a first SIGINT
+    or SIGTERM); a second stop cancels them at once."""
 
 
 # -- building the pieces ------------------------------------------------------------
@@ -171,6 +180,7 @@ def _shape(plan: LoadPlan, *, concurrency: int | None, rate: float | None) -> Lo
         think_time=think,
         seed=plan.seed,
         drain_timeout=plan.drain_timeout,
+        interrupt_grace=plan.interrupt_grace,
         keep_transcripts=bool(plan.metrics),
     )
 
@@ -284,33 +294,59 @@ async def _drive_here(
     workers: int,
     on_progress: Callable[[Progress], None] | None = None,
     label: str = "",
+    stop: StopRequest | None = None,
 ) -> DriveOutcome:
     workload = _workload(plan, calibration)
     adapter = _make_adapter(plan, _pool(plan, shape.concurrency), workers)
     try:
         return await drive(
-            adapter, workload, shape, start_at=start_at, on_progress=on_progress, label=label
+            adapter,
+            workload,
+            shape,
+            start_at=start_at,
+            on_progress=on_progress,
+            label=label,
+            stop=stop,
         )
     finally:
-        await adapter.aclose()
+        with anyio.CancelScope(shield=True):
+            await adapter.aclose()
+
+
+async def _drive_stoppable(
+    plan: LoadPlan,
+    shape: LoadShape,
+    calibration: Calibration | None,
+    start_at: float,
+    workers: int,
+    stops: ThreadedStop,
+) -> DriveOutcome:
+    async with stops.serves() as stop:
+        return await _drive_here(plan, shape, calibration, start_at, workers, stop=stop)
 
 
 def _worker_main(
-    plan: LoadPlan, shape: LoadShape, share: _Share, calibration: Calibration | None
+    plan: LoadPlan,
+    shape: LoadShape,
+    share: _Share,
+    calibration: Calibration | None,
+    stops: ThreadedStop,
 ) -> DriveOutcome:
-    """A worker process: its own event loop on the shared run clock."""
+    """A worker (a process, or a Ray actor's thread): its own event loop on the shared
+    run clock; ``stops`` brings it the parent's stop requests."""
     from convsim._gc import tune_gc_for_throughput
 
     tune_gc_for_throughput()
     worker_shape = _worker_shape(shape, share)
     start_at = time.perf_counter() + (share.start_at_wall - time.time())
     return anyio.run(
-        _drive_here,
+        _drive_stoppable,
         plan,
         worker_shape,
         calibration,
         start_at,
         share.workers,
+        stops,
         backend_options=event_loop_options(plan.loop),
     )
 
@@ -347,9 +383,46 @@ def _deal(schedule: Schedule, workers: int) -> list[Schedule]:
     ]
 
 
+@dataclass(frozen=True)
+class _Measured:
+    """What the workers of a point measured, and what the figures leave out."""
+
+    outcomes: list[DriveOutcome]
+    notes: list[str] = field(default_factory=list)
+
+
+def _measured(ends: Sequence[Ended]) -> _Measured:
+    """The workers' outcomes; a worker stopped before the window measured nothing, and
+    one killed after a stop at once lost its share (a note says so).
+
+    Raises:
+        ConvsimError: a worker raised it, or ended without an answer unasked.
+    """
+    outcomes: list[DriveOutcome] = []
+    notes: list[str] = []
+    for index, end in enumerate(ends):
+        if isinstance(end.error, NothingMeasured):
+            continue
+        if end.error is not None:
+            raise end.error
+        if end.killed:
+            notes.append(
+                f"worker {index} did not answer within {_KILL_AFTER_S:g} s of the stop and "
+                "was killed: its share of the load is not in the figures"
+            )
+        elif not end.answered:
+            raise ConvsimError(
+                f"load worker {index} ended without a result (exit code {end.exit_code}); "
+                "its measurements are lost"
+            )
+        else:
+            outcomes.append(end.value)
+    return _Measured(outcomes, notes)
+
+
 async def _drive_workers(
-    plan: LoadPlan, shape: LoadShape, calibration: Calibration | None
-) -> list[DriveOutcome]:
+    plan: LoadPlan, shape: LoadShape, calibration: Calibration | None, stop: StopRequest
+) -> _Measured:
     workers = plan.workers
     # time for the processes (or Ray's workers) to start before the shared clock's zero
     start_at_wall = time.time() + (5.0 if plan.backend == "ray" else 1.0) + 0.2 * workers
@@ -370,44 +443,55 @@ async def _drive_workers(
             for w in range(workers)
         ]
     if plan.backend == "ray":
-        return await _drive_on_ray(plan, shape, shares, calibration)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(_worker_main, plan, shape, share, calibration) for share in shares]
-        outcomes = []
-        for future in futures:
-            outcomes.append(await anyio.to_thread.run_sync(future.result))
-    return outcomes
+        return _measured(await _drive_on_ray(plan, shape, shares, calibration, stop))
+    jobs = [Job(_worker_main, (plan, shape, share, calibration)) for share in shares]
+    return _measured(await run_processes(jobs, stop, kill_after=_KILL_AFTER_S))
 
 
 async def _drive_on_ray(
-    plan: LoadPlan, shape: LoadShape, shares: list[_Share], calibration: Calibration | None
-) -> list[DriveOutcome]:
-    """The same shares as worker processes, as Ray tasks: each runs its own event loop on
-    the shared wall-clock start (its share of the schedule, or of the sessions)."""
+    plan: LoadPlan,
+    shape: LoadShape,
+    shares: list[_Share],
+    calibration: Calibration | None,
+    stop: StopRequest,
+) -> list[Ended]:
+    """The same shares as worker processes, as Ray actors: each runs its own event loop
+    on the shared wall-clock start (its share of the schedule, or of the sessions)."""
     from convsim.distributed._ray import ensure_ray
 
     ray = ensure_ray(plan.ray_address, num_cpus=max(2, len(shares)))
-    actor: Any = ray.remote(num_cpus=1)(_RayLoadWorker)
-    workers: list[Any] = [actor.remote() for _ in shares]
-    # the clock's zero is set once every worker has started and imported what it runs:
-    # a worker still starting would send its first requests late
-    await anyio.to_thread.run_sync(ray.get, [w.ready.remote() for w in workers])
-    start_at_wall = time.time() + 1.0
-    refs = [
-        w.run.remote(plan, shape, replace(share, start_at_wall=start_at_wall), calibration)
-        for w, share in zip(workers, shares, strict=True)
-    ]
+    # a second thread hears stop requests while the first runs the share
+    actor: Any = ray.remote(num_cpus=1, max_concurrency=2)(_RayLoadWorker)
+    actors: list[Any] = [actor.remote() for _ in shares]
     try:
-        outcomes: list[DriveOutcome] = await anyio.to_thread.run_sync(ray.get, refs)
+        # the clock's zero is set once every worker has started and imported what it
+        # runs: a worker still starting would send its first requests late
+        with anyio.CancelScope() as starting, stop.listening(lambda _: starting.cancel()):
+            await anyio.to_thread.run_sync(
+                ray.get, [a.ready.remote() for a in actors], abandon_on_cancel=True
+            )
+        if stop.asked:
+            return []
+        start_at_wall = time.time() + 1.0
+        workers = [
+            _RayWorker(
+                ray,
+                a,
+                a.run.remote(plan, shape, replace(share, start_at_wall=start_at_wall), calibration),
+            )
+            for a, share in zip(actors, shares, strict=True)
+        ]
+        return await collect(workers, stop, kill_after=_KILL_AFTER_S)
     finally:
-        for w in workers:
-            ray.kill(w)
-    return outcomes
+        for a in actors:
+            ray.kill(a)
 
 
 class _RayLoadWorker:
     """A Ray actor running one share of a load test (see :func:`_worker_main`)."""
+
+    def __init__(self) -> None:
+        self.stops = ThreadedStop()
 
     def ready(self) -> bool:
         return True  # this module and its imports are loaded: the actor can start at once
@@ -415,7 +499,33 @@ class _RayLoadWorker:
     def run(
         self, plan: LoadPlan, shape: LoadShape, share: _Share, calibration: Calibration | None
     ) -> DriveOutcome:
-        return _worker_main(plan, shape, share, calibration)
+        return _worker_main(plan, shape, share, calibration, self.stops)
+
+    def stop(self, at_once: bool) -> None:
+        self.stops.ask(at_once)
+
+
+@dataclass(frozen=True)
+class _RayWorker:
+    """A :class:`_RayLoadWorker` running its share, as :func:`collect` drives it."""
+
+    ray: Any
+    actor: Any
+    ref: Any
+
+    def tell(self, at_once: bool) -> None:
+        self.actor.stop.remote(at_once)
+
+    def result(self) -> Ended:
+        try:
+            return Ended(self.ray.get(self.ref))
+        except self.ray.exceptions.RayActorError:
+            return Ended(answered=False)
+        except self.ray.exceptions.RayTaskError as exc:
+            return Ended(error=exc)
+
+    def kill(self) -> None:
+        self.ray.kill(self.actor)
 
 
 @dataclass(frozen=True)
@@ -432,12 +542,21 @@ async def _run_point(
     calibration: Calibration | None,
     on_progress: Callable[[Progress], None] | None = None,
     label: str = "",
-) -> _Point:
+    stop: StopRequest,
+) -> _Point | None:
+    """One point's figures; None when it was stopped before measuring anything."""
     shape = _shape(plan, concurrency=concurrency, rate=rate)
     if plan.workers > 1:
-        outcomes = await _drive_workers(plan, shape, calibration)
+        measured = await _drive_workers(plan, shape, calibration, stop)
     else:
-        outcomes = [await _drive_here(plan, shape, calibration, None, 1, on_progress, label)]
+        try:
+            here = await _drive_here(plan, shape, calibration, None, 1, on_progress, label, stop)
+        except NothingMeasured:
+            return None
+        measured = _Measured([here])
+    outcomes = measured.outcomes
+    if not outcomes:
+        return None
     slos = parse_slos(plan.slo) if plan.slo else None
     target = rate if concurrency is None and rate is not None else outcomes[0].target_rate
     if concurrency is not None:
@@ -454,9 +573,11 @@ async def _run_point(
         input_check=_input_check(outcomes, _workload(plan, calibration), calibration),
     )
     notes = list(calibration.notes) if calibration is not None else []
-    result = result.model_copy(
-        update={"notes": [*notes, *result.notes], "quality": await _quality(plan, outcomes)}
-    )
+    notes.extend(measured.notes)
+    if stop.asked and plan.metrics:
+        notes.append("the run was stopped early: its conversations were not scored (--metrics)")
+    quality = None if stop.asked else await _quality(plan, outcomes)
+    result = result.model_copy(update={"notes": [*notes, *result.notes], "quality": quality})
     return _Point(result, [r for o in outcomes for r in o.records])
 
 
@@ -494,9 +615,15 @@ class _Runner:
     report: Callable[[str], None]
     on_progress: Callable[[Progress], None] | None
     records: list[tuple[int, RequestRecord]]
+    stop: StopRequest
+    points: list[PointResult] = field(default_factory=list)
 
-    async def point(self, *, concurrency: int | None, rate: float | None) -> PointResult:
-        index = len({i for i, _ in self.records})
+    async def point(self, *, concurrency: int | None, rate: float | None) -> PointResult | None:
+        """The next point, kept in :attr:`points`; None when a stop came before it
+        measured anything."""
+        if self.stop.asked:
+            return None
+        index = len(self.points)
         label = f"concurrency {concurrency}" if concurrency is not None else f"rate {rate:.3g}/s"
         if rate is None and concurrency is None:
             label = "trace"
@@ -507,15 +634,25 @@ class _Runner:
             calibration=self.calibration,
             on_progress=self.on_progress,
             label=label,
+            stop=self.stop,
         )
+        if done is None:
+            return None
         self.records.extend((index, r) for r in done.records)
+        self.points.append(done.result)
         return done.result
 
-    async def sweep(self) -> SweepResult:
+    async def sweep(self) -> SweepResult | None:
+        """The sweep's points (those measured before a stop, if one came)."""
+        await self.sweep_points()
+        if not self.points:
+            return None
+        return sweep_result(self.points, partial_reason="interrupted" if self.stop.asked else None)
+
+    async def sweep_points(self) -> None:
         plan = self.plan
         assert plan.sweep is not None
         text = plan.sweep.strip().lower()
-        points: list[PointResult] = []
         if text.startswith("auto"):
             _, _, n = text.partition(":")
             try:
@@ -527,15 +664,18 @@ class _Runner:
             self.report("sweep: measuring the synchronous rate (concurrency 1)")
             sync = await self.point(concurrency=1, rate=None)
             saturation = plan.concurrency or 64
+            if sync is None or self.stop.asked:
+                return
             self.report(f"sweep: measuring the saturated rate (concurrency {saturation})")
             top = await self.point(concurrency=saturation, rate=None)
+            if top is None or self.stop.asked:
+                return
             low, high = sync.achieved_rate, top.achieved_rate
             if not (high > low > 0):
                 raise ConfigError(
                     f"--sweep auto: the saturated rate ({high:.3g}/s) is not above the "
                     f"synchronous one ({low:.3g}/s); give the rates with --sweep R1,R2,..."
                 )
-            points.extend([sync, top])
             values = [low + (high - low) * (k + 1) / (count + 1) for k in range(count)]
             by_concurrency = False
         else:
@@ -548,11 +688,11 @@ class _Runner:
             else:
                 self.report(f"sweep: rate {value:.3g}/s")
                 point = await self.point(concurrency=None, rate=value)
-            points.append(point)
-            if _saturated(point, points[0]):
+            if point is None or self.stop.asked:
+                return
+            if _saturated(point, self.points[0]):
                 self.report("sweep: the server saturated; stopping")
-                break
-        return sweep_result(points)
+                return
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -563,7 +703,9 @@ class LoadRun:
     """A finished load run: its result, and every request it sent (with the index of
     the point it belongs to, 0 without a sweep)."""
 
-    result: LoadResult | SweepResult
+    result: LoadResult | SweepResult | None
+    """None only when a stop request came before anything was measured; after one that
+    came later, the result is ``partial``."""
     requests: list[tuple[int, RequestRecord]]
 
 
@@ -572,11 +714,16 @@ async def run_load(
     *,
     report: Callable[[str], None] = lambda _line: None,
     on_progress: Callable[[Progress], None] | None = None,
+    stop: StopRequest | None = None,
 ) -> LoadRun:
     """Run the load test ``plan`` describes.
 
     ``report`` gets a line at each step (calibration, each sweep point); ``on_progress``
-    a snapshot about twice a second while a point runs in this process.
+    a snapshot about twice a second while a point runs in this process. ``stop`` ends
+    the run early (``stop.ask()``, from this event loop): sending stops, the requests in
+    flight get ``plan.interrupt_grace`` (none after a second ask), worker processes and
+    actors are stopped (and killed if they do not answer), and what was measured comes
+    back marked partial.
 
     Raises:
         ConfigError: settings that do not fit together, or a workload that cannot load.
@@ -597,19 +744,23 @@ async def run_load(
         raise ConfigError(f"--workers {plan.workers} is far above this machine's CPUs")
     _workload(plan, None)  # a bad pack or dataset fails before any request
     _check_metrics(plan)
+    stop = stop or StopRequest()
     # probes are not streamed: some servers (llama-cpp-python) send usage only then
     probe = _make_adapter(plan, 8, stream=False)
     calibration: Calibration | None = None
-    try:
-        if plan.preflight:
-            await probe.preflight()
-        if plan.calibrate:
-            report("calibrating input lengths against the server")
-            calibration = await calibrate(probe, exact_output=plan.exact_output)
-    finally:
-        await probe.aclose()
-    runner = _Runner(plan, calibration, report, on_progress, [])
+    # nothing is measured yet: a stop ends the checks at once
+    with anyio.CancelScope() as probing, stop.listening(lambda _: probing.cancel()):
+        try:
+            if plan.preflight:
+                await probe.preflight()
+            if plan.calibrate:
+                report("calibrating input lengths against the server")
+                calibration = await calibrate(probe, exact_output=plan.exact_output)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await probe.aclose()
+    runner = _Runner(plan, calibration, report, on_progress, [], stop)
     if plan.sweep is not None:
         return LoadRun(await runner.sweep(), runner.records)
     point = await runner.point(concurrency=plan.concurrency, rate=plan.rate)
-    return LoadRun(LoadResult.of(point), runner.records)
+    return LoadRun(None if point is None else LoadResult.of(point), runner.records)

@@ -3,7 +3,8 @@
 Field names are a contract (plots, dashboards and CI checks read them): ``valid``,
 ``invalid_reasons``, ``target_rate``, ``achieved_rate``, ``requests``, ``throughput``,
 ``latency_ms``, ``schedule_delay_ms``, ``goodput``, ``by_turn``; a sweep has ``points``
-and ``max_rate_meeting_slo``. Raise :data:`SCHEMA_VERSION` when one changes meaning.
+and ``max_rate_meeting_slo``; ``partial`` and ``partial_reason`` say that a run was
+stopped early. Raise :data:`SCHEMA_VERSION` when one changes meaning.
 
 A request belongs to the measured window when it was sent inside it, so warm-up and
 cool-down are left out by time. Latencies are those of the completed requests in the
@@ -224,6 +225,11 @@ class PointResult(_Model):
     timeline: list[TimelineEntry] = []
     quality: dict[str, QualitySummary] | None = None
     """Each ``--metrics`` metric over the point's completed conversations; null without."""
+    partial: bool = False
+    """The point was stopped before its end: its figures are those of what was measured
+    until then (the window ends where sending stopped; requests cut short are left out)."""
+    partial_reason: str | None = None
+    """Why it is partial: ``interrupted`` (SIGINT or SIGTERM, or a caller's stop request)."""
 
 
 class LoadResult(PointResult):
@@ -247,6 +253,10 @@ class SweepResult(_Model):
     max_rate_meeting_slo: float | None
     """The highest rate (target, or achieved in closed loop) of a valid point meeting
     every SLO; null without SLOs or when no point met them."""
+    partial: bool = False
+    """The sweep was stopped before its end: ``points`` holds what was measured."""
+    partial_reason: str | None = None
+    """Why it is partial: ``interrupted``."""
 
 
 def _turn_latency(values: Sequence[float]) -> TurnLatency:
@@ -345,8 +355,11 @@ def point_result(
     )
 
 
-def sweep_result(points: Sequence[PointResult]) -> SweepResult:
-    """The sweep made of ``points``; it is valid when every point is."""
+def sweep_result(
+    points: Sequence[PointResult], *, partial_reason: str | None = None
+) -> SweepResult:
+    """The sweep made of ``points``; it is valid when every point is. With
+    ``partial_reason``, the sweep was stopped before its end."""
     reasons = [
         f"point {i} ({p.target_rate if p.target_rate is not None else p.achieved_rate:g}/s): "
         f"{reason}"
@@ -363,4 +376,7 @@ def sweep_result(points: Sequence[PointResult]) -> SweepResult:
         invalid_reasons=reasons,
         points=list(points),
         max_rate_meeting_slo=max(meeting, default=None),
+        partial=partial_reason is not None or any(p.partial for p in points),
+        partial_reason=partial_reason
+        or next((p.partial_reason for p in points if p.partial), None),
     )

@@ -160,7 +160,7 @@ class EgressPolicy:
     def describe(self) -> str:
         """What is allowed, for an error message."""
         if not self.prefixes:
-            return "no URL is allowed (the operator allows none: --allow-base-url)"
+            return "no URL is allowed here (the operator allows none: use an endpoint)"
         return "allowed: " + ", ".join(p.text for p in self.prefixes)
 
     def check_url(self, url: str, *, field: str = "base_url") -> Target:
@@ -187,7 +187,7 @@ class EgressPolicy:
         port = port if port is not None else _DEFAULT_PORTS[scheme]
         matched = [p for p in self.prefixes if p.matches(parts, host, port)]
         if not matched:
-            raise EgressRefused(f"the URL is not under an allowed prefix; {self.describe()}",
+            raise EgressRefused(f"the URL is not under an allowed prefix ({self.describe()})",
                                 field=field)  # fmt: skip
         named = any(p.names_host for p in matched)
         if not named and _is_address(host) and not is_public_address(host):

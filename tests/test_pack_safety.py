@@ -312,6 +312,18 @@ def test_odd_yaml_is_refused_with_its_line(tmp_path: Path, text: str, where: str
     assert where in refused(raw_flows(tmp_path / "pack", text))
 
 
+def test_a_yaml_file_of_too_many_values_is_refused_before_it_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from convsim.scenarios import _files
+
+    monkeypatch.setattr(_files, "MAX_YAML_NODES", 1000)
+    monkeypatch.setattr(_files.yaml, "compose", lambda *a, **k: pytest.fail("composed"))
+    flows = FLOW + "other:\n  metrics:\n" + "    - m\n" * 1000
+    err = refused(raw_flows(tmp_path / "pack", flows))
+    assert "turn_configs.yml:" in err and "holds more than 1,000 values" in err
+
+
 def test_a_template_that_cannot_format_its_value_is_refused_at_validation(
     tmp_path: Path,
 ) -> None:

@@ -806,8 +806,11 @@ class _SingleTurnLoader(_Loader):
         return problems
 
     def _examples(self, problems: list[tuple[int, Problem]], i: int) -> str:
+        """``num_fewshot`` other problems as examples for problem ``i``, the same ones
+        each time. Samples positions among the others, as sampling a list of the others
+        would, without building that list for every problem."""
         if not self.num_fewshot:
             return ""
-        others = [p for j, (_, p) in enumerate(problems) if j != i]
-        picked = random.Random(f"fewshot:{i}").sample(others, self.num_fewshot)
+        positions = random.Random(f"fewshot:{i}").sample(range(len(problems) - 1), self.num_fewshot)
+        picked = (problems[j if j < i else j + 1][1] for j in positions)
         return "\n\n".join(f"Question: {p.question}\nAnswer: {p.expected_answer}" for p in picked)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import textwrap
 from pathlib import Path
@@ -415,3 +416,26 @@ def test_a_template_cannot_pad_its_prompt_to_megabytes(tmp_path: Path) -> None:
     err = refused(write_multi(tmp_path / "pack", flows=flows))
     assert "turn_configs.yml:4: default.turns.0.prompt_template" in err and "pad" in err
     assert load_pack(write_multi(tmp_path / "ok", flows=FLOW.replace("{name}", "{name:>99}")))
+
+
+@pytest.mark.timeout(30)
+def test_few_shot_examples_take_linear_time(tmp_path: Path) -> None:
+    pack = write_single(tmp_path / "pack")
+    config = (pack / "config.yml").read_text() + '  with_examples: "{examples} Q: {question}"\n'
+    (pack / "config.yml").write_text(config)
+    with open(pack / "problems.jsonl", "w") as fh:
+        for i in range(30_000):
+            fh.write(
+                json.dumps({"id": f"p{i}", "question": f"{i}+1?", "expected_answer": f"{i + 1}"})
+                + "\n"
+            )
+    # built a list of the 29,999 other problems for each problem
+    loaded = load_pack(pack, num_fewshot=2)
+    questions = [f"{i}+1?" for i in range(30_000)]
+    for i in (0, 12_345, 29_999):  # the examples runs had before, so resumed runs match
+        others = questions[:i] + questions[i + 1 :]
+        picked = random.Random(f"fewshot:{i}").sample(others, 2)
+        examples = loaded.conversations[i].scenario.variables["examples"]
+        assert [e.split("\n")[0] for e in examples.split("\n\n")] == [
+            f"Question: {q}" for q in picked
+        ]

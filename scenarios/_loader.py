@@ -16,16 +16,17 @@ from typing import Any, NamedTuple
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from convsim._errors import ConfigError, PackError, PackProblem, TemplateError
+from convsim._errors import ConfigError, PackError, PackProblem, ProblemLog, TemplateError
 
 from ._criteria import goal_problems
 from ._files import (
     DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_LINE_BYTES,
     FileProblem,
     ParsedYaml,
-    iter_lines,
-    parse_json_value,
+    open_pack_file,
     parse_yaml,
+    read_jsonl,
     read_pack_file,
 )
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
@@ -88,6 +89,7 @@ def load_pack(
     include_path: str | Path | None = None,
     allow_code: bool = False,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> Pack:
     """Load and validate a bundled pack by name, or a pack folder by path, or a pack from
     a registered source (``lm-eval:TASK``, ``task:NAME``; see :data:`PACK_SOURCES`).
@@ -109,15 +111,16 @@ def load_pack(
             ``!function`` tags); without it such a pack is refused. Packs with code are
             code: allow it only for packs you trust.
         max_file_bytes: the largest file the pack may hold (default 256 MB).
+        max_line_bytes: the longest line of its JSONL files (default 1 MB); a longer
+            line is refused before it is parsed.
 
     Raises:
         ConfigError: no such pack.
-        PackError: the pack is invalid; ``problems`` lists every problem found.
+        PackError: the pack is invalid; ``problems`` lists the problems found (the
+            first 1,000; ``more`` counts the rest).
     """
-    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int):
-        raise ConfigError(f"max_file_bytes must be an integer, not {max_file_bytes!r}")
-    if max_file_bytes < 1:
-        raise ConfigError(f"max_file_bytes must be >= 1, not {max_file_bytes}")
+    _check_limit("max_file_bytes", max_file_bytes)
+    _check_limit("max_line_bytes", max_line_bytes)
     options = LoadOptions(
         num_fewshot=num_fewshot,
         context_mode=context_mode,
@@ -125,10 +128,18 @@ def load_pack(
         metric_names=metric_names,
         allow_code=allow_code,
         max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
     )
     pack = _load(name_or_path, options)
     recorded = options.recorded()
     return dataclasses.replace(pack, load_options=recorded) if recorded else pack
+
+
+def _check_limit(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, not {value!r}")
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1, not {value}")
 
 
 def _load(name_or_path: str | Path, options: LoadOptions) -> Pack:
@@ -174,12 +185,18 @@ def load_multi_turn_files(
     *,
     allow_code: bool = False,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> MultiTurnFiles:
     """A multi-turn pack from two named files (a task class's DATASET_PATH and
     TURN_CONFIG_PATH), validated as a pack folder is; also its flows by name. The
     files may be in different folders; their common folder is the pack's."""
+    _check_limit("max_file_bytes", max_file_bytes)
+    _check_limit("max_line_bytes", max_line_bytes)
     options = LoadOptions(
-        metric_names=metric_names, allow_code=allow_code, max_file_bytes=max_file_bytes
+        metric_names=metric_names,
+        allow_code=allow_code,
+        max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
     )
     root = Path(os.path.commonpath([scenarios.parent.resolve(), turn_configs.parent.resolve()]))
     loader = _MultiTurnLoader(scenarios.parent, options, root=root)
@@ -223,24 +240,40 @@ class _Loader:
         self.metric_names = options.metric_names
         self.allow_code = options.allow_code
         self.max_file_bytes = options.max_file_bytes
-        self.problems: list[PackProblem] = []
+        self.max_line_bytes = options.max_line_bytes
+        self.log = ProblemLog()
         self.digest = hashlib.sha256()
 
+    @property
+    def problems(self) -> list[PackProblem]:
+        """The problems found so far (the first MAX_LISTED_PROBLEMS of them)."""
+        return self.log.problems
+
     def problem(self, file: str, line: int | None, field: str | None, message: str) -> None:
-        self.problems.append(PackProblem(file, line, field, message))
+        self.log.add(PackProblem(file, line, field, message))
+
+    def error(self) -> PackError:
+        """The pack's problems as the error to raise."""
+        return self.log.error()
+
+    def file_problem(self, name: str, named_at: Where | None, exc: OSError | FileProblem) -> None:
+        """A problem with the file ``name`` as a whole, where the file is named (or on the
+        file itself)."""
+        where = named_at or Where(name, None, None)
+        if isinstance(exc, FileNotFoundError):
+            self.problem(*where, "file is missing" if named_at is None else f"{name}: missing")
+        elif isinstance(exc, FileProblem):
+            self.problem(*where, exc.message if named_at is None else f"{name}: {exc.message}")
+        else:
+            self.problem(*where, f"cannot read {name}: {exc.strerror}")
 
     def read_bytes(self, name: str, named_at: Where | None = None) -> bytes | None:
         """A pack file's bytes, if it is a regular file inside the pack of bounded size;
         else None and a problem where the file is named (or on the file itself)."""
-        where = named_at or Where(name, None, None)
         try:
             return read_pack_file(self.root, str(self.folder / name), self.max_file_bytes)
-        except FileNotFoundError:
-            self.problem(*where, "file is missing" if named_at is None else f"{name}: missing")
-        except FileProblem as exc:
-            self.problem(*where, exc.message if named_at is None else f"{name}: {exc.message}")
-        except OSError as exc:
-            self.problem(*where, f"cannot read {name}: {exc.strerror}")
+        except (OSError, FileProblem) as exc:
+            self.file_problem(name, named_at, exc)
         return None
 
     def read(self, name: str, named_at: Where | None = None) -> str | None:
@@ -265,14 +298,32 @@ class _Loader:
             return ParsedYaml(None, None)
 
     def read_jsonl(self, name: str, named_at: Where | None = None) -> Iterator[tuple[int, Any]]:
-        text = self.read(name, named_at)
-        if text is None:
+        """The values of a JSONL pack file's lines with their numbers, read one line at a
+        time (the file is never held whole); a problem for each line that has none."""
+        try:
+            fh = open_pack_file(self.root, str(self.folder / name), self.max_file_bytes)
+        except (OSError, FileProblem) as exc:
+            self.file_problem(name, named_at, exc)
             return
-        for lineno, line in iter_lines(text):
+        self.digest.update(name.encode() + b"\0")
+        lines = read_jsonl(
+            fh,
+            max_bytes=self.max_file_bytes,
+            max_line_bytes=self.max_line_bytes,
+            on_bytes=self.digest.update,
+        )
+        with fh:
             try:
-                yield lineno, parse_json_value(line)
+                for line in lines:
+                    if line.problem is None:
+                        yield line.number, line.value
+                    else:
+                        self.problem(name, line.number, line.problem.field, line.problem.message)
             except FileProblem as exc:
-                self.problem(name, lineno, exc.field, exc.message)
+                self.problem(name, exc.line, exc.field, exc.message)
+            except OSError as exc:
+                self.problem(name, None, None, f"cannot read {name}: {exc.strerror}")
+        self.digest.update(b"\0")
 
     def describe(self) -> str:
         """The first paragraph of the pack's README.md (not a heading), if it has one."""
@@ -340,7 +391,7 @@ class _Loader:
     def finish(self, **fields: Any) -> Pack:
         description = self.describe()
         if self.problems:
-            raise PackError(self.problems)
+            raise self.error()
         return Pack(
             name=self.folder.name,
             path=self.folder,
@@ -665,7 +716,7 @@ class _SingleTurnLoader(_Loader):
         if config is None:
             if data is None and not self.problems:
                 self.problem(self.CONFIG, None, None, "is empty")
-            raise PackError(self.problems)
+            raise self.error()
         metrics = config.metrics.primary + config.metrics.secondary
         self.check_metrics(
             config.metrics.primary, self.CONFIG, line_of(("metrics", "primary")), "metrics.primary"
@@ -690,7 +741,7 @@ class _SingleTurnLoader(_Loader):
         at = Where(self.CONFIG, line_of(("dataset", "path")), "dataset.path") if named else None
         problems = self._problems(config, at)
         if template is None or self.problems:
-            raise PackError(self.problems)
+            raise self.error()
         flow = Flow(
             max_turns=1,
             conversation_timeout=300.0,

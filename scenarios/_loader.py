@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import heapq
@@ -50,6 +51,9 @@ SINGLE_TURN_FILES = ("problems.jsonl", "config.yml")
 #: The variables a single-turn prompt template may use.
 SINGLE_TURN_VARIABLES = frozenset({"question", "context", "difficulty", "domain", "examples"})
 SINGLE_TURN_ID = "answer"
+NOTES_PER_TURN = 10
+"""The most scenarios named in the notes for one optional turn that will skip; one
+more note counts the rest."""
 
 
 @dataclass(frozen=True)
@@ -477,6 +481,9 @@ class _MultiTurnLoader(_Loader):
         flows = self.flows = self._flows()
         conversations = []
         seen: dict[str, int] = {}
+        self.skip_notes: list[str] = []
+        self.skips: collections.Counter[tuple[str, str]] = collections.Counter()
+        """Scenarios that skip an optional turn, by flow and turn."""
         for lineno, raw in self.read_jsonl(self.DATA):
             scenario = self.validate(Scenario, raw, self.DATA, lambda loc, n=lineno: n)
             if scenario is None:
@@ -513,7 +520,7 @@ class _MultiTurnLoader(_Loader):
         return self.finish(
             kind="multi_turn",
             conversations=tuple(conversations),
-            notes=(*self._flow_notes(flows), *self._notes(conversations)),
+            notes=(*self._flow_notes(flows), *self.skip_notes, *self._more_skips()),
         )
 
     def _flows(self) -> dict[str, PreparedFlow]:
@@ -629,7 +636,9 @@ class _MultiTurnLoader(_Loader):
             missing = conv.missing_variables(turn)
             if not missing:
                 self.check_render(conv, turn, self.DATA, lineno)
-            elif not turn.config.optional:
+            elif turn.config.optional:
+                self._note_skip(conv, turn, missing)
+            else:
                 self.problem(
                     self.DATA,
                     lineno,
@@ -681,19 +690,34 @@ class _MultiTurnLoader(_Loader):
                     f"the turns after the first {limit} that run are skipped"
                 )
 
-    @staticmethod
-    def _notes(conversations: list[Conversation]) -> Iterator[str]:
-        for conv in conversations:
-            for turn in conv.flow.turns:
-                missing = conv.missing_variables(turn)
-                if missing and turn.config.optional:
-                    yield (
-                        f"{conv.source}: optional turn {turn.turn_id!r} will be skipped "
-                        f"(no {', '.join(sorted(missing))})"
-                    )
+    def _note_skip(self, conv: Conversation, turn: PreparedTurn, missing: frozenset[str]) -> None:
+        """Note that ``conv`` will skip the optional ``turn``, for the first
+        NOTES_PER_TURN scenarios that do; the rest are counted."""
+        key = (conv.flow.scenario_type, turn.turn_id)
+        self.skips[key] += 1
+        if self.skips[key] <= NOTES_PER_TURN:
+            self.skip_notes.append(
+                f"{conv.source}: optional turn {turn.turn_id!r} will be skipped "
+                f"(no {', '.join(sorted(missing))})"
+            )
+
+    def _more_skips(self) -> Iterator[str]:
+        for (flow, turn_id), count in self.skips.items():
+            if count > NOTES_PER_TURN:
+                yield (
+                    f"{self.DATA}: optional turn {turn_id!r} of flow {flow!r} will be skipped "
+                    f"in {count - NOTES_PER_TURN:,} more scenarios too ({count:,} in all)"
+                )
 
 
 # -- single-turn --------------------------------------------------------------------
+
+
+class Shot(NamedTuple):
+    """A problem as a few-shot example shows it."""
+
+    question: str
+    answer: str
 
 
 class _SingleTurnLoader(_Loader):
@@ -758,13 +782,18 @@ class _SingleTurnLoader(_Loader):
         )
         prepared = PreparedFlow("single_turn", flow, (PreparedTurn(flow.turns[0], 0, template),))
         conversations = []
-        for i, (lineno, problem) in enumerate(problems):
+        shots = (
+            [Shot(p.question, p.expected_answer) for _, p in problems] if self.num_fewshot else []
+        )
+        problems.reverse()  # popped from the end: each is freed once its scenario is built
+        for i in range(len(problems)):
+            lineno, problem = problems.pop()
             variables: dict[str, Any] = {
                 "question": problem.question,
                 "context": _context(problem.context, mode),
                 "difficulty": problem.difficulty or "",
                 "domain": problem.domain or "",
-                "examples": self._examples(problems, i),
+                "examples": self._examples(shots, i),
             }
             # model_construct: "context" is a built-in name in multi-turn packs only.
             scenario = Scenario.model_construct(
@@ -856,12 +885,12 @@ class _SingleTurnLoader(_Loader):
             )
         return problems
 
-    def _examples(self, problems: list[tuple[int, Problem]], i: int) -> str:
+    def _examples(self, shots: list[Shot], i: int) -> str:
         """``num_fewshot`` other problems as examples for problem ``i``, the same ones
         each time. Samples positions among the others, as sampling a list of the others
         would, without building that list for every problem."""
         if not self.num_fewshot:
             return ""
-        positions = random.Random(f"fewshot:{i}").sample(range(len(problems) - 1), self.num_fewshot)
-        picked = (problems[j if j < i else j + 1][1] for j in positions)
-        return "\n\n".join(f"Question: {p.question}\nAnswer: {p.expected_answer}" for p in picked)
+        positions = random.Random(f"fewshot:{i}").sample(range(len(shots) - 1), self.num_fewshot)
+        picked = (shots[j if j < i else j + 1] for j in positions)
+        return "\n\n".join(f"Question: {p.question}\nAnswer: {p.answer}" for p in picked)

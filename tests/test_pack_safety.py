@@ -515,6 +515,25 @@ def test_loading_keeps_the_scenarios_not_the_text_they_came_from(tmp_path: Path)
     assert peak - held < 1_000_000, (peak, held)
 
 
+def test_a_single_turn_pack_keeps_its_scenarios_not_its_problems(tmp_path: Path) -> None:
+    pack = write_single(tmp_path / "pack")
+    config = (pack / "config.yml").read_text() + '  with_examples: "{examples} Q: {question}"\n'
+    (pack / "config.yml").write_text(config)
+    problem = {"question": "2+2?", "expected_answer": "4", "tags": ["a", "b"], "domain": "m"}
+    with open(pack / "problems.jsonl", "w") as fh:
+        for i in range(3000):
+            fh.write(json.dumps({"id": f"p{i}", **problem, "metadata": {"n": i}}) + "\n")
+    tracemalloc.start()
+    try:
+        loaded = load_pack(pack, num_fewshot=1)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(loaded) == 3000
+    # every validated Problem, kept until the last scenario was built: 4 MB here
+    assert peak - held < 500_000, (peak, held)  # measured: 0.26 MB
+
+
 def test_a_line_at_the_limit_is_read_one_byte_more_is_not(tmp_path: Path) -> None:
     row = json.dumps(scenario())
     pack = raw_scenarios(tmp_path / "pack", row + "\r\n\n   \n" + row.replace("s1", "s2"))
@@ -547,6 +566,18 @@ def test_a_pack_with_a_mistake_on_every_line_lists_the_first_thousand(tmp_path: 
         == "scenarios.jsonl:1000: tags.0: Input should be a valid string"
     )
     assert "(2,500 problems, the first 1,000 listed)" in str(caught.value)
+
+
+def test_notes_name_ten_scenarios_per_skipped_turn_and_count_the_rest(tmp_path: Path) -> None:
+    flows = FLOW + "    - turn_id: extra\n      optional: true\n      prompt_template: '{topic}'\n"
+    rows = [scenario(scenario_id=f"s{i}") for i in range(25)]
+    notes = load_pack(write_multi(tmp_path / "pack", *rows, flows=flows)).notes
+    assert notes[0] == "scenarios.jsonl:1: optional turn 'extra' will be skipped (no topic)"
+    assert len(notes) == 11
+    assert notes[-1] == (
+        "scenarios.jsonl: optional turn 'extra' of flow 'default' will be skipped in 15 more "
+        "scenarios too (25 in all)"
+    )
 
 
 @pytest.mark.timeout(30)

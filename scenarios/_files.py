@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -236,8 +237,22 @@ def parse_json_value(text: str) -> Any:
         raise FileProblem(f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # e.g. a float literal with thousands of digits
         raise FileProblem(f"invalid JSON: {exc}") from None
-    check_value(value)
+    if _may_be_unfit(text):
+        check_value(value)
     return value
+
+
+#: A JSON escape of a UTF-16 surrogate (\ud800 to \udfff): the one way JSON in valid
+#: text can spell a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _may_be_unfit(text: str) -> bool:
+    """False when the JSON ``text`` cannot hold a value :func:`check_value` refuses, so
+    the walk over every value can be skipped: fewer brackets than the depth limit (each
+    level opens one), no escaped surrogate and no raw one."""
+    brackets = text.count("[") + text.count("{")
+    return brackets > MAX_DEPTH or bool(_SURROGATE_ESCAPE.search(text)) or not _valid_text(text)
 
 
 def check_value(value: Any) -> None:

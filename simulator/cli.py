@@ -276,6 +276,7 @@ def validate(
     """Validate PACK (a bundled pack's name or a folder) without running it."""
     from ._packs import load_pack
 
+    tune_gc_for_throughput()  # a big pack is millions of objects that live on
     loaded = load_pack(
         pack,
         num_fewshot=num_fewshot,
@@ -510,6 +511,7 @@ def run(
         raise click.UsageError("--user-model-arg needs --user-model")
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
+    tune_gc_for_throughput()  # a big pack is millions of objects that live on
     loaded = load_pack(
         pack,
         num_fewshot=num_fewshot,

@@ -7,11 +7,13 @@ process, so each peak RSS (``ru_maxrss``) is that load's alone. (A child's ru_ma
 starts from its parent's RSS at the fork, so this script keeps its own small: it
 writes the packs a line at a time and does not import convsim.)
 
-1. A multi-turn pack of N scenarios (default 100,000; about 240 MB): the bundled
+1. A multi-turn pack of N scenarios (default 100,000; about 250 MB): the bundled
    customer_support scenarios, each line given a new id, and that pack's flows.
    ``convsim.load_pack`` (metric names checked, as ``convsim validate`` does) loads it
    R times (default 3); prints the load's wall time and the process's peak RSS, median
-   and range, beside the RSS after imports.
+   and range, beside the RSS after imports. Then ``convsim validate`` R times: wall
+   time (start-up included) and peak RSS. The library leaves the garbage collector as
+   it is; the command line tunes it (convsim._gc) before it loads a pack.
 2. The same for a single-turn pack of N problems (single_turn_qa's problems, each with
    a 2 kB context and a new id).
 3. Multi-turn packs whose scenarios.jsonl is one line of M MB (default 50): a JSON
@@ -163,6 +165,11 @@ def report_loads(title: str, folder: Path, data_file: str, runs: int) -> None:
     print(f"  peak RSS:  {spread([r.peak_mb for r in loads], 'MB', 0)}")
     imports = statistics.median(r.imports_mb for r in loads)
     print(f"  RSS after imports, before loading: {imports:.0f} MB")
+    convsim = str(Path(sys.executable).parent / "convsim")
+    commands = [measured([convsim, "validate", str(folder)]) for _ in range(runs)]
+    print(f"  convsim validate: {commands[0].output.splitlines()[0][:60]}")
+    print(f"    wall time {spread([c.seconds for c in commands], 's', 2)} (start-up included)")
+    print(f"    peak RSS  {spread([c.peak_mb for c in commands], 'MB', 0)}")
 
 
 def main() -> None:

@@ -20,17 +20,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 from pydantic import ValidationError
 
-from convsim._errors import ConfigError, PackError, PackProblem
+from convsim._errors import ConfigError, PackError, PackProblem, ProblemLog
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._registry import Registry
 from convsim._types import Message
 from convsim.scenarios import (
     DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_LINE_BYTES,
     Conversation,
     Flow,
     Goal,
@@ -41,7 +42,7 @@ from convsim.scenarios import (
     TurnConfig,
     goal_problems,
 )
-from convsim.scenarios._files import FileProblem, iter_lines, parse_json_value, read_pack_file
+from convsim.scenarios._files import FileProblem, JsonLine, open_pack_file, read_jsonl
 
 from ._judge import JudgeSettings, judged
 from ._protocol import Metric
@@ -316,87 +317,106 @@ def _loop_running() -> bool:
 
 
 def read_transcripts(
-    path: str | Path, *, allow_code: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    path: str | Path,
+    *,
+    allow_code: bool = False,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> list[Transcript]:
-    """Every conversation of a transcript file; PackError names each bad line and field.
+    """Every conversation of a transcript file; PackError names each bad line and field
+    (the first 1,000 of them, and counts the rest).
 
-    The file must be a regular file of at most ``max_file_bytes``. A goal criterion that
-    runs code (``python``) is refused unless ``allow_code``: a transcript file, like a
-    pack, is data unless its user trusts it.
+    The file must be a regular file of at most ``max_file_bytes``, read a line at a
+    time; a line longer than ``max_line_bytes`` is refused before it is parsed. A goal
+    criterion that runs code (``python``) is refused unless ``allow_code``: a transcript
+    file, like a pack, is data unless its user trusts it.
     """
     path = Path(path)
-    text = _read_text(path, max_file_bytes)
-    problems: list[PackProblem] = []
+    problems = ProblemLog()
     out: list[Transcript] = []
     seen: set[str] = set()
-    for lineno, line in iter_lines(text):
-        where = f"{path.name}:{lineno}"
+    with _open(path, max_file_bytes) as fh:
         try:
-            raw = parse_json_value(line)
-            if not isinstance(raw, dict):
-                raise ValueError("a line must be a JSON object")
-            known = {"conversation_id", "messages", "facts", "probes", "goal", *SCENARIO_FIELDS}
-            unknown = set(raw) - known
-            if unknown:
-                problems.append(PackProblem(path.name, lineno, sorted(unknown)[0], "unknown field"))
-                continue
-            cid = str(raw.get("conversation_id") or f"line-{lineno}")
-            if cid in seen:
-                problems.append(
-                    PackProblem(path.name, lineno, "conversation_id", f"duplicate {cid!r}")
-                )
-                continue
-            seen.add(cid)
-            if not isinstance(raw.get("messages"), list):
-                problems.append(
-                    PackProblem(path.name, lineno, "messages", "a list of messages is required")
-                )
-                continue
-            transcript = build_transcript(
-                cid,
-                raw["messages"],
-                facts=raw.get("facts") or (),
-                probes=raw.get("probes") or (),
-                goal=raw.get("goal"),
-                source=where,
-                **{k: raw[k] for k in SCENARIO_FIELDS if raw.get(k) is not None},
-            )
-            wrong = list(
-                goal_problems(transcript.conversation.scenario.goal, allow_code=allow_code)
-            )
-            for field, message in wrong:
-                problems.append(PackProblem(path.name, lineno, field, message))
-            if not wrong:
-                out.append(transcript)
+            for line in read_jsonl(fh, max_bytes=max_file_bytes, max_line_bytes=max_line_bytes):
+                transcript = _read_transcript(path.name, line, allow_code, seen, problems)
+                if transcript is not None:
+                    out.append(transcript)
         except FileProblem as exc:
-            problems.append(PackProblem(path.name, lineno, exc.field, exc.message))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            problems.append(
-                PackProblem(path.name, lineno, ".".join(map(str, err["loc"])) or None, err["msg"])
-            )
-        except _FieldError as exc:
-            problems.append(PackProblem(path.name, lineno, exc.field, exc.message))
-        except (TypeError, ValueError) as exc:
-            problems.append(PackProblem(path.name, lineno, None, str(exc)))
+            problems.add(PackProblem(path.name, exc.line, exc.field, exc.message))
+        except OSError as exc:
+            problems.add(PackProblem(str(path), None, None, f"cannot read: {exc.strerror}"))
     if problems:
-        raise PackError(problems)
+        raise problems.error()
     if not out:
         raise PackError([PackProblem(path.name, None, None, "holds no conversations")])
     return out
 
 
-def _read_text(path: Path, max_file_bytes: int) -> str:
-    """A transcript file's text: a regular file (a FIFO or a device is refused before it
-    is opened) of bounded size, in UTF-8."""
+def _read_transcript(
+    name: str,
+    line: JsonLine,
+    allow_code: bool,
+    seen: set[str],
+    problems: ProblemLog,
+) -> Transcript | None:
+    """The transcript on ``line``; or None, and its problems added to ``problems``.
+    ``seen`` holds the conversation ids of the lines before."""
+    lineno = line.number
+    where = f"{name}:{lineno}"
+    if line.problem is not None:
+        problems.add(PackProblem(name, lineno, line.problem.field, line.problem.message))
+        return None
+    raw = line.value
+    try:
+        if not isinstance(raw, dict):
+            raise ValueError("a line must be a JSON object")
+        known = {"conversation_id", "messages", "facts", "probes", "goal", *SCENARIO_FIELDS}
+        unknown = set(raw) - known
+        if unknown:
+            problems.add(PackProblem(name, lineno, sorted(unknown)[0], "unknown field"))
+            return None
+        cid = str(raw.get("conversation_id") or f"line-{lineno}")
+        if cid in seen:
+            problems.add(PackProblem(name, lineno, "conversation_id", f"duplicate {cid!r}"))
+            return None
+        seen.add(cid)
+        if not isinstance(raw.get("messages"), list):
+            problems.add(PackProblem(name, lineno, "messages", "a list of messages is required"))
+            return None
+        transcript = build_transcript(
+            cid,
+            raw["messages"],
+            facts=raw.get("facts") or (),
+            probes=raw.get("probes") or (),
+            goal=raw.get("goal"),
+            source=where,
+            **{k: raw[k] for k in SCENARIO_FIELDS if raw.get(k) is not None},
+        )
+        wrong = list(goal_problems(transcript.conversation.scenario.goal, allow_code=allow_code))
+        for field, message in wrong:
+            problems.add(PackProblem(name, lineno, field, message))
+        return None if wrong else transcript
+    except FileProblem as exc:
+        problems.add(PackProblem(name, lineno, exc.field, exc.message))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(map(str, err["loc"])) or None
+        problems.add(PackProblem(name, lineno, field, err["msg"]))
+    except _FieldError as exc:
+        problems.add(PackProblem(name, lineno, exc.field, exc.message))
+    except (TypeError, ValueError) as exc:
+        problems.add(PackProblem(name, lineno, None, str(exc)))
+    return None
+
+
+def _open(path: Path, max_file_bytes: int) -> BinaryIO:
+    """A transcript file open for reading: a regular file (a FIFO or a device is refused
+    before it is opened) of bounded size."""
     real = Path(os.path.realpath(path))
     try:
-        data = read_pack_file(real.parent, real.name, max_file_bytes)
-        return data.decode("utf-8")
+        return open_pack_file(real.parent, real.name, max_file_bytes)
     except FileProblem as exc:
         message = exc.message
-    except UnicodeDecodeError as exc:
-        message = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     except OSError as exc:
         message = f"cannot read: {exc.strerror}"
     raise PackError([PackProblem(str(path), None, None, message)])

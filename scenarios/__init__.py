@@ -36,7 +36,7 @@ _public = _lazy_module(
             "TurnSettings",
         ],
         "._templates": ["Template"],
-        "._files": ["DEFAULT_MAX_FILE_BYTES"],
+        "._files": ["DEFAULT_MAX_FILE_BYTES", "DEFAULT_MAX_LINE_BYTES"],
         "._criteria": ["CriterionProblem", "goal_problems"],
         "._regex": ["RegexError"],
     },
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ._criteria import CriterionProblem as CriterionProblem
     from ._criteria import goal_problems as goal_problems
     from ._files import DEFAULT_MAX_FILE_BYTES as DEFAULT_MAX_FILE_BYTES
+    from ._files import DEFAULT_MAX_LINE_BYTES as DEFAULT_MAX_LINE_BYTES
     from ._loader import BUNDLED_PACKS_DIR as BUNDLED_PACKS_DIR
     from ._loader import SINGLE_TURN_ID as SINGLE_TURN_ID
     from ._loader import MultiTurnFiles as MultiTurnFiles

@@ -3,31 +3,40 @@ bounded size, parsed into bounded data.
 
 A pack comes from someone else, so each file it names is checked before it is opened
 (``os.stat`` never opens a FIFO or reads a device): it must resolve, symlinks followed,
-to a regular file inside the pack folder and be at most ``max_bytes`` long. Parsed
-data is bounded too: nesting at most :data:`MAX_DEPTH` levels, integers within a float's
-range, valid Unicode text (no lone surrogates), YAML aliases that expand to at most
-:data:`MAX_YAML_NODES` nodes and never into themselves, and keys that are scalars.
-Every refusal is a :class:`FileProblem` with the line it is on, when there is one.
+to a regular file inside the pack folder and be at most ``max_bytes`` long. A JSONL
+file is read a line at a time, and a line longer than ``max_line_bytes`` is refused
+before it is parsed (or even held whole), so memory follows the longest line allowed,
+not the file. Parsed data is bounded too: nesting at most :data:`MAX_DEPTH` levels,
+integers within a float's range, valid Unicode text (no lone surrogates), YAML files of
+at most :data:`MAX_YAML_NODES` values (counted before the document is built), whose
+aliases expand to at most as many and never into themselves, and keys that are
+scalars. Every refusal is a :class:`FileProblem` with the line it is on, when there is
+one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import yaml
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_MAX_LINE_BYTES",
     "MAX_DEPTH",
     "MAX_YAML_NODES",
     "FileProblem",
+    "JsonLine",
     "ParsedYaml",
+    "open_pack_file",
     "read_pack_file",
+    "read_jsonl",
     "parse_json_value",
     "parse_yaml",
     "format_size",
@@ -35,6 +44,10 @@ __all__ = [
 
 DEFAULT_MAX_FILE_BYTES = 256 * 1000 * 1000
 """The largest pack file read by default (256 MB); ``max_file_bytes`` changes it."""
+DEFAULT_MAX_LINE_BYTES = 1000 * 1000
+"""The longest line of a JSONL file read by default (1 MB); ``max_line_bytes`` changes
+it. A line's value takes many times its length in memory (50 MB of ``[1,1,...]`` took
+4 GB), so the limit on a line, not on the file, bounds what parsing one can cost."""
 MAX_DEPTH = 100
 """The deepest nesting of lists and mappings a pack file may hold."""
 MAX_YAML_NODES = 1_000_000
@@ -64,14 +77,14 @@ def format_size(size: int) -> str:
     return f"{size} bytes"
 
 
-def read_pack_file(root: Path, name: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
-    """The bytes of the file ``name`` (relative to ``root``, or absolute) after checking
-    that it is a regular file inside ``root`` of at most ``max_bytes``.
+def open_pack_file(root: Path, name: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> BinaryIO:
+    """The file ``name`` (relative to ``root``, or absolute) open for reading in binary,
+    after checking that it is a regular file inside ``root`` of at most ``max_bytes``.
 
     Raises:
         FileNotFoundError: there is no such file.
         FileProblem: the file is outside ``root``, not a regular file, or too large.
-        OSError: it cannot be read.
+        OSError: it cannot be opened.
     """
     base = Path(os.path.realpath(root))
     path = Path(os.path.realpath(base / name))  # symlinks and ".." resolved
@@ -80,9 +93,29 @@ def read_pack_file(root: Path, name: str, max_bytes: int = DEFAULT_MAX_FILE_BYTE
     _check_kind(os.stat(path), max_bytes)
     # O_NONBLOCK: if the file became a FIFO since the stat, opening it does not wait
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    with os.fdopen(fd, "rb") as fh:
+    fh = os.fdopen(fd, "rb")
+    try:
         _check_kind(os.fstat(fd), max_bytes)
-        data = fh.read(max_bytes + 1)
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
+def read_pack_file(root: Path, name: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+    """The bytes of the file ``name``, checked as :func:`open_pack_file` does.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        FileProblem: the file is outside ``root``, not a regular file, or too large.
+        OSError: it cannot be read.
+    """
+    with open_pack_file(root, name, max_bytes) as fh:
+        # read(n) allocates n bytes first: ask for the size checked, not the limit
+        size = os.fstat(fh.fileno()).st_size
+        data = fh.read(size + 1)
+        if len(data) > size:  # it grew since
+            data += fh.read(max_bytes + 1 - len(data))
     if len(data) > max_bytes:
         raise FileProblem(_too_large(len(data), max_bytes))
     return data
@@ -105,6 +138,79 @@ def _too_large(size: int, max_bytes: int) -> str:
 
 
 # -- JSON -----------------------------------------------------------------------------
+
+_SKIP_CHUNK = 1 << 16  # the rest of a line over the limit is read past this much at a time
+
+
+class JsonLine(NamedTuple):
+    """A non-blank line of a JSONL file: its number (1-based) and its value, or the
+    problem that keeps it from having one (``value`` is then None)."""
+
+    number: int
+    value: Any
+    problem: FileProblem | None
+
+
+def read_jsonl(
+    fh: BinaryIO,
+    *,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    on_bytes: Callable[[bytes], object] | None = None,
+) -> Iterator[JsonLine]:
+    """The non-blank lines of a JSONL file open in binary, one at a time, parsed with
+    :func:`parse_json_value`. Lines end at "\\n" only: JSON strings may hold U+2028
+    and friends, which other line breaks would split.
+
+    A line longer than ``max_line_bytes`` (its newline not counted) is never held whole
+    nor parsed: the rest of it is read past, and it comes back with its problem.
+    ``on_bytes`` sees every byte read, in order (a pack's hash covers its files).
+
+    Raises:
+        FileProblem: a line is not UTF-8 (with its line; the lines after it are not
+            read), or the file has grown past ``max_bytes``.
+        OSError: the file cannot be read.
+    """
+    offset = number = 0
+    while data := fh.readline(max_line_bytes + 1):
+        number += 1
+        start = offset
+        while True:  # once, or until the end of a line over the limit
+            offset += len(data)
+            if on_bytes is not None:
+                on_bytes(data)
+            if offset > max_bytes:  # the file grew since it was checked
+                raise FileProblem(_too_large(offset, max_bytes))
+            if data.endswith(b"\n") or offset - start <= max_line_bytes:
+                break
+            data = fh.readline(_SKIP_CHUNK)
+            if not data:
+                break
+        length = offset - start - data.endswith(b"\n")
+        if length > max_line_bytes:
+            yield JsonLine(number, None, FileProblem(_line_too_long(length, max_line_bytes)))
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FileProblem(
+                f"not UTF-8 text ({exc.reason} at byte {start + exc.start})", number
+            ) from None
+        if not text.strip():
+            continue
+        try:
+            value = parse_json_value(text)
+        except FileProblem as exc:
+            yield JsonLine(number, None, exc)
+            continue
+        yield JsonLine(number, value, None)
+
+
+def _line_too_long(length: int, max_line_bytes: int) -> str:
+    return (
+        f"a line of {format_size(length)}, over the limit of {format_size(max_line_bytes)} "
+        "per line (raise it with --max-line-size or max_line_bytes=); not parsed"
+    )
 
 
 def _bounded_int(text: str) -> int:
@@ -131,8 +237,22 @@ def parse_json_value(text: str) -> Any:
         raise FileProblem(f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # e.g. a float literal with thousands of digits
         raise FileProblem(f"invalid JSON: {exc}") from None
-    check_value(value)
+    if _may_be_unfit(text):
+        check_value(value)
     return value
+
+
+#: A JSON escape of a UTF-16 surrogate (\ud800 to \udfff): the one way JSON in valid
+#: text can spell a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _may_be_unfit(text: str) -> bool:
+    """False when the JSON ``text`` cannot hold a value :func:`check_value` refuses, so
+    the walk over every value can be skipped: fewer brackets than the depth limit (each
+    level opens one), no escaped surrogate and no raw one."""
+    brackets = text.count("[") + text.count("{")
+    return brackets > MAX_DEPTH or bool(_SURROGATE_ESCAPE.search(text)) or not _valid_text(text)
 
 
 def check_value(value: Any) -> None:
@@ -215,9 +335,10 @@ def parse_yaml(text: str) -> ParsedYaml:
 
 
 def _check_events(text: str) -> None:
-    """Refuse nesting deeper than MAX_DEPTH from the event stream, before composing
-    (which recurses) and stopping as soon as the limit is passed."""
-    depth = 0
+    """Refuse nesting deeper than MAX_DEPTH, and more than MAX_YAML_NODES values, from
+    the event stream: before composing, which recurses and builds every node (a 12 MB
+    file of short items took 1.3 GB and 46 s), and as soon as a limit is passed."""
+    depth = values = 0
     for event in yaml.parse(text, Loader=_Parser):
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             depth += 1
@@ -227,6 +348,14 @@ def _check_events(text: str) -> None:
                 )
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
             depth -= 1
+            continue
+        elif not isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+            continue
+        values += 1
+        if values > MAX_YAML_NODES:
+            raise FileProblem(
+                f"holds more than {MAX_YAML_NODES:,} values", event.start_mark.line + 1
+            )
 
 
 def _check_expansion(root: yaml.Node) -> None:
@@ -342,13 +471,3 @@ _StrictConstructor.add_constructor(
 
 def _cut(text: str) -> str:
     return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
-
-
-def iter_lines(text: str) -> Iterator[tuple[int, str]]:
-    """The non-blank lines of a JSONL text with their 1-based numbers.
-
-    Splits on "\\n" only: JSON strings may hold U+2028 and friends, which
-    str.splitlines() would treat as line breaks."""
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if line.strip():
-            yield lineno, line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import heapq
@@ -16,16 +17,17 @@ from typing import Any, NamedTuple
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from convsim._errors import ConfigError, PackError, PackProblem, TemplateError
+from convsim._errors import ConfigError, PackError, PackProblem, ProblemLog, TemplateError
 
 from ._criteria import goal_problems
 from ._files import (
     DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_LINE_BYTES,
     FileProblem,
     ParsedYaml,
-    iter_lines,
-    parse_json_value,
+    open_pack_file,
     parse_yaml,
+    read_jsonl,
     read_pack_file,
 )
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
@@ -49,6 +51,9 @@ SINGLE_TURN_FILES = ("problems.jsonl", "config.yml")
 #: The variables a single-turn prompt template may use.
 SINGLE_TURN_VARIABLES = frozenset({"question", "context", "difficulty", "domain", "examples"})
 SINGLE_TURN_ID = "answer"
+NOTES_PER_TURN = 10
+"""The most scenarios named in the notes for one optional turn that will skip; one
+more note counts the rest."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ def load_pack(
     include_path: str | Path | None = None,
     allow_code: bool = False,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> Pack:
     """Load and validate a bundled pack by name, or a pack folder by path, or a pack from
     a registered source (``lm-eval:TASK``, ``task:NAME``; see :data:`PACK_SOURCES`).
@@ -109,15 +115,16 @@ def load_pack(
             ``!function`` tags); without it such a pack is refused. Packs with code are
             code: allow it only for packs you trust.
         max_file_bytes: the largest file the pack may hold (default 256 MB).
+        max_line_bytes: the longest line of its JSONL files (default 1 MB); a longer
+            line is refused before it is parsed.
 
     Raises:
         ConfigError: no such pack.
-        PackError: the pack is invalid; ``problems`` lists every problem found.
+        PackError: the pack is invalid; ``problems`` lists the problems found (the
+            first 1,000; ``more`` counts the rest).
     """
-    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int):
-        raise ConfigError(f"max_file_bytes must be an integer, not {max_file_bytes!r}")
-    if max_file_bytes < 1:
-        raise ConfigError(f"max_file_bytes must be >= 1, not {max_file_bytes}")
+    _check_limit("max_file_bytes", max_file_bytes)
+    _check_limit("max_line_bytes", max_line_bytes)
     options = LoadOptions(
         num_fewshot=num_fewshot,
         context_mode=context_mode,
@@ -125,10 +132,18 @@ def load_pack(
         metric_names=metric_names,
         allow_code=allow_code,
         max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
     )
     pack = _load(name_or_path, options)
     recorded = options.recorded()
     return dataclasses.replace(pack, load_options=recorded) if recorded else pack
+
+
+def _check_limit(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, not {value!r}")
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1, not {value}")
 
 
 def _load(name_or_path: str | Path, options: LoadOptions) -> Pack:
@@ -174,12 +189,18 @@ def load_multi_turn_files(
     *,
     allow_code: bool = False,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> MultiTurnFiles:
     """A multi-turn pack from two named files (a task class's DATASET_PATH and
     TURN_CONFIG_PATH), validated as a pack folder is; also its flows by name. The
     files may be in different folders; their common folder is the pack's."""
+    _check_limit("max_file_bytes", max_file_bytes)
+    _check_limit("max_line_bytes", max_line_bytes)
     options = LoadOptions(
-        metric_names=metric_names, allow_code=allow_code, max_file_bytes=max_file_bytes
+        metric_names=metric_names,
+        allow_code=allow_code,
+        max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
     )
     root = Path(os.path.commonpath([scenarios.parent.resolve(), turn_configs.parent.resolve()]))
     loader = _MultiTurnLoader(scenarios.parent, options, root=root)
@@ -223,24 +244,40 @@ class _Loader:
         self.metric_names = options.metric_names
         self.allow_code = options.allow_code
         self.max_file_bytes = options.max_file_bytes
-        self.problems: list[PackProblem] = []
+        self.max_line_bytes = options.max_line_bytes
+        self.log = ProblemLog()
         self.digest = hashlib.sha256()
 
+    @property
+    def problems(self) -> list[PackProblem]:
+        """The problems found so far (the first MAX_LISTED_PROBLEMS of them)."""
+        return self.log.problems
+
     def problem(self, file: str, line: int | None, field: str | None, message: str) -> None:
-        self.problems.append(PackProblem(file, line, field, message))
+        self.log.add(PackProblem(file, line, field, message))
+
+    def error(self) -> PackError:
+        """The pack's problems as the error to raise."""
+        return self.log.error()
+
+    def file_problem(self, name: str, named_at: Where | None, exc: OSError | FileProblem) -> None:
+        """A problem with the file ``name`` as a whole, where the file is named (or on the
+        file itself)."""
+        where = named_at or Where(name, None, None)
+        if isinstance(exc, FileNotFoundError):
+            self.problem(*where, "file is missing" if named_at is None else f"{name}: missing")
+        elif isinstance(exc, FileProblem):
+            self.problem(*where, exc.message if named_at is None else f"{name}: {exc.message}")
+        else:
+            self.problem(*where, f"cannot read {name}: {exc.strerror}")
 
     def read_bytes(self, name: str, named_at: Where | None = None) -> bytes | None:
         """A pack file's bytes, if it is a regular file inside the pack of bounded size;
         else None and a problem where the file is named (or on the file itself)."""
-        where = named_at or Where(name, None, None)
         try:
             return read_pack_file(self.root, str(self.folder / name), self.max_file_bytes)
-        except FileNotFoundError:
-            self.problem(*where, "file is missing" if named_at is None else f"{name}: missing")
-        except FileProblem as exc:
-            self.problem(*where, exc.message if named_at is None else f"{name}: {exc.message}")
-        except OSError as exc:
-            self.problem(*where, f"cannot read {name}: {exc.strerror}")
+        except (OSError, FileProblem) as exc:
+            self.file_problem(name, named_at, exc)
         return None
 
     def read(self, name: str, named_at: Where | None = None) -> str | None:
@@ -265,14 +302,32 @@ class _Loader:
             return ParsedYaml(None, None)
 
     def read_jsonl(self, name: str, named_at: Where | None = None) -> Iterator[tuple[int, Any]]:
-        text = self.read(name, named_at)
-        if text is None:
+        """The values of a JSONL pack file's lines with their numbers, read one line at a
+        time (the file is never held whole); a problem for each line that has none."""
+        try:
+            fh = open_pack_file(self.root, str(self.folder / name), self.max_file_bytes)
+        except (OSError, FileProblem) as exc:
+            self.file_problem(name, named_at, exc)
             return
-        for lineno, line in iter_lines(text):
+        self.digest.update(name.encode() + b"\0")
+        lines = read_jsonl(
+            fh,
+            max_bytes=self.max_file_bytes,
+            max_line_bytes=self.max_line_bytes,
+            on_bytes=self.digest.update,
+        )
+        with fh:
             try:
-                yield lineno, parse_json_value(line)
+                for line in lines:
+                    if line.problem is None:
+                        yield line.number, line.value
+                    else:
+                        self.problem(name, line.number, line.problem.field, line.problem.message)
             except FileProblem as exc:
-                self.problem(name, lineno, exc.field, exc.message)
+                self.problem(name, exc.line, exc.field, exc.message)
+            except OSError as exc:
+                self.problem(name, None, None, f"cannot read {name}: {exc.strerror}")
+        self.digest.update(b"\0")
 
     def describe(self) -> str:
         """The first paragraph of the pack's README.md (not a heading), if it has one."""
@@ -340,7 +395,7 @@ class _Loader:
     def finish(self, **fields: Any) -> Pack:
         description = self.describe()
         if self.problems:
-            raise PackError(self.problems)
+            raise self.error()
         return Pack(
             name=self.folder.name,
             path=self.folder,
@@ -426,6 +481,9 @@ class _MultiTurnLoader(_Loader):
         flows = self.flows = self._flows()
         conversations = []
         seen: dict[str, int] = {}
+        self.skip_notes: list[str] = []
+        self.skips: collections.Counter[tuple[str, str]] = collections.Counter()
+        """Scenarios that skip an optional turn, by flow and turn."""
         for lineno, raw in self.read_jsonl(self.DATA):
             scenario = self.validate(Scenario, raw, self.DATA, lambda loc, n=lineno: n)
             if scenario is None:
@@ -462,7 +520,7 @@ class _MultiTurnLoader(_Loader):
         return self.finish(
             kind="multi_turn",
             conversations=tuple(conversations),
-            notes=(*self._flow_notes(flows), *self._notes(conversations)),
+            notes=(*self._flow_notes(flows), *self.skip_notes, *self._more_skips()),
         )
 
     def _flows(self) -> dict[str, PreparedFlow]:
@@ -578,7 +636,9 @@ class _MultiTurnLoader(_Loader):
             missing = conv.missing_variables(turn)
             if not missing:
                 self.check_render(conv, turn, self.DATA, lineno)
-            elif not turn.config.optional:
+            elif turn.config.optional:
+                self._note_skip(conv, turn, missing)
+            else:
                 self.problem(
                     self.DATA,
                     lineno,
@@ -630,19 +690,34 @@ class _MultiTurnLoader(_Loader):
                     f"the turns after the first {limit} that run are skipped"
                 )
 
-    @staticmethod
-    def _notes(conversations: list[Conversation]) -> Iterator[str]:
-        for conv in conversations:
-            for turn in conv.flow.turns:
-                missing = conv.missing_variables(turn)
-                if missing and turn.config.optional:
-                    yield (
-                        f"{conv.source}: optional turn {turn.turn_id!r} will be skipped "
-                        f"(no {', '.join(sorted(missing))})"
-                    )
+    def _note_skip(self, conv: Conversation, turn: PreparedTurn, missing: frozenset[str]) -> None:
+        """Note that ``conv`` will skip the optional ``turn``, for the first
+        NOTES_PER_TURN scenarios that do; the rest are counted."""
+        key = (conv.flow.scenario_type, turn.turn_id)
+        self.skips[key] += 1
+        if self.skips[key] <= NOTES_PER_TURN:
+            self.skip_notes.append(
+                f"{conv.source}: optional turn {turn.turn_id!r} will be skipped "
+                f"(no {', '.join(sorted(missing))})"
+            )
+
+    def _more_skips(self) -> Iterator[str]:
+        for (flow, turn_id), count in self.skips.items():
+            if count > NOTES_PER_TURN:
+                yield (
+                    f"{self.DATA}: optional turn {turn_id!r} of flow {flow!r} will be skipped "
+                    f"in {count - NOTES_PER_TURN:,} more scenarios too ({count:,} in all)"
+                )
 
 
 # -- single-turn --------------------------------------------------------------------
+
+
+class Shot(NamedTuple):
+    """A problem as a few-shot example shows it."""
+
+    question: str
+    answer: str
 
 
 class _SingleTurnLoader(_Loader):
@@ -665,7 +740,7 @@ class _SingleTurnLoader(_Loader):
         if config is None:
             if data is None and not self.problems:
                 self.problem(self.CONFIG, None, None, "is empty")
-            raise PackError(self.problems)
+            raise self.error()
         metrics = config.metrics.primary + config.metrics.secondary
         self.check_metrics(
             config.metrics.primary, self.CONFIG, line_of(("metrics", "primary")), "metrics.primary"
@@ -690,7 +765,7 @@ class _SingleTurnLoader(_Loader):
         at = Where(self.CONFIG, line_of(("dataset", "path")), "dataset.path") if named else None
         problems = self._problems(config, at)
         if template is None or self.problems:
-            raise PackError(self.problems)
+            raise self.error()
         flow = Flow(
             max_turns=1,
             conversation_timeout=300.0,
@@ -707,13 +782,18 @@ class _SingleTurnLoader(_Loader):
         )
         prepared = PreparedFlow("single_turn", flow, (PreparedTurn(flow.turns[0], 0, template),))
         conversations = []
-        for i, (lineno, problem) in enumerate(problems):
+        shots = (
+            [Shot(p.question, p.expected_answer) for _, p in problems] if self.num_fewshot else []
+        )
+        problems.reverse()  # popped from the end: each is freed once its scenario is built
+        for i in range(len(problems)):
+            lineno, problem = problems.pop()
             variables: dict[str, Any] = {
                 "question": problem.question,
                 "context": _context(problem.context, mode),
                 "difficulty": problem.difficulty or "",
                 "domain": problem.domain or "",
-                "examples": self._examples(problems, i),
+                "examples": self._examples(shots, i),
             }
             # model_construct: "context" is a built-in name in multi-turn packs only.
             scenario = Scenario.model_construct(
@@ -805,9 +885,12 @@ class _SingleTurnLoader(_Loader):
             )
         return problems
 
-    def _examples(self, problems: list[tuple[int, Problem]], i: int) -> str:
+    def _examples(self, shots: list[Shot], i: int) -> str:
+        """``num_fewshot`` other problems as examples for problem ``i``, the same ones
+        each time. Samples positions among the others, as sampling a list of the others
+        would, without building that list for every problem."""
         if not self.num_fewshot:
             return ""
-        others = [p for j, (_, p) in enumerate(problems) if j != i]
-        picked = random.Random(f"fewshot:{i}").sample(others, self.num_fewshot)
-        return "\n\n".join(f"Question: {p.question}\nAnswer: {p.expected_answer}" for p in picked)
+        positions = random.Random(f"fewshot:{i}").sample(range(len(shots) - 1), self.num_fewshot)
+        picked = (shots[j if j < i else j + 1] for j in positions)
+        return "\n\n".join(f"Question: {p.question}\nAnswer: {p.answer}" for p in picked)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from convsim._types import Message
 
-from ._schema import Flow, Scenario, TurnConfig
+from ._schema import BUILTIN_VARIABLES, Flow, Scenario, TurnConfig
 from ._templates import Template
 
 __all__ = ["Pack", "PackKind", "PreparedFlow", "PreparedTurn", "Conversation", "render_context"]
@@ -77,8 +77,6 @@ class Conversation:
 
 
 def _builtins(kind: PackKind) -> frozenset[str]:
-    from ._schema import BUILTIN_VARIABLES
-
     return BUILTIN_VARIABLES if kind == "multi_turn" else frozenset()
 
 

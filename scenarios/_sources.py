@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from convsim._registry import Registry
 
-from ._files import DEFAULT_MAX_FILE_BYTES
+from ._files import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_LINE_BYTES
 from ._pack import Pack
 
 __all__ = ["LoadOptions", "PackSource", "PACK_SOURCES"]
@@ -36,6 +36,8 @@ class LoadOptions:
     ``!function`` tags); never recorded, so loading a pack again asks again."""
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     """The largest file the pack may hold."""
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    """The longest line of a JSONL file the pack may hold."""
 
     def recorded(self) -> dict[str, Any]:
         """The options that shape a pack, as a results manifest records them."""

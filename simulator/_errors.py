@@ -5,7 +5,7 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
     ConvsimError
     ├── ConfigError              a bad setting, CLI value or model spec
     ├── RegistryError            an unknown adapter or metric name
-    ├── PackError                a scenario pack failed validation (lists every problem)
+    ├── PackError                a scenario pack failed validation (lists its problems)
     ├── TemplateError            a prompt template is malformed or unsafe
     ├── InvalidTransition        a conversation state machine was driven illegally
     ├── ResultsError             the results file cannot be written or resumed
@@ -33,7 +33,7 @@ neither can a stream whose text already reached the caller.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -46,6 +46,8 @@ __all__ = [
     "RegistryError",
     "PackError",
     "PackProblem",
+    "ProblemLog",
+    "MAX_LISTED_PROBLEMS",
     "TemplateError",
     "InvalidTransition",
     "ResultsError",
@@ -107,13 +109,50 @@ class PackProblem:
 
 
 class PackError(ConvsimError):
-    """A scenario pack is invalid. ``problems`` lists every problem found."""
+    """A scenario pack is invalid. ``problems`` lists the problems found, or the first of
+    them when there are very many: ``more`` counts the ones not listed. The message is
+    one line for one problem, else a line per problem."""
 
-    def __init__(self, problems: Sequence[PackProblem]) -> None:
+    def __init__(self, problems: Sequence[PackProblem], more: int = 0) -> None:
         self.problems = list(problems)
-        lines = "\n".join(f"  {p}" for p in self.problems)
-        noun = "problem" if len(self.problems) == 1 else "problems"
-        super().__init__(f"invalid scenario pack ({len(self.problems)} {noun}):\n{lines}")
+        self.more = more
+        total = len(self.problems) + more
+        if len(self.problems) == 1 and not more:
+            super().__init__(f"invalid scenario pack: {self.problems[0]}")
+            return
+        lines = "".join(f"\n  {p}" for p in self.problems)
+        listed = f", the first {len(self.problems):,} listed" if more else ""
+        tail = f"\n  ... and {more:,} more" if more else ""
+        super().__init__(f"invalid scenario pack ({total:,} problems{listed}):{lines}{tail}")
+
+
+MAX_LISTED_PROBLEMS = 1000
+"""The most problems a :class:`PackError` from a pack or transcript file lists; it
+counts the rest (a systematic mistake in 100,000 scenarios is 100,000 problems)."""
+
+
+@dataclass
+class ProblemLog:
+    """The problems a reader finds: the first ``limit`` kept, the rest only counted, so
+    that a file with a mistake on every line costs no more memory than one with a few."""
+
+    limit: int = MAX_LISTED_PROBLEMS
+    problems: list[PackProblem] = field(default_factory=list)
+    more: int = 0
+    """Problems found beyond the first ``limit``."""
+
+    def add(self, problem: PackProblem) -> None:
+        if len(self.problems) < self.limit:
+            self.problems.append(problem)
+        else:
+            self.more += 1
+
+    def __bool__(self) -> bool:
+        return bool(self.problems)
+
+    def error(self) -> PackError:
+        """The problems as the error to raise."""
+        return PackError(self.problems, more=self.more)
 
 
 class TemplateError(ConvsimError):

@@ -6,7 +6,7 @@ from collections.abc import Container
 from pathlib import Path
 
 from convsim.metrics import METRICS
-from convsim.scenarios import DEFAULT_MAX_FILE_BYTES, Pack
+from convsim.scenarios import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_LINE_BYTES, Pack
 from convsim.scenarios import load_pack as _load_pack
 
 __all__ = ["load_pack"]
@@ -21,6 +21,7 @@ def load_pack(
     include_path: str | Path | None = None,
     allow_code: bool = False,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> Pack:
     """Load and validate a pack (see :func:`convsim.scenarios.load_pack`), checking the
     metrics it names against ``metric_names``: convsim's metric registry by default, so
@@ -33,4 +34,5 @@ def load_pack(
         include_path=include_path,
         allow_code=allow_code,
         max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
     )

@@ -106,7 +106,17 @@ class _ByteSize(click.ParamType):
 
 
 def _pack_input_options(func: F) -> F:
-    """--allow-code and --max-file-size, for the commands that read packs or transcripts."""
+    """--allow-code, --max-file-size and --max-line-size, for the commands that read packs
+    or transcripts."""
+    func = click.option(
+        "--max-line-size",
+        "max_line_bytes",
+        type=_ByteSize(),
+        default="1MB",
+        show_default=True,
+        help="Longest line of a pack's or transcript's JSONL file; a longer one is "
+        "refused before it is parsed.",
+    )(func)
     func = click.option(
         "--max-file-size",
         "max_file_bytes",
@@ -261,10 +271,12 @@ def validate(
     include_path: Path | None,
     allow_code: bool,
     max_file_bytes: int,
+    max_line_bytes: int,
 ) -> None:
     """Validate PACK (a bundled pack's name or a folder) without running it."""
     from ._packs import load_pack
 
+    tune_gc_for_throughput()  # a big pack is millions of objects that live on
     loaded = load_pack(
         pack,
         num_fewshot=num_fewshot,
@@ -272,6 +284,7 @@ def validate(
         include_path=include_path,
         allow_code=allow_code,
         max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
     )
     flows = sorted({c.flow.scenario_type for c in loaded.conversations})
     out = _stdout()
@@ -453,6 +466,7 @@ def run(
     include_path: Path | None,
     allow_code: bool,
     max_file_bytes: int,
+    max_line_bytes: int,
     grace_period: float,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
@@ -497,6 +511,7 @@ def run(
         raise click.UsageError("--user-model-arg needs --user-model")
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
+    tune_gc_for_throughput()  # a big pack is millions of objects that live on
     loaded = load_pack(
         pack,
         num_fewshot=num_fewshot,
@@ -504,6 +519,7 @@ def run(
         include_path=include_path,
         allow_code=allow_code,
         max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
     ).with_trials(trials)
     config = SimulatorConfig.from_arguments(
         model_spec,
@@ -947,6 +963,7 @@ def score(
     out: Path | None,
     allow_code: bool,
     max_file_bytes: int,
+    max_line_bytes: int,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
     judge_samples: int,
@@ -973,7 +990,12 @@ def score(
         run = read_recorded_run(recorded, allow_code=allow_code)
         loaded, notes = run.transcripts, run.notes
     else:
-        loaded = read_transcripts(recorded, allow_code=allow_code, max_file_bytes=max_file_bytes)
+        loaded = read_transcripts(
+            recorded,
+            allow_code=allow_code,
+            max_file_bytes=max_file_bytes,
+            max_line_bytes=max_line_bytes,
+        )
         notes = []
     judge = None
     if judge_spec is not None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import textwrap
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +232,7 @@ def test_dataset_path_must_be_a_regular_file_inside_the_pack(
 def test_pack_files_over_the_size_limit_are_refused(tmp_path: Path) -> None:
     pack = write_single(tmp_path / "pack")
     with open(pack / "problems.jsonl", "a") as fh:
-        fh.write(" " * 2_000_000 + "\n")
+        fh.write((" " * 999 + "\n") * 2000)  # 2 MB of blank lines, none over the line limit
     err = refused(pack, "--max-file-size", "1MB")
     assert "problems.jsonl" in err and "1 MB" in err and "--max-file-size" in err
     with pytest.raises(PackError, match="over the limit"):
@@ -310,6 +312,18 @@ BOMB = "l0: &l0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
 )
 def test_odd_yaml_is_refused_with_its_line(tmp_path: Path, text: str, where: str) -> None:
     assert where in refused(raw_flows(tmp_path / "pack", text))
+
+
+def test_a_yaml_file_of_too_many_values_is_refused_before_it_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from convsim.scenarios import _files
+
+    monkeypatch.setattr(_files, "MAX_YAML_NODES", 1000)
+    monkeypatch.setattr(_files.yaml, "compose", lambda *a, **k: pytest.fail("composed"))
+    flows = FLOW + "other:\n  metrics:\n" + "    - m\n" * 1000
+    err = refused(raw_flows(tmp_path / "pack", flows))
+    assert "turn_configs.yml:" in err and "holds more than 1,000 values" in err
 
 
 def test_a_template_that_cannot_format_its_value_is_refused_at_validation(
@@ -403,3 +417,249 @@ def test_a_template_cannot_pad_its_prompt_to_megabytes(tmp_path: Path) -> None:
     err = refused(write_multi(tmp_path / "pack", flows=flows))
     assert "turn_configs.yml:4: default.turns.0.prompt_template" in err and "pad" in err
     assert load_pack(write_multi(tmp_path / "ok", flows=FLOW.replace("{name}", "{name:>99}")))
+
+
+# -- 17: pack files are read a line at a time; a long line is refused unparsed ----------
+
+BUNDLED_ROWS = (
+    (Path(convsim.scenarios.BUNDLED_PACKS_DIR) / "customer_support" / "scenarios.jsonl")
+    .read_text()
+    .splitlines()
+)
+
+
+def realistic_pack(folder: Path, scenarios: int) -> Path:
+    """customer_support's flows and ``scenarios`` of its scenarios (2.4 kB a line)."""
+    bundled = Path(convsim.scenarios.BUNDLED_PACKS_DIR) / "customer_support"
+    folder.mkdir(parents=True)
+    (folder / "turn_configs.yml").write_text((bundled / "turn_configs.yml").read_text())
+    with open(folder / "scenarios.jsonl", "w") as fh:
+        for i in range(scenarios):
+            row = json.loads(BUNDLED_ROWS[i % len(BUNDLED_ROWS)])
+            row["scenario_id"] = f"{row['scenario_id']}_{i}"
+            fh.write(json.dumps(row) + "\n")
+    return folder
+
+
+def test_a_line_over_the_limit_is_refused_without_being_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    huge = "[" + ",".join(["1"] * 1_000_000) + "]"  # 2 MB: a value of a million numbers
+    pack = write_multi(tmp_path / "pack")
+    with open(pack / "scenarios.jsonl", "a") as fh:
+        fh.write(huge + "\n" + json.dumps(scenario(scenario_id="s3", tags=[1])) + "\n")
+    parsed: list[int] = []
+    loads = json.loads
+    monkeypatch.setattr(
+        json, "loads", lambda text, **kw: parsed.append(len(text)) or loads(text, **kw)
+    )
+    with pytest.raises(PackError) as caught:
+        load_pack(pack)
+    assert max(parsed) < 1000  # lines 1 and 3 were parsed, line 2 was not
+    assert [str(p) for p in caught.value.problems] == [
+        "scenarios.jsonl:2: a line of 2 MB, over the limit of 1 MB per line (raise it with "
+        "--max-line-size or max_line_bytes=); not parsed",
+        "scenarios.jsonl:3: tags.0: Input should be a valid string",  # the lines after count
+    ]
+    with pytest.raises(PackError, match=r"scenarios\.jsonl:2: Input should be a valid dictionary"):
+        load_pack(pack, max_line_bytes=3_000_000)  # a higher limit parses it
+
+
+def test_convsim_validate_refuses_a_long_line_in_one_line(tmp_path: Path) -> None:
+    pack = raw_scenarios(
+        tmp_path / "pack", "{" + ",".join(f'"k{i}":1' for i in range(200_000)) + "}\n"
+    )
+    err = refused(pack)
+    assert err.strip().count("\n") == 0, err
+    assert "scenarios.jsonl:1: a line of 2.289 MB, over the limit of 1 MB per line" in err
+    assert "--max-line-size" in err
+    err = refused(pack, "--max-line-size", "3MB")  # parsed now: a problem per unknown key
+    assert "(200,002 problems, the first 1,000 listed)" in err
+    assert err.strip().endswith("... and 199,002 more")
+    code, _, err = invoke("validate", str(write_multi(tmp_path / "ok")), "--max-line-size", "1kB")
+    assert code == 0, err
+
+
+def test_a_transcript_line_over_the_limit_is_refused(tmp_path: Path) -> None:
+    transcripts = tmp_path / "t.jsonl"
+    transcripts.write_text(json.dumps({"messages": [{"role": "user", "content": "x" * 3000}]}))
+    err = refused(
+        transcripts, "--metrics", "response_length", "--max-line-size", "2kB", command="score"
+    )
+    assert "t.jsonl:1: a line of 3.047 kB, over the limit of 2 kB per line" in err
+
+
+def test_refusing_a_long_line_takes_memory_of_the_limit_not_of_the_line(tmp_path: Path) -> None:
+    pack = raw_scenarios(tmp_path / "pack", "[" + "1," * 10_000_000 + "1]\n")  # 20 MB
+    tracemalloc.start()
+    try:
+        with pytest.raises(PackError, match="a line of 20 MB"):
+            load_pack(pack)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000, peak  # reading the file whole took 40 MB, parsing it 1 GB
+
+
+def test_loading_keeps_the_scenarios_not_the_text_they_came_from(tmp_path: Path) -> None:
+    pack = realistic_pack(tmp_path / "pack", 1000)  # 2.4 MB
+    tracemalloc.start()
+    try:
+        loaded = load_pack(pack)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(loaded) == 1000
+    # what loading needs besides the pack it returns: a line at a time (64 kB measured),
+    # not the file's bytes, its text and its lines at once (7 MB here)
+    assert peak - held < 1_000_000, (peak, held)
+
+
+def test_a_single_turn_pack_keeps_its_scenarios_not_its_problems(tmp_path: Path) -> None:
+    pack = write_single(tmp_path / "pack")
+    config = (pack / "config.yml").read_text() + '  with_examples: "{examples} Q: {question}"\n'
+    (pack / "config.yml").write_text(config)
+    problem = {"question": "2+2?", "expected_answer": "4", "tags": ["a", "b"], "domain": "m"}
+    with open(pack / "problems.jsonl", "w") as fh:
+        for i in range(3000):
+            fh.write(json.dumps({"id": f"p{i}", **problem, "metadata": {"n": i}}) + "\n")
+    tracemalloc.start()
+    try:
+        loaded = load_pack(pack, num_fewshot=1)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(loaded) == 3000
+    # every validated Problem, kept until the last scenario was built: 4 MB here
+    assert peak - held < 500_000, (peak, held)  # measured: 0.26 MB
+
+
+def test_a_line_at_the_limit_is_read_one_byte_more_is_not(tmp_path: Path) -> None:
+    row = json.dumps(scenario())
+    pack = raw_scenarios(tmp_path / "pack", row + "\r\n\n   \n" + row.replace("s1", "s2"))
+    assert len(load_pack(pack, max_line_bytes=len(row) + 1)) == 2  # "\r" counts, "\n" not
+    with pytest.raises(PackError) as caught:
+        load_pack(pack, max_line_bytes=len(row))
+    assert [p.line for p in caught.value.problems] == [1]  # the last line has no "\r"
+    with pytest.raises(convsim.ConfigError, match="max_line_bytes"):
+        load_pack(pack, max_line_bytes=0)
+
+
+def test_a_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    row = json.dumps(scenario()).encode()
+    pack = write_multi(tmp_path / "pack")
+    (pack / "scenarios.jsonl").write_bytes(row + b"\n" + row.replace(b"Ada", b"Ad\xff") + b"\n")
+    err = refused(pack)
+    offset = len(row) + 1 + row.index(b"Ada") + 2
+    assert f"scenarios.jsonl:2: not UTF-8 text (invalid start byte at byte {offset})" in err
+
+
+def test_a_pack_with_a_mistake_on_every_line_lists_the_first_thousand(tmp_path: Path) -> None:
+    pack = write_multi(
+        tmp_path / "pack", *[scenario(scenario_id=f"s{i}", tags=[1]) for i in range(2500)]
+    )
+    with pytest.raises(PackError) as caught:
+        load_pack(pack)
+    assert len(caught.value.problems) == 1000 and caught.value.more == 1500
+    assert (
+        str(caught.value.problems[-1])
+        == "scenarios.jsonl:1000: tags.0: Input should be a valid string"
+    )
+    assert "(2,500 problems, the first 1,000 listed)" in str(caught.value)
+
+
+def test_notes_name_ten_scenarios_per_skipped_turn_and_count_the_rest(tmp_path: Path) -> None:
+    flows = FLOW + "    - turn_id: extra\n      optional: true\n      prompt_template: '{topic}'\n"
+    rows = [scenario(scenario_id=f"s{i}") for i in range(25)]
+    notes = load_pack(write_multi(tmp_path / "pack", *rows, flows=flows)).notes
+    assert notes[0] == "scenarios.jsonl:1: optional turn 'extra' will be skipped (no topic)"
+    assert len(notes) == 11
+    assert notes[-1] == (
+        "scenarios.jsonl: optional turn 'extra' of flow 'default' will be skipped in 15 more "
+        "scenarios too (25 in all)"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ROW + ', "tags": ["\\uD83D"]}\n',  # an upper-case escape
+        ROW + ', "metadata": {"\\udfff": 1}}\n',  # in a key
+        ROW + ', "metadata": {"k": ' + "[" * 101 + "]" * 101 + "}}\n",
+    ],
+)
+def test_values_are_still_checked_where_they_could_be_unfit(tmp_path: Path, text: str) -> None:
+    assert "scenarios.jsonl:1" in refused(raw_scenarios(tmp_path / "pack", text))
+
+
+def test_values_that_look_unfit_but_are_not_load(tmp_path: Path) -> None:
+    rows = [
+        ROW + ', "tags": ["\\ud83d\\ude00", "\\\\ud800"]}',  # a surrogate pair; an escaped "\"
+        ROW.replace("s1", "s2") + ', "metadata": {"k": ' + "[" * 99 + "]" * 99 + "}}",
+        ROW.replace("s1", "s3") + ', "tags": ["' + "[" * 500 + '"]}',  # brackets in text
+    ]
+    loaded = load_pack(raw_scenarios(tmp_path / "pack", "\n".join(rows)))
+    assert loaded.conversations[0].scenario.tags == ["\U0001f600", "\\ud800"]
+
+
+@pytest.mark.timeout(30)
+def test_few_shot_examples_take_linear_time(tmp_path: Path) -> None:
+    pack = write_single(tmp_path / "pack")
+    config = (pack / "config.yml").read_text() + '  with_examples: "{examples} Q: {question}"\n'
+    (pack / "config.yml").write_text(config)
+    with open(pack / "problems.jsonl", "w") as fh:
+        for i in range(30_000):
+            fh.write(
+                json.dumps({"id": f"p{i}", "question": f"{i}+1?", "expected_answer": f"{i + 1}"})
+                + "\n"
+            )
+    # built a list of the 29,999 other problems for each problem
+    loaded = load_pack(pack, num_fewshot=2)
+    questions = [f"{i}+1?" for i in range(30_000)]
+    for i in (0, 12_345, 29_999):  # the examples runs had before, so resumed runs match
+        others = questions[:i] + questions[i + 1 :]
+        picked = random.Random(f"fewshot:{i}").sample(others, 2)
+        examples = loaded.conversations[i].scenario.variables["examples"]
+        assert [e.split("\n")[0] for e in examples.split("\n\n")] == [
+            f"Question: {q}" for q in picked
+        ]
+
+
+def test_values_that_cannot_be_unfit_are_not_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from convsim.scenarios import _files
+
+    walked: list[str] = []  # the scenarios walked (the YAML file is walked too)
+    check = _files.check_value
+
+    def counting(value: Any) -> None:
+        if isinstance(value, dict) and "scenario_id" in value:
+            walked.append(value["scenario_id"])
+        check(value)
+
+    monkeypatch.setattr(_files, "check_value", counting)
+    assert len(load_pack(realistic_pack(tmp_path / "pack", 50))) == 50
+    assert walked == []  # walking every value was 45% of the time to load 10,000
+    deep = ROW + ', "metadata": {"k": ' + "[" * 101 + "]" * 101 + "}}\n"
+    refused(raw_scenarios(tmp_path / "deep", deep))
+    assert walked == ["s1"]
+
+
+def test_validate_and_run_tune_the_collector_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the collector traversing the loaded scenarios again and again was 70% of loading
+    # 100,000 of them
+    from convsim import _packs, cli
+
+    calls: list[str] = []
+    load = _packs.load_pack
+    monkeypatch.setattr(cli, "tune_gc_for_throughput", lambda: calls.append("tune"))
+    monkeypatch.setattr(_packs, "load_pack", lambda *a, **k: calls.append("load") or load(*a, **k))
+    pack = write_multi(tmp_path / "pack")
+    assert invoke("validate", str(pack))[0] == 0
+    assert calls == ["tune", "load"]
+    calls.clear()
+    assert invoke("run", str(pack), "--out", str(tmp_path / "r.jsonl"))[0] == 0
+    assert calls == ["tune", "load", "tune"]  # then once more, to freeze the loaded pack

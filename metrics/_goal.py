@@ -113,7 +113,8 @@ def _schema_credit(schema: Any, text: str) -> float:
     try:
         instance = _json_in(text)
         validator = _re2_validator(jsonschema.validators.validator_for(schema))
-        error = jsonschema.exceptions.best_match(validator(schema).iter_errors(instance))
+        checker = validator(schema, registry=_local_registry())
+        error = jsonschema.exceptions.best_match(checker.iter_errors(instance))
     except (
         ValueError,
         RecursionError,
@@ -143,6 +144,23 @@ def _re2_pattern_properties(validator: Any, patterns: Any, instance: Any, schema
 def _schema_search(pattern: str, text: str) -> bool:
     compile_pack_regex(pattern, ignore_case=False)  # RegexError is a ValueError
     return pack_regex_search(pattern, text, ignore_case=False)
+
+
+def _no_retrieval(uri: str) -> Any:
+    import referencing.exceptions
+
+    raise referencing.exceptions.NoSuchResource(ref=uri)
+
+
+@functools.cache
+def _local_registry() -> Any:
+    """The JSON Schema metaschemas, and nothing fetched: a reference a pack's schema
+    makes to a URL or a file (``$ref``, ``$dynamicRef``, a remote ``$id``) is
+    unresolvable, never retrieved."""
+    import referencing
+    from jsonschema_specifications import REGISTRY
+
+    return referencing.Registry(retrieve=_no_retrieval).combine(REGISTRY)
 
 
 @functools.cache

@@ -88,6 +88,10 @@ def _code_problem(value: Any, allow_code: bool) -> str | None:
     return None
 
 
+_REFERENCES = ("$ref", "$dynamicRef", "$recursiveRef")
+"""Schema keywords that point at another schema: a pack's stay inside its own."""
+
+
 def _schema_problem(schema: Any) -> str | None:
     if not isinstance(schema, (dict, bool)):
         return f"a json_schema criterion needs a JSON schema object, not {type(schema).__name__}"
@@ -99,8 +103,8 @@ def _schema_problem(schema: Any) -> str | None:
         where = "/".join(str(p) for p in exc.path) or "(top)"
         return f"not a valid JSON schema at {where}: {exc.message}"
     for key, value in _schema_items(schema):
-        if key == "$ref" and isinstance(value, str) and not value.startswith("#"):
-            return f"$ref {value!r}: only references inside the schema ('#/...') are allowed"
+        if key in _REFERENCES and isinstance(value, str) and not value.startswith("#"):
+            return f"{key} {value!r}: only references inside the schema ('#/...') are allowed"
         patterns = (
             [value] if key == "pattern" else list(value) if key == "patternProperties" else []
         )

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 import convsim
 from convsim import PackError, load_pack
 from convsim.cli import main
-from convsim.metrics._goal import check_criterion
+from convsim.metrics._goal import check_criterion, criterion_credit
 from convsim.scenarios import Criterion
 
 TESTS = Path(__file__).parent
@@ -195,6 +195,39 @@ def test_a_regex_re2_cannot_run_is_refused_at_validation(
     goal = {"description": "d", "all_of": [{"kind": "regex", "value": pattern}]}
     err = refused(write_multi(tmp_path / "pack", scenario(goal=goal)))
     assert "scenarios.jsonl:1: goal.all_of.0.value" in err and hint in err
+
+
+@pytest.mark.parametrize("keyword", ["$ref", "$dynamicRef", "$recursiveRef"])
+def test_a_schema_reference_outside_the_schema_is_refused_at_validation(
+    tmp_path: Path, keyword: str
+) -> None:
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+              keyword: "http://127.0.0.1:9/admin"}  # fmt: skip
+    goal = {"description": "d", "all_of": [{"kind": "json_schema", "value": schema}]}
+    err = refused(write_multi(tmp_path / "pack", scenario(goal=goal)))
+    assert "goal.all_of.0.value" in err and keyword in err
+
+
+def test_a_json_schema_criterion_never_fetches_what_it_refers_to() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _listeners import Listener
+
+    with Listener() as host:
+        for schema in (
+            {
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "$dynamicRef": host.url + "/admin",
+            },
+            {"$id": host.url + "/", "$ref": "#/definitions/a"},
+            {"$schema": "https://json-schema.org/draft/2020-12/schema", "$ref": "file:///dev/zero"},
+        ):
+            criterion = Criterion.model_construct(kind="json_schema", value=schema)
+            assert criterion_credit(criterion, '{"a": 1}', None) == 0.0  # unresolvable
+        assert host.connections == 0
+    local = {"$ref": "#/$defs/a", "$defs": {"a": {"type": "object", "required": ["a"]}}}
+    assert criterion_credit(Criterion(kind="json_schema", value=local), '{"a": 1}', None) == 1.0
 
 
 # -- 9: data files are regular files inside the pack ----------------------------------

@@ -91,7 +91,10 @@ class AllowedPrefix:
             port = parts.port
         except ValueError:
             raise ConfigError(f"--allow-base-url {text!r}: the port is not a number") from None
-        host = (parts.hostname or "").lower() or None
+        try:
+            host = _host(text.strip()) or None
+        except ValueError:
+            raise ConfigError(f"--allow-base-url {text!r}: not a valid host name") from None
         if host is None and port is not None:
             raise ConfigError(f"--allow-base-url {text!r}: a port needs a host")
         if host is not None and "*" in host and not (host.startswith("*.") and "*" not in host[2:]):
@@ -120,6 +123,14 @@ class AllowedPrefix:
             return False
         path = url.path
         return path == self.path or path.startswith(self.path + "/") or not self.path
+
+
+def _host(url: str) -> str:
+    """The host the HTTP client will connect to, as it normalises it (IDNA: full-width
+    digits and ideographic dots become ASCII), lower case, without a trailing dot."""
+    from yarl import URL
+
+    return (URL(url).raw_host or "").lower().rstrip(".")
 
 
 def _dot_segments(path: str) -> bool:
@@ -177,7 +188,10 @@ class EgressPolicy:
         scheme = parts.scheme.lower()
         if scheme not in _DEFAULT_PORTS:
             raise EgressRefused("only http and https URLs are allowed", field=field)
-        host = (parts.hostname or "").lower().rstrip(".")
+        try:
+            host = _host(url)
+        except ValueError:
+            raise EgressRefused("not a valid host name", field=field) from None
         if not host:
             raise EgressRefused("the URL has no host", field=field)
         if parts.fragment or url.endswith("#"):
@@ -208,6 +222,8 @@ class EgressPolicy:
         except OSError as exc:
             raise EgressRefused(f"the host does not resolve ({exc.strerror or exc})",
                                 field=field) from None  # fmt: skip
+        except ValueError:  # UnicodeError included: a name IDNA cannot encode
+            raise EgressRefused("not a valid host name", field=field) from None
         allowed = [a for a in found if named or is_public_address(a)]
         if not allowed:
             raise EgressRefused(_private(host), field=field)

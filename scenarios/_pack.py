@@ -64,8 +64,15 @@ class Conversation:
         """Template variables of ``turn`` that neither the scenario nor the built-ins give."""
         return turn.template.fields - self.scenario.variables.keys() - _builtins(self.kind)
 
-    def render(self, turn: PreparedTurn, transcript: Sequence[Message]) -> str:
-        """The user's message for ``turn`` (or the user simulator's instruction)."""
+    def render(
+        self,
+        turn: PreparedTurn,
+        transcript: Sequence[Message],
+        *,
+        max_chars: int | None = None,
+    ) -> str:
+        """The user's message for ``turn`` (or the user simulator's instruction);
+        TemplateError before it would pass ``max_chars`` characters."""
         values: dict[str, object] = dict(self.scenario.variables)
         fields = turn.template.fields
         if self.kind == "multi_turn":
@@ -73,7 +80,7 @@ class Conversation:
                 values["context"] = render_context(transcript)
             values["scenario"] = self.scenario.scenario_description
             values["turn_index"] = turn.index
-        return turn.template.render(values)
+        return turn.template.render(values, max_chars=max_chars)
 
 
 def _builtins(kind: PackKind) -> frozenset[str]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from convsim._errors import TemplateError
+from convsim._errors import TemplateError, TranscriptTooLong
 
 __all__ = ["Template"]
 
@@ -78,28 +78,44 @@ class Template:
         fields = frozenset(p.field for p in parts if p.field is not None)
         return cls(source, fields, tuple(parts))
 
-    def render(self, values: Mapping[str, Any]) -> str:
-        """Fill the placeholders from ``values``; raise TemplateError if one is missing."""
+    def render(self, values: Mapping[str, Any], *, max_chars: int | None = None) -> str:
+        """Fill the placeholders from ``values``; raise TemplateError if one is missing,
+        or, with ``max_chars``, before the text would pass that many characters (a
+        template that repeats ``{context}`` must not build a prompt without end)."""
         out: list[str] = []
+        size = 0
         for part in self._parts:
-            out.append(part.literal)
-            if part.field is None:
-                continue
-            try:
-                value = values[part.field]
-            except KeyError:
-                raise TemplateError(f"template variable {{{part.field}}} is not defined") from None
-            if part.spec:
+            pieces = [part.literal]
+            if part.field is not None:
                 try:
-                    out.append(format(value, part.spec))
-                except (ValueError, TypeError, OverflowError) as exc:
+                    value = values[part.field]
+                except KeyError:
                     raise TemplateError(
-                        f"cannot format {{{part.field}:{part.spec}}} with {_short(value)}: {exc}",
-                        part.field,
+                        f"template variable {{{part.field}}} is not defined"
                     ) from None
-            else:
-                out.append(value if isinstance(value, str) else str(value))
+                pieces.append(self._formatted(part, value))
+            for piece in pieces:
+                size += len(piece)
+                out.append(piece)
+            if max_chars is not None and size > max_chars:
+                raise TranscriptTooLong(
+                    f"the rendered prompt passes the {max_chars:,} characters left in the "
+                    "conversation's transcript (max_transcript_chars)",
+                    limit=max_chars,
+                )
         return "".join(out)
+
+    @staticmethod
+    def _formatted(part: _Part, value: Any) -> str:
+        if not part.spec:
+            return value if isinstance(value, str) else str(value)
+        try:
+            return format(value, part.spec)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise TemplateError(
+                f"cannot format {{{part.field}:{part.spec}}} with {_short(value)}: {exc}",
+                part.field,
+            ) from None
 
 
 def _short(value: Any) -> str:

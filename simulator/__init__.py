@@ -42,6 +42,7 @@ _public = _lazy_module(
             "PackProblem",
             "TemplateError",
             "InvalidTransition",
+            "TranscriptTooLong",
             "ResultsError",
             "AdapterError",
             "RateLimited",
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     from ._errors import ServerError as ServerError
     from ._errors import TemplateError as TemplateError
     from ._errors import Timeout as Timeout
+    from ._errors import TranscriptTooLong as TranscriptTooLong
     from ._packs import load_pack as load_pack
     from ._records import ConversationResult as ConversationResult
     from ._records import ErrorInfo as ErrorInfo

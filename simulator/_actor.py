@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from convsim._errors import AdapterError, ProtocolError, TemplateError, Timeout
+from convsim._errors import AdapterError, ProtocolError, TemplateError, Timeout, TranscriptTooLong
 from convsim._types import Completion, Message, Usage
 from convsim.adapters import ModelAdapter
 from convsim.metrics import Metric, ScoredConversation, ScoringSession
@@ -72,6 +72,9 @@ class ActorSettings:
     """Overrides each flow's max_turns when set."""
     on_turn: Callable[[TurnRecord], None] | None = None
     """Told of each finished turn (plugins' turn hooks); must not block."""
+    max_transcript_chars: int | None = None
+    """The most characters a conversation's transcript may hold; a turn that would pass
+    it (its prompt, or its answer) fails with TranscriptTooLong."""
 
 
 @dataclass
@@ -125,6 +128,8 @@ class ConversationActor:
         self.result: ConversationResult | None = None
         system = conversation.scenario.system_prompt or conversation.flow.flow.system_prompt
         self.transcript: list[Message] = [Message(role="system", content=system)] if system else []
+        self._chars = len(system or "")
+        """Characters in the transcript (checked against max_transcript_chars)."""
         self._usage = Usage()
         self._user_usage: Usage | None = None
         self._inflight: _InFlight | None = None
@@ -217,9 +222,10 @@ class ConversationActor:
         """
         self.machine.advance(_S.USER_TURN)
         inflight = self._inflight = _InFlight(turn, time.time(), time.perf_counter())
+        limit = self.settings.max_transcript_chars
         try:
             inflight.prompt = inflight.user_message = self.conversation.render(
-                turn, self.transcript
+                turn, self.transcript, max_chars=None if limit is None else limit - self._chars
             )
             if turn.config.role == "user":
                 stop = await self._user_turn(inflight)
@@ -235,9 +241,18 @@ class ConversationActor:
             completion = _checked(await self.model.generate(inflight.messages, params))
         except Exception as exc:
             return self._fail(turn, exc, side="assistant")
+        self._usage = self._usage + completion.usage  # spent, whatever becomes of it
+        added = len(inflight.user_message or "") + len(completion.text)
+        if limit is not None and self._chars + added > limit:
+            too_long = TranscriptTooLong(
+                f"the answer takes the conversation's transcript past max_transcript_chars"
+                f"={limit:,}",
+                limit=limit,
+            )
+            return self._fail(turn, too_long, side="assistant")
         self._inflight = None
+        self._chars += added
         self.transcript = [*inflight.messages, Message(role="assistant", content=completion.text)]
-        self._usage = self._usage + completion.usage
         self.machine.advance(_S.SCORING)
         self._emit(self._completed(inflight, completion))
         self._responses[turn.turn_id] = completion.text

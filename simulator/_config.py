@@ -153,6 +153,10 @@ class SimulatorConfig(BaseModel):
     """Seconds the event loop may run late before the run starts no more conversations
     until it catches up (None: never hold back). A late loop adds its lag to every
     timing it takes, so this keeps latencies true when the process is the bottleneck."""
+    max_transcript_chars: int | None = Field(default=None, ge=1)
+    """The most characters one conversation's transcript may hold (prompts and answers);
+    a turn that would pass it fails with TranscriptTooLong (None: no limit). Bounds
+    the memory of packs whose prompts repeat ``{context}`` and of endless answers."""
     allow_code: bool = False
     """Let packs the simulator loads by name or folder run the code they name (python
     goal criteria); packs with code are code, so only for packs you trust."""

@@ -7,6 +7,7 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
     ├── RegistryError            an unknown adapter or metric name
     ├── PackError                a scenario pack failed validation (lists its problems)
     ├── TemplateError            a prompt template is malformed or unsafe
+    ├── TranscriptTooLong        a conversation would pass max_transcript_chars
     ├── InvalidTransition        a conversation state machine was driven illegally
     ├── ResultsError             the results file cannot be written or resumed
     ├── EndpointError            a model endpoint cannot serve a run (checked before it)
@@ -19,6 +20,7 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
         ├── AuthError            401/403: the key is missing or refused
         ├── LocalResourceError   this machine ran out of open files for a connection
         ├── ResponseTooLarge     the answer went past a size limit (limit, setting)
+        ├── EgressRefused        a URL or address the egress policy does not allow (field)
         └── ProtocolError        the response could not be understood (snippet)
             └── MalformedResponse  a 2xx answer that arrived broken; retried
 
@@ -50,6 +52,7 @@ __all__ = [
     "MAX_LISTED_PROBLEMS",
     "TemplateError",
     "InvalidTransition",
+    "TranscriptTooLong",
     "ResultsError",
     "AdapterError",
     "RateLimited",
@@ -162,6 +165,15 @@ class TemplateError(ConvsimError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class TranscriptTooLong(ConvsimError):
+    """A conversation's transcript would pass its limit (``max_transcript_chars``): a
+    prompt that repeats the context, or answers that keep growing. Fails the turn."""
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class InvalidTransition(ConvsimError):

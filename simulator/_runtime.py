@@ -623,6 +623,7 @@ class Simulator:
             conversation_timeout=self.config.conversation_timeout,
             max_turns=self.config.max_turns,
             on_turn=plugins.turn if plugins.manager.plugins else None,
+            max_transcript_chars=self.config.max_transcript_chars,
         )
         slots = self._slots
         alive = handle._alive

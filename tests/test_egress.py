@@ -183,3 +183,22 @@ def test_an_adapter_built_with_an_empty_environment_reads_no_key(
 
     adapter = CustomHttpAdapter({"model": "m", "base_url": "https://x.test"}, env={})
     assert "Authorization" not in adapter._headers
+
+
+def test_hosts_are_checked_as_the_client_will_connect_to_them() -> None:
+    policy = EgressPolicy(["http://"])
+    for url in (
+        "http://\uff11\uff12\uff17\uff0e\uff10\uff0e\uff10\uff0e\uff11:8000/v1",  # full width
+        "http://127\u30020\u30020\u30021:8000/v1",  # ideographic full stops
+        "http://[::ffff:7f00:1]:8000/v1",
+    ):
+        with pytest.raises(EgressRefused):
+            policy.check_url(url)
+    wide = "http://\uff25\uff38\uff21\uff2d\uff30\uff2c\uff25.com/v1"  # EXAMPLE, full width
+    assert policy.check_url(wide).host == "example.com"
+
+
+async def test_a_name_the_resolver_cannot_encode_is_refused_not_an_error() -> None:
+    policy = EgressPolicy(["http://"])
+    with pytest.raises(EgressRefused, match="not a valid host name"):
+        await policy.check("http://127.0.0.1\u200d.1:8000/v1")

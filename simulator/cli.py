@@ -1302,7 +1302,7 @@ def _print_comparison(result: Any) -> None:
     "config_file",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="YAML file of settings: endpoints, allow_base_url, limits, max_body_bytes, "
-    "upload_retention_s (the flags add to it).",
+    "upload_retention_s, pack_sources, max_starts (the flags add to it).",
 )
 @click.option(
     "--endpoint",
@@ -1327,8 +1327,16 @@ def _print_comparison(result: Any) -> None:
     multiple=True,
     metavar="NAME=VALUE",
     help="A limit for every key without its own (repeatable): jobs, conversations, "
-    "concurrency, max_tokens, response_bytes, inflight_bytes, trials, uploads, "
-    "upload_bytes.",
+    "concurrency, max_tokens, response_bytes, inflight_bytes, trials, turns, "
+    "transcript_chars, results_bytes, streams, uploads, upload_bytes.",
+)
+@click.option(
+    "--pack-source",
+    "pack_sources",
+    multiple=True,
+    type=click.Choice(["lm-eval"]),
+    help="Let tenants name lm-eval:TASK packs (loading one costs seconds of a worker "
+    "process); task:NAME packs are taken by default.",
 )
 @click.option("--max-jobs-per-key", type=click.IntRange(min=1), help="Same as --limit jobs=N.")
 @click.option(
@@ -1348,6 +1356,7 @@ def serve(
     endpoints: tuple[str, ...],
     allow_base_url: tuple[str, ...],
     limits: tuple[str, ...],
+    pack_sources: tuple[str, ...],
     max_jobs_per_key: int | None,
     max_body_bytes: int | None,
 ) -> None:
@@ -1368,6 +1377,7 @@ def serve(
         config_file,
         endpoints=dict(parse_endpoint(e) for e in endpoints),
         allow_base_url=list(allow_base_url),
+        pack_sources=list(pack_sources),
         limits=chosen,
         max_body_bytes=max_body_bytes,
     )
@@ -1412,7 +1422,7 @@ _KEY_LIMIT_OPTION = click.option(
     metavar="NAME=VALUE",
     help="This key's own limit (repeatable), in place of the server's: jobs, "
     "conversations, concurrency, max_tokens, response_bytes, inflight_bytes, trials, "
-    "uploads, upload_bytes.",
+    "turns, transcript_chars, results_bytes, streams, uploads, upload_bytes.",
 )
 
 

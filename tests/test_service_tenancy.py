@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _listeners import Listener, internal_page, redirect_to
+from _listeners import Listener, internal_page, openai_model, redirect_to
 from _service import Server, cli
 
 from convsim.client import EvaluationClient, Invalid
@@ -348,13 +348,15 @@ def test_a_chunked_body_over_the_limit_is_refused(server: Server) -> None:
 def test_pack_is_a_name_never_a_server_path(alice: EvaluationClient, server: Server) -> None:
     messages = set()
     for pack in ("/etc", "/nonexistent", str(server.results), "../results", ".", "~",
-                 "customer_support/../customer_support", "lm-eval:../../etc"):  # fmt: skip
+                 "customer_support/../customer_support", "task:../../etc"):  # fmt: skip
         with pytest.raises(Invalid) as refused:
             alice.create_evaluation(pack, "scripted", limit=1)
         problems = refused.value.problems
         assert [tuple(p["loc"]) for p in problems] == [("body", "pack")]
         messages.add(problems[0]["msg"].replace(repr(pack), "PACK"))
     assert len(messages) == 1  # the same words whether a folder exists or not
+    with pytest.raises(Invalid, match="takes no lm-eval: packs"):  # the operator's choice
+        alice.create_evaluation("lm-eval:arc_easy", "scripted", limit=1)
 
 
 def test_credentials_in_a_url_are_sealed_and_files_are_the_owners(
@@ -573,5 +575,145 @@ def test_a_heavy_request_costs_its_own_tenant_only(tmp_path: Path) -> None:
               f"requests, median {sorted(latencies)[len(latencies) // 2] * 1000:.0f} ms, "
               f"worst {worst * 1000:.0f} ms")  # fmt: skip
         assert worst < 2.0  # the loop froze for 12.6-21.7 s before
+    finally:
+        server.stop()
+
+
+# -- a second look: packs that grow, reads that cost, words of the operator ------------
+
+
+def test_a_pack_whose_prompts_double_stops_at_the_transcript_limit(
+    alice: EvaluationClient, server: Server
+) -> None:
+    files = {
+        "turn_configs.yml": "default:\n  turns:\n    - turn_id: t\n"
+        "      prompt_template: '{context}{context}x'\n      repeat: 60\n",
+        "scenarios.jsonl": '{"scenario_id": "s1", "scenario_description": "d"}\n',
+    }
+    before = server.peak_rss_bytes()
+    job = alice.create_evaluation(model="scripted", pack_files=files, limit=1)
+    assert alice.wait(job.id, timeout=60).status == "done"
+    (result,) = alice.iter_results(job.id)
+    assert result["status"] == "FAILED" and result["error"]["type"] == "TranscriptTooLong"
+    assert server.peak_rss_bytes() - before < 200 * 2**20  # 3.9 GB in 16 s before
+    flows = files["turn_configs.yml"].replace("60", "200")
+    flows += "    - turn_id: u\n      prompt_template: hi\n      repeat: 200\n"
+    many = {**files, "turn_configs.yml": flows}
+    with pytest.raises(Invalid, match="400 turns"):
+        alice.create_evaluation(model="scripted", pack_files=many, limit=1)
+
+
+def test_a_jobs_state_is_read_from_the_database_not_its_file(
+    alice: EvaluationClient, server: Server
+) -> None:
+    job = alice.create_evaluation("customer_support", "scripted", limit=3)
+    done = alice.wait(job.id, timeout=60)
+    assert done.progress == {"total": 3, "done": 3, "failed": 0}
+    results = server.results / f"{job.id}.jsonl"
+    results.write_bytes(b"x" * 50_000_000)  # a read of this file would show
+    started = time.perf_counter()
+    again = alice.get_evaluation(job.id)
+    listed = alice.list_evaluations()
+    assert time.perf_counter() - started < 1.0
+    assert again.progress == done.progress and job.id in [e.id for e in listed]
+
+
+def test_a_key_has_a_few_result_streams_at_once(server: Server) -> None:
+    key = server.key("streamer", "streams=2")
+    headers = {"Authorization": f"Bearer {key}"}
+    with EvaluationClient(server.url, key) as client:
+        job = client.create_evaluation(
+            "customer_support", "scripted", model_args={"latency": "30"}, concurrency=1
+        )
+        url = f"{server.url}/v1/evaluations/{job.id}/results"
+        with httpx.Client(timeout=10) as http:
+            opened = [http.stream("GET", url, headers=headers) for _ in range(2)]
+            answers = [o.__enter__() for o in opened]
+            assert [a.status_code for a in answers] == [200, 200]
+            assert http.get(url, headers=headers).status_code == 429
+            for o in opened:
+                o.__exit__(None, None, None)
+        client.cancel(job.id)
+        huge_id = {"Authorization": f"Bearer {key}", "Last-Event-ID": "9" * 5000}
+        with httpx.stream("GET", url, headers=huge_id, timeout=30) as response:
+            assert response.status_code == 200
+
+
+def test_an_operator_endpoints_words_do_not_reach_the_tenant(tmp_path: Path) -> None:
+    words = "Incorrect model: sk-plan****0001. internal-host=db01.corp"
+    refusal = internal_page(json.dumps({"error": {"message": words}}), "400 Bad Request")
+
+    def answer(request: bytes) -> bytes:  # the endpoint check passes; every call is refused
+        return (
+            openai_model(request) if b"/models" in request.split(b"\r\n")[0] else (refusal(request))
+        )
+
+    with Listener(answer) as upstream:
+        endpoint = f"gpt=openai-compatible:m,base_url={upstream.url}/v1,api_key_env=OPENAI_API_KEY"
+        server = Server(tmp_path, ["--endpoint", endpoint], env=PLANTED)
+        server.start()
+        try:
+            with EvaluationClient(server.url, server.key("t")) as client:
+                job = client.create_evaluation("customer_support", endpoint="gpt", limit=1)
+                done = client.wait(job.id, timeout=60)
+                shown = json.dumps(done.raw) + json.dumps(list(client.iter_results(job.id)))
+        finally:
+            server.stop()
+    assert done.status == "done" and "HTTP 400" in shown
+    for secret in ("internal-host", "OPENAI_API_KEY", upstream.url, "sk-plan"):
+        assert secret not in shown, secret
+
+
+def test_pack_problems_name_no_server_path(alice: EvaluationClient, server: Server) -> None:
+    import convsim
+
+    folder = convsim.load_pack("single_turn_qa").path
+    files = {p.name: p.read_text() for p in folder.iterdir() if p.suffix in (".jsonl", ".yml")}
+    for outside in ("../../../x.jsonl", "/proc/self/environ"):
+        files["config.yml"] = files["config.yml"].replace(
+            'path: "problems.jsonl"', f'path: "{outside}"'
+        )
+        with pytest.raises(Invalid) as refused:
+            alice.create_evaluation(model="scripted", pack_files=files)
+        said = json.dumps(refused.value.problems)
+        assert str(server.results.resolve()) not in said and "/proc" not in said, said
+        assert "outside" in said
+        files["config.yml"] = files["config.yml"].replace(outside, "problems.jsonl")
+
+
+def test_numbers_that_are_not_numbers_are_refused(alice: EvaluationClient, hosts: Hosts) -> None:
+    for name in ("max_body_bytes", "max_event_bytes", "max_tokens"):
+        for value in ("nan", "inf", "-inf", "lots"):
+            args = {"base_url": hosts.tenant.url + "/v1", name: value}
+            where = _refused(alice, model="openai-compatible:m", model_args=args)
+            assert where == [("body", "model_args", name)], (name, value)
+
+
+def test_a_job_that_keeps_bringing_the_server_down_is_not_started_again(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    server = Server(tmp_path)
+    server.start()
+    with EvaluationClient(server.url, server.key("crashy")) as client:
+        job = client.create_evaluation(
+            "customer_support", "scripted", model_args={"latency": "30"}, concurrency=1
+        )
+    server.kill()
+    with sqlite3.connect(server.db) as db:  # as if it had been started three times
+        db.execute("UPDATE jobs SET starts = 3 WHERE id = ?", (job.id,))
+    server.start()
+    try:
+        with EvaluationClient(server.url, server.key("crashy2")):
+            pass
+        from convsim.service import Store
+
+        deadline = time.monotonic() + 30
+        while Store(server.db).job(job.id).state != "failed":  # type: ignore[union-attr]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        failed = Store(server.db).job(job.id)
+        assert failed is not None and "not started again" in (failed.error or "")
     finally:
         server.stop()

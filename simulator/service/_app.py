@@ -27,7 +27,6 @@ from ._job_model import Refused
 from ._jobs import JobRunner
 from ._settings import ServiceSettings
 from ._store import ACTIVE, JobRow, Store
-from ._tenant_sink import result_rows
 
 __all__ = ["create_app", "Evaluation"]
 
@@ -73,17 +72,13 @@ class Evaluation(BaseModel):
     """What the job's model calls cost, as priced by their adapter (None: no price)."""
 
 
-def _count(path: Path, total: int | None) -> Progress:
-    done = failed = 0
-    for row in result_rows(path):
-        status = row.get("status")
-        done += status == "DONE"
-        failed += status in ("FAILED", "TIMED_OUT")
-    return Progress(total=total, done=done, failed=failed)
+_LISTED = 1000
+"""The most jobs a list gives (the newest)."""
+_EVENT_ID_DIGITS = 18
 
 
-def _view(job: JobRow, results: Path) -> Evaluation:
-    """The job as its tenant sees it (blocking: reads its results file)."""
+def _view(job: JobRow) -> Evaluation:
+    """The job as its tenant sees it (from the database alone: never its file)."""
     request = job.request
     planned = request.get("conversations")
     return Evaluation(
@@ -99,7 +94,9 @@ def _view(job: JobRow, results: Path) -> Evaluation:
         started=job.started,
         finished=job.finished,
         error=job.error,
-        progress=_count(results / f"{job.id}.jsonl", len(planned) if planned else None),
+        progress=Progress(
+            total=len(planned) if planned else None, done=job.done, failed=job.failed
+        ),
         cost_usd=job.cost_usd,
     )
 
@@ -147,6 +144,10 @@ def create_app(
     runner = JobRunner(store, results, settings)
     intake = JobIntake(runner, results / "packs")
     stopping = threading.Event()
+    reading: dict[str, anyio.CapacityLimiter] = {}
+    """Each key's turn to read a whole results file (summary, report): one at a time."""
+    streams: dict[str, int] = {}
+    """Each key's result streams open now."""
 
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
@@ -183,6 +184,15 @@ def create_app(
     async def owned_async(job_id: str, name: str) -> JobRow:
         return await anyio.to_thread.run_sync(owned, job_id, name)
 
+    async def read_results(job_id: str, name: str, read: Any) -> Any:
+        """``read(path)`` of the key's job, off the loop, one read per key at a time."""
+        await owned_async(job_id, name)
+        path = runner.results_path(job_id)
+        if not path.exists():
+            raise HTTPException(409, "the evaluation has no results yet")
+        async with reading.setdefault(name, anyio.CapacityLimiter(1)):
+            return await anyio.to_thread.run_sync(read, path)
+
     schema = EvaluationRequest.model_json_schema()
     schema["properties"]["pack"]["examples"] = ["customer_support"]
 
@@ -205,15 +215,17 @@ def create_app(
             return JSONResponse({"detail": str(exc)}, status_code=429)
         job = await anyio.to_thread.run_sync(store.job, job_id)
         assert job is not None
-        return await anyio.to_thread.run_sync(_view, job, results)
+        return _view(job)
 
     @app.get("/v1/evaluations", response_model=list[Evaluation], responses=_errors())
-    def list_evaluations(name: str = Depends(key_name)) -> list[Evaluation]:
-        return [_view(job, results) for job in store.jobs(name)]
+    async def list_evaluations(name: str = Depends(key_name)) -> list[Evaluation]:
+        """The key's jobs, oldest first (the newest 1000)."""
+        jobs = await anyio.to_thread.run_sync(lambda: store.jobs(name, newest=_LISTED))
+        return [_view(job) for job in jobs]
 
     @app.get("/v1/evaluations/{job_id}", response_model=Evaluation, responses=_errors(404))
-    def get_evaluation(job_id: str, name: str = Depends(key_name)) -> Evaluation:
-        return _view(owned(job_id, name), results)
+    async def get_evaluation(job_id: str, name: str = Depends(key_name)) -> Evaluation:
+        return _view(await owned_async(job_id, name))
 
     @app.post("/v1/evaluations/{job_id}/cancel", response_model=Evaluation, responses=_errors(404))
     async def cancel(job_id: str, name: str = Depends(key_name)) -> Evaluation:
@@ -222,34 +234,28 @@ def create_app(
             await runner.cancel(job_id)
         again = await anyio.to_thread.run_sync(store.job, job_id)
         assert again is not None
-        return await anyio.to_thread.run_sync(_view, again, results)
+        return _view(again)
 
     @app.get("/v1/evaluations/{job_id}/summary", responses=_errors(404, 409))
-    def summary(job_id: str, name: str = Depends(key_name)) -> Any:
+    async def summary(job_id: str, name: str = Depends(key_name)) -> Any:
         from convsim import summarize_file
 
-        owned(job_id, name)
-        path = runner.results_path(job_id)
-        if not path.exists():
-            raise HTTPException(409, "the evaluation has no results yet")
-        return json.loads(summarize_file(path).model_dump_json())
+        report = await read_results(job_id, name, summarize_file)
+        return json.loads(report.model_dump_json())
 
     @app.get(
         "/v1/evaluations/{job_id}/report",
         responses={**_errors(404, 409), 200: {"content": {"text/html": {}}}},
     )
-    def report(job_id: str, name: str = Depends(key_name)) -> Any:
+    async def report(job_id: str, name: str = Depends(key_name)) -> Any:
         from convsim.results._html import write_html
 
-        owned(job_id, name)
-        path = runner.results_path(job_id)
-        if not path.exists():
-            raise HTTPException(409, "the evaluation has no results yet")
-        return FileResponse(write_html(path), media_type="text/html")
+        page = await read_results(job_id, name, write_html)
+        return FileResponse(page, media_type="text/html")
 
     @app.get(
         "/v1/evaluations/{job_id}/results",
-        responses={**_errors(404), 200: {"content": {"text/event-stream": {}}}},
+        responses={**_errors(404, 429), 200: {"content": {"text/event-stream": {}}}},
     )
     async def results_stream(
         job_id: str,
@@ -257,10 +263,22 @@ def create_app(
         last_event_id: str | None = Header(default=None),
     ) -> Any:
         await owned_async(job_id, name)
-        seen = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+        limit = (await anyio.to_thread.run_sync(runner.limits, name)).streams
+        if streams.get(name, 0) >= limit:
+            raise HTTPException(429, f"this key has {limit} result streams open: at most {limit}")
+        given = last_event_id or ""
+        seen = int(given) if given.isdigit() and len(given) <= _EVENT_ID_DIGITS else 0
         path = runner.results_path(job_id)
+        streams[name] = streams.get(name, 0) + 1
 
         async def events() -> AsyncIterator[bytes]:
+            try:
+                async for event in lines():
+                    yield event
+            finally:
+                streams[name] -= 1
+
+        async def lines() -> AsyncIterator[bytes]:
             number = 0
             offset = 0
             while not stopping.is_set():

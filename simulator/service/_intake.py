@@ -37,6 +37,8 @@ __all__ = [
 _PACK_FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 _PACK_NAME = re.compile(r"^(?:(?:lm-eval|task):)?[A-Za-z0-9_.\-]{1,150}$")
 _SOURCES = ("lm-eval:", "task:")
+_SERVER_PATH = re.compile(r"(?<![\w.#:/~-])/[^\s'\"(),;]*")
+"""An absolute path in a message (never a URL's ``//`` or a JSON pointer's ``#/``)."""
 _RESOLVE_TIMEOUT_S = 10.0
 
 
@@ -76,10 +78,12 @@ class LimitReached(ConvsimError):
 
 @dataclass(frozen=True)
 class PackCheck:
-    """What loading a job's pack found: its name and conversations, or its problems."""
+    """What loading a job's pack found: its name, conversations and the most turns one
+    has; or its problems."""
 
     name: str = ""
     conversations: list[str] = field(default_factory=list)
+    most_turns: int = 0
     problems: list[Problem] = field(default_factory=list)
 
 
@@ -93,7 +97,11 @@ def check_pack(stored: dict[str, Any]) -> PackCheck:
         return PackCheck(problems=[_pack_problem(p, folder) for p in exc.problems])
     except ConvsimError as exc:
         return PackCheck(problems=[Problem(("body", "pack"), str(exc))])
-    return PackCheck(pack.name, [c.conversation_id for c in pack.conversations])
+    return PackCheck(
+        pack.name,
+        [c.conversation_id for c in pack.conversations],
+        max((len(c.flow.turns) for c in pack.conversations), default=0),
+    )
 
 
 @dataclass
@@ -145,6 +153,12 @@ class JobIntake:
                 checked = await load_isolated(check_pack, stored, self.runner.workers)
                 if checked.problems:
                     raise Refused(checked.problems)
+                if checked.most_turns > limits.turns:
+                    why = (
+                        f"a conversation of the pack has {checked.most_turns} turns (repeats "
+                        f"included): at most {limits.turns} for this key"
+                    )
+                    raise Refused([Problem(("body", "pack"), why)])
                 conversations = checked.conversations[: request.limit]
                 if len(conversations) > limits.conversations:
                     why = (
@@ -210,12 +224,18 @@ class JobIntake:
         return stored, upload
 
     def _check_pack_name(self, name: str) -> None:
-        """A bundled pack or a registered source: never a path on the server."""
+        """A bundled pack or a source the operator allows: never a path on the server."""
         sourced = name.startswith(_SOURCES)
+        source = name.partition(":")[0]
+        if sourced and source not in self.runner.settings.pack_sources:
+            allowed = ", ".join(f"{s}:" for s in self.runner.settings.pack_sources) or "none"
+            raise Refused([Problem(("body", "pack"), f"this server takes no {source}: packs "
+                                   f"(sources it takes: {allowed})")])  # fmt: skip
         if not _PACK_NAME.match(name) or (not sourced and name not in self._bundled):
+            sources = "".join(f", {s}:NAME" for s in self.runner.settings.pack_sources)
             raise Refused([Problem(("body", "pack"), f"no bundled pack {name!r}; bundled "
-                                   f"packs: {', '.join(sorted(self._bundled))} (or "
-                                   "lm-eval:TASK, task:NAME, or upload pack_files)")])  # fmt: skip
+                                   f"packs: {', '.join(sorted(self._bundled))} (or upload "
+                                   f"pack_files{sources})")])  # fmt: skip
 
     def _check_uploads(self, key_name: str, size: int, limits: KeyLimits) -> None:
         kept = self.store.uploads(key_name)
@@ -279,5 +299,6 @@ def _pack_problem(p: Any, folder: Path | None) -> Problem:
         where.append(p.field)
     message = p.message
     if folder is not None:
-        message = message.replace(f"{folder}/", "").replace(str(folder), "the pack")
-    return Problem(tuple(where), message)
+        for form in {str(folder.resolve()), str(folder)}:
+            message = message.replace(f"{form}/", "").replace(form, "the pack")
+    return Problem(tuple(where), _SERVER_PATH.sub("a path outside the pack", message))

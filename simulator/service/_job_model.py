@@ -11,16 +11,20 @@ no key of the server can reach the tenant's host.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from convsim._errors import ConfigError, EgressRefused, RegistryError
+from convsim._log import get_logger
 from convsim._secrets import redact_url
 from convsim.adapters import ADAPTERS, EgressPolicy, ModelAdapter, create_adapter, parse_model_spec
 from convsim.adapters._http_adapter import HttpModelAdapter
 
 from ._settings import KeyLimits, ServiceSettings
+
+log = get_logger("convsim.service")
 
 __all__ = ["JobModel", "Refused", "choose_model", "build_adapter", "URL_ARGS"]
 
@@ -139,7 +143,8 @@ def choose_model(
         elif name in _CAPPED:
             problems.extend(_over_limit(name, value, limits))
         elif name == "latency" and _number(value) > _MAX_SCRIPTED_LATENCY:
-            problems.append(Problem(_arg(name), f"at most {_MAX_SCRIPTED_LATENCY:g} seconds"))
+            problems.append(Problem(_arg(name), f"a number of seconds, at most "
+                                    f"{_MAX_SCRIPTED_LATENCY:g}"))  # fmt: skip
     if problems:
         raise Refused(problems)
     plain = {k: v for k, v in args.items() if k not in _SECRET_ARGS}
@@ -162,16 +167,19 @@ def _allowed_args(model: str) -> frozenset[str]:
 
 
 def _number(value: str) -> float:
+    """The value as a number for a limit's comparison: what is not a finite number
+    compares as infinite (and is refused)."""
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
-        return 0.0  # the adapter's own validation names it
+        return math.inf
+    return number if math.isfinite(number) else math.inf
 
 
 def _over_limit(name: str, value: str, limits: KeyLimits) -> list[Problem]:
     limit = getattr(limits, _CAPPED[name])
     if _number(value) > limit:
-        return [Problem(_arg(name), f"at most {limit} for this key")]
+        return [Problem(_arg(name), f"a number, at most {limit} for this key")]
     return []
 
 
@@ -211,8 +219,9 @@ def build_adapter(
         try:  # the operator's endpoint: the server's environment, no egress policy
             return create_adapter(declared.model, merged)
         except ConfigError as exc:
-            raise Refused([Problem(("body", "endpoint"), f"the endpoint is misconfigured: "
-                                   f"{exc}")]) from None  # fmt: skip
+            log.error("endpoint_misconfigured", endpoint=job.endpoint, error=str(exc))
+            raise Refused([Problem(("body", "endpoint"), "the endpoint is misconfigured on "
+                                   "the server (its log says why)")]) from None  # fmt: skip
     spec = parse_model_spec(job.model)
     factory = ADAPTERS.get(spec.type)
     if spec.model is not None:
@@ -235,7 +244,8 @@ def _limited(args: Mapping[str, Any], limits: KeyLimits, concurrency: int) -> di
     forced = _forced(limits, concurrency)
     merged = dict(args)
     for name in ("max_body_bytes", "max_event_bytes"):
-        if name in merged:
-            forced[name] = min(forced[name], int(_number(str(merged[name]))) or forced[name])
+        asked = _number(str(merged.get(name, "inf")))
+        if asked < forced[name]:
+            forced[name] = int(asked)  # lower is the tenant's to choose (the adapter checks it)
     merged.update(forced)
     return merged

@@ -193,13 +193,18 @@ class JobRunner:
             request.get("model_args", {}),
             await anyio.to_thread.run_sync(self.store.unseal, job.secret_args),
         )
-        await anyio.to_thread.run_sync(self.store.set_state, job_id, "running")
+        starts = await anyio.to_thread.run_sync(self.store.started, job_id)
+        if starts > self.settings.max_starts:
+            log.warning("job_not_restarted", job_id=job_id, starts=starts - 1)
+            await self._finish(job_id, "failed", f"the server stopped {starts - 1} times while "
+                               "this job ran: it is not started again")  # fmt: skip
+            return
         self._keys[job_id] = job.key_name
         budgets = self._budgets_for(job, model)
         try:
             await self._execute(job, model, budgets)
         except Exception as exc:
-            error = _job_error(exc, own=model.endpoint is None)
+            error = _job_error(exc)
             # the operator's log has the whole failure; the tenant sees ``error``
             log.warning("job_failed", job_id=job_id, error=error,
                         exc_info=not isinstance(exc, ConvsimError))  # fmt: skip
@@ -234,11 +239,12 @@ class JobRunner:
                 budgets=budgets,
                 metrics=request.get("metrics"),
                 concurrency=concurrency,
+                max_transcript_chars=limits.transcript_chars,
             ) as sim:
                 sink = TenantSink(
                     JsonlSink(path, resume=path.exists()),
-                    sanitize=model.endpoint is None,
-                    record=lambda cost: self.store.record_cost(job.id, cost),
+                    max_bytes=limits.results_bytes,
+                    record=lambda progress: self.store.record_progress(job.id, progress),
                 )
                 handle = sim.run(pack, sink=sink, only=request.get("conversations"))
                 self.handles[job.id] = handle
@@ -250,20 +256,19 @@ class JobRunner:
                 await adapter.aclose()
 
 
-def _job_error(exc: Exception, *, own: bool) -> str:
-    """What a failed job says; for a tenant's own endpoint, nothing its server said."""
+def _job_error(exc: Exception) -> str:
+    """What a failed job says to its tenant: nothing a model server said, nor where
+    an operator's endpoint is or where its key comes from (the log has it all)."""
     if isinstance(exc, Refused):
         return str(exc)
-    if own:
-        from convsim import EgressRefused, EndpointError
-        from convsim._records import ErrorInfo
+    from convsim import EgressRefused, EndpointError
+    from convsim._records import ErrorInfo
 
-        if isinstance(exc, EndpointError):
-            if isinstance(exc.__cause__, EgressRefused):
-                return f"EgressRefused: {exc.__cause__}"
-            status = f" (HTTP {exc.status_code})" if exc.status_code else ""
-            return f"EndpointError: the endpoint check failed{status}"
-        info = sanitized(ErrorInfo.from_exception(exc))
-        assert info is not None
-        return f"{info.type}: {info.message}"
-    return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, EndpointError):
+        if isinstance(exc.__cause__, EgressRefused):
+            return f"EgressRefused: {exc.__cause__}"
+        status = f" (HTTP {exc.status_code})" if exc.status_code else ""
+        return f"EndpointError: the endpoint check failed{status}"
+    info = sanitized(ErrorInfo.from_exception(exc))
+    assert info is not None
+    return f"{info.type}: {info.message}"

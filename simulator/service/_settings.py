@@ -40,6 +40,14 @@ class KeyLimits(BaseModel):
     """Bytes of answers one job reads at once."""
     trials: int = Field(default=10, ge=1)
     """Trials per scenario."""
+    turns: int = Field(default=200, ge=1)
+    """Turns of one conversation (after ``repeat``)."""
+    transcript_chars: int = Field(default=1_000_000, ge=1_000)
+    """Characters of one conversation's transcript (prompts and answers)."""
+    results_bytes: int = Field(default=2**30, ge=2**20)
+    """Bytes of one job's results file."""
+    streams: int = Field(default=8, ge=1)
+    """Result streams open at once."""
     uploads: int = Field(default=20, ge=0)
     """Uploaded packs kept at once."""
     upload_bytes: int = Field(default=64 * _MIB, ge=0)
@@ -112,6 +120,20 @@ class ServiceSettings(BaseModel):
     """The largest request body, however it is sent."""
     upload_retention_s: float = Field(default=86_400.0, ge=0)
     """How long an uploaded pack is kept after its job ends."""
+    pack_sources: list[str] = Field(default_factory=lambda: ["task"])
+    """Pack sources tenants may name (``task:NAME``; ``lm-eval`` for ``lm-eval:TASK``,
+    whose loading takes seconds of a worker process each)."""
+    max_starts: int = Field(default=3, ge=1)
+    """A job the server was running when it stopped this many times fails instead of
+    starting again (a job that brings the server down cannot do it for ever)."""
+
+    @field_validator("pack_sources")
+    @classmethod
+    def _sources(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - {"task", "lm-eval"})
+        if unknown:
+            raise ValueError(f"unknown pack source {', '.join(unknown)}: task or lm-eval")
+        return value
 
     @field_validator("allow_base_url")
     @classmethod
@@ -139,10 +161,11 @@ class ServiceSettings(BaseModel):
         endpoints = dict(data.get("endpoints") or {})
         endpoints.update(flags.pop("endpoints", {}) or {})
         data["endpoints"] = endpoints
-        data["allow_base_url"] = [
-            *(data.get("allow_base_url") or []),
-            *(flags.pop("allow_base_url", ()) or ()),
-        ]
+        for listed in ("allow_base_url", "pack_sources"):
+            added = flags.pop(listed, ()) or ()
+            if added:
+                default = cls.model_fields[listed].get_default(call_default_factory=True)
+                data[listed] = [*data.get(listed, default), *added]
         limits = dict(data.get("limits") or {})
         limits.update(flags.pop("limits", {}) or {})
         data["limits"] = limits

@@ -19,7 +19,7 @@ from typing import Any
 
 from convsim._errors import ConfigError
 
-__all__ = ["Store", "JobRow", "KeyRow", "hash_key"]
+__all__ = ["Store", "JobRow", "JobProgress", "KeyRow", "hash_key"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -48,6 +48,9 @@ ALTER TABLE keys ADD COLUMN spent_usd REAL NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN cost_usd REAL;
 ALTER TABLE jobs ADD COLUMN upload_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN upload_removed REAL;
+ALTER TABLE jobs ADD COLUMN done INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN failed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN starts INTEGER NOT NULL DEFAULT 0;
 """
 
 SCHEMA_VERSION = 2
@@ -60,6 +63,15 @@ ACTIVE = ("queued", "running")
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """What a job's results file holds so far."""
+
+    done: int = 0
+    failed: int = 0
+    cost_usd: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,12 @@ class JobRow:
     finished: float | None
     error: str | None
     cost_usd: float | None = None
+    done: int = 0
+    """Conversations finished DONE so far (as last recorded)."""
+    failed: int = 0
+    """Conversations FAILED or TIMED_OUT so far."""
+    starts: int = 0
+    """How many times the job was started (a restarted server starts it again)."""
     upload_bytes: int = 0
     """The size of the job's uploaded pack (0: a bundled pack)."""
     upload_removed: float | None = None
@@ -223,21 +241,36 @@ class Store:
                 (job_id, key_name, json.dumps(request), secret, time.time(), upload_bytes),
             )
 
-    def record_cost(self, job_id: str, cost_usd: float) -> None:
-        """Set the job's cost so far, and add the change to its key's spending."""
+    def record_progress(self, job_id: str, progress: JobProgress) -> None:
+        """Set the job's counts and cost so far; add the cost's change to its key's
+        spending."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
             row = db.execute(
                 "SELECT key_name, cost_usd FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()
             if row is not None:
-                added = cost_usd - (row["cost_usd"] or 0.0)
-                db.execute("UPDATE jobs SET cost_usd = ? WHERE id = ?", (cost_usd, job_id))
+                added = progress.cost_usd - (row["cost_usd"] or 0.0)
+                db.execute(
+                    "UPDATE jobs SET cost_usd = ?, done = ?, failed = ? WHERE id = ?",
+                    (progress.cost_usd, progress.done, progress.failed, job_id),
+                )
                 db.execute(
                     "UPDATE keys SET spent_usd = spent_usd + ? WHERE name = ?",
                     (added, row["key_name"]),
                 )
             db.execute("COMMIT")
+
+    def started(self, job_id: str) -> int:
+        """Mark the job running and count the start; return how many starts it had."""
+        with self._connect() as db:
+            db.execute(
+                "UPDATE jobs SET state = 'running', started = COALESCE(started, ?), "
+                "starts = starts + 1 WHERE id = ?",
+                (time.time(), job_id),
+            )
+            row = db.execute("SELECT starts FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return 0 if row is None else int(row["starts"])
 
     def uploads(self, key_name: str | None = None) -> list[JobRow]:
         """Jobs whose uploaded pack is still kept (of one key, or of all)."""
@@ -274,18 +307,28 @@ class Store:
         return None if row is None else _job(row)
 
     def jobs(
-        self, key_name: str | None = None, states: tuple[str, ...] | None = None
+        self,
+        key_name: str | None = None,
+        states: tuple[str, ...] | None = None,
+        *,
+        newest: int | None = None,
     ) -> list[JobRow]:
-        query, args = "SELECT * FROM jobs WHERE 1 = 1", []
+        """Jobs in the order they were created (only the ``newest`` ones, if given)."""
+        query = "SELECT * FROM jobs WHERE 1 = 1"
+        args: list[Any] = []
         if key_name is not None:
             query += " AND key_name = ?"
             args.append(key_name)
         if states:
             query += f" AND state IN ({', '.join('?' * len(states))})"
             args.extend(states)
+        query += " ORDER BY created DESC, rowid DESC"
+        if newest is not None:
+            query += " LIMIT ?"
+            args.append(newest)
         with self._connect() as db:
-            rows = db.execute(query + " ORDER BY created", args).fetchall()
-        return [_job(r) for r in rows]
+            rows = db.execute(query, args).fetchall()
+        return [_job(r) for r in reversed(rows)]
 
 
 def _job(row: sqlite3.Row) -> JobRow:
@@ -300,6 +343,9 @@ def _job(row: sqlite3.Row) -> JobRow:
         finished=row["finished"],
         error=row["error"],
         cost_usd=row["cost_usd"],
+        done=row["done"],
+        failed=row["failed"],
+        starts=row["starts"],
         upload_bytes=row["upload_bytes"],
         upload_removed=row["upload_removed"],
     )

@@ -1,9 +1,10 @@
 """A job's results as its tenant may read them, and what they cost.
 
-A tenant's own endpoint may be a host the tenant does not control the answers of (an
-internal service it points at to read it back): its failures are written as a type, a
-status and a short reason of convsim's own, never the server's words. The cost of
-every result is added up and recorded for the key as results arrive.
+What a model server says when a call fails is not the tenant's to read: an endpoint
+the tenant points at may be an internal service it wants to read back, and an
+operator's endpoint may name its hosts and keys. Failures are written as a type, a
+status and a short reason of convsim's own. Counts and cost are recorded for the job
+(and its key) as results arrive, so reading a job's state never reads its file.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from typing import Any
 
 import anyio
 
+from convsim._errors import ResultsError
 from convsim._records import ConversationResult, ErrorInfo
 from convsim._sinks import JsonlSink, RunManifest
 
-__all__ = ["TenantSink", "sanitized", "file_cost", "result_rows"]
+from ._store import JobProgress
+
+__all__ = ["TenantSink", "sanitized", "file_progress", "result_rows"]
 
 _REASONS = {
     "Timeout": "no answer in time",
@@ -31,8 +35,10 @@ _REASONS = {
     "AuthError": "the key was refused",
     "RateLimited": "rate limited",
     "BadRequest": "the request was refused",
+    "QuotaExhausted": "the quota is used up (a 429 asking to wait too long)",
+    "ResponseTooLarge": "the answer passed a size limit (response_bytes, inflight_bytes)",
 }
-_OWN_WORDS = ("EgressRefused", "ResponseTooLarge")
+_OWN_WORDS = ("EgressRefused", "TranscriptTooLong", "ResultsError")
 """Errors whose message is convsim's alone (limits and policy), kept whole."""
 
 _RECORD_EVERY_S = 1.0
@@ -76,38 +82,61 @@ def result_rows(path: Path) -> Iterator[dict[str, Any]]:
                 yield row
 
 
-def file_cost(path: Path) -> float:
-    """The cost of the results already in a job's file."""
-    return sum(
-        (row.get("cost_usd") or 0.0) + (row.get("user_cost_usd") or 0.0)
-        for row in result_rows(path)
+def file_progress(path: Path) -> JobProgress:
+    """Counts and cost of the results already in a job's file (a conversation's last
+    line is the one that counts)."""
+    last: dict[str, dict[str, Any]] = {}
+    for row in result_rows(path):
+        last[str(row.get("conversation_id"))] = {
+            "status": row.get("status"),
+            "cost": (row.get("cost_usd") or 0.0) + (row.get("user_cost_usd") or 0.0),
+        }
+    statuses = [r["status"] for r in last.values()]
+    return JobProgress(
+        done=statuses.count("DONE"),
+        failed=statuses.count("FAILED") + statuses.count("TIMED_OUT"),
+        cost_usd=sum(r["cost"] for r in last.values()),
     )
 
 
 class TenantSink:
-    """A :class:`JsonlSink` that writes sanitized errors (``sanitize``) and records the
-    job's cost through ``record`` (called off the event loop, at most once a second,
-    and at the end)."""
+    """A :class:`JsonlSink` that writes sanitized errors, stops the job when its file
+    would pass ``max_bytes``, and records the job's progress and cost through
+    ``record`` (off the event loop, at most once a second, and at the end)."""
 
     def __init__(
-        self, inner: JsonlSink, *, sanitize: bool, record: Callable[[float], None]
+        self,
+        inner: JsonlSink,
+        *,
+        max_bytes: int,
+        record: Callable[[JobProgress], None],
     ) -> None:
         self.inner = inner
-        self.sanitize = sanitize
+        self.max_bytes = max_bytes
         self._record = record
-        self._cost = 0.0
+        self._progress = JobProgress()
         self._recorded_at = 0.0
 
     async def open(self, manifest: RunManifest) -> set[str]:
-        self._cost = await anyio.to_thread.run_sync(file_cost, self.inner.path)
+        self._progress = await anyio.to_thread.run_sync(file_progress, self.inner.path)
         seen: set[str] = await self.inner.open(manifest)
         return seen
 
     async def write(self, result: ConversationResult) -> None:
-        if self.sanitize:
-            result = _sanitized_result(result)
+        result = _sanitized_result(result)
+        written = self.inner.path.stat().st_size if self.inner.path.exists() else 0
+        if written >= self.max_bytes:
+            raise ResultsError(
+                f"the job's results reached {written:,} bytes: at most {self.max_bytes:,} "
+                "for this key (results_bytes)"
+            )
         await self.inner.write(result)
-        self._cost += _cost(result)
+        status = result.status.value
+        self._progress = JobProgress(
+            done=self._progress.done + (status == "DONE"),
+            failed=self._progress.failed + (status in ("FAILED", "TIMED_OUT")),
+            cost_usd=self._progress.cost_usd + _cost(result),
+        )
         if time.monotonic() - self._recorded_at >= _RECORD_EVERY_S:
             await self._save()
 
@@ -117,4 +146,4 @@ class TenantSink:
 
     async def _save(self) -> None:
         self._recorded_at = time.monotonic()
-        await anyio.to_thread.run_sync(self._record, self._cost)
+        await anyio.to_thread.run_sync(self._record, self._progress)

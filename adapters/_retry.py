@@ -180,21 +180,26 @@ def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None)
     value = headers.get("retry-after")
     if value is None:
         ms = headers.get("retry-after-ms")
-        try:
-            return float(ms) / 1000 if ms is not None else None
-        except ValueError:
-            return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return max(0.0, seconds) if math.isfinite(seconds) else None
+        seconds = _finite(ms)
+        return None if seconds is None else seconds / 1000
+    seconds = _finite(value)
+    if seconds is not None:
+        return seconds
     try:
         when = parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError):
         return None
     return max(0.0, when - (time.time() if now is None else now))
+
+
+def _finite(value: str | None) -> float | None:
+    """A header's number, at least 0; None when it is missing, not a number, or not
+    finite (a NaN wait would stall every timer of the event loop)."""
+    try:
+        number = float(value) if value is not None else math.nan
+    except ValueError:
+        return None
+    return max(0.0, number) if math.isfinite(number) else None
 
 
 def _message(body: bytes, secret: str | None) -> str:

@@ -319,6 +319,10 @@ async def test_each_retry_is_logged(info_logs: list[dict[str, Any]]) -> None:
         ({"retry-after": "soon"}, None),
         ({"retry-after": ""}, None),
         ({"retry-after-ms": "later"}, None),
+        ({"retry-after-ms": "nan"}, None),
+        ({"retry-after-ms": "inf"}, None),
+        ({"retry-after-ms": "-5"}, 0.0),
+        ({"retry-after": "nan"}, None),
         ({}, None),
     ],
 )

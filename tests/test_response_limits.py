@@ -101,6 +101,18 @@ ANSWERS["gzip bomb, streamed"] = (
 
 
 @asynccontextmanager
+async def listening(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on 127.0.0.1; yields its URL."""
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
 async def serving() -> AsyncIterator[str]:
     """Each answer of ANSWERS at /<index>/v1/chat/completions; yields the server's URL."""
 
@@ -116,13 +128,8 @@ async def serving() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/{index}/v1/chat/completions", respond)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with listening(app) as url:
+        yield url
 
 
 class _Counted:
@@ -341,13 +348,8 @@ async def half_then_all(calls: int) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/{kind}/v1/chat/completions", respond)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with listening(app) as url:
+        yield url
 
 
 @pytest.mark.parametrize("seam", ["aiohttp", "httpx"])

@@ -9,7 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -255,12 +256,10 @@ sys.stdin.read()
 """
 
 
-def test_another_process_holding_the_file(tmp_path: Path) -> None:
-    pack = write_pack(tmp_path / "pack", 3)
-    out = tmp_path / "x.jsonl"
-    assert invoke("run", str(pack), "--out", str(out))[0] == 0
-    kept = ("x.jsonl", "x.manifest.json", "x.summary.json", "x.summary.md")
-    before = [(tmp_path / name).read_bytes() for name in kept]
+@contextmanager
+def holding_lock(out: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process that holds the lock of ``out`` until the block ends (or it is
+    killed in it)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLD_LOCK, str(out)],
         stdin=subprocess.PIPE,
@@ -269,6 +268,23 @@ def test_another_process_holding_the_file(tmp_path: Path) -> None:
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_another_process_holding_the_file(tmp_path: Path) -> None:
+    pack = write_pack(tmp_path / "pack", 3)
+    out = tmp_path / "x.jsonl"
+    assert invoke("run", str(pack), "--out", str(out))[0] == 0
+    kept = ("x.jsonl", "x.manifest.json", "x.summary.json", "x.summary.md")
+    before = [(tmp_path / name).read_bytes() for name in kept]
+    with holding_lock(out) as proc:
         for args in (
             ("run", str(pack), "--out", str(out), "--resume"),
             ("run", str(pack), "--out", str(out), "--overwrite"),
@@ -283,13 +299,6 @@ def test_another_process_holding_the_file(tmp_path: Path) -> None:
         # a process that dies, even by SIGKILL, leaves no stale lock
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
     code, _, err = invoke("run", str(pack), "--out", str(out), "--resume")
     assert code == 0, err
 
@@ -357,14 +366,7 @@ def test_another_process_holding_the_file_under_another_name(tmp_path: Path, kin
     assert invoke("run", str(pack), "--out", str(out))[0] == 0
     name = other_names(out)[kind]
     before = out.read_bytes()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(out)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+    with holding_lock(out) as proc:
         for args in (
             ("run", str(pack), "--out", str(name), "--resume"),
             ("run", str(pack), "--out", str(name), "--overwrite"),
@@ -378,12 +380,6 @@ def test_another_process_holding_the_file_under_another_name(tmp_path: Path, kin
         if kind != "hard link":  # the lock file beside the real path names the holder
             assert f"(pid {proc.pid}?)" in err
         assert out.read_bytes() == before
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
     code, _, err = invoke("run", str(pack), "--out", str(name), "--resume")
     assert code == 0, err
 

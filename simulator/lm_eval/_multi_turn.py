@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from convsim._errors import ConfigError
+from convsim._errors import ConfigError, TranscriptTooLong
 from convsim._records import TurnRecord
 from convsim._types import Message
 from convsim.metrics import METRICS, ScoringSession, TfidfEmbedder, cosine
@@ -400,9 +400,22 @@ def _value(name: str, conversation: Conversation, turns: Sequence[TurnRecord]) -
 class _TaskConversation(Conversation):
     """A conversation whose prompts come from its task's ``generate_turn_prompt``."""
 
-    def render(self, turn: PreparedTurn, transcript: Sequence[Message]) -> str:
+    def render(
+        self,
+        turn: PreparedTurn,
+        transcript: Sequence[Message],
+        *,
+        max_chars: int | None = None,
+    ) -> str:
         origin: ConversationDocument = self.origin
-        return origin.prompt(turn, transcript)
+        prompt = origin.prompt(turn, transcript)
+        if max_chars is not None and len(prompt) > max_chars:
+            raise TranscriptTooLong(
+                f"the task's prompt passes the {max_chars:,} characters left in the "
+                "conversation's transcript (max_transcript_chars)",
+                limit=max_chars,
+            )
+        return prompt
 
 
 @dataclass

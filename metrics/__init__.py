@@ -21,7 +21,7 @@ _public = _lazy_module(
         ],
         "._judge": ["JudgeSettings", "RubricJudgeMetric", "judged"],
         "._goal": ["goal_met"],
-        "._coherence": ["Embedder", "TfidfEmbedder", "cosine"],
+        "._embedding": ["Embedder", "TfidfEmbedder", "cosine"],
         "._corpus": ["CORPUS_AGGREGATION", "CORPUS_ITEM", "AGGREGATIONS", "corpus_value"],
         "._protocol": ["ConversationScorer", "AsyncConversationScorer", "Metric"],
         "._session": ["ScoringSession", "ScoredConversation"],
@@ -49,13 +49,13 @@ if TYPE_CHECKING:
     from ._builtin import ResponseLengthMetric as ResponseLengthMetric
     from ._builtin import TechnicalAccuracyMetric as TechnicalAccuracyMetric
     from ._builtin import normalize_answer as normalize_answer
-    from ._coherence import Embedder as Embedder
-    from ._coherence import TfidfEmbedder as TfidfEmbedder
-    from ._coherence import cosine as cosine
     from ._corpus import AGGREGATIONS as AGGREGATIONS
     from ._corpus import CORPUS_AGGREGATION as CORPUS_AGGREGATION
     from ._corpus import CORPUS_ITEM as CORPUS_ITEM
     from ._corpus import corpus_value as corpus_value
+    from ._embedding import Embedder as Embedder
+    from ._embedding import TfidfEmbedder as TfidfEmbedder
+    from ._embedding import cosine as cosine
     from ._goal import goal_met as goal_met
     from ._judge import JudgeSettings as JudgeSettings
     from ._judge import RubricJudgeMetric as RubricJudgeMetric

@@ -149,7 +149,7 @@ def _schema_search(pattern: str, text: str) -> bool:
 def _no_retrieval(uri: str) -> Any:
     import referencing.exceptions
 
-    raise referencing.exceptions.NoSuchResource(ref=uri)
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]  # attrs
 
 
 @functools.cache
@@ -160,7 +160,8 @@ def _local_registry() -> Any:
     import referencing
     from jsonschema_specifications import REGISTRY
 
-    return referencing.Registry(retrieve=_no_retrieval).combine(REGISTRY)
+    registry: Any = referencing.Registry(retrieve=_no_retrieval)  # type: ignore[call-arg]
+    return registry.combine(REGISTRY)
 
 
 @functools.cache

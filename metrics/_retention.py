@@ -203,7 +203,7 @@ class ContextRetentionMetric:
         )
 
     def _semantic(self, fact: Fact, text: str) -> bool:
-        from ._coherence import cosine
+        from ._embedding import cosine
 
         sentences = [s for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
         if not sentences:

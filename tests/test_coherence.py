@@ -10,7 +10,8 @@ import pytest
 
 import convsim
 from convsim.metrics import METRICS, score_transcript
-from convsim.metrics._coherence import CoherenceMetric, Embedder, TfidfEmbedder
+from convsim.metrics._coherence import CoherenceMetric
+from convsim.metrics._embedding import Embedder, TfidfEmbedder
 
 SUPPORT = [
     (

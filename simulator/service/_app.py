@@ -13,11 +13,12 @@ import json
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
@@ -116,6 +117,173 @@ def _read_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
     return lines, offset
 
 
+@dataclass
+class _Service:
+    """What the routes share: the store, the runner, the intake, and per-key state."""
+
+    store: Store
+    runner: JobRunner
+    intake: JobIntake
+    stopping: threading.Event = field(default_factory=threading.Event)
+    """Set at shutdown: open result streams end."""
+    reading: dict[str, anyio.CapacityLimiter] = field(default_factory=dict)
+    """Each key's turn to read a whole results file (summary, report): one at a time."""
+    streams: dict[str, int] = field(default_factory=dict)
+    """Each key's result streams open now."""
+
+    async def owned(self, job_id: str, name: str) -> JobRow:
+        """The key's job, or 404 (another key's job is as good as none)."""
+        job = await anyio.to_thread.run_sync(self.store.job, job_id)
+        if job is None or job.key_name != name:
+            raise HTTPException(404, f"no evaluation {job_id}")
+        return job
+
+    async def read_results(self, job_id: str, name: str, read: Any) -> Any:
+        """``read(path)`` of the key's job, off the loop, one read per key at a time."""
+        await self.owned(job_id, name)
+        path = self.runner.results_path(job_id)
+        if not path.exists():
+            raise HTTPException(409, "the evaluation has no results yet")
+        async with self.reading.setdefault(name, anyio.CapacityLimiter(1)):
+            return await anyio.to_thread.run_sync(read, path)
+
+
+def _service(request: Request) -> _Service:
+    service: _Service = request.app.state.service
+    return service
+
+
+Service = Annotated[_Service, Depends(_service)]
+
+
+async def _key_name(service: Service, authorization: str | None = Header(default=None)) -> str:
+    """The name of the request's API key; 401 without a valid one."""
+    scheme, _, key = (authorization or "").partition(" ")
+    name = None
+    if scheme.lower() == "bearer" and key:
+        name = await anyio.to_thread.run_sync(service.store.key_name, key.strip())
+    if name is None:
+        raise HTTPException(401, "a valid API key is needed: Authorization: Bearer KEY",
+                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+    return name
+
+
+def _request_schema() -> dict[str, Any]:
+    schema = EvaluationRequest.model_json_schema()
+    schema["properties"]["pack"]["examples"] = ["customer_support"]
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+router = APIRouter()
+Key = Annotated[str, Depends(_key_name)]
+
+
+@router.post(
+    "/v1/evaluations",
+    status_code=201,
+    response_model=Evaluation,
+    responses=_errors(422, 429),
+    openapi_extra=_request_schema(),
+)
+async def create_evaluation(request: Request, name: Key, service: Service) -> Any:
+    """Check the job (the body is read and parsed off the event loop), store it, start it."""
+    body = await request.body()
+    try:
+        job_id = await service.intake.create(body, name)
+    except Refused as exc:
+        return JSONResponse({"detail": [p.as_dict() for p in exc.problems]}, status_code=422)
+    except LimitReached as exc:
+        return JSONResponse({"detail": str(exc)}, status_code=429)
+    return _view(await service.owned(job_id, name))
+
+
+@router.get("/v1/evaluations", response_model=list[Evaluation], responses=_errors())
+async def list_evaluations(name: Key, service: Service) -> list[Evaluation]:
+    """The key's jobs, oldest first (the newest 1000)."""
+    jobs = await anyio.to_thread.run_sync(lambda: service.store.jobs(name, newest=_LISTED))
+    return [_view(job) for job in jobs]
+
+
+@router.get("/v1/evaluations/{job_id}", response_model=Evaluation, responses=_errors(404))
+async def get_evaluation(job_id: str, name: Key, service: Service) -> Evaluation:
+    return _view(await service.owned(job_id, name))
+
+
+@router.post("/v1/evaluations/{job_id}/cancel", response_model=Evaluation, responses=_errors(404))
+async def cancel(job_id: str, name: Key, service: Service) -> Evaluation:
+    job = await service.owned(job_id, name)
+    if job.state in ACTIVE:
+        await service.runner.cancel(job_id)
+    return _view(await service.owned(job_id, name))
+
+
+@router.get("/v1/evaluations/{job_id}/summary", responses=_errors(404, 409))
+async def summary(job_id: str, name: Key, service: Service) -> Any:
+    from convsim import summarize_file
+
+    report = await service.read_results(job_id, name, summarize_file)
+    return json.loads(report.model_dump_json())
+
+
+@router.get(
+    "/v1/evaluations/{job_id}/report",
+    responses={**_errors(404, 409), 200: {"content": {"text/html": {}}}},
+)
+async def report(job_id: str, name: Key, service: Service) -> Any:
+    from convsim.results._html import write_html
+
+    page = await service.read_results(job_id, name, write_html)
+    return FileResponse(page, media_type="text/html")
+
+
+@router.get(
+    "/v1/evaluations/{job_id}/results",
+    responses={**_errors(404, 429), 200: {"content": {"text/event-stream": {}}}},
+)
+async def results_stream(
+    job_id: str,
+    name: Key,
+    service: Service,
+    last_event_id: str | None = Header(default=None),
+) -> Any:
+    """Each finished conversation as a server-sent event, from ``Last-Event-ID`` on."""
+    await service.owned(job_id, name)
+    limit = (await anyio.to_thread.run_sync(service.runner.limits, name)).streams
+    if service.streams.get(name, 0) >= limit:
+        raise HTTPException(429, f"this key has {limit} result streams open: at most {limit}")
+    given = last_event_id or ""
+    seen = int(given) if given.isdigit() and len(given) <= _EVENT_ID_DIGITS else 0
+    service.streams[name] = service.streams.get(name, 0) + 1
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            async for event in _events(service, job_id, seen):
+                yield event
+        finally:
+            service.streams[name] -= 1
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _events(service: _Service, job_id: str, seen: int) -> AsyncIterator[bytes]:
+    """The job's results after the ``seen`` first, as they are written; then its end."""
+    path = service.runner.results_path(job_id)
+    number = 0
+    offset = 0
+    while not service.stopping.is_set():
+        lines, offset = await anyio.to_thread.run_sync(_read_lines, path, offset)
+        for raw in lines:
+            number += 1
+            if number > seen:
+                yield b"id: %d\nevent: result\ndata: %s\n\n" % (number, raw)
+        job = await anyio.to_thread.run_sync(service.store.job, job_id)
+        if job is None or job.state not in ACTIVE:
+            state = job.state if job else "gone"
+            yield f"event: end\ndata: {json.dumps({'status': state})}\n\n".encode()
+            return
+        await anyio.sleep(_POLL_S)
+
+
 def create_app(
     db: str | Path,
     results_dir: str | Path,
@@ -142,12 +310,7 @@ def create_app(
     results.mkdir(parents=True, exist_ok=True, mode=0o700)
     results.chmod(0o700)  # tenants' results: the server's owner's alone
     runner = JobRunner(store, results, settings)
-    intake = JobIntake(runner, results / "packs")
-    stopping = threading.Event()
-    reading: dict[str, anyio.CapacityLimiter] = {}
-    """Each key's turn to read a whole results file (summary, report): one at a time."""
-    streams: dict[str, int] = {}
-    """Each key's result streams open now."""
+    service = _Service(store, runner, JobIntake(runner, results / "packs"))
 
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
@@ -156,146 +319,16 @@ def create_app(
             await runner.resume_all()
             tg.start_soon(runner.watch)
             yield
-            stopping.set()
+            service.stopping.set()
             for job_id in list(runner.handles):
                 runner.handles[job_id].stop(grace_period=0)
             tg.cancel_scope.cancel()
 
     app = FastAPI(title="convsim evaluation service", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.state.stopping = stopping
-
-    async def key_name(authorization: str | None = Header(default=None)) -> str:
-        scheme, _, key = (authorization or "").partition(" ")
-        name = None
-        if scheme.lower() == "bearer" and key:
-            name = await anyio.to_thread.run_sync(store.key_name, key.strip())
-        if name is None:
-            raise HTTPException(401, "a valid API key is needed: Authorization: Bearer KEY",
-                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
-        return name
-
-    def owned(job_id: str, name: str) -> JobRow:
-        job = store.job(job_id)
-        if job is None or job.key_name != name:
-            raise HTTPException(404, f"no evaluation {job_id}")
-        return job
-
-    async def owned_async(job_id: str, name: str) -> JobRow:
-        return await anyio.to_thread.run_sync(owned, job_id, name)
-
-    async def read_results(job_id: str, name: str, read: Any) -> Any:
-        """``read(path)`` of the key's job, off the loop, one read per key at a time."""
-        await owned_async(job_id, name)
-        path = runner.results_path(job_id)
-        if not path.exists():
-            raise HTTPException(409, "the evaluation has no results yet")
-        async with reading.setdefault(name, anyio.CapacityLimiter(1)):
-            return await anyio.to_thread.run_sync(read, path)
-
-    schema = EvaluationRequest.model_json_schema()
-    schema["properties"]["pack"]["examples"] = ["customer_support"]
-
-    @app.post(
-        "/v1/evaluations",
-        status_code=201,
-        response_model=Evaluation,
-        responses=_errors(422, 429),
-        openapi_extra={
-            "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}
-        },
-    )
-    async def create_evaluation(request: Request, name: str = Depends(key_name)) -> Any:
-        body = await request.body()
-        try:
-            job_id = await intake.create(body, name)
-        except Refused as exc:
-            return JSONResponse({"detail": [p.as_dict() for p in exc.problems]}, status_code=422)
-        except LimitReached as exc:
-            return JSONResponse({"detail": str(exc)}, status_code=429)
-        job = await anyio.to_thread.run_sync(store.job, job_id)
-        assert job is not None
-        return _view(job)
-
-    @app.get("/v1/evaluations", response_model=list[Evaluation], responses=_errors())
-    async def list_evaluations(name: str = Depends(key_name)) -> list[Evaluation]:
-        """The key's jobs, oldest first (the newest 1000)."""
-        jobs = await anyio.to_thread.run_sync(lambda: store.jobs(name, newest=_LISTED))
-        return [_view(job) for job in jobs]
-
-    @app.get("/v1/evaluations/{job_id}", response_model=Evaluation, responses=_errors(404))
-    async def get_evaluation(job_id: str, name: str = Depends(key_name)) -> Evaluation:
-        return _view(await owned_async(job_id, name))
-
-    @app.post("/v1/evaluations/{job_id}/cancel", response_model=Evaluation, responses=_errors(404))
-    async def cancel(job_id: str, name: str = Depends(key_name)) -> Evaluation:
-        job = await owned_async(job_id, name)
-        if job.state in ACTIVE:
-            await runner.cancel(job_id)
-        again = await anyio.to_thread.run_sync(store.job, job_id)
-        assert again is not None
-        return _view(again)
-
-    @app.get("/v1/evaluations/{job_id}/summary", responses=_errors(404, 409))
-    async def summary(job_id: str, name: str = Depends(key_name)) -> Any:
-        from convsim import summarize_file
-
-        report = await read_results(job_id, name, summarize_file)
-        return json.loads(report.model_dump_json())
-
-    @app.get(
-        "/v1/evaluations/{job_id}/report",
-        responses={**_errors(404, 409), 200: {"content": {"text/html": {}}}},
-    )
-    async def report(job_id: str, name: str = Depends(key_name)) -> Any:
-        from convsim.results._html import write_html
-
-        page = await read_results(job_id, name, write_html)
-        return FileResponse(page, media_type="text/html")
-
-    @app.get(
-        "/v1/evaluations/{job_id}/results",
-        responses={**_errors(404, 429), 200: {"content": {"text/event-stream": {}}}},
-    )
-    async def results_stream(
-        job_id: str,
-        name: str = Depends(key_name),
-        last_event_id: str | None = Header(default=None),
-    ) -> Any:
-        await owned_async(job_id, name)
-        limit = (await anyio.to_thread.run_sync(runner.limits, name)).streams
-        if streams.get(name, 0) >= limit:
-            raise HTTPException(429, f"this key has {limit} result streams open: at most {limit}")
-        given = last_event_id or ""
-        seen = int(given) if given.isdigit() and len(given) <= _EVENT_ID_DIGITS else 0
-        path = runner.results_path(job_id)
-        streams[name] = streams.get(name, 0) + 1
-
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                async for event in lines():
-                    yield event
-            finally:
-                streams[name] -= 1
-
-        async def lines() -> AsyncIterator[bytes]:
-            number = 0
-            offset = 0
-            while not stopping.is_set():
-                lines, offset = await anyio.to_thread.run_sync(_read_lines, path, offset)
-                for raw in lines:
-                    number += 1
-                    if number > seen:
-                        yield b"id: %d\nevent: result\ndata: %s\n\n" % (number, raw)
-                job = await anyio.to_thread.run_sync(store.job, job_id)
-                if job is None or job.state not in ACTIVE:
-                    state = job.state if job else "gone"
-                    yield f"event: end\ndata: {json.dumps({'status': state})}\n\n".encode()
-                    return
-                await anyio.sleep(_POLL_S)
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
+    app.include_router(router)
+    app.state.service = service
+    app.state.stopping = service.stopping
     app.state.runner = runner
     app.state.store = store
     return app

@@ -41,6 +41,7 @@ from convsim._records import Score, TurnRecord, TurnStatus
 from ._embedding import NO_WORDS, Embedder, TfidfEmbedder, cosine, default_embedder
 from ._retention import stated_values
 from ._stats import mean
+from ._stop_words import ENGLISH_STOP_WORDS
 
 _WORDS = re.compile(r"[a-z0-9][a-z0-9'-]*")
 _HAS_WORD = re.compile(r"\w")
@@ -80,8 +81,6 @@ ECHO_NOVELTY = 0.2
 
 def content_words(text: str) -> set[str]:
     """Lower-cased words of ``text`` that are not English stop words."""
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
     return {w for w in _WORDS.findall(text.lower()) if w not in ENGLISH_STOP_WORDS}
 
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import anyio
-import numpy as np
 
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._types import GenerationParams, Message, Usage
@@ -311,6 +310,8 @@ def reliability(samples: list[list[int]], how: Literal["mean", "majority"]) -> d
     of the score, by a bootstrap that redraws the turns and, within each, the samples
     (seeded: the same grades give the same interval). None where there is nothing to
     draw from (one turn graded once)."""
+    import numpy as np  # here: importing the runtime must not cost numpy
+
     graded = sum(len(s) for s in samples)
     spread = [float(np.std(np.asarray(s, dtype=np.float64) / 4)) for s in samples if len(s) > 1]
     out: dict[str, Any] = {

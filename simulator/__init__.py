@@ -37,6 +37,7 @@ _public = _lazy_module(
         "._errors": [
             "ConvsimError",
             "ConfigError",
+            "MissingExtra",
             "RegistryError",
             "PackError",
             "PackProblem",
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
     from ._errors import InvalidTransition as InvalidTransition
     from ._errors import LocalResourceError as LocalResourceError
     from ._errors import MalformedResponse as MalformedResponse
+    from ._errors import MissingExtra as MissingExtra
     from ._errors import PackError as PackError
     from ._errors import PackProblem as PackProblem
     from ._errors import ProtocolError as ProtocolError

@@ -4,6 +4,7 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
 
     ConvsimError
     ├── ConfigError              a bad setting, CLI value or model spec
+    │   └── MissingExtra         a feature whose extra is not installed (also an ImportError)
     ├── RegistryError            an unknown adapter or metric name
     ├── PackError                a scenario pack failed validation (lists its problems)
     ├── TemplateError            a prompt template is malformed or unsafe
@@ -45,6 +46,7 @@ M = TypeVar("M", bound=BaseModel)
 __all__ = [
     "ConvsimError",
     "ConfigError",
+    "MissingExtra",
     "RegistryError",
     "PackError",
     "PackProblem",
@@ -79,6 +81,22 @@ class ConvsimError(Exception):
 
 class ConfigError(ConvsimError):
     """A setting, command-line value or model spec is invalid."""
+
+
+class MissingExtra(ConfigError, ImportError):
+    """A feature was used whose optional dependencies (its extra) are not installed.
+
+    An :class:`ImportError` too, so code that probes for an optional part with
+    ``except ImportError`` keeps working.
+    """
+
+    def __init__(self, extra: str, feature: str) -> None:
+        self.extra = extra
+        self.feature = feature
+        super().__init__(f"{feature} needs the {extra} extra: pip install 'convsim[{extra}]'")
+
+    def __reduce__(self) -> tuple[type[MissingExtra], tuple[str, str]]:
+        return type(self), (self.extra, self.feature)
 
 
 class RegistryError(ConvsimError, KeyError):

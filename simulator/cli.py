@@ -30,6 +30,7 @@ from ._console import (
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
 from ._errors import ConfigError, ConvsimError
+from ._extras import needs_extra
 from ._gc import tune_gc_for_throughput
 from ._logging import configure_logging
 from ._registry import Registry
@@ -223,6 +224,14 @@ def _html_option(f: Any) -> Any:
         help="Write a self-contained HTML report (default FILE: the results file with "
         ".html): plots and every conversation, offline.",
     )(f)
+
+
+def _check_html_extra(html_out: str | None) -> None:
+    """Before the work: --html without the html extra stops with exit 2."""
+    if html_out is not None:
+        from .results._html import check_html_extra
+
+        check_html_extra("--html")
 
 
 def _write_report_html(results: Path, html_out: str) -> None:
@@ -509,6 +518,7 @@ def run(
         raise click.UsageError("--retry-failed needs --resume (it continues --out)")
     if user_model_args and not user_model_spec:
         raise click.UsageError("--user-model-arg needs --user-model")
+    _check_html_extra(html_out)
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
     tune_gc_for_throughput()  # a big pack is millions of objects that live on
@@ -1108,6 +1118,7 @@ def report(
     Exits 1 when a --fail-under gate fails (one line per gate), 2 on bad input."""
     from ._report import summarize_file
 
+    _check_html_extra(html_out)
     _lock_results(results)
     summary = summarize_file(results)
     _print_report(summary)
@@ -1367,7 +1378,11 @@ def serve(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from .service import ServiceSettings, create_app
+    with needs_extra("service", "convsim serve"):  # all of it, before the server starts
+        import cryptography.fernet  # noqa: F401
+        import uvicorn  # noqa: F401
+
+        from .service import ServiceSettings, create_app
     from .service._settings import parse_endpoint, parse_limits
 
     chosen = parse_limits(limits)
@@ -1381,6 +1396,9 @@ def serve(
         limits=chosen,
         max_body_bytes=max_body_bytes,
     )
+    if "lm-eval" in settings.pack_sources:
+        with needs_extra("lm-eval", "--pack-source lm-eval"):
+            import lm_eval  # noqa: F401
     os.umask(0o077)  # the database, results and uploads are the server owner's alone
     app = create_app(db, results_dir, settings=settings)
     _stderr().print(f"convsim serve: http://{host}:{port} (db {db})", highlight=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from convsim._console import clear_errors, stdout
+from convsim._extras import needs_extra
 
 __all__ = ["lm_eval_command", "lm_eval_tasks_command"]
 
@@ -41,12 +42,10 @@ def lm_eval_command(args: tuple[str, ...]) -> None:
     # --cache_requests would write into lm-eval's installed package
     cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     os.environ.setdefault("LM_HARNESS_CACHE_PATH", str(cache_home / "convsim" / "lm-eval"))
-    try:
+    with needs_extra("lm-eval", "convsim lm-eval"):
         from lm_eval.__main__ import cli_evaluate
 
         from ._model import register_lm_eval_model
-    except ImportError as exc:  # pragma: no cover - lm-eval is a dependency
-        raise click.ClickException(f"lm-eval is not installed: {exc}") from exc
     from ._secret_args import hide_model_arg_secrets
 
     register_lm_eval_model()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from convsim._errors import ConfigError
+from convsim._extras import needs_extra
 from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
 from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM
 
@@ -93,17 +94,18 @@ class LmEvalMetric:
         self.name = qualified
         metric = qualified.split(":", 1)[1]
         self.metric = metric
-        if metric in ROUGE_METRICS:
-            self._item: Callable[[str, str], Any] = _rouge_item(metric)
-            self._aggregate: Callable[[list[Any]], float] = _mean
-            self.higher_is_better = True
-        else:
-            registered = _lm_eval_metric(metric)
-            self._aggregate, self.higher_is_better = (
-                registered.aggregation,
-                registered.higher_is_better,
-            )
-            self._item = _lm_eval_item(metric, registered.function)
+        with needs_extra("lm-eval", qualified):
+            if metric in ROUGE_METRICS:
+                self._item: Callable[[str, str], Any] = _rouge_item(metric)
+                self._aggregate: Callable[[list[Any]], float] = _mean
+                self.higher_is_better = True
+            else:
+                registered = _lm_eval_metric(metric)
+                self._aggregate, self.higher_is_better = (
+                    registered.aggregation,
+                    registered.higher_is_better,
+                )
+                self._item = _lm_eval_item(metric, registered.function)
         self.description = (
             f"lm-eval's {metric} of the responses against the turns' reference responses, "
             "aggregated over the conversation as lm-eval aggregates it."
@@ -172,10 +174,11 @@ class LmEvalTaskMetric:
         self.metric = qualified.split(":", 1)[1]
         # lm-eval's own direction for a metric it registers (ter: lower); the task's,
         # once a conversation shows which task it is
-        from lm_eval.api.registry import higher_is_better_registry
+        with needs_extra("lm-eval", qualified):
+            from lm_eval.api.registry import higher_is_better_registry
 
-        if len(higher_is_better_registry) == 0:
-            import lm_eval.api.metrics  # noqa: F401  fills lm-eval's registries
+            if len(higher_is_better_registry) == 0:
+                import lm_eval.api.metrics  # noqa: F401  fills lm-eval's registries
         registered = higher_is_better_registry.get(self.metric, None)
         self.higher_is_better: bool = True if registered is None else bool(registered)
         self.description = (
@@ -231,7 +234,8 @@ def lm_eval_corpus_value(aggregation: str, items: list[Any]) -> float:
     prefix, _, name = aggregation.partition(":")
     if prefix != "lm_eval" or not name:
         raise ValueError(f"unknown corpus aggregation {aggregation!r}")
-    from lm_eval.api.registry import get_aggregation
+    with needs_extra("lm-eval", f"the corpus aggregation {aggregation}"):
+        from lm_eval.api.registry import get_aggregation
 
     function = get_aggregation(name)
     if function is None:

@@ -40,9 +40,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import anyio
 import anyio.from_thread
-from lm_eval.api.model import LM
 
 from convsim._errors import ConfigError
+from convsim._extras import needs_extra
 from convsim._log import get_logger
 from convsim._runtime import Simulator
 from convsim._types import GenerationParams, Message, Usage
@@ -60,6 +60,9 @@ from convsim.adapters import (
 
 from ._export import CONVERSATION_MARKER
 from ._logprobs import ContinuationScore, continuation_logprob, rolling_logprob
+
+with needs_extra("lm-eval", "the lm-eval model (convsim.lm_eval.ConvsimLM)"):
+    from lm_eval.api.model import LM
 
 __all__ = ["ConvsimLM", "FailedRequest", "LogprobsUnsupported", "register_lm_eval_model"]
 

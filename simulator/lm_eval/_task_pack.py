@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from convsim._errors import ConfigError, PackError, PackProblem
+from convsim._extras import needs_extra
 from convsim.scenarios import LoadOptions, Pack, TurnSettings
 from convsim.scenarios._criteria import CODE_REFUSED
 
@@ -100,8 +101,14 @@ def _no_progress_bar() -> Iterator[None]:
 
 
 def lm_eval_task(name: str, include_path: str | Path | None = None) -> Any:
-    """lm-eval's task object for ``name``, its requests built (rank 0 of 1)."""
+    """lm-eval's task object for ``name``, its requests built (rank 0 of 1).
+
+    Raises:
+        MissingExtra: lm-eval is not installed (the ``lm-eval`` extra).
+    """
     _offline()
+    with needs_extra("lm-eval", f"lm-eval:{name}"):
+        import lm_eval.tasks  # noqa: F401
     with _global_random_state_kept(), _templates_compiled_once(), _no_progress_bar():
         return _load_task(name, include_path)
 

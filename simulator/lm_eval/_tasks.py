@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from convsim._errors import ConfigError
+from convsim._extras import needs_extra
 from convsim._records import ConversationResult
 from convsim._registry import Registry
 from convsim.scenarios import LoadOptions, Pack, TurnSettings
@@ -310,9 +311,10 @@ def task_pack(spec: str, options: LoadOptions) -> Pack:
 def _lm_eval_task_for(task: AdvancedTask) -> Any:
     """An ``lm_eval.api.task.Task`` delegating to ``task``: numeric process_results keys
     are its metrics; a key aggregated with ``std`` also reports ``<key>_std``."""
-    from lm_eval.api.instance import Instance
-    from lm_eval.api.metrics import mean
-    from lm_eval.api.task import Task, TaskConfig
+    with needs_extra("lm-eval", "AdvancedTask.to_lm_eval_task()"):
+        from lm_eval.api.instance import Instance
+        from lm_eval.api.metrics import mean
+        from lm_eval.api.task import Task, TaskConfig
 
     def std(items: list[float]) -> float:
         return AGGREGATIONS["std"](items)

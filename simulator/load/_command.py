@@ -493,6 +493,10 @@ def load_command(
     for path in (out, requests_out, html_out):
         if path is not None and not path.parent.exists():
             raise ConfigError(f"{path}: its folder does not exist")
+    if html_out is not None:
+        from convsim.results._html import check_html_extra
+
+        check_html_extra("convsim load --html")
     stop = StopRequest()
     try:
         with _Display() as display:

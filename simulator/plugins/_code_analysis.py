@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from convsim._extras import needs_extra
 from convsim._records import ConversationResult, Score, TurnStatus
 from convsim.metrics._builtin import python_blocks
 from convsim.metrics._security import analyse_code
@@ -47,6 +48,13 @@ class CodeFigures:
 
 class PythonComplexityAnalyzer:
     """Complexity, maintainability, Halstead figures, structure and security of Python."""
+
+    def __init__(self) -> None:
+        """Raises:
+        MissingExtra: radon is not installed (the ``code`` extra).
+        """
+        with needs_extra("code", "the code_analysis plugin"):
+            import radon  # noqa: F401
 
     def analyse(self, code: str) -> CodeFigures:
         from radon.complexity import cc_visit

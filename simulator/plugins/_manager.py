@@ -10,7 +10,8 @@ time limit, is logged and recorded (plugin, hook, error) and the run goes on; on
 overran is called no more, as it may still be stuck. Scores are checked before they
 are written (``_scores``); a plugin whose ``score`` fails or returns scores that may
 not be written gets a failed ``NAME:failed`` score instead. A plugin whose
-``initialize`` raises is left out of the run, and that is recorded too.
+``initialize`` raises is left out of the run, and that is recorded too, unless what it
+raised is :class:`~convsim.MissingExtra`: the run does not start without the extra.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from pydantic import BaseModel, ConfigDict, Field
 
-from convsim._errors import ConfigError, parse_config
+from convsim._errors import ConfigError, MissingExtra, parse_config
 from convsim._log import get_logger
 from convsim._records import ConversationResult, Score, TurnRecord
 from convsim._registry import Registry
@@ -83,6 +84,7 @@ class PluginManager:
             RegistryError: an unknown plugin name (listing the known ones).
             ConfigError: settings a plugin's ``Config`` refuses (or a bad
                 ``hook_timeout``), or settings for a plugin that is not asked for.
+            MissingExtra: a plugin's ``initialize`` found its extra not installed.
         """
         configs = dict(configs or {})
         unknown = sorted(set(configs) - set(names))
@@ -100,6 +102,8 @@ class PluginManager:
             config = parse_config(plugin.Config, settings, f"plugin {name}")
             try:
                 plugin.initialize(config)
+            except MissingExtra:  # the install, not the run: stop before it starts
+                raise
             except Exception as exc:
                 manager.record_failure(name, "initialize", f"{type(exc).__name__}: {exc}")
                 continue

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from convsim._errors import ConfigError
+from convsim._extras import needs_extra
 from convsim._records import ConversationResult, TurnRecord
 from convsim._report import RunReport, summarize
 from convsim._sinks import read_results
@@ -127,9 +128,21 @@ def _json_for_script(data: Any) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
+def check_html_extra(feature: str) -> None:
+    """Whether the report can be drawn, asked before the work whose report it is.
+
+    Raises:
+        MissingExtra: Jinja2 or matplotlib is not installed (the ``html`` extra).
+    """
+    with needs_extra("html", feature):
+        import jinja2  # noqa: F401
+        import matplotlib  # noqa: F401
+
+
 def _environment() -> Any:
-    from jinja2 import FileSystemLoader, select_autoescape
-    from jinja2.sandbox import SandboxedEnvironment
+    with needs_extra("html", "the HTML report"):
+        from jinja2 import FileSystemLoader, select_autoescape
+        from jinja2.sandbox import SandboxedEnvironment
 
     return SandboxedEnvironment(
         loader=FileSystemLoader(Path(__file__).parent / "templates"),

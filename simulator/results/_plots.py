@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from convsim._extras import needs_extra
 from convsim._records import ConversationResult, TurnStatus
 
 __all__ = ["Plot", "run_plots"]
@@ -22,10 +23,11 @@ class Plot:
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    with needs_extra("html", "the HTML report's plots"):
+        import matplotlib
 
-    matplotlib.use("svg", force=True)
-    import matplotlib.pyplot as plt
+        matplotlib.use("svg", force=True)
+        import matplotlib.pyplot as plt
 
     plt.rcParams.update(
         {

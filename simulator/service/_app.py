@@ -18,9 +18,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel
+
+from convsim._errors import MissingExtra
+from convsim._extras import needs_extra
+
+with needs_extra("service", "convsim.service"):
+    from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+    from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from ._body_limit import BodyLimit
 from ._intake import EvaluationRequest, JobIntake, LimitReached
@@ -227,12 +232,15 @@ async def summary(job_id: str, name: Key, service: Service) -> Any:
 
 @router.get(
     "/v1/evaluations/{job_id}/report",
-    responses={**_errors(404, 409), 200: {"content": {"text/html": {}}}},
+    responses={**_errors(404, 409, 501), 200: {"content": {"text/html": {}}}},
 )
 async def report(job_id: str, name: Key, service: Service) -> Any:
     from convsim.results._html import write_html
 
-    page = await service.read_results(job_id, name, write_html)
+    try:
+        page = await service.read_results(job_id, name, write_html)
+    except MissingExtra as exc:  # the server's install, not the caller's request
+        raise HTTPException(501, str(exc)) from None
     return FileResponse(page, media_type="text/html")
 
 

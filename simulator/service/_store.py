@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from convsim._errors import ConfigError
+from convsim._extras import needs_extra
 
 __all__ = ["Store", "JobRow", "JobProgress", "KeyRow", "hash_key"]
 
@@ -142,7 +143,8 @@ class Store:
     # -- secrets ------------------------------------------------------------------------
 
     def _fernet(self) -> Any:
-        from cryptography.fernet import Fernet
+        with needs_extra("service", "the service's sealed job arguments"):
+            from cryptography.fernet import Fernet
 
         secret = self.path.with_name(self.path.name + ".secret")
         if not secret.exists():

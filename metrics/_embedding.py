@@ -43,15 +43,17 @@ class TfidfEmbedder:
                 break
         else:
             return None  # no word at all
+        width = len(vocabulary)
         column = {word: i for i, word in enumerate(vocabulary)}
-        counts = np.zeros((len(docs), len(vocabulary)))
-        rows = [row for row, doc in enumerate(docs) for _ in doc]
-        np.add.at(counts, (rows, [column[w] for doc in docs for w in doc]), 1.0)
-        present = counts > 0
-        weights = np.zeros_like(counts)
-        weights[present] = np.log(counts[present]) + 1.0
-        idf = np.log((len(docs) + 1) / (present.sum(axis=0) + 1.0)) + 1.0
-        weights *= idf
+        cells = np.fromiter(
+            (row * width + column[w] for row, doc in enumerate(docs) for w in doc), np.int64
+        )
+        shape = (len(docs), width)
+        weights = np.bincount(cells, minlength=shape[0] * width).reshape(shape).astype(float)
+        present = weights > 0
+        np.log(weights, out=weights, where=present)  # tf: 1 + ln(count), 0 stays 0
+        np.add(weights, 1.0, out=weights, where=present)
+        weights *= np.log((len(docs) + 1) / (present.sum(axis=0) + 1.0)) + 1.0  # idf
         return _unit_rows(weights)
 
 

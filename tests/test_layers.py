@@ -148,6 +148,14 @@ def test_convsim_help_imports_neither_lm_eval_nor_scikit_learn_nor_the_task_api(
         assert heavy not in loaded, heavy
 
 
+def test_from_convsim_import_simulator_leaves_numpy_unimported() -> None:
+    # an application that embeds the runtime pays for numpy only when a scorer needs it
+    loaded = _loaded_after("from convsim import Simulator\nassert Simulator")
+    assert "convsim._runtime" in loaded
+    for heavy in ("numpy", "sklearn", "lm_eval"):
+        assert heavy not in loaded, heavy
+
+
 def test_names_that_moved_up_stay_reachable_where_they_were() -> None:
     import convsim.adapters
     import convsim.lm_eval

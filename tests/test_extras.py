@@ -170,6 +170,23 @@ def test_lm_eval_features_without_the_lm_eval_extra(
     _one_line(_convsim(tmp_path, *args, blocked=LM_EVAL), feature, "lm-eval")
 
 
+def test_the_ray_backend_without_the_ray_extra(tmp_path: Path) -> None:
+    done = _convsim(
+        tmp_path, "run", "customer_support", "--model", "scripted", "--backend", "ray",
+        "--out", "r.jsonl", blocked=("ray",),
+    )  # fmt: skip
+    _one_line(done, "the Ray backend", "ray")
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_load_on_uvloop_without_the_uvloop_extra(tmp_path: Path) -> None:
+    done = _convsim(
+        tmp_path, "load", "--model", "scripted", "--max-requests", "5", "--loop", "uvloop",
+        blocked=("uvloop",),
+    )  # fmt: skip
+    _one_line(done, "--loop uvloop", "uvloop")
+
+
 def test_without_any_extra_the_core_commands_work(tmp_path: Path) -> None:
     help_ = _convsim(tmp_path, "--help", blocked=EVERY_EXTRA)
     assert help_.returncode == 0, help_.stderr
@@ -198,10 +215,12 @@ def test_without_any_extra_the_core_commands_work(tmp_path: Path) -> None:
 def test_library_names_of_an_extra_raise_the_hint_and_an_import_error() -> None:
     code = (
         "import sys\n"
-        f"for name in {LM_EVAL + SERVICE!r}:\n"
+        f"for name in {(*LM_EVAL, *SERVICE, 'pandas')!r}:\n"
         "    sys.modules[name] = None\n"
         "import convsim.lm_eval, convsim.service\n"
-        "for get in (lambda: convsim.lm_eval.ConvsimLM, lambda: convsim.service.create_app):\n"
+        "import convsim.results\n"
+        "for get in (lambda: convsim.lm_eval.ConvsimLM, lambda: convsim.service.create_app,\n"
+        "            lambda: convsim.results.load([])):\n"
         "    try:\n"
         "        get()\n"
         "    except ImportError as exc:\n"
@@ -213,6 +232,7 @@ def test_library_names_of_an_extra_raise_the_hint_and_an_import_error() -> None:
         "MissingExtra the lm-eval model (convsim.lm_eval.ConvsimLM) needs the lm-eval "
         "extra: pip install 'convsim[lm-eval]'",
         "MissingExtra convsim.service needs the service extra: pip install 'convsim[service]'",
+        "MissingExtra convsim.results needs the pandas extra: pip install 'convsim[pandas]'",
     ]
 
 

@@ -27,6 +27,7 @@ import anyio
 
 from convsim._breaker import is_infrastructure_failure
 from convsim._errors import ConfigError
+from convsim._extras import needs_extra
 from convsim._log import get_logger
 from convsim._records import ConversationResult, Status
 from convsim._result_stream import ResultStream
@@ -76,17 +77,16 @@ def ensure_ray(address: str | None, *, num_cpus: int = 2) -> Any:
     it ends (see :mod:`convsim.distributed._ray_watchdog`).
 
     Raises:
-        ConfigError: Ray is not installed.
+        MissingExtra: Ray is not installed (the ``ray`` extra).
     """
-    try:
+    with needs_extra("ray", "the Ray backend"):
         import ray
-    except ImportError:
-        raise ConfigError("the Ray backend needs Ray: pip install 'convsim[ray]'") from None
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            import psutil
+            with needs_extra("ray", "the Ray backend"):
+                import psutil
 
             before = {p.pid for p in psutil.Process().children(recursive=True)}
             context: Any = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)

@@ -23,7 +23,8 @@ from typing import Any, Literal
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from convsim._errors import ConfigError, ConvsimError
+from convsim._errors import ConfigError, ConvsimError, MissingExtra
+from convsim._extras import needs_extra
 from convsim._log import get_logger
 
 from ._arrivals import ArrivalPattern, Schedule, read_trace
@@ -356,17 +357,16 @@ def event_loop_options(choice: str) -> dict[str, Any]:
     is installed, as it makes the client's own share of each request smaller).
 
     Raises:
-        ConfigError: ``uvloop`` asked for and not installed.
+        MissingExtra: ``uvloop`` asked for and not installed (the ``uvloop`` extra).
     """
     if choice == "asyncio":
         return {}
     try:
-        import uvloop  # noqa: F401
-    except ImportError:
+        with needs_extra("uvloop", "--loop uvloop"):
+            import uvloop  # noqa: F401
+    except MissingExtra:
         if choice == "uvloop":
-            raise ConfigError(
-                "--loop uvloop: uvloop is not installed (pip install 'convsim[uvloop]')"
-            ) from None
+            raise
         return {}
     return {"use_uvloop": True}
 

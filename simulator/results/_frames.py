@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convsim._errors import ConfigError
+from convsim._extras import needs_extra
 from convsim._sinks import read_results
 
 from ._rows import conversation_columns, conversation_row, score_rows, turn_rows
@@ -33,10 +33,8 @@ class Results:
 
 
 def _pandas() -> Any:
-    try:
+    with needs_extra("pandas", "convsim.results"):
         import pandas
-    except ImportError:
-        raise ConfigError("convsim.results needs pandas: pip install 'convsim[pandas]'") from None
     return pandas
 
 
@@ -45,7 +43,7 @@ def load(paths: str | Path | Iterable[str | Path]) -> Results:
     last line) into :class:`Results`.
 
     Raises:
-        ConfigError: pandas is not installed.
+        MissingExtra: pandas is not installed (the ``pandas`` extra).
         ResultsError: a file is missing or holds a bad line (named with its line).
     """
     pd = _pandas()

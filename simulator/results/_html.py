@@ -195,6 +195,7 @@ def write_html(results_path: str | Path, out: str | Path | None = None) -> Path:
     Raises:
         ConfigError: the output folder does not exist.
         ResultsError: the results file is missing or has a bad line.
+        MissingExtra: Jinja2 or matplotlib is not installed (the ``html`` extra).
     """
     results_path = Path(results_path)
     target = Path(out) if out else results_path.with_suffix(".html")

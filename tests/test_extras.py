@@ -168,6 +168,7 @@ def test_lm_eval_features_without_the_lm_eval_extra(
     tmp_path: Path, args: list[str], feature: str
 ) -> None:
     _one_line(_convsim(tmp_path, *args, blocked=LM_EVAL), feature, "lm-eval")
+    assert list(tmp_path.iterdir()) == []  # no run began: no runs/ folder
 
 
 def test_the_ray_backend_without_the_ray_extra(tmp_path: Path) -> None:

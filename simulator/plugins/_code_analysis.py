@@ -50,8 +50,10 @@ class PythonComplexityAnalyzer:
     """Complexity, maintainability, Halstead figures, structure and security of Python."""
 
     def __init__(self) -> None:
-        """Raises:
-        MissingExtra: radon is not installed (the ``code`` extra).
+        """An analyser, once radon is known to be there.
+
+        Raises:
+            MissingExtra: radon is not installed (the ``code`` extra).
         """
         with needs_extra("code", "the code_analysis plugin"):
             import radon  # noqa: F401

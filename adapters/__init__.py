@@ -6,44 +6,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._protocol": [
-            "ModelAdapter",
-            "PromptScorer",
-            "PromptLogprobs",
-            "LogprobsUnsupported",
-            "can_score_prompts",
-        ],
-        "._openai": ["render_prompt"],
-        "._registry": [
-            "ADAPTERS",
-            "ModelSpec",
-            "create_adapter",
-            "get_model_adapter",
-            "parse_model_args",
-            "parse_model_spec",
-        ],
-        "._scripted": ["ScriptedAdapter", "ScriptedConfig"],
-        "._budget": ["Budgets"],
-        "._egress": ["EgressPolicy", "is_public_address"],
-        "convsim._types": [
-            "CallTimings",
-            "Completion",
-            "Cost",
-            "GenerationParams",
-            "Message",
-            "ModelInfo",
-            "RateLimits",
-            "Role",
-            "Usage",
-        ],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from convsim._types import CallTimings as CallTimings
     from convsim._types import Completion as Completion
@@ -72,3 +34,5 @@ if TYPE_CHECKING:
     from ._registry import parse_model_spec as parse_model_spec
     from ._scripted import ScriptedAdapter as ScriptedAdapter
     from ._scripted import ScriptedConfig as ScriptedConfig
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

@@ -6,40 +6,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "convsim._records": ["Score"],
-        "._builtin": [
-            "CustomScoreMetric",
-            "ExactMatchMetric",
-            "LatencyMetric",
-            "ResponseLengthMetric",
-            "TechnicalAccuracyMetric",
-            "normalize_answer",
-        ],
-        "._judge": ["JudgeSettings", "RubricJudgeMetric", "judged"],
-        "._goal": ["goal_met"],
-        "._embedding": ["Embedder", "TfidfEmbedder", "cosine"],
-        "._corpus": ["CORPUS_AGGREGATION", "CORPUS_ITEM", "AGGREGATIONS", "corpus_value"],
-        "._protocol": ["ConversationScorer", "AsyncConversationScorer", "Metric"],
-        "._session": ["ScoringSession", "ScoredConversation"],
-        "._registry": ["DEFAULT_METRICS", "METRICS", "register_metric", "resolve_metrics"],
-        "._stats": ["mean", "percentile"],
-        "._transcripts": [
-            "Transcript",
-            "TranscriptScores",
-            "recorded_transcript",
-            "ascore_transcript",
-            "read_transcripts",
-            "score_transcript",
-            "score_transcripts",
-        ],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from convsim._records import Score as Score
 
@@ -78,3 +44,5 @@ if TYPE_CHECKING:
     from ._transcripts import recorded_transcript as recorded_transcript
     from ._transcripts import score_transcript as score_transcript
     from ._transcripts import score_transcripts as score_transcripts
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

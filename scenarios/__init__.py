@@ -6,43 +6,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._loader": [
-            "BUNDLED_PACKS_DIR",
-            "SINGLE_TURN_ID",
-            "PackInfo",
-            "MultiTurnFiles",
-            "list_packs",
-            "load_pack",
-            "load_multi_turn_files",
-        ],
-        "._sources": ["LoadOptions", "PackSource", "PACK_SOURCES"],
-        "._pack": ["Conversation", "Pack", "PreparedFlow", "PreparedTurn", "render_context"],
-        "._schema": [
-            "BUILTIN_VARIABLES",
-            "UserProfile",
-            "Criterion",
-            "Fact",
-            "Flow",
-            "Goal",
-            "Probe",
-            "Problem",
-            "Scenario",
-            "SingleTurnConfig",
-            "TurnConfig",
-            "TurnSettings",
-        ],
-        "._templates": ["Template"],
-        "._files": ["DEFAULT_MAX_FILE_BYTES", "DEFAULT_MAX_LINE_BYTES"],
-        "._criteria": ["CriterionProblem", "goal_problems"],
-        "._regex": ["RegexError"],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from ._criteria import CriterionProblem as CriterionProblem
     from ._criteria import goal_problems as goal_problems
@@ -77,3 +40,5 @@ if TYPE_CHECKING:
     from ._sources import LoadOptions as LoadOptions
     from ._sources import PackSource as PackSource
     from ._templates import Template as Template
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

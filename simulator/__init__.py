@@ -7,67 +7,7 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_module as _lazy_module
 from ._version import __version__ as __version__
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._runtime": ["Simulator", "RunHandle", "RunStatistics", "run_sync"],
-        "._config": ["SimulatorConfig", "ModelRef", "JudgeConfig"],
-        "._state": ["ConversationState"],
-        ".scenarios": ["Pack", "list_packs"],
-        "._packs": ["load_pack"],
-        "._records": [
-            "ConversationResult",
-            "TurnRecord",
-            "TurnStatus",
-            "Status",
-            "TerminationReason",
-            "ErrorInfo",
-            "Score",
-        ],
-        "._sinks": [
-            "ResultSink",
-            "JsonlSink",
-            "RunManifest",
-            "ResultsLock",
-            "read_results",
-            "iter_results",
-        ],
-        "._report": ["RunReport", "Summarizer", "summarize", "summarize_file"],
-        "._errors": [
-            "ConvsimError",
-            "ConfigError",
-            "MissingExtra",
-            "RegistryError",
-            "PackError",
-            "PackProblem",
-            "TemplateError",
-            "InvalidTransition",
-            "TranscriptTooLong",
-            "ResultsError",
-            "AdapterError",
-            "RateLimited",
-            "QuotaExhausted",
-            "ServerError",
-            "Timeout",
-            "BadRequest",
-            "AuthError",
-            "ProtocolError",
-            "LocalResourceError",
-            "EndpointError",
-            "MalformedResponse",
-            "ResponseTooLarge",
-            "EgressRefused",
-        ],
-    },
-    also=["__version__"],
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
-    from ._config import JudgeConfig as JudgeConfig
-    from ._config import ModelRef as ModelRef
-    from ._config import SimulatorConfig as SimulatorConfig
     from ._errors import AdapterError as AdapterError
     from ._errors import AuthError as AuthError
     from ._errors import BadRequest as BadRequest
@@ -91,7 +31,6 @@ if TYPE_CHECKING:
     from ._errors import TemplateError as TemplateError
     from ._errors import Timeout as Timeout
     from ._errors import TranscriptTooLong as TranscriptTooLong
-    from ._packs import load_pack as load_pack
     from ._records import ConversationResult as ConversationResult
     from ._records import ErrorInfo as ErrorInfo
     from ._records import Score as Score
@@ -99,20 +38,26 @@ if TYPE_CHECKING:
     from ._records import TerminationReason as TerminationReason
     from ._records import TurnRecord as TurnRecord
     from ._records import TurnStatus as TurnStatus
-    from ._report import RunReport as RunReport
-    from ._report import Summarizer as Summarizer
-    from ._report import summarize as summarize
-    from ._report import summarize_file as summarize_file
-    from ._runtime import RunHandle as RunHandle
-    from ._runtime import RunStatistics as RunStatistics
-    from ._runtime import Simulator as Simulator
-    from ._runtime import run_sync as run_sync
-    from ._sinks import JsonlSink as JsonlSink
-    from ._sinks import ResultSink as ResultSink
-    from ._sinks import ResultsLock as ResultsLock
-    from ._sinks import RunManifest as RunManifest
-    from ._sinks import iter_results as iter_results
-    from ._sinks import read_results as read_results
-    from ._state import ConversationState as ConversationState
+    from ._runtime._config import JudgeConfig as JudgeConfig
+    from ._runtime._config import ModelRef as ModelRef
+    from ._runtime._config import SimulatorConfig as SimulatorConfig
+    from ._runtime._packs import load_pack as load_pack
+    from ._runtime._simulator import RunHandle as RunHandle
+    from ._runtime._simulator import RunStatistics as RunStatistics
+    from ._runtime._simulator import Simulator as Simulator
+    from ._runtime._simulator import run_sync as run_sync
+    from ._runtime._state import ConversationState as ConversationState
+    from .results._report import RunReport as RunReport
+    from .results._report import Summarizer as Summarizer
+    from .results._report import summarize as summarize
+    from .results._report import summarize_file as summarize_file
+    from .results._sinks import JsonlSink as JsonlSink
+    from .results._sinks import ResultSink as ResultSink
+    from .results._sinks import ResultsLock as ResultsLock
+    from .results._sinks import RunManifest as RunManifest
+    from .results._sinks import iter_results as iter_results
+    from .results._sinks import read_results as read_results
     from .scenarios import Pack as Pack
     from .scenarios import list_packs as list_packs
+
+__getattr__, __dir__ = _lazy_module(__name__, globals(), also=["__version__"])

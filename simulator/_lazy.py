@@ -1,9 +1,15 @@
 """Lazy package roots (PEP 562): a public name is imported when it is first used.
 
 ``import convsim.adapters`` then costs only the package itself, and ``convsim --help``
-imports none of what a command does not need. A package keeps its public names in a
-table of ``module -> names``; type checkers read the same names from a
-``TYPE_CHECKING`` block beside it.
+imports none of what a command does not need. A package writes each public name once,
+as an import under ``if TYPE_CHECKING:``: type checkers read that block, and
+:func:`lazy_module` reads the same block (from the package's source, on first use) to
+learn which module defines each name.
+
+A public class or function takes its public path as ``__module__`` when the package
+hands it out (``convsim.Simulator.__module__ == "convsim"``), as httpx's classes do, so
+that reprs, tracebacks and pickles name the path users import. Its annotations are
+resolved first, while its private module is still the namespace they are read in.
 
 A name that moved to a package above can stay reachable where it used to be through the
 entry-point group ``convsim.exports`` (``convsim.scenarios.AdvancedTask =
@@ -14,13 +20,16 @@ still gets every name it used to; it is worked out on first use.
 
 from __future__ import annotations
 
+import ast
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+import inspect
+import sys
+from collections.abc import Callable, Iterable
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple
 
-__all__ = ["LazyModule", "lazy_module"]
+__all__ = ["LazyModule", "lazy_module", "public_names"]
 
 ALIAS_GROUP = "convsim.exports"
 
@@ -33,29 +42,47 @@ class LazyModule(NamedTuple):
     dir: Callable[[], list[str]]
 
 
+class PublicName(NamedTuple):
+    """One name of a package's ``TYPE_CHECKING`` block: where it comes from."""
+
+    name: str
+    module: str  # as written: absolute, or relative to the package ("._runtime._config")
+    attribute: str
+
+
 @cache
 def _aliases() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ALIAS_GROUP)}
 
 
-def lazy_module(
-    package: str,
-    namespace: dict[str, Any],
-    exports: Mapping[str, Iterable[str]],
-    *,
-    also: Iterable[str] = (),
-) -> LazyModule:
-    """``__getattr__`` and ``__dir__`` for ``package``.
+def public_names(source: str) -> list[PublicName]:
+    """The names imported under the top-level ``if TYPE_CHECKING:`` of ``source``."""
+    names: list[PublicName] = []
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"):
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.ImportFrom):
+                module = "." * statement.level + (statement.module or "")
+                for alias in statement.names:
+                    names.append(PublicName(alias.asname or alias.name, module, alias.name))
+    return names
+
+
+def lazy_module(package: str, namespace: dict[str, Any], *, also: Iterable[str] = ()) -> LazyModule:
+    """``__getattr__`` and ``__dir__`` for ``package``, from its ``TYPE_CHECKING`` block.
 
     Args:
         package: the package's ``__name__``.
         namespace: the package's ``globals()``; each name is cached there once imported.
-        exports: each module (absolute, or relative to ``package``) and the public names
-            it defines, in the order ``__all__`` lists them.
         also: public names the package defines itself (listed first in ``__all__``).
     """
-    where = {name: module for module, names in exports.items() for name in names}
-    public = [*also, *(name for names in exports.values() for name in names)]
+    also = list(also)
+
+    @cache
+    def table() -> dict[str, PublicName]:
+        with open(namespace["__file__"], encoding="utf-8") as fh:
+            return {entry.name: entry for entry in public_names(fh.read())}
 
     def aliases() -> list[str]:
         prefix = package + "."
@@ -63,12 +90,14 @@ def lazy_module(
 
     def __getattr__(name: str) -> Any:
         if name == "__all__":
+            public = [*also, *table()]
             value: Any = [*public, *(a for a in aliases() if a not in public)]
             namespace[name] = value
             return value
-        module = where.get(name)
-        if module is not None:
-            value = getattr(importlib.import_module(module, package), name)
+        entry = table().get(name)
+        if entry is not None:
+            value = getattr(importlib.import_module(entry.module, package), entry.attribute)
+            _publish(value, package)
         else:
             alias = _aliases().get(f"{package}.{name}")
             if alias is None:
@@ -80,6 +109,40 @@ def lazy_module(
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*namespace, *public, *aliases()})
+        return sorted({*namespace, *also, *table(), *aliases()})
 
     return LazyModule(__getattr__, __dir__)
+
+
+def _publish(value: object, package: str) -> None:
+    """Give ``value`` its public path when ``package`` is the nearest public package
+    above the private module that defines it."""
+    if not (isinstance(value, type) or inspect.isfunction(value)):
+        return
+    module = getattr(value, "__module__", "")
+    if not module.startswith(package + "."):
+        return
+    if not all(part.startswith("_") for part in module[len(package) + 1 :].split(".")):
+        return
+    if isinstance(value, type):
+        _resolve_annotations(value, sys.modules[module].__dict__)
+    value.__module__ = package
+
+
+def _resolve_annotations(cls: type, module_namespace: dict[str, Any]) -> None:
+    """Evaluate ``cls``'s string annotations in its defining module, so that reading
+    them later (pydantic, dataclasses, ``typing.get_type_hints``) does not depend on
+    ``__module__``. A name only a type checker sees stays a string."""
+    rebuild = getattr(cls, "model_rebuild", None)
+    if rebuild is not None and not getattr(cls, "__pydantic_complete__", True):
+        rebuild(_types_namespace=module_namespace)
+    own = cls.__dict__.get("__annotations__")  # noqa: RUF063 - changed in place
+    if not isinstance(own, dict):
+        return
+    local = dict(vars(cls))
+    for key, annotation in own.items():
+        if isinstance(annotation, str):
+            try:
+                own[key] = eval(annotation, module_namespace, local)
+            except Exception:  # a name imported under TYPE_CHECKING only
+                continue

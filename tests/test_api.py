@@ -15,8 +15,8 @@ from structlog.testing import capture_logs
 
 import convsim
 from convsim import RegistryError
-from convsim._logging import redact_secrets
 from convsim._registry import Registry
+from convsim.cli._logging import redact_secrets
 
 PACKAGES = [
     "convsim",

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from convsim import ConfigError, LocalResourceError, ServerError, Simulator, SimulatorConfig
-from convsim import _descriptors as descriptors
+from convsim._runtime import _descriptors as descriptors
 from convsim.adapters import GenerationParams, Message
 from convsim.adapters._http import AiohttpTransport, HttpxTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter

@@ -41,7 +41,7 @@ def _installed_tree(root: Path) -> Path:
 def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.run(
-        [str(LINT_IMPORTS), "--config", str(PYPROJECT), "--no-cache"],
+        [str(LINT_IMPORTS), str(PYPROJECT), "--no-cache"],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -66,7 +66,7 @@ def test_the_layers_contract_holds(tree: Path) -> None:
     [
         (
             "adapters/_recall.py",
-            "\n\ndef _later():\n    from convsim._runtime import Simulator\n"
+            "\n\ndef _later():\n    from convsim._runtime._simulator import Simulator\n"
             "\n    return Simulator\n",
             "convsim.adapters is not allowed to import convsim._runtime",
         ),
@@ -86,8 +86,40 @@ def test_the_layers_contract_holds(tree: Path) -> None:
             "\n\ndef _later():\n    from convsim.scenarios import Pack\n\n    return Pack\n",
             "convsim.adapters is not allowed to import convsim.scenarios",
         ),
+        (
+            "results/_html.py",
+            "\n\ndef _later():\n    from convsim._runtime._simulator import Simulator\n"
+            "\n    return Simulator\n",
+            "convsim.results is not allowed to import convsim._runtime",
+        ),
+        (
+            "load/_plan.py",
+            "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+            "    from convsim.service import ServiceSettings\n",
+            "convsim.load is not allowed to import convsim.service",
+        ),
+        (
+            "_runtime/_simulator.py",
+            "\n\ndef _later():\n    import convsim.distributed._ray\n",
+            "convsim._runtime is not allowed to import convsim.distributed",
+        ),
+        (
+            "client/_client.py",
+            "\n\ndef _later():\n    from convsim.results import html_report\n"
+            "\n    return html_report\n",
+            "convsim.client is not allowed to import convsim.results",
+        ),
     ],
-    ids=["inside-a-function", "under-type-checking", "kernel-to-service", "sibling-services"],
+    ids=[
+        "inside-a-function",
+        "under-type-checking",
+        "kernel-to-service",
+        "sibling-services",
+        "results-to-runtime",
+        "load-to-service",
+        "runtime-to-distributed",
+        "client-to-results",
+    ],
 )
 def test_an_upward_import_breaks_the_contract(
     tmp_path: Path, module: str, code: str, expected: str
@@ -125,7 +157,7 @@ def test_import_convsim_adapters_leaves_the_runtime_unimported() -> None:
         "for m in pkgutil.iter_modules(convsim.adapters.__path__):\n"
         "    importlib.import_module('convsim.adapters.' + m.name)"
     )
-    assert "convsim._runtime" not in loaded
+    assert "convsim._runtime._simulator" not in loaded
     above = [m for m in loaded if m.startswith(("convsim.metrics", "convsim.scenarios"))]
     assert not above and "convsim.lm_eval" not in loaded and "lm_eval" not in loaded
 
@@ -144,14 +176,20 @@ def test_convsim_help_imports_neither_lm_eval_nor_scikit_learn_nor_the_task_api(
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    try:\n        main()\n    except SystemExit:\n        pass"
     )
-    for heavy in ("lm_eval", "sklearn", "numpy", "convsim.lm_eval._tasks", "convsim._runtime"):
+    for heavy in (
+        "lm_eval",
+        "sklearn",
+        "numpy",
+        "convsim.lm_eval._tasks",
+        "convsim._runtime._simulator",
+    ):
         assert heavy not in loaded, heavy
 
 
 def test_from_convsim_import_simulator_leaves_numpy_unimported() -> None:
     # an application that embeds the runtime pays for numpy only when a scorer needs it
     loaded = _loaded_after("from convsim import Simulator\nassert Simulator")
-    assert "convsim._runtime" in loaded
+    assert "convsim._runtime._simulator" in loaded
     for heavy in ("numpy", "sklearn", "lm_eval"):
         assert heavy not in loaded, heavy
 

@@ -684,11 +684,14 @@ def test_validate_and_run_tune_the_collector_before_loading(
 ) -> None:
     # the collector traversing the loaded scenarios again and again was 70% of loading
     # 100,000 of them
-    from convsim import _packs, cli
+    from convsim._runtime import _packs
+    from convsim.cli import _packs as packs_command
+    from convsim.cli import _run as run_command
 
     calls: list[str] = []
     load = _packs.load_pack
-    monkeypatch.setattr(cli, "tune_gc_for_throughput", lambda: calls.append("tune"))
+    for command in (packs_command, run_command):
+        monkeypatch.setattr(command, "tune_gc_for_throughput", lambda: calls.append("tune"))
     monkeypatch.setattr(_packs, "load_pack", lambda *a, **k: calls.append("load") or load(*a, **k))
     pack = write_multi(tmp_path / "pack")
     assert invoke("validate", str(pack))[0] == 0

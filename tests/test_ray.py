@@ -72,10 +72,10 @@ def test_a_killed_actor_loses_nothing_and_records_nothing_twice(tmp_path: Path) 
 def test_the_command_line_runs_on_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from convsim import cli
+    from convsim.cli import _run as run_command
     from convsim.cli import main
 
-    monkeypatch.setattr(cli, "PROGRESS_LINE_S", 0.0)  # a line at every poll
+    monkeypatch.setattr(run_command, "PROGRESS_LINE_S", 0.0)  # a line at every poll
     out = tmp_path / "cli.jsonl"
     result = CliRunner().invoke(
         main,

@@ -571,10 +571,10 @@ def test_a_full_disk_while_resuming_keeps_the_files(
         with out.open("ab") as fh:
             fh.write(b'{"schema_version": 2, "run_')
     before = file_state(out.parent)
-    import convsim._sinks
+    import convsim.results._sinks
 
     # the disk is full at the first fsync: the rewrite (compacting) or the manifest
-    monkeypatch.setattr(convsim._sinks.os, "fsync", enospc)
+    monkeypatch.setattr(convsim.results._sinks.os, "fsync", enospc)
     code, _, err = invoke("run", str(pack), "--out", str(out), "--resume")
     assert code == 2
     assert "No space left on device" in err and "Traceback" not in err
@@ -607,7 +607,7 @@ def test_a_write_failing_mid_line_leaves_no_torn_line(
 ) -> None:
     import builtins
 
-    import convsim._sinks
+    import convsim.results._sinks
 
     pack = write_pack(tmp_path / "pack", 8)
     out = tmp_path / "x.jsonl"
@@ -618,7 +618,7 @@ def test_a_write_failing_mid_line_leaves_no_torn_line(
             FillingFile(real, fail_at=3) if mode == "ab" and kwargs.get("buffering") == 0 else real
         )
 
-    monkeypatch.setattr(convsim._sinks, "open", filling_open, raising=False)
+    monkeypatch.setattr(convsim.results._sinks, "open", filling_open, raising=False)
     code, _, err = invoke("run", str(pack), "--out", str(out), "--concurrency", "1")
     assert code == 2 and "No space left on device" in err and "Traceback" not in err
     raw = out.read_bytes()
@@ -716,9 +716,9 @@ def test_hostile_lines_give_exit_2_with_file_and_line(
 def test_a_huge_line_is_refused_without_reading_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import convsim._sinks
+    import convsim.results._sinks
 
-    monkeypatch.setattr(convsim._sinks, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(convsim.results._sinks, "MAX_LINE_BYTES", 1000)
     valid = (DATA / "results_v1.jsonl").read_bytes().splitlines()[0]
     path = tmp_path / "x.jsonl"
     path.write_bytes(b'{"a": "' + b"x" * 5000 + b'"}\n' + valid + b"\n")

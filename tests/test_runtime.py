@@ -1535,7 +1535,7 @@ async def test_an_adapter_returning_garbage_fails_only_its_conversation(
 async def test_an_internal_defect_is_recorded_and_the_run_goes_on(
     tmp_path: Path, fake_adapter: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from convsim._state import TurnPlanner
+    from convsim._runtime._state import TurnPlanner
 
     real = TurnPlanner.steps
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from convsim._logging import redact_secrets
 from convsim._secrets import Redactor, redact_url, url_secrets
 from convsim.cli import main
+from convsim.cli._logging import redact_secrets
 from convsim.lm_eval._secret_args import hide_model_arg_secrets
 
 

@@ -67,9 +67,7 @@ def test_a_config_file_and_flags_add_up(tmp_path: Path) -> None:
         (["--limit", "nothing=1"], "unknown limit"),
     ],
 )
-def test_bad_serve_flags_exit_2_with_one_line(
-    tmp_path: Path, flags: list[str], said: str
-) -> None:
+def test_bad_serve_flags_exit_2_with_one_line(tmp_path: Path, flags: list[str], said: str) -> None:
     result = CliRunner().invoke(main, ["serve", "--db", str(tmp_path / "s.db"), *flags])
     assert result.exit_code == 2, result.output
     assert said in result.output

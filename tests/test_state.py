@@ -19,7 +19,7 @@ from convsim import (
     TurnStatus,
     load_pack,
 )
-from convsim._state import TRANSITIONS, Finish, Run, Skip, StateMachine, TurnPlanner
+from convsim._runtime._state import TRANSITIONS, Finish, Run, Skip, StateMachine, TurnPlanner
 from convsim.scenarios import (
     Conversation,
     Flow,

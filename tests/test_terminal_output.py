@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from convsim import cli
-from convsim._report import MetricSummary
+from convsim.cli import _run as run_command
 from convsim.cli import main
+from convsim.results import _terminal
+from convsim.results._report import MetricSummary
 
 
 def _groups(count: int, metrics: list[str]) -> dict[str, object]:
@@ -37,7 +38,7 @@ def _render(tables: list[object], width: int) -> str:
 @pytest.mark.parametrize(("groups", "metrics"), [(2, 3), (3, 12), (12, 4)])
 def test_breakdowns_fit_the_width_without_cutting_a_number(groups: int, metrics: int) -> None:
     names = [f"metric_name_{k}" for k in range(metrics)]
-    tables = cli._group_tables(
+    tables = _terminal._group_tables(
         "by scenario_type", "scenario_type", _groups(groups, names), names, 80
     )  # type: ignore[arg-type]
     text = _render(tables, 80)
@@ -53,7 +54,7 @@ def test_breakdowns_fit_the_width_without_cutting_a_number(groups: int, metrics:
 def test_off_a_terminal_a_run_prints_progress_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "PROGRESS_LINE_S", 0.05)
+    monkeypatch.setattr(run_command, "PROGRESS_LINE_S", 0.05)
     result = CliRunner().invoke(
         main,
         ["run", "customer_support", "--model", "scripted", "--model-arg", "latency=0.05",

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 import convsim
 from convsim import Score, Status
-from convsim._report import summarize
 from convsim.cli import main
+from convsim.results._report import summarize
 
 
 def test_pass_at_k_and_pass_hat_k_by_hand() -> None:

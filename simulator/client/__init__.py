@@ -11,24 +11,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._client": [
-            "EvaluationClient",
-            "AsyncEvaluationClient",
-            "Evaluation",
-            "ServiceError",
-            "Unauthorized",
-            "NotFound",
-            "Invalid",
-            "LimitReached",
-        ],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from ._client import AsyncEvaluationClient as AsyncEvaluationClient
     from ._client import Evaluation as Evaluation
@@ -38,3 +20,5 @@ if TYPE_CHECKING:
     from ._client import NotFound as NotFound
     from ._client import ServiceError as ServiceError
     from ._client import Unauthorized as Unauthorized
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

@@ -6,13 +6,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {"._ray": ["run_on_ray", "RayRun", "RayProgress", "RayRunHandle", "RaySimulator", "shard_of"]},
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from ._ray import RayProgress as RayProgress
     from ._ray import RayRun as RayRun
@@ -20,3 +13,5 @@ if TYPE_CHECKING:
     from ._ray import RaySimulator as RaySimulator
     from ._ray import run_on_ray as run_on_ray
     from ._ray import shard_of as shard_of
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

@@ -25,12 +25,12 @@ from typing import Any, NamedTuple
 
 import anyio
 
-from convsim._breaker import is_infrastructure_failure
 from convsim._errors import ConfigError
 from convsim._extras import needs_extra
 from convsim._log import get_logger
 from convsim._records import ConversationResult, Status
-from convsim._result_stream import ResultStream
+from convsim._runtime._breaker import is_infrastructure_failure
+from convsim._runtime._result_stream import ResultStream
 
 from ._ray_watchdog import guard_local_ray
 

@@ -22,21 +22,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._model": ["ConvsimLM", "FailedRequest", "LogprobsUnsupported", "register_lm_eval_model"],
-        "._logprobs": ["UnscorableRequest", "continuation_logprob", "rolling_logprob"],
-        "._tasks": ["AdvancedTask", "register_task", "TASKS"],
-        "._multi_turn": ["MultiTurnTask"],
-        "._metrics_engine": ["MetricsEngine"],
-        "._export": ["ExportedTask", "export_lm_eval_tasks"],
-        "._task_pack": ["load_lm_eval_task"],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from ._export import ExportedTask as ExportedTask
     from ._export import export_lm_eval_tasks as export_lm_eval_tasks
@@ -53,3 +38,5 @@ if TYPE_CHECKING:
     from ._tasks import TASKS as TASKS
     from ._tasks import AdvancedTask as AdvancedTask
     from ._tasks import register_task as register_task
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

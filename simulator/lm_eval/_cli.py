@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from convsim._console import clear_errors, stdout
 from convsim._extras import needs_extra
+from convsim.cli._console import clear_errors, stdout
 
 __all__ = ["lm_eval_command", "lm_eval_tasks_command"]
 

@@ -44,7 +44,7 @@ import anyio.from_thread
 from convsim._errors import ConfigError
 from convsim._extras import needs_extra
 from convsim._log import get_logger
-from convsim._runtime import Simulator
+from convsim._runtime._simulator import Simulator
 from convsim._types import GenerationParams, Message, Usage
 from convsim.adapters import (
     ADAPTERS,

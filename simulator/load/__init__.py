@@ -23,71 +23,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._arrivals": [
-            "ARRIVAL_PATTERNS",
-            "ArrivalPattern",
-            "Schedule",
-            "arrival_schedule",
-            "read_trace",
-        ],
-        "._distributions": [
-            "AnyDistribution",
-            "Distribution",
-            "Exponential",
-            "Fixed",
-            "LogNormal",
-            "Normal",
-            "SyntheticWorkload",
-            "Uniform",
-            "parse_distribution",
-            "parse_synthetic",
-        ],
-        "._stats": ["LatencySummary", "Samples", "summarize"],
-        "._records": ["RequestRecord"],
-        "._workloads": [
-            "SessionScript",
-            "TurnScript",
-            "Workload",
-            "TokenText",
-            "SyntheticSessions",
-            "PackSessions",
-            "ShareGPTSessions",
-            "read_sharegpt",
-        ],
-        "._driver": ["LoadShape", "DriveOutcome", "SessionRecord", "drive", "open_schedule"],
-        "._monitor": ["Progress"],
-        "._calibrate": ["Calibration", "calibrate"],
-        "._figures": ["Thresholds", "merged_result"],
-        "._plan": ["LoadPlan", "LoadRun", "run_load"],
-        "._stop": ["StopRequest", "NothingMeasured"],
-        "._requests_file": ["write_requests"],
-        "._slo": ["SLO", "SLOs", "SLOMetric", "SLOStatistic", "Goodput", "goodput", "parse_slos"],
-        "._result": [
-            "SCHEMA_VERSION",
-            "ClientFigures",
-            "ConversationFigures",
-            "InputTokenAccuracy",
-            "TimelineEntry",
-            "LatencyMs",
-            "LoadResult",
-            "PointResult",
-            "RequestCounts",
-            "SweepResult",
-            "Throughput",
-            "TurnFigures",
-            "TurnLatency",
-            "Window",
-            "point_result",
-            "sweep_result",
-        ],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from ._arrivals import ARRIVAL_PATTERNS as ARRIVAL_PATTERNS
     from ._arrivals import ArrivalPattern as ArrivalPattern
@@ -155,3 +90,5 @@ if TYPE_CHECKING:
     from ._workloads import TurnScript as TurnScript
     from ._workloads import Workload as Workload
     from ._workloads import read_sharegpt as read_sharegpt
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

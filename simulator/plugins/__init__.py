@@ -12,23 +12,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._base": [
-            "BasePlugin",
-            "PluginScores",
-            "ScoreRange",
-            "NoConfig",
-            "DEFAULT_HOOK_TIMEOUT_S",
-        ],
-        "._manager": ["PLUGINS", "PluginManager", "PluginRun", "PluginFailure"],
-        "._code_analysis": ["CodeAnalysisPlugin", "PythonComplexityAnalyzer", "CodeFigures"],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from ._base import DEFAULT_HOOK_TIMEOUT_S as DEFAULT_HOOK_TIMEOUT_S
     from ._base import BasePlugin as BasePlugin
@@ -42,3 +25,5 @@ if TYPE_CHECKING:
     from ._manager import PluginFailure as PluginFailure
     from ._manager import PluginManager as PluginManager
     from ._manager import PluginRun as PluginRun
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

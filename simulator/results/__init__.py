@@ -12,22 +12,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._frames": ["Results", "load"],
-        "._rows": [
-            "CONVERSATION_COLUMNS",
-            "conversation_columns",
-            "conversation_row",
-            "turn_rows",
-            "score_rows",
-        ],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from ._frames import Results as Results
     from ._frames import load as load
@@ -36,3 +20,5 @@ if TYPE_CHECKING:
     from ._rows import conversation_row as conversation_row
     from ._rows import score_rows as score_rows
     from ._rows import turn_rows as turn_rows
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from convsim._records import ConversationResult
-from convsim._report import _higher_is_better
-from convsim._sinks import read_results
+from convsim.results._report import _higher_is_better
+from convsim.results._sinks import read_results
 
 __all__ = ["MetricComparison", "Comparison", "compare", "compare_files"]
 

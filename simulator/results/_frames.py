@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from convsim._extras import needs_extra
-from convsim._sinks import read_results
+from convsim.results._sinks import read_results
 
 from ._rows import conversation_columns, conversation_row, score_rows, turn_rows
 

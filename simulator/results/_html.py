@@ -24,9 +24,9 @@ from typing import Any
 from convsim._errors import ConfigError
 from convsim._extras import needs_extra
 from convsim._records import ConversationResult, TurnRecord
-from convsim._report import RunReport, summarize
-from convsim._sinks import read_results
 from convsim._version import __version__
+from convsim.results._report import RunReport, summarize
+from convsim.results._sinks import read_results
 
 from ._plots import run_plots
 

@@ -9,19 +9,6 @@ from typing import TYPE_CHECKING
 
 from convsim._lazy import lazy_module as _lazy_module
 
-_public = _lazy_module(
-    __name__,
-    globals(),
-    {
-        "._app": ["create_app", "Evaluation"],
-        "._intake": ["EvaluationRequest"],
-        "._settings": ["ServiceSettings", "KeyLimits", "Endpoint"],
-        "._store": ["Store"],
-        "._jobs": ["JobRunner"],
-    },
-)
-__getattr__, __dir__ = _public.getattr, _public.dir
-
 if TYPE_CHECKING:
     from ._app import Evaluation as Evaluation
     from ._app import create_app as create_app
@@ -31,3 +18,5 @@ if TYPE_CHECKING:
     from ._settings import KeyLimits as KeyLimits
     from ._settings import ServiceSettings as ServiceSettings
     from ._store import Store as Store
+
+__getattr__, __dir__ = _lazy_module(__name__, globals())

@@ -20,7 +20,7 @@ import anyio
 
 from convsim._errors import ResultsError
 from convsim._records import ConversationResult, ErrorInfo
-from convsim._sinks import JsonlSink, RunManifest
+from convsim.results._sinks import JsonlSink, RunManifest
 
 from ._store import JobProgress
 

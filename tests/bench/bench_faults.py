@@ -30,8 +30,8 @@ from anyio.from_thread import start_blocking_portal
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_runtime import write_pack
 
-from convsim._sinks import read_results
 from convsim.adapters.mock import MockModelServer, MockServerConfig
+from convsim.results._sinks import read_results
 
 DEFAULT_FAULTS = (
     "429,500,drop,malformed,html,truncated_sse,stream_error,stream_drop,"

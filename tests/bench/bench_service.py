@@ -26,8 +26,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _listeners import Listener  # noqa: E402
-from _service import Server  # noqa: E402
+from _listeners import Listener
+from _service import Server
 
 
 def _rss(server: Server, field: str) -> int:

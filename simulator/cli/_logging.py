@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import structlog
 
-from ._secrets import MASK, is_secret_key, looks_like_url, redact_url
+from .._secrets import MASK, is_secret_key, looks_like_url, redact_url
 
 __all__ = ["configure_logging", "redact_secrets", "is_secret_key"]
 

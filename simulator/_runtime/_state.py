@@ -13,7 +13,7 @@ from enum import Enum
 from convsim._errors import InvalidTransition
 from convsim.scenarios import Conversation, PreparedTurn
 
-from ._records import Status, TerminationReason, TurnStatus
+from .._records import Status, TerminationReason, TurnStatus
 
 __all__ = [
     "ConversationState",

@@ -22,7 +22,7 @@ from pydantic import (
 from convsim._errors import ConfigError, describe_validation_error, parse_config
 from convsim.adapters import ModelAdapter, parse_model_spec
 
-from ._secrets import MASK, is_secret_key, looks_like_url, redact_url
+from .._secrets import MASK, is_secret_key, looks_like_url, redact_url
 
 __all__ = ["ModelRef", "ModelChoice", "JudgeConfig", "SimulatorConfig"]
 

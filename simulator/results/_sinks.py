@@ -17,10 +17,10 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ._errors import ConfigError, ResultsError
-from ._log import get_logger
-from ._records import ConversationResult, Status, TerminationReason
-from .results._lock import ResultsLock
+from .._errors import ConfigError, ResultsError
+from .._log import get_logger
+from .._records import ConversationResult, Status, TerminationReason
+from ._lock import ResultsLock
 
 __all__ = [
     "ResultSink",

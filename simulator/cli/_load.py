@@ -16,19 +16,19 @@ import click
 from rich.live import Live
 from rich.table import Table
 
-from convsim._console import EXIT_INTERRUPTED, clear_errors
-from convsim._console import stderr as _stderr
-from convsim._console import stdout as _stdout
 from convsim._errors import ConfigError, parse_config
+from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
+from convsim.cli._console import stderr as _stderr
+from convsim.cli._console import stdout as _stdout
 
-from ._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
+from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
 
 if TYPE_CHECKING:
-    from ._monitor import Progress
-    from ._plan import LoadPlan, LoadRun
-    from ._result import LoadResult, PointResult, SweepResult
-    from ._stats import LatencySummary
-    from ._stop import StopRequest
+    from ..load._monitor import Progress
+    from ..load._plan import LoadPlan, LoadRun
+    from ..load._result import LoadResult, PointResult, SweepResult
+    from ..load._stats import LatencySummary
+    from ..load._stop import StopRequest
 
 __all__ = ["load_command"]
 
@@ -121,7 +121,7 @@ def _turn_table(point: PointResult) -> Table:
 
 
 def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
-    from ._result import SweepResult
+    from ..load._result import SweepResult
 
     out = _stdout()
     points: list[PointResult] = list(result.points) if isinstance(result, SweepResult) else [result]
@@ -218,7 +218,7 @@ class _Display:
 async def _run_stoppable(plan: LoadPlan, display: _Display, stop: StopRequest) -> LoadRun:
     """The run, stopped by SIGINT or SIGTERM: the first stops sending and gives the
     requests in flight the grace; the second cancels them at once."""
-    from ._plan import run_load
+    from ..load._plan import run_load
 
     async def watch_signals() -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -480,8 +480,8 @@ def load_command(
     (a second signal cancels them), and what was measured is written, marked partial;
     the exit code is then 130.
     """
-    from ._plan import LoadPlan, event_loop_options
-    from ._stop import StopRequest
+    from ..load._plan import LoadPlan, event_loop_options
+    from ..load._stop import StopRequest
 
     if actors is not None:
         if options.get("backend") != "ray":
@@ -526,7 +526,7 @@ def _write_outputs(
     plan: LoadPlan, run: LoadRun, out: Path | None, requests_out: Path | None, html_out: Path | None
 ) -> None:
     """The summary on stdout, and the files asked for."""
-    from ._requests_file import write_requests
+    from ..load._requests_file import write_requests
 
     assert run.result is not None
     _print_result(run.result, slo=plan.slo is not None)
@@ -539,7 +539,7 @@ def _write_outputs(
     if html_out is not None:
         from convsim.results._load_html import write_load_html
 
-        from ._slo import parse_slos
+        from ..load._slo import parse_slos
 
         slos = parse_slos(plan.slo) if plan.slo else None
         written = write_load_html(html_out, run.result, run.requests, slos=slos)

@@ -1,6 +1,6 @@
 """The conversation actor: runs one conversation through its state machine.
 
-The planner (:class:`~convsim._state.TurnPlanner`) decides which turn runs next; the
+The planner (:class:`~convsim._runtime._state.TurnPlanner`) decides which turn runs next; the
 actor performs it (renders the prompt, asks the simulated user, calls the model) and
 hands each turn record to the conversation's :class:`~convsim.metrics.ScoringSession`,
 which scores while the conversation goes on.
@@ -23,9 +23,8 @@ from convsim.adapters import ModelAdapter
 from convsim.metrics import Metric, ScoredConversation, ScoringSession
 from convsim.scenarios import Conversation, PreparedTurn
 
-from ._call_settings import CallSettings
-from ._log import get_logger
-from ._records import (
+from .._log import get_logger
+from .._records import (
     ConversationResult,
     ConversationTimings,
     ErrorInfo,
@@ -35,6 +34,7 @@ from ._records import (
     TurnStatus,
     TurnTimings,
 )
+from ._call_settings import CallSettings
 from ._state import ConversationState, Finish, Skip, StateMachine, TurnPlanner
 from ._user import SimulatedUser, ends_on_goal
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._records import ConversationResult, Status, TerminationReason, TurnStatus
+from .._records import ConversationResult, Status, TerminationReason, TurnStatus
 
 __all__ = ["CircuitBreaker", "is_infrastructure_failure"]
 

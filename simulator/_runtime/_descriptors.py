@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 try:
     import resource

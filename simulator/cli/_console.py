@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from rich.console import Console
 from rich.markup import escape
 
-from ._errors import ConvsimError, EndpointError
+from .._errors import ConvsimError, EndpointError
 
 if TYPE_CHECKING:
-    from ._runtime import RunStatistics
+    from .._runtime._simulator import RunStatistics
 
 __all__ = [
     "EXIT_OK",

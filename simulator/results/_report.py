@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, model_serializer
 from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_value, mean, percentile
 from convsim.metrics._aggregate import aggregate
 
-from ._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
+from .._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
 from ._sinks import iter_results, scan_lines, validate_line
 
 __all__ = [

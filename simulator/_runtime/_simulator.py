@@ -21,20 +21,20 @@ from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, create_adapter
 from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric, judged
 from convsim.scenarios import Conversation, Pack
 
+from .._errors import ConfigError, EndpointError, RegistryError
+from .._gauges import InFlight, LoopMonitor
+from .._log import get_logger
+from .._records import ConversationResult, Status, TurnStatus
+from .._registry import Registry
+from ..plugins import PLUGINS, BasePlugin, PluginManager
+from ..results._sinks import JsonlSink, ResultSink, RunManifest
 from ._actor import ActorSettings, ConversationActor
 from ._breaker import CircuitBreaker, is_infrastructure_failure
 from ._call_settings import CallSettings
 from ._config import ModelChoice, ModelRef, SimulatorConfig
 from ._descriptors import DESCRIPTOR_HEADROOM, ensure_descriptors
-from ._errors import ConfigError, EndpointError, RegistryError
-from ._gauges import InFlight, LoopMonitor
-from ._log import get_logger
 from ._packs import load_pack
-from ._records import ConversationResult, Status, TurnStatus
-from ._registry import Registry
 from ._result_stream import ResultStream
-from ._sinks import JsonlSink, ResultSink, RunManifest
-from .plugins import PLUGINS, BasePlugin, PluginManager
 
 __all__ = ["Simulator", "RunHandle", "RunStatistics", "run_sync"]
 

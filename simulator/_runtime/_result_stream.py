@@ -6,7 +6,7 @@ import math
 
 import anyio
 
-from ._records import ConversationResult
+from .._records import ConversationResult
 
 __all__ = ["ResultStream"]
 

@@ -20,10 +20,10 @@ from convsim.metrics import Transcript, recorded_transcript
 from convsim.scenarios import Pack, Scenario
 from convsim.scenarios._criteria import CODE_REFUSED
 
-from ._errors import ConvsimError, PackError, ResultsError
+from .._errors import ConvsimError, PackError, ResultsError
+from .._records import ConversationResult
+from ..results._sinks import MAX_LINE_BYTES, RunManifest, manifest_path, read_results
 from ._packs import load_pack
-from ._records import ConversationResult
-from ._sinks import MAX_LINE_BYTES, RunManifest, manifest_path, read_results
 
 __all__ = ["RecordedRun", "is_results_file", "read_recorded_run"]
 

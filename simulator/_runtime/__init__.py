@@ -1,0 +1,1 @@
+"""The runtime: the simulator, its run, the conversation actor and what they share."""

@@ -1,0 +1,60 @@
+"""The ``convsim`` group: its options, and every command named once by where it lives."""
+
+from __future__ import annotations
+
+import click
+
+from .._registry import Registry
+from ._logging import configure_logging
+
+__all__ = ["COMMANDS", "main"]
+
+COMMANDS: Registry[click.Command] = Registry("command", group="convsim.commands")
+"""Every command, imported when listed or run: the built-in ones below, and those other
+packages declare in the entry-point group ``convsim.commands`` (``convsim lm-eval``)."""
+
+COMMANDS.register("list", "convsim.cli._packs:list_command")
+COMMANDS.register("validate", "convsim.cli._packs:validate")
+COMMANDS.register("run", "convsim.cli._run:run")
+COMMANDS.register("score", "convsim.cli._score:score")
+COMMANDS.register("report", "convsim.cli._report:report")
+COMMANDS.register("compare", "convsim.cli._report:compare")
+COMMANDS.register("load", "convsim.cli._load:load_command")
+COMMANDS.register("serve", "convsim.cli._serve:serve")
+COMMANDS.register("mock-server", "convsim.cli._mock_server:mock_server")
+
+
+class _Commands(click.Group):
+    """The commands of :data:`COMMANDS`, imported only when listed or run."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS.names()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in COMMANDS:
+            loaded = COMMANDS.get(cmd_name)
+            if not isinstance(loaded, click.Command):
+                raise click.ClickException(f"convsim.commands: {cmd_name} is not a click command")
+            command = loaded
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="convsim")
+@click.option(
+    "--log-format",
+    type=click.Choice(["console", "json"]),
+    default="console",
+    show_default=True,
+    help="structlog output on stderr.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+)
+def main(log_format: str, log_level: str) -> None:
+    """Simulate and evaluate multi-turn conversations with language models."""
+    configure_logging(log_format, log_level)  # type: ignore[arg-type]

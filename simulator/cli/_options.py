@@ -1,0 +1,181 @@
+"""Options and arguments the commands share, and how their values are parsed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    pass
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def single_turn_options(func: F) -> F:
+    """--num-fewshot, --context-mode and --include-path, for the commands that load packs."""
+    func = click.option(
+        "--include-path",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        default=None,
+        help="lm-eval:TASK packs: a folder of lm-eval task YAML files.",
+    )(func)
+    func = click.option(
+        "--context-mode",
+        type=click.Choice(["no_context", "minimal_context", "full_context"]),
+        default=None,
+        help="Single-turn packs: how much of each problem's context the prompt gets.",
+    )(func)
+    return click.option(
+        "--num-fewshot",
+        type=click.IntRange(min=0),
+        default=0,
+        help="Single-turn packs: examples in the with_examples template.",
+    )(func)
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: 5000000, 500kB, 256MB, 2GB (powers of 1000; KiB, MiB, GiB too)."""
+
+    name = "SIZE"
+    _UNITS: ClassVar[dict[str, int]] = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6}
+    _UNITS |= {"mb": 10**6, "g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().replace(" ", "")
+        number = text.rstrip("kmgib")
+        unit = text[len(number) :]
+        if not number.isdigit() or unit not in self._UNITS or int(number) == 0:
+            self.fail(f"{value!r} is not a size such as 256MB or 1GB", param, ctx)
+        return int(number) * self._UNITS[unit]
+
+
+def pack_input_options(func: F) -> F:
+    """--allow-code, --max-file-size and --max-line-size, for the commands that read packs
+    or transcripts."""
+    func = click.option(
+        "--max-line-size",
+        "max_line_bytes",
+        type=ByteSize(),
+        default="1MB",
+        show_default=True,
+        help="Longest line of a pack's or transcript's JSONL file; a longer one is "
+        "refused before it is parsed.",
+    )(func)
+    func = click.option(
+        "--max-file-size",
+        "max_file_bytes",
+        type=ByteSize(),
+        default="256MB",
+        show_default=True,
+        help="Largest pack or transcript file read.",
+    )(func)
+    return click.option(
+        "--allow-code",
+        is_flag=True,
+        help="Run code the pack names (python goal criteria, lm-eval !function tags). "
+        "Packs with code are code: use only for packs you trust.",
+    )(func)
+
+
+def judge_options(func: F) -> F:
+    """--judge, --judge-arg, --judge-samples and --judge-combine, for run and score."""
+    options = [
+        click.option(
+            "--judge",
+            "judge_spec",
+            default=None,
+            help="Model that grades judge metrics (any adapter spec).",
+        ),
+        click.option("--judge-arg", "judge_args", multiple=True, metavar="KEY=VALUE"),
+        click.option(
+            "--judge-samples",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Grades per turn.",
+        ),
+        click.option(
+            "--judge-combine",
+            type=click.Choice(["mean", "majority"]),
+            default="mean",
+            show_default=True,
+            help="How several grades of a turn combine (a majority tie: the lowest).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def parse_gates(_ctx: Any, _param: Any, values: tuple[str, ...]) -> dict[str, float]:
+    gates: dict[str, float] = {}
+    for value in values:
+        metric, sep, bound = value.partition("=")
+        try:
+            if not sep or not metric.strip():
+                raise ValueError
+            gates[metric.strip()] = float(bound)
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: expected METRIC=VALUE") from None
+    return gates
+
+
+def plugin_settings(pairs: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    settings: dict[str, dict[str, str]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        plugin, dot, name = key.partition(".")
+        if not sep or not dot or not plugin or not name:
+            raise click.BadParameter(
+                f"{pair!r}: expected NAME.KEY=VALUE", param_hint="--plugin-arg"
+            )
+        settings.setdefault(plugin, {})[name] = value
+    return settings
+
+
+def html_option(f: Any) -> Any:
+    return click.option(
+        "--html",
+        "html_out",
+        is_flag=False,
+        flag_value="",
+        default=None,
+        metavar="[FILE]",
+        help="Write a self-contained HTML report (default FILE: the results file with "
+        ".html): plots and every conversation, offline.",
+    )(f)
+
+
+def check_html_extra(html_out: str | None) -> None:
+    """Before the work: --html without the html extra stops with exit 2."""
+    if html_out is not None:
+        from ..results._html import check_html_extra
+
+        check_html_extra("--html")
+
+
+def fail_under_option(f: Any) -> Any:
+    return click.option(
+        "--fail-under",
+        "fail_under",
+        multiple=True,
+        callback=parse_gates,
+        metavar="METRIC=VALUE",
+        help="Exit 1 when the run's mean of METRIC is below VALUE (or it has no value); "
+        "repeatable.",
+    )(f)
+
+
+def parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise click.BadParameter("give at least one metric name")
+    return names

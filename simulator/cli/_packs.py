@@ -1,0 +1,71 @@
+"""``convsim list`` and ``convsim validate``: the packs, before any model is called."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+
+from .._gc import tune_gc_for_throughput
+from ._console import (
+    clear_errors,
+)
+from ._console import stdout as _stdout
+from ._options import pack_input_options, single_turn_options
+
+if TYPE_CHECKING:
+    pass
+
+
+@click.command("list")
+@clear_errors
+def list_command() -> None:
+    """List the bundled scenario packs."""
+    from ..scenarios import list_packs
+
+    table = Table(title="bundled scenario packs")
+    for column in ("name", "kind", "conversations", "description"):
+        table.add_column(column, overflow="fold")
+    for info in list_packs():
+        table.add_row(info.name, info.kind, str(info.conversations), info.description)
+    _stdout().print(table)
+
+
+@click.command()
+@click.argument("pack")
+@single_turn_options
+@pack_input_options
+@clear_errors
+def validate(
+    pack: str,
+    num_fewshot: int,
+    context_mode: str | None,
+    include_path: Path | None,
+    allow_code: bool,
+    max_file_bytes: int,
+    max_line_bytes: int,
+) -> None:
+    """Validate PACK (a bundled pack's name or a folder) without running it."""
+    from .._runtime._packs import load_pack
+
+    tune_gc_for_throughput()  # a big pack is millions of objects that live on
+    loaded = load_pack(
+        pack,
+        num_fewshot=num_fewshot,
+        context_mode=context_mode,
+        include_path=include_path,
+        allow_code=allow_code,
+        max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
+    )
+    flows = sorted({c.flow.scenario_type for c in loaded.conversations})
+    out = _stdout()
+    out.print(
+        f"ok: {loaded.name} ({loaded.kind}, {len(loaded)} conversations, "
+        f"flows: {', '.join(flows)}) hash {loaded.pack_hash[:12]}",
+        highlight=False,
+    )
+    for note in loaded.notes:
+        out.print(f"note: {note}", highlight=False)

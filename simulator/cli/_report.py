@@ -1,0 +1,157 @@
+"""``convsim report`` and ``convsim compare``: summaries of results files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from .._errors import ConfigError
+from ..results._terminal import print_comparison, print_report
+from ._console import (
+    clear_errors,
+    print_error,
+)
+from ._console import stdout as _stdout
+from ._options import check_html_extra, fail_under_option, html_option, parse_metrics
+from ._outputs import (
+    EXIT_GATE_FAILED,
+    check_gates,
+    lock_results,
+    write_report_html,
+    write_summaries,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+@click.command()
+@click.argument("results", type=click.Path(path_type=Path))
+@click.option(
+    "--csv",
+    "csv_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write one row per conversation (ids, status, usage, cost, timing, error, "
+    "score.<metric> columns) to this CSV file.",
+)
+@html_option
+@fail_under_option
+@clear_errors
+def report(
+    results: Path, csv_out: Path | None, html_out: str | None, fail_under: dict[str, float]
+) -> None:
+    """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it.
+
+    Exits 1 when a --fail-under gate fails (one line per gate), 2 on bad input."""
+    from ..results._report import summarize_file
+
+    check_html_extra(html_out)
+    lock_results(results)
+    summary = summarize_file(results)
+    print_report(summary, _stdout())
+    written = write_summaries(summary, results)
+    _stdout().print(f"summary: {written.json_path}, {written.markdown_path}", highlight=False)
+    if csv_out is not None:
+        count = _write_csv(results, csv_out)
+        _stdout().print(f"csv: {csv_out} ({count} conversations)", highlight=False)
+    if html_out is not None:
+        write_report_html(results, html_out)
+    check_gates(summary, fail_under)
+
+
+def _write_csv(results: Path, out: Path) -> int:
+    """One row per conversation of ``results``; how many were written."""
+    import csv
+
+    from ..results import conversation_columns, conversation_row
+    from ..results._sinks import read_results
+
+    if not out.parent.exists():
+        raise ConfigError(f"{out}: its folder does not exist")
+    rows = [conversation_row(r, str(results)) for r in read_results(results)]
+    with out.open("w", encoding="utf-8", newline="") as fh:
+        writer = csv.DictWriter(fh, conversation_columns(rows))
+        writer.writeheader()
+        writer.writerows(rows)
+    return len(rows)
+
+
+@click.command()
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option(
+    "--metrics",
+    callback=parse_metrics,
+    default=None,
+    help="Comma-separated metrics to compare (default: every metric both runs scored).",
+)
+@click.option(
+    "--fail-if-worse",
+    default=None,
+    metavar="METRIC,...",
+    help="Exit 1 when CANDIDATE is significantly worse than BASE on one of these metrics "
+    "(the 95% interval of the paired difference lies wholly on the worse side).",
+)
+@fail_under_option
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the comparison as JSON.",
+)
+@clear_errors
+def compare(
+    base: Path,
+    candidate: Path,
+    metrics: list[str] | None,
+    fail_if_worse: str | None,
+    fail_under: dict[str, float],
+    json_out: Path | None,
+) -> None:
+    """Compare CANDIDATE's results with BASE's, paired by conversation.
+
+    \b
+    Exit codes: 0 no gate failed; 1 a gate failed (one line per gate); 2 bad input.
+    """
+    from ..results._compare import as_json, compare_files
+
+    worse_gates = [m.strip() for m in (fail_if_worse or "").split(",") if m.strip()]
+    wanted = None if metrics is None else list(dict.fromkeys([*metrics, *worse_gates]))
+    if wanted is not None:
+        wanted = list(dict.fromkeys([*wanted, *fail_under]))
+    result = compare_files(base, candidate, metrics=wanted)
+    print_comparison(result, _stdout())
+    if json_out is not None:
+        if not json_out.parent.exists():
+            raise ConfigError(f"{json_out}: its folder does not exist")
+        json_out.write_text(json.dumps(as_json(result), indent=2) + "\n")
+        _stdout().print(f"comparison: {json_out}", highlight=False)
+    by_metric = {m.metric: m for m in result.metrics}
+    failed = []
+    for metric in worse_gates:
+        found = by_metric.get(metric)
+        if found is None or found.pairs == 0:
+            failed.append(f"gate failed: {metric} has no paired values to compare")
+        elif found.significantly_worse:
+            low, high = found.ci95 or (0.0, 0.0)
+            failed.append(
+                f"gate failed: {metric} is significantly worse in the candidate: "
+                f"difference {found.mean_difference:+.4g} (95% CI {low:+.4g} to {high:+.4g})"
+            )
+    for metric, bound in fail_under.items():
+        found = by_metric.get(metric)
+        mean = found.candidate_mean if found is not None else None
+        if mean is None:
+            failed.append(f"gate failed: {metric} has no value in the candidate")
+        elif mean < bound:
+            failed.append(f"gate failed: {metric} candidate mean {mean:.4g} < {bound:g}")
+    for line in failed:
+        print_error(line)
+    if failed:
+        sys.exit(EXIT_GATE_FAILED)

@@ -1,0 +1,520 @@
+"""``convsim run``: a pack against a model, in this process or on Ray actors."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import anyio
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from .._errors import ConvsimError
+from .._gc import tune_gc_for_throughput
+from ..results._terminal import print_report
+from ._console import (
+    EXIT_ENDPOINT_UNREACHABLE,
+    EXIT_INFRASTRUCTURE_FAILURES,
+    EXIT_INTERRUPTED,
+    clear_errors,
+    print_error,
+    run_verdict,
+)
+from ._console import stderr as _stderr
+from ._console import stdout as _stdout
+from ._options import (
+    check_html_extra,
+    fail_under_option,
+    html_option,
+    judge_options,
+    pack_input_options,
+    parse_metrics,
+    plugin_settings,
+    single_turn_options,
+)
+from ._outputs import check_gates, write_report_html, write_summaries
+
+if TYPE_CHECKING:
+    from .._runtime._simulator import RunHandle, RunStatistics, Simulator
+    from ..results._sinks import JsonlSink
+
+
+@click.command()
+@click.argument("pack")
+@click.option(
+    "--model",
+    "model_spec",
+    default="scripted",
+    show_default=True,
+    help="Model under test: scripted, or TYPE:MODEL.",
+)
+@click.option(
+    "--model-arg",
+    "model_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Adapter argument (repeatable), e.g. latency=0.5 for scripted.",
+)
+@click.option(
+    "--user-model",
+    "user_model_spec",
+    default=None,
+    help="Simulated user for turns with role 'user'.",
+)
+@click.option("--user-model-arg", "user_model_args", multiple=True, metavar="KEY=VALUE")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Conversations run at once.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Results JSONL (default: runs/PACK-TIMESTAMP.jsonl).",
+)
+@click.option("--resume", is_flag=True, help="Continue --out: skip conversations already recorded.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="With --resume: run again the conversations that failed for infrastructure "
+    "reasons (their new line supersedes the old one).",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: shard the conversations over Ray actors (pip install 'convsim[ray]').",
+)
+@click.option("--actors", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--ray-address", default=None, help="Join this Ray cluster (default: start one).")
+@click.option(
+    "--plugin",
+    "plugin_names",
+    multiple=True,
+    metavar="NAME",
+    help="Run this plugin (code_analysis, or any in the entry-point group convsim.plugins); "
+    "repeatable.",
+)
+@click.option(
+    "--plugin-arg",
+    "plugin_args",
+    multiple=True,
+    metavar="NAME.KEY=VALUE",
+    help="A plugin setting, e.g. code_analysis.max_complexity=8; repeatable.",
+)
+@click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run each scenario K times (its own seed each; conversations SCENARIO#1..#K); "
+    "the summary gives pass@k and pass^k for goal achievement.",
+)
+@click.option(
+    "--metrics",
+    callback=parse_metrics,
+    default=None,
+    help="Comma-separated conversation metrics (default: latency,response_length,"
+    "context_retention,goal_achievement); packs and flows add their own.",
+)
+@click.option(
+    "--conversation-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds per conversation (overrides the pack).",
+)
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Overrides the pack.")
+@single_turn_options
+@pack_input_options
+@click.option(
+    "--grace-period",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds in-flight conversations get after Ctrl-C.",
+)
+@judge_options
+@click.option(
+    "--preflight/--no-preflight",
+    default=True,
+    show_default=True,
+    help="Check each model endpoint with one cheap call before the first conversation.",
+)
+@click.option(
+    "--circuit-breaker",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Stop starting conversations after N in a row failed for infrastructure "
+    "reasons (0: never); --resume runs the rest.",
+)
+@click.option(
+    "--max-failure-rate",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Fraction of conversations that may fail for infrastructure reasons before "
+    "the exit code is 3.",
+)
+@click.option(
+    "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
+)
+@html_option
+@fail_under_option
+@clear_errors
+def run(
+    pack: str,
+    model_spec: str,
+    model_args: tuple[str, ...],
+    user_model_spec: str | None,
+    user_model_args: tuple[str, ...],
+    concurrency: int,
+    out: Path | None,
+    resume: bool,
+    overwrite: bool,
+    retry_failed: bool,
+    seed: int,
+    limit: int | None,
+    backend: str,
+    actors: int,
+    ray_address: str | None,
+    plugin_names: tuple[str, ...],
+    plugin_args: tuple[str, ...],
+    trials: int,
+    metrics: list[str] | None,
+    conversation_timeout: float | None,
+    max_turns: int | None,
+    num_fewshot: int,
+    context_mode: str | None,
+    include_path: Path | None,
+    allow_code: bool,
+    max_file_bytes: int,
+    max_line_bytes: int,
+    grace_period: float,
+    judge_spec: str | None,
+    judge_args: tuple[str, ...],
+    judge_samples: int,
+    judge_combine: str,
+    preflight: bool,
+    circuit_breaker: int,
+    max_failure_rate: float,
+    progress: bool | None,
+    html_out: str | None,
+    fail_under: dict[str, float],
+) -> None:
+    """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model.
+
+    \b
+    Exit codes:
+      0    the run finished (conversations that failed for the model's own
+           reasons, such as model_error, included)
+      1    a --fail-under gate failed (one line per gate)
+      2    bad input: files, options, settings, too few open files for --concurrency
+      3    conversations failed for infrastructure reasons (infrastructure_error or
+           timed out) beyond --max-failure-rate
+      4    a model endpoint is unreachable, refused the key or has a wrong URL (checked
+           before the run; the results file is not touched), or went away during the
+           run (the circuit breaker stopped it; --resume runs the rest)
+      130  interrupted
+    Once a run has started, its results and summaries are written before any exit.
+    """
+    from .._runtime._config import SimulatorConfig
+    from .._runtime._packs import load_pack
+    from .._runtime._simulator import Simulator
+    from ..adapters import parse_model_args
+    from ..results._sinks import JsonlSink
+
+    if resume and overwrite:
+        raise click.UsageError("--resume and --overwrite exclude each other")
+    if resume and out is None:
+        raise click.UsageError("--resume needs --out (the results file to continue)")
+    if retry_failed and not resume:
+        raise click.UsageError("--retry-failed needs --resume (it continues --out)")
+    if user_model_args and not user_model_spec:
+        raise click.UsageError("--user-model-arg needs --user-model")
+    check_html_extra(html_out)
+    # Validate everything before the results file is created, so that a corrected
+    # command can reuse the same --out.
+    tune_gc_for_throughput()  # a big pack is millions of objects that live on
+    loaded = load_pack(
+        pack,
+        num_fewshot=num_fewshot,
+        context_mode=context_mode,
+        include_path=include_path,
+        allow_code=allow_code,
+        max_file_bytes=max_file_bytes,
+        max_line_bytes=max_line_bytes,
+    ).with_trials(trials)
+    config = SimulatorConfig.from_arguments(
+        model_spec,
+        model_args=parse_model_args(model_args),
+        user_model=user_model_spec,
+        user_model_args=parse_model_args(user_model_args) if user_model_spec else None,
+        concurrency=concurrency,
+        metrics=metrics,
+        seed=seed,
+        conversation_timeout=conversation_timeout,
+        max_turns=max_turns,
+        grace_period=grace_period,
+        judge=judge_spec,
+        judge_args=parse_model_args(judge_args) if judge_spec else None,
+        judge_samples=judge_samples,
+        judge_combine=judge_combine,
+        preflight=preflight,
+        circuit_breaker=circuit_breaker,
+        allow_code=allow_code,
+        plugins=plugin_names,
+        plugin_config=plugin_settings(plugin_args),
+    )
+    simulator = Simulator(config)
+    simulator.check(loaded)
+    if out is None:
+        out = (
+            Path("runs") / f"{loaded.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        )
+    if backend == "ray":
+        try:  # the endpoint check runs here, as in one process: before any actor starts
+            anyio.run(_check_endpoints, simulator)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+        _run_on_ray(
+            pack, model_spec, model_args, out, actors, ray_address, metrics, seed,
+            concurrency, limit, resume, fail_under, html_out, max_failure_rate,
+            overwrite, retry_failed,
+        )  # fmt: skip
+        return
+    sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
+    tune_gc_for_throughput()
+    err = _stderr()
+    show_progress = err.is_terminal if progress is None else progress
+    try:
+        outcome = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)
+    except KeyboardInterrupt:  # before the run's own signal handling (the endpoint check)
+        sys.exit(EXIT_INTERRUPTED)
+    from ..results._report import summarize_file
+
+    report = summarize_file(out)  # line by line: never all results in memory at once
+    print_report(report, _stdout())
+    written = write_summaries(report, out)
+    _stdout().print(
+        f"results: {out}\nsummary: {written.json_path}, {written.markdown_path}", highlight=False
+    )
+    if html_out is not None:
+        write_report_html(out, html_out)
+    verdict = run_verdict(
+        outcome.statistics, interrupted=outcome.interrupted, max_failure_rate=max_failure_rate
+    )
+    if verdict.message is not None:
+        print_error(verdict.message)
+    if verdict.code:
+        sys.exit(verdict.code)
+    check_gates(report, fail_under)
+
+
+def _run_on_ray(
+    pack: str,
+    model_spec: str,
+    model_args: tuple[str, ...],
+    out: Path,
+    actors: int,
+    address: str | None,
+    metrics: list[str] | None,
+    seed: int,
+    concurrency: int,
+    limit: int | None,
+    resume: bool,
+    fail_under: dict[str, float],
+    html_out: str | None,
+    max_failure_rate: float,
+    overwrite: bool,
+    retry_failed: bool,
+) -> None:
+    from ..adapters import parse_model_args
+    from ..distributed import run_on_ray
+    from ..results._report import summarize_file
+
+    err = _stderr()
+    last = [0.0]
+
+    def progress(done: int, total: int, busy: int) -> None:
+        """The whole cluster's progress, a line every few seconds."""
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_LINE_S:
+            last[0] = now
+            err.print(f"ray: {done}/{total} finished, {busy} actor(s) busy", highlight=False)
+
+    def interrupted(at_once: bool) -> None:
+        if at_once:
+            err.print("stopping at once: in-flight conversations are cancelled on every actor")
+        else:
+            err.print(
+                "stopping: every actor starts no more conversations and its in-flight ones "
+                "get the grace period (signal again to stop at once)"
+            )
+
+    outcome = run_on_ray(
+        pack, model_spec, out=out, actors=actors, address=address,
+        model_args=parse_model_args(model_args), metrics=metrics, seed=seed,
+        concurrency=concurrency, limit=limit, resume=resume, overwrite=overwrite,
+        retry_failed=retry_failed, on_progress=progress, on_interrupt=interrupted,
+    )  # fmt: skip
+    report = summarize_file(out)
+    print_report(report, _stdout())
+    written = write_summaries(report, out)
+    _stdout().print(
+        f"ray: {outcome.results} conversations on {outcome.actors} actors "
+        f"({outcome.restarted_actors} restarted), first result after "
+        f"{outcome.first_result_s or 0:.2f} s\nresults: {out}\nsummary: {written.json_path}, "
+        f"{written.markdown_path}",
+        highlight=False,
+    )
+    if html_out is not None:
+        write_report_html(out, html_out)
+    if outcome.interrupted:
+        print_error(
+            f"interrupted: {outcome.results} conversations recorded; run again with "
+            "--resume to finish the rest"
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    if outcome.not_run:
+        why = outcome.stopped_early or "an actor died too often"
+        print_error(
+            f"stopped early: {why}; {outcome.not_run} conversations not run — run again "
+            "with --resume --retry-failed once the endpoint is back"
+        )
+        sys.exit(EXIT_ENDPOINT_UNREACHABLE)
+    failures, attempted = outcome.infrastructure_failures, outcome.attempted
+    if attempted and failures / attempted > max_failure_rate:
+        print_error(
+            f"{failures} of {attempted} conversations failed for infrastructure reasons "
+            f"({failures / attempted:.0%}), above --max-failure-rate {max_failure_rate:g}"
+        )
+        sys.exit(EXIT_INFRASTRUCTURE_FAILURES)
+    check_gates(report, fail_under)
+
+
+async def _check_endpoints(simulator: Simulator) -> None:
+    """Enter and leave the simulator: its endpoint check, and nothing else."""
+    async with simulator:
+        pass
+
+
+class _RunOutcome(NamedTuple):
+    """How a run of the CLI ended."""
+
+    interrupted: bool
+    statistics: RunStatistics
+
+
+async def _run_with_progress(
+    simulator: Simulator,
+    pack: Any,
+    sink: JsonlSink,
+    limit: int | None,
+    show_progress: bool,
+    err: Console,
+) -> _RunOutcome:
+    """Run to the end; on SIGINT/SIGTERM stop gracefully (a second signal: at once)."""
+    interrupted = False
+    error: ConvsimError | None = None
+    async with simulator as sim:
+        # entering checked the endpoints: only now is the results file created
+        sink.prepare()  # after the endpoint check: a failed check leaves --out alone
+        # one run per results file: prepare() locked it; held until the summary is written
+        click.get_current_context().with_resource(sink.lock)
+        handle = sim.run(pack, sink=sink, limit=limit)  # errors here are not wrapped
+
+        async def watch_signals() -> None:
+            nonlocal interrupted
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    if not interrupted:
+                        interrupted = True
+                        err.print(
+                            "stopping: in-flight conversations get the grace period "
+                            "(signal again to stop at once)"
+                        )
+                        handle.stop()
+                    else:
+                        err.print("stopping at once: in-flight conversations are cancelled")
+                        handle.stop(grace_period=0)
+
+        async def progress_lines() -> None:
+            """Off a terminal (a CI log), a line every few seconds instead of a bar."""
+            while True:
+                await anyio.sleep(PROGRESS_LINE_S)
+                s = handle.statistics()
+                rate = s.finished / s.elapsed_s if s.elapsed_s > 0 else 0.0
+                err.print(
+                    f"{pack.name}: {s.finished}/{s.total} finished ({s.done} done, "
+                    f"{s.failed + s.timed_out} failed), {s.in_flight} in flight, "
+                    f"{rate:.1f} conv/s, {s.elapsed_s:.0f} s",
+                    highlight=False,
+                )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_signals)
+            if not show_progress:
+                tg.start_soon(progress_lines)
+            try:
+                with _progress(err, show_progress) as bar:
+                    task = bar.add_task(pack.name, total=None, status="")
+                    async for _ in handle:
+                        _update(bar, task, handle)
+                    _update(bar, task, handle)
+            except ConvsimError as exc:  # kept out of the task group: no ExceptionGroup
+                error = exc
+            tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    stats = handle.statistics()
+    if not show_progress:
+        err.print(
+            f"{pack.name}: {stats.done} done, {stats.failed} failed, {stats.timed_out} timed out, "
+            f"{stats.cancelled} cancelled, {stats.resumed} resumed in {stats.elapsed_s:.2f} s",
+            highlight=False,
+        )
+    return _RunOutcome(interrupted, stats)
+
+
+def _progress(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def _update(bar: Progress, task: Any, handle: RunHandle) -> None:
+    s = handle.statistics()
+    rate = s.finished / s.elapsed_s if s.elapsed_s > 0 else 0.0
+    status = (
+        f"done {s.done} failed {s.failed + s.timed_out} cancelled {s.cancelled} "
+        f"in flight {s.in_flight} retrying {s.retrying} {rate:.1f} conv/s"
+    )
+    bar.update(task, total=s.total, completed=s.finished, status=status)
+
+
+PROGRESS_LINE_S = 5.0
+
+
+"""Seconds between progress lines when the output is not a terminal."""

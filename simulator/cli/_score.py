@@ -1,0 +1,153 @@
+"""``convsim score``: metrics over recorded conversations, without a model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import click
+from rich.table import Table
+
+from ..results._terminal import mean_cell, score_cell
+from ._console import (
+    clear_errors,
+)
+from ._console import stdout as _stdout
+from ._options import judge_options, pack_input_options, parse_metrics
+from ._outputs import lock_results
+
+if TYPE_CHECKING:
+    from .._records import Score
+
+
+@click.command()
+@click.argument("recorded", metavar="FILE", type=click.Path(path_type=Path))
+@click.option(
+    "--metrics",
+    "metric_names",
+    callback=parse_metrics,
+    required=True,
+    help="Comma-separated metrics to score.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write one JSON line of scores per conversation here.",
+)
+@judge_options
+@pack_input_options
+@clear_errors
+def score(
+    recorded: Path,
+    metric_names: list[str],
+    out: Path | None,
+    allow_code: bool,
+    max_file_bytes: int,
+    max_line_bytes: int,
+    judge_spec: str | None,
+    judge_args: tuple[str, ...],
+    judge_samples: int,
+    judge_combine: str,
+) -> None:
+    """Score recorded conversations without running a model.
+
+    FILE is a transcripts file (one conversation per line) or a results file of
+    `convsim run`, whose conversations are scored again from their recorded turns.
+    """
+    from .._runtime._rescore import is_results_file, read_recorded_run
+    from ..adapters import Budgets, create_adapter, parse_model_args
+    from ..metrics import METRICS, JudgeSettings, read_transcripts, score_transcripts
+    from ..results._report import _summarise
+
+    for name in metric_names:
+        METRICS.get(name)  # unknown names fail before any work
+    if out is not None and is_results_file(out):  # scores would replace its results
+        from .._errors import ResultsError
+
+        raise ResultsError(f"{out}: is a results file of convsim run; --out needs another file")
+    if is_results_file(recorded):
+        lock_results(recorded)
+        run = read_recorded_run(recorded, allow_code=allow_code)
+        loaded, notes = run.transcripts, run.notes
+    else:
+        loaded = read_transcripts(
+            recorded,
+            allow_code=allow_code,
+            max_file_bytes=max_file_bytes,
+            max_line_bytes=max_line_bytes,
+        )
+        notes = []
+    judge = None
+    if judge_spec is not None:
+        adapter = create_adapter(judge_spec, parse_model_args(judge_args))
+        adapter.bind_budgets(Budgets())  # as `convsim run`: one rate budget per provider key
+        judge = JudgeSettings(
+            adapter,
+            samples=judge_samples,
+            combine="majority" if judge_combine == "majority" else "mean",
+        )
+
+    async def scoring() -> Any:
+        try:
+            return await score_transcripts(loaded, metric_names, judge=judge)
+        finally:
+            if judge is not None:
+                await judge.adapter.aclose()
+
+    scored = anyio.run(scoring)
+    out_console = _stdout()
+    for note in notes:
+        out_console.print(f"note: {note}", highlight=False)
+    table = Table(title=f"{recorded.name}: {len(scored)} conversations")
+    table.add_column("conversation")
+    for name in metric_names:
+        table.add_column(name, justify="right")
+    for row in scored:
+        table.add_row(row.conversation_id, *[score_cell(row.scores[n]) for n in metric_names])
+    out_console.print(table)
+    summary = Table(title="aggregate")
+    for col in ("metric", "mean", "95% CI", "n", "n/a", "failed"):
+        summary.add_column(col, justify="left" if col == "metric" else "right")
+    summaries = _summarise([row.scores for row in scored], {})
+    for name in metric_names:
+        m = summaries[name]
+        ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
+        summary.add_row(name, mean_cell(m), ci, str(m.n), str(m.not_applicable), str(m.failed))
+    out_console.print(summary)
+    scenarios = {t.conversation_id: t.conversation.scenario for t in loaded}
+    for field in ("scenario_type", "difficulty"):
+        keys = {cid: getattr(sc, field) for cid, sc in scenarios.items()}
+        if field == "scenario_type":  # "default" unless the file says otherwise
+            keys = {cid: k if k != "default" else None for cid, k in keys.items()}
+        if all(k is None for k in keys.values()):
+            continue
+        groups: dict[str, list[dict[str, Score]]] = {}
+        for row in scored:
+            groups.setdefault(keys[row.conversation_id] or "unspecified", []).append(row.scores)
+        by = Table(title=f"by {field} (mean)")
+        for col in (field, "conversations", *metric_names):
+            by.add_column(col, justify="left" if col == field else "right")
+        for group, maps in sorted(groups.items()):
+            means = _summarise(maps, {})
+            by.add_row(group, str(len(maps)), *[mean_cell(means.get(n)) for n in metric_names])
+        out_console.print(by)
+    if out is not None:
+        try:
+            with open(out, "w", encoding="utf-8") as fh:
+                for row in scored:
+                    line: dict[str, Any] = {"conversation_id": row.conversation_id}
+                    sc = scenarios[row.conversation_id]
+                    if sc.scenario_type != "default":
+                        line["scenario_type"] = sc.scenario_type
+                    if sc.difficulty is not None:
+                        line["difficulty"] = sc.difficulty
+                    line["scores"] = {n: s.model_dump() for n, s in row.scores.items()}
+                    fh.write(json.dumps(line) + "\n")
+        except OSError as exc:
+            from .._errors import ResultsError
+
+            raise ResultsError(f"{out}: cannot write scores: {exc.strerror}") from None
+        out_console.print(f"scores: {out}", highlight=False)

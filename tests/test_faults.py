@@ -14,9 +14,9 @@ from conftest import write_pack
 import convsim
 from convsim import Status, TurnStatus
 from convsim.adapters import create_adapter
-from convsim.adapters._mock_server import FAULT_KINDS
 from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters.mock import MockModelServer, MockServerConfig
+from convsim.adapters.mock._faults import FAULT_KINDS
 
 pytestmark = pytest.mark.anyio
 

@@ -24,15 +24,15 @@ from pydantic import ValidationError
 
 from convsim import ConfigError
 from convsim.adapters import Message
-from convsim.adapters._mock_server import (
-    FAULT_KINDS,
+from convsim.adapters._recall import recall_reply
+from convsim.adapters.mock import Delay, MockModelServer, MockServerConfig
+from convsim.adapters.mock._faults import FAULT_KINDS
+from convsim.adapters.mock._tokens import (
     MOCK_ALTERNATIVE,
     MOCK_GREEDY_MIN,
     mock_token_logprob,
     mock_tokens,
 )
-from convsim.adapters._recall import recall_reply
-from convsim.adapters.mock import Delay, MockModelServer, MockServerConfig
 from convsim.cli import main
 
 pytestmark = pytest.mark.anyio

@@ -1,0 +1,33 @@
+"""A mock OpenAI-compatible model server for load tests, adapter tests and demos.
+
+```python
+from convsim.adapters.mock import MockModelServer, MockServerConfig
+
+async with MockModelServer(MockServerConfig(ttft_ms="uniform:20:80", fault_rate=0.05)) as server:
+    ...  # point an OpenAI client at server.base_url
+```
+
+The command line runs the same server: ``convsim mock-server --port 8000 --ttft-ms 50``.
+
+The package, bottom up: ``_delay`` (delays and their forms), ``_wire`` (requests read
+and checked, error bodies), ``_faults`` (fault kinds and their responses), ``_config``
+(the config and the statistics), ``_tokens`` (the mock tokenizer and logprobs),
+``_answer`` (the mock model's reply and its cut), ``_replies`` (answers encoded as JSON
+bodies and server-sent events), ``_server`` (the aiohttp server).
+"""
+
+from __future__ import annotations
+
+from ._config import MockServerConfig as MockServerConfig
+from ._config import MockServerStatistics as MockServerStatistics
+from ._delay import Delay as Delay
+from ._faults import FaultKind as FaultKind
+from ._server import MockModelServer as MockModelServer
+
+__all__ = ["MockServerConfig", "MockModelServer", "MockServerStatistics", "Delay", "FaultKind"]
+
+# Public classes name their public path (in reprs, docs and pickles), as httpx's do; set
+# here, after pydantic has resolved the config's annotations in the defining module.
+for _public in (MockServerConfig, MockModelServer, MockServerStatistics, Delay):
+    _public.__module__ = __name__
+del _public

@@ -29,7 +29,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple
 
-__all__ = ["LazyModule", "lazy_module", "public_names"]
+__all__ = ["LazyModule", "PublicName", "lazy_module", "public_names", "publish"]
 
 ALIAS_GROUP = "convsim.exports"
 
@@ -48,6 +48,13 @@ class PublicName(NamedTuple):
     name: str
     module: str  # as written: absolute, or relative to the package ("._runtime._config")
     attribute: str
+
+
+@cache
+def _table(file: str) -> dict[str, PublicName]:
+    """A package's public names, read from its source once."""
+    with open(file, encoding="utf-8") as fh:
+        return {entry.name: entry for entry in public_names(fh.read())}
 
 
 @cache
@@ -79,10 +86,8 @@ def lazy_module(package: str, namespace: dict[str, Any], *, also: Iterable[str] 
     """
     also = list(also)
 
-    @cache
     def table() -> dict[str, PublicName]:
-        with open(namespace["__file__"], encoding="utf-8") as fh:
-            return {entry.name: entry for entry in public_names(fh.read())}
+        return _table(namespace["__file__"])
 
     def aliases() -> list[str]:
         prefix = package + "."
@@ -97,7 +102,7 @@ def lazy_module(package: str, namespace: dict[str, Any], *, also: Iterable[str] 
         entry = table().get(name)
         if entry is not None:
             value = getattr(importlib.import_module(entry.module, package), entry.attribute)
-            _publish(value, package)
+            publish(value, name, package)
         else:
             alias = _aliases().get(f"{package}.{name}")
             if alias is None:
@@ -114,19 +119,27 @@ def lazy_module(package: str, namespace: dict[str, Any], *, also: Iterable[str] 
     return LazyModule(__getattr__, __dir__)
 
 
-def _publish(value: object, package: str) -> None:
-    """Give ``value`` its public path when ``package`` is the nearest public package
-    above the private module that defines it."""
+def publish(value: object, name: str, package: str) -> None:
+    """Give ``value``, handed out by ``package`` as ``name``, its public path as
+    ``__module__``: the nearest public package above its defining module that exports
+    it under that name, else ``package``. Values defined in public modules keep theirs."""
     if not (isinstance(value, type) or inspect.isfunction(value)):
         return
-    module = getattr(value, "__module__", "")
-    if not module.startswith(package + "."):
+    module: str = getattr(value, "__module__", "") or ""
+    parts = module.split(".")
+    if parts[0] != "convsim" or not any(part.startswith("_") for part in parts):
         return
-    if not all(part.startswith("_") for part in module[len(package) + 1 :].split(".")):
-        return
+    while parts and parts[-1].startswith("_"):
+        parts.pop()
+    home = ".".join(parts)
+    if home != package:
+        nearest = sys.modules.get(home) or importlib.import_module(home)
+        file = getattr(nearest, "__file__", None)
+        if file is None or name not in _table(file):
+            home = package
     if isinstance(value, type):
         _resolve_annotations(value, sys.modules[module].__dict__)
-    value.__module__ = package
+    value.__module__ = home
 
 
 def _resolve_annotations(cls: type, module_namespace: dict[str, Any]) -> None:

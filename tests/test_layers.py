@@ -139,6 +139,63 @@ def test_a_module_outside_every_layer_is_refused(tmp_path: Path) -> None:
     assert lint.returncode == 1 and "_stray" in lint.stdout
 
 
+_CIRCLES = """
+import json, sys
+from pathlib import Path
+import grimp
+
+graph = grimp.build_graph("convsim", cache_dir=None)
+root = Path(sys.argv[1])
+packages = {m for m in graph.modules if (root / Path(*m.split("."))).is_dir()}
+edges = {
+    m: {d for d in graph.find_modules_directly_imported_by(m) if d not in packages}
+    for m in graph.modules
+    if m not in packages
+}
+circles = [
+    sorted({a, b}) for a in edges for b in edges[a] if a < b and a in edges.get(b, ())
+]
+for start in edges:  # longer circles: a path from a module back to itself
+    seen, todo = set(), list(edges[start])
+    while todo:
+        here = todo.pop()
+        if here == start:
+            circles.append([start])
+            break
+        if here not in seen:
+            seen.add(here)
+            todo.extend(edges.get(here, ()))
+print(json.dumps(circles))
+"""
+
+
+def _circles(tree: Path) -> list[list[str]]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, "-c", _CIRCLES, str(tree)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_no_module_imports_itself_through_others(tree: Path) -> None:
+    # package roots are the public face (their TYPE_CHECKING block names everything);
+    # between modules there is no circle, under TYPE_CHECKING and inside functions too
+    assert _circles(tree) == []
+
+
+def test_a_circle_between_two_modules_is_found(tmp_path: Path) -> None:
+    tree = _installed_tree(tmp_path)
+    with (tree / "convsim" / "_errors.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\ndef _later():\n    from convsim._registry import Registry\n")
+    circles = _circles(tree)
+    assert ["convsim._errors", "convsim._registry"] in circles
+
+
 def _loaded_after(code: str) -> dict[str, object]:
     """What importing ``code`` in a fresh interpreter leaves in sys.modules."""
     probe = (

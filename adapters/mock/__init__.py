@@ -18,6 +18,8 @@ bodies and server-sent events), ``_server`` (the aiohttp server).
 
 from __future__ import annotations
 
+from convsim._lazy import publish as _publish
+
 from ._config import MockServerConfig as MockServerConfig
 from ._config import MockServerStatistics as MockServerStatistics
 from ._delay import Delay as Delay
@@ -26,8 +28,7 @@ from ._server import MockModelServer as MockModelServer
 
 __all__ = ["MockServerConfig", "MockModelServer", "MockServerStatistics", "Delay", "FaultKind"]
 
-# Public classes name their public path (in reprs, docs and pickles), as httpx's do; set
-# here, after pydantic has resolved the config's annotations in the defining module.
-for _public in (MockServerConfig, MockModelServer, MockServerStatistics, Delay):
-    _public.__module__ = __name__
-del _public
+# Public classes name their public path (in reprs, docs and pickles), as httpx's do.
+for _name in ("MockServerConfig", "MockModelServer", "MockServerStatistics", "Delay"):
+    _publish(globals()[_name], _name, __name__)
+del _name

@@ -7,15 +7,19 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
 from convsim.scenarios import Conversation
 
-if TYPE_CHECKING:
-    from ._tasks import AdvancedTask
-
-__all__ = ["TASK_METRIC_PREFIX", "TaskDocument", "TaskMetric", "TaskOrigin", "numeric"]
+__all__ = [
+    "TASK_METRIC_PREFIX",
+    "TaskDocument",
+    "TaskHooks",
+    "TaskMetric",
+    "TaskOrigin",
+    "numeric",
+]
 
 TASK_METRIC_PREFIX = "task:"
 
@@ -29,11 +33,20 @@ def numeric(value: Any) -> bool:
     ) or isinstance(value, bool)
 
 
+class TaskHooks(Protocol):
+    """What a ``task:<key>`` metric asks of a task class (``AdvancedTask`` and its
+    subclasses): its results for an answer, and which way each is better."""
+
+    def process_results(self, doc: Any, results: list[str]) -> dict[str, Any]: ...
+
+    def higher_is_better(self) -> dict[str, bool]: ...
+
+
 @runtime_checkable
 class TaskOrigin(Protocol):
     """A conversation built by a task class: what its ``task:<key>`` metrics ask."""
 
-    task: AdvancedTask
+    task: TaskHooks
 
     def results(
         self, conversation: Conversation, turns: Sequence[TurnRecord]
@@ -49,7 +62,7 @@ class TaskDocument:
     from. The task's ``process_results`` runs once per answer, whichever metric asks
     first."""
 
-    task: AdvancedTask
+    task: TaskHooks
     doc: Any
     _results: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

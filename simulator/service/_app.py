@@ -224,7 +224,7 @@ async def cancel(job_id: str, name: Key, service: Service) -> Evaluation:
 
 @router.get("/v1/evaluations/{job_id}/summary", responses=_errors(404, 409))
 async def summary(job_id: str, name: Key, service: Service) -> Any:
-    from convsim import summarize_file
+    from convsim.results._report import summarize_file
 
     report = await service.read_results(job_id, name, summarize_file)
     return json.loads(report.model_dump_json())

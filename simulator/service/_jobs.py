@@ -49,7 +49,7 @@ _PACK_WORKERS = 4
 def load_job_pack(request: dict[str, Any]) -> Any:
     """The job's pack as it runs: trials included, and only the job's conversations
     once they are fixed (blocking: see :func:`load_isolated`)."""
-    from convsim import load_pack
+    from convsim._runtime._packs import load_pack
 
     pack = load_pack(request.get("pack_dir") or request["pack"])
     pack = pack.with_trials(request.get("trials") or 1)
@@ -223,7 +223,8 @@ class JobRunner:
         await anyio.to_thread.run_sync(lambda: self.store.set_state(job_id, state, error=error))
 
     async def _execute(self, job: JobRow, model: JobModel, budgets: Any) -> None:
-        from convsim import JsonlSink, Simulator
+        from convsim._runtime._simulator import Simulator
+        from convsim.results._sinks import JsonlSink
 
         request = job.request
         limits = await anyio.to_thread.run_sync(self.limits, job.key_name)
@@ -261,7 +262,7 @@ def _job_error(exc: Exception) -> str:
     an operator's endpoint is or where its key comes from (the log has it all)."""
     if isinstance(exc, Refused):
         return str(exc)
-    from convsim import EgressRefused, EndpointError
+    from convsim._errors import EgressRefused, EndpointError
     from convsim._records import ErrorInfo
 
     if isinstance(exc, EndpointError):

@@ -1,4 +1,5 @@
-"""Model adapters: the async contract, typed completions, the registry, ``scripted``."""
+"""Model adapters: the async contract, typed completions, the registry, the pool that
+builds and owns them, ``scripted``."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from ._egress import EgressPolicy as EgressPolicy
     from ._egress import is_public_address as is_public_address
     from ._openai import render_prompt as render_prompt
+    from ._pool import ModelPool as ModelPool
+    from ._pool import ModelReference as ModelReference
+    from ._pool import split_limits as split_limits
     from ._protocol import LogprobsUnsupported as LogprobsUnsupported
     from ._protocol import ModelAdapter as ModelAdapter
     from ._protocol import PromptLogprobs as PromptLogprobs

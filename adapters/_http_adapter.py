@@ -101,9 +101,9 @@ class HttpAdapterConfig(BaseModel):
     """Requests per day, as the provider states it: reported by ``rate_limits()``, not
     enforced (a run that long is better split)."""
     concurrency: int = Field(default=64, ge=1)
-    """Calls this adapter (this role) has in flight at most; also the pool size. When
+    """Calls this adapter has in flight at most; also the pool size. When
     not set, the adapter takes the concurrency of the run it serves (see
-    :meth:`HttpModelAdapter.bind_budgets`), and 64 when it serves none."""
+    :meth:`HttpModelAdapter.size_pool`), and 64 when it serves none."""
     stream: bool = False
     """Stream responses (measures time to first token and inter-token gaps)."""
     timeout: float = Field(default=60.0, gt=0)
@@ -308,7 +308,7 @@ class HttpModelAdapter(ModelAdapter):
         if cfg.stream and not self.supports_streaming:
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
         self._transport = transport
-        """Built on first use, with a pool that fits the concurrency (see bind_budgets)."""
+        """Built on first use, with a pool that fits the concurrency (see size_pool)."""
         self._concurrency = cfg.concurrency
         self._timeouts = HttpTimeouts(connect=cfg.connect_timeout, read=cfg.timeout)
         self.retry_policy = RetryPolicy(
@@ -346,20 +346,28 @@ class HttpModelAdapter(ModelAdapter):
         key_id = hashlib.sha256(secrets.encode()).hexdigest()[:12] if secrets else "-"
         return f"{self.model_type}|{redact_url(self.base_url)}|{key_id}"
 
-    def bind_budgets(self, budgets: Budgets, *, concurrency: int | None = None) -> None:
-        """Share rate budgets with the other adapters of an application, and take its
-        concurrency as this adapter's cap and pool size unless ``concurrency`` was set.
+    def share_budgets(self, budgets: Budgets) -> None:
+        """Share rate budgets with the other adapters of an application.
 
         The budget is resolved now, before any call, so the stricter limits of two
         adapters sharing a key are settled before either starts using them.
         """
         self._budgets = budgets
         self._budget = None
-        if concurrency is not None and "concurrency" not in self.config.model_fields_set:
-            if self._slots is not None:
-                raise RuntimeError("bind_budgets() must come before the first call")
-            self._concurrency = concurrency
         self.budget()
+
+    def size_pool(self, concurrency: int) -> None:
+        """Take the application's concurrency as this adapter's cap and pool size,
+        unless ``concurrency`` was set in its arguments.
+
+        Raises:
+            RuntimeError: a call has already been made (the cap is in use).
+        """
+        if "concurrency" in self.config.model_fields_set:
+            return
+        if self._slots is not None:
+            raise RuntimeError("size_pool() must come before the first call")
+        self._concurrency = concurrency
 
     def budget(self) -> ProviderBudget:
         if self._budget is None:

@@ -116,11 +116,19 @@ class ModelAdapter(ABC):
         None when the adapter has no budget to share."""
         return None
 
-    def bind_budgets(self, budgets: Budgets, *, concurrency: int | None = None) -> None:
-        """Take the rate budgets of the application that runs this adapter (shared
-        with its other adapters by :meth:`connection_key`), and the number of
-        conversations it runs at once (a default for the adapter's own connection pool
-        and concurrency cap). Called once, before the first call."""
+    def share_budgets(self, budgets: Budgets) -> None:
+        """Take the rate budgets of the application that runs this adapter: adapters
+        with the same :meth:`connection_key` share one budget. Called by the
+        :class:`~convsim.adapters.ModelPool` that holds the adapter, before the first
+        call. Default: the adapter has no budgets to share."""
+        return None
+
+    def size_pool(self, concurrency: int) -> None:
+        """Take the number of calls the application makes at once as the size of this
+        adapter's connection pool and its concurrency cap, unless the adapter was
+        configured with its own. Called by the :class:`~convsim.adapters.ModelPool`
+        that built the adapter, before the first call (never for an adapter a caller
+        built). Default: nothing to size."""
         return None
 
     async def preflight(self) -> None:

@@ -231,9 +231,9 @@ def test_adapters_sharing_a_key_settle_their_limits_when_bound() -> None:
     budgets = Budgets()
     loose = OpenAICompatibleAdapter({"model": "a", "base_url": "http://x/v1", "rpm": 600})
     strict = OpenAICompatibleAdapter({"model": "b", "base_url": "http://x/v1", "rpm": 60})
-    loose.bind_budgets(budgets)
+    loose.share_budgets(budgets)
     before = loose.budget()
-    strict.bind_budgets(budgets)
+    strict.share_budgets(budgets)
     assert loose.budget() is strict.budget() is before
     assert before.limits.rpm == 60  # tightened at binding, before any call
 

@@ -376,7 +376,7 @@ def test_same_url_and_key_share_one_budget() -> None:
     c, d = adapter(key="sk-b"), adapter(base_url="http://other.test/v1")
     keyless = adapter(key=None)
     for each in (a, b, c, d, keyless):
-        each.bind_budgets(budgets)
+        each.share_budgets(budgets)
     assert a.connection_key() == b.connection_key()
     assert a.budget() is b.budget()
     assert c.connection_key() != a.connection_key() and c.budget() is not a.budget()
@@ -388,8 +388,8 @@ def test_same_url_and_key_share_one_budget() -> None:
 
 def test_separate_budgets_objects_share_nothing() -> None:
     a, b = adapter(), adapter()
-    a.bind_budgets(Budgets())
-    b.bind_budgets(Budgets())
+    a.share_budgets(Budgets())
+    b.share_budgets(Budgets())
     assert a.connection_key() == b.connection_key()
     assert a.budget() is not b.budget()
 
@@ -397,8 +397,8 @@ def test_separate_budgets_objects_share_nothing() -> None:
 def test_adapters_sharing_a_key_get_the_stricter_limits() -> None:
     budgets = Budgets()
     loose, strict = adapter(rpm=600, tpm=90_000), adapter(rpm=60)
-    loose.bind_budgets(budgets)
-    strict.bind_budgets(budgets)
+    loose.share_budgets(budgets)
+    strict.share_budgets(budgets)
     assert loose.budget() is strict.budget()
     assert loose.budget().limits == BudgetLimits(rpm=60, tpm=90_000)
 
@@ -407,9 +407,10 @@ def test_an_adapter_takes_the_runs_concurrency_unless_it_set_its_own() -> None:
     unset, own = adapter(), adapter(concurrency=3)
     given_default = adapter(concurrency=64)  # the default value, but given: the user's
     for each in (unset, own, given_default):
-        each.bind_budgets(Budgets(), concurrency=5)
+        each.size_pool(5)
+        each.share_budgets(Budgets())
     alone = adapter()
-    alone.bind_budgets(Budgets())  # no run concurrency to take
+    alone.share_budgets(Budgets())  # no run concurrency to take
     assert unset.rate_limits().concurrency == 5
     assert own.rate_limits().concurrency == 3
     assert given_default.rate_limits().concurrency == 64
@@ -434,8 +435,10 @@ async def test_the_runs_concurrency_caps_calls_in_flight_and_sizes_the_pool() ->
         env={},
     )
     default_seam = OpenAICompatibleAdapter({"model": "m", "base_url": "http://llm.test/v1"})
-    model.bind_budgets(Budgets(), concurrency=2)
-    default_seam.bind_budgets(Budgets(), concurrency=2)
+    model.size_pool(2)
+    model.share_budgets(Budgets())
+    default_seam.size_pool(2)
+    default_seam.share_budgets(Budgets())
     pool = default_seam._http()  # built on first use, sized to the concurrency
     assert isinstance(pool, AiohttpTransport) and pool.pool_size == 2
     try:
@@ -449,7 +452,7 @@ async def test_the_runs_concurrency_caps_calls_in_flight_and_sizes_the_pool() ->
             gate.set()
         assert most == 2
         with pytest.raises(RuntimeError, match="before the first call"):
-            model.bind_budgets(Budgets(), concurrency=8)
+            model.size_pool(8)
     finally:
         await model.aclose()
         await default_seam.aclose()

@@ -34,7 +34,8 @@ def _adapter(server: MockModelServer, stream: bool = False) -> Any:
         "openai-compatible:mock-model",
         {"base_url": server.base_url, "stream": stream, "max_retries": 0},
     )
-    adapter.bind_budgets(Budgets(), concurrency=4)
+    adapter.size_pool(4)
+    adapter.share_budgets(Budgets())
     return adapter
 
 
@@ -174,7 +175,8 @@ async def test_a_stream_without_usage_counts_its_chunks(server: MockModelServer)
         "openai-compatible:mock-model",
         {"base_url": server.base_url, "stream": True, "stream_usage": False, "max_retries": 0},
     )
-    adapter.bind_budgets(Budgets(), concurrency=2)
+    adapter.size_pool(2)
+    adapter.share_budgets(Budgets())
     workload = SyntheticSessions(parse_synthetic("turns=2,input_tokens=8,output_tokens=12"))
     outcome = await drive(adapter, workload, LoadShape(concurrency=2, max_requests=6))
     await adapter.aclose()

@@ -90,13 +90,19 @@ def test_the_command_line_runs_on_ray(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_budgets_are_split_among_the_actors() -> None:
-    from convsim.distributed._ray import _split_budgets
+    from convsim.distributed._ray import _actor_settings, _shard_settings
 
-    assert _split_budgets({"rpm": "600", "tpm": "90000", "base_url": "x"}, 3) == {
-        "rpm": "200.0",
-        "tpm": "30000.0",
-        "base_url": "x",
-    }
+    args = {"rpm": "100", "tpm": "90000", "base_url": "x"}
+    settings = _shard_settings("openai-compatible:m", 3, args, None, 0, 32)
+    shares = [_actor_settings(settings, 3, k)["model_args"] for k in range(3)]
+    assert shares == [
+        {"rpm": 34, "tpm": 30000, "base_url": "x"},
+        {"rpm": 33, "tpm": 30000, "base_url": "x"},
+        {"rpm": 33, "tpm": 30000, "base_url": "x"},
+    ]
+    assert settings["model_args"] == args  # the run's own settings keep the totals
+    with pytest.raises(convsim.ConfigError, match="rpm='fast' is not a number"):
+        _shard_settings("openai-compatible:m", 3, {"rpm": "fast"}, None, 0, 32)
 
 
 def test_a_killed_driver_is_resumed_with_nothing_lost_or_twice(tmp_path: Path) -> None:

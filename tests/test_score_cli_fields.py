@@ -198,7 +198,7 @@ def test_score_judge_samples_combine_and_budgets(
     bound: list[Any] = []
 
     class BudgetedJudge(FakeAdapter):
-        def bind_budgets(self, budgets: Budgets) -> None:
+        def share_budgets(self, budgets: Budgets) -> None:
             bound.append(budgets)
 
     answers = iter(['{"score": 5, "reason": "a"}', '{"score": 1, "reason": "b"}'] * 10)

@@ -17,11 +17,11 @@ import anyio.abc
 import anyio.lowlevel
 import structlog
 
-from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, create_adapter
+from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, ModelPool
 from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric, judged
 from convsim.scenarios import Conversation, Pack
 
-from .._errors import ConfigError, EndpointError, RegistryError
+from .._errors import ConfigError, RegistryError
 from .._gauges import InFlight, LoopMonitor
 from .._log import get_logger
 from .._records import ConversationResult, Status, TurnStatus
@@ -287,30 +287,33 @@ class Simulator:
             config.plugins, config.plugin_config, registry=plugin_registry
         )
         """The plugins of every run of this simulator, configured."""
-        self.budgets = budgets if budgets is not None else Budgets()
+        self._models = ModelPool(
+            budgets=budgets, concurrency=config.concurrency, registry=adapter_registry
+        )
+        """Builds the models given by reference (one adapter per distinct reference,
+        pools sized for the concurrency) and closes them; a caller's adapter is only
+        given the budgets. Nothing has connected before ``async with``: a failure here
+        leaves nothing to close."""
+        self.budgets = self._models.budgets
         """Rate budgets by provider key, shared by this simulator's adapters."""
-        self._owned: list[ModelAdapter] = []
-        self._registry = adapter_registry
-        try:
-            self.model, self.model_name = self._adapter(config.model)
-            self.user_model: ModelAdapter | None = None
-            self.user_model_name: str | None = None
-            if config.user_model is not None:
-                self.user_model, self.user_model_name = self._adapter(config.user_model)
-            self.judge: JudgeSettings | None = None
-            self.judge_name: str | None = None
-            if config.judge is not None:
-                adapter, self.judge_name = self._adapter(config.judge.model)
-                self.judge = JudgeSettings(
-                    adapter, samples=config.judge.samples, combine=config.judge.combine
-                )
-            self.metric_names = tuple(DEFAULT_METRICS if config.metrics is None else config.metrics)
-            self.metric_registry = metric_registry
-            for name in self.metric_names:
-                metric_registry.get(name)  # unknown names fail now, not mid-run
-        except BaseException:
-            self._owned.clear()  # nothing has connected yet: nothing to close
-            raise
+        self.model, self.model_name = self._adapter(config.model, "model under test")
+        self.user_model: ModelAdapter | None = None
+        self.user_model_name: str | None = None
+        if config.user_model is not None:
+            self.user_model, self.user_model_name = self._adapter(
+                config.user_model, "simulated user"
+            )
+        self.judge: JudgeSettings | None = None
+        self.judge_name: str | None = None
+        if config.judge is not None:
+            adapter, self.judge_name = self._adapter(config.judge.model, "judge")
+            self.judge = JudgeSettings(
+                adapter, samples=config.judge.samples, combine=config.judge.combine
+            )
+        self.metric_names = tuple(DEFAULT_METRICS if config.metrics is None else config.metrics)
+        self.metric_registry = metric_registry
+        for name in self.metric_names:
+            metric_registry.get(name)  # unknown names fail now, not mid-run
         self._tg: anyio.abc.TaskGroup | None = None
         self._handles: list[RunHandle] = []
 
@@ -345,33 +348,13 @@ class Simulator:
         model = self.config.user_model
         return dict(model.args) if isinstance(model, ModelRef) else {}
 
-    def _adapter(self, choice: ModelChoice) -> _BoundModel:
-        """The adapter for a model reference (built here, owned) or instance (the
-        caller's), bound to this simulator's budgets."""
+    def _adapter(self, choice: ModelChoice, role: str) -> _BoundModel:
+        """The adapter for a model reference (built by the pool, which owns it) or an
+        instance (the caller's), sharing this simulator's budgets."""
+        adapter = self._models.get(choice, role=role)
         if isinstance(choice, ModelRef):
-            adapter = create_adapter(choice.spec, choice.args, registry=self._registry)
-            if not isinstance(adapter, ModelAdapter):
-                raise ConfigError(
-                    f"{choice.spec}: the registered factory made a {type(adapter).__name__}, "
-                    "not a convsim.adapters.ModelAdapter"
-                )
-            self._owned.append(adapter)
-            # adapters with the same connection key share one budget; the pool of an
-            # adapter built here fits the run
-            adapter.bind_budgets(self.budgets, concurrency=self.config.concurrency)
             return _BoundModel(adapter, choice.spec)
-        # the caller's adapter keeps its own pool and cap (it may serve other simulators)
-        choice.bind_budgets(self.budgets)
-        return _BoundModel(choice, choice.model_info().model_id)
-
-    def _endpoints(self) -> list[tuple[str, ModelAdapter]]:
-        """The models of this simulator, each with the role it plays."""
-        roles: list[tuple[str, ModelAdapter | None]] = [
-            ("model under test", self.model),
-            ("simulated user", self.user_model),
-            ("judge", self.judge.adapter if self.judge is not None else None),
-        ]
-        return [(role, adapter) for role, adapter in roles if adapter is not None]
+        return _BoundModel(adapter, adapter.model_info().model_id)
 
     async def preflight(self) -> None:
         """Check each distinct model endpoint (model under test, simulated user, judge)
@@ -382,48 +365,18 @@ class Simulator:
             EndpointError: naming the role and what to fix (server down, key refused,
                 wrong base_url).
         """
-        checked: list[ModelAdapter] = []
-        keys: set[str] = set()
-        for role, adapter in self._endpoints():
-            key = adapter.connection_key()
-            if any(adapter is seen for seen in checked) or (key is not None and key in keys):
-                continue  # one check per endpoint
-            checked.append(adapter)
-            if key is not None:
-                keys.add(key)
-            try:
-                await adapter.preflight()
-            except EndpointError as exc:
-                raise EndpointError(
-                    f"{role}: {exc}", url=exc.url, status_code=exc.status_code
-                ) from exc
-            log.debug("endpoint_checked", role=role, model=adapter.model_info().model_id)
-
-    def _connections_needed(self) -> int:
-        """Connections the simulator may hold at once: one per call in flight to each
-        model that talks to a server (one with a connection key), capped by its own
-        concurrency."""
-        needed = 0
-        seen: list[ModelAdapter] = []
-        for _, adapter in self._endpoints():
-            if any(adapter is other for other in seen) or adapter.connection_key() is None:
-                continue
-            seen.append(adapter)
-            cap = adapter.rate_limits().concurrency
-            needed += self.concurrency if cap is None else min(cap, self.concurrency)
-        return needed
+        await self._models.preflight()
 
     async def __aenter__(self) -> Simulator:
-        connections = self._connections_needed()
+        connections = self._models.connections_needed()
         if connections:
             ensure_descriptors(connections + DESCRIPTOR_HEADROOM, concurrency=self.concurrency)
         if self.config.preflight:
             try:
                 await self.preflight()
             except BaseException:
-                with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-                    for adapter in self._owned:
-                        await adapter.aclose()
+                with contextlib.suppress(Exception):  # the check's error is the one to see
+                    await self._models.aclose()  # shielded and bounded; failures logged
                 raise
         # one cap for every run of this simulator: concurrent runs share it. A free slot
         # is taken without a pass through the event loop, so a run reaches its
@@ -446,10 +399,11 @@ class Simulator:
             for handle in self._handles:
                 handle.close()
             self._handles.clear()
-            with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-                for adapter in self._owned:
-                    await adapter.aclose()
-                await self.plugins.cleanup()
+            try:
+                await self._models.aclose()  # shielded and bounded
+            finally:
+                with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                    await self.plugins.cleanup()
 
     def run(
         self,

@@ -58,7 +58,7 @@ def score(
     `convsim run`, whose conversations are scored again from their recorded turns.
     """
     from .._runtime._rescore import is_results_file, read_recorded_run
-    from ..adapters import Budgets, create_adapter, parse_model_args
+    from ..adapters import ModelPool, parse_model_args
     from ..metrics import METRICS, JudgeSettings, read_transcripts, score_transcripts
     from ..results._report import _summarise
 
@@ -80,22 +80,18 @@ def score(
             max_line_bytes=max_line_bytes,
         )
         notes = []
+    models = ModelPool()  # as `convsim run`: one rate budget per provider key
     judge = None
     if judge_spec is not None:
-        adapter = create_adapter(judge_spec, parse_model_args(judge_args))
-        adapter.bind_budgets(Budgets())  # as `convsim run`: one rate budget per provider key
         judge = JudgeSettings(
-            adapter,
+            models.get(judge_spec, parse_model_args(judge_args), role="judge"),
             samples=judge_samples,
             combine="majority" if judge_combine == "majority" else "mean",
         )
 
     async def scoring() -> Any:
-        try:
+        async with models:
             return await score_transcripts(loaded, metric_names, judge=judge)
-        finally:
-            if judge is not None:
-                await judge.adapter.aclose()
 
     scored = anyio.run(scoring)
     out_console = _stdout()

@@ -7,7 +7,8 @@ Results come back to the driver as each conversation finishes and go into the dr
 results file, with its guarantees: one line per conversation, resume by re-running with
 ``resume=True``. An actor that dies has its unfinished conversations run by a new actor;
 a conversation already recorded is never recorded again. A provider key's rpm/tpm is
-split evenly among the actors, so together they stay within it.
+split among the actors (:func:`convsim.adapters.split_limits`), so together they stay
+within it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from convsim._log import get_logger
 from convsim._records import ConversationResult, Status
 from convsim._runtime._breaker import is_infrastructure_failure
 from convsim._runtime._result_stream import ResultStream
+from convsim.adapters import split_limits
 
 from ._ray_watchdog import guard_local_ray
 
@@ -61,14 +63,6 @@ def shard_of(conversation_id: str, shards: int) -> int:
     """The shard of a conversation: stable across processes and machines."""
     digest = hashlib.sha256(conversation_id.encode()).digest()
     return int.from_bytes(digest[:8], "big") % shards
-
-
-def _split_budgets(model_args: Mapping[str, Any], actors: int) -> dict[str, Any]:
-    args = dict(model_args)
-    for name in ("rpm", "tpm"):
-        if name in args and actors > 1:
-            args[name] = str(float(args[name]) / actors)
-    return args
 
 
 def ensure_ray(address: str | None, *, num_cpus: int = 2) -> Any:
@@ -102,17 +96,25 @@ def _shard_settings(
     seed: int,
     concurrency: int,
 ) -> dict[str, Any]:
-    """What every actor's Simulator is built from: budgets and concurrency split."""
+    """What every actor's Simulator is built from, concurrency split (the model's
+    rpm and tpm are split per actor: :func:`_actor_settings`)."""
     if actors < 1:
         raise ConfigError(f"actors must be at least 1, got {actors}")
+    split_limits(model_args or {}, actors)  # a limit that cannot be split fails now
     return {
         "model": model,
-        "model_args": _split_budgets(model_args or {}, actors),
+        "model_args": dict(model_args or {}),
         "metrics": list(metrics) if metrics is not None else None,
         "seed": seed,
         "concurrency": max(1, concurrency // actors),
         "preflight": False,
     }
+
+
+def _actor_settings(settings: Mapping[str, Any], actors: int, shard: int) -> dict[str, Any]:
+    """The settings of shard ``shard``'s actor: its share of the model's rpm and tpm,
+    so that the actors together keep to them."""
+    return {**settings, "model_args": split_limits(settings["model_args"], actors)[shard]}
 
 
 def _manifest(loaded: Any, settings: dict[str, Any], actors: int) -> Any:
@@ -382,7 +384,8 @@ class _Driver:
             handles[k], acked[k], missed[k] = remote.remote(), 0, 0
             # a failed start shows as a dead actor at the next poll
             with contextlib.suppress(ray.exceptions.RayActorError):
-                await handles[k].start.remote(files, name, self.settings, ids)
+                settings = _actor_settings(self.settings, self.actors, k)
+                await handles[k].start.remote(files, name, settings, ids)
 
         async def record(k: int, taken: _Taken) -> None:
             nonlocal first, duplicates, attempted, infrastructure

@@ -48,12 +48,11 @@ from convsim._runtime._simulator import Simulator
 from convsim._types import GenerationParams, Message, Usage
 from convsim.adapters import (
     ADAPTERS,
-    Budgets,
     LogprobsUnsupported,
     ModelAdapter,
+    ModelPool,
     PromptLogprobs,
     can_score_prompts,
-    create_adapter,
     parse_model_spec,
     render_prompt,
 )
@@ -184,12 +183,8 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         self._chat = False
         # Build the adapter once now so bad arguments fail before lm-eval loads tasks.
         with anyio.from_thread.start_blocking_portal() as portal:
-            adapter = portal.call(self._make_adapter)
-            portal.call(adapter.aclose)
-        self._no_scoring: str | None = (
-            None if can_score_prompts(adapter) else adapter.no_prompt_logprobs_reason()
-        )
-        """Why loglikelihood requests cannot run with this adapter (None: they can)."""
+            self._no_scoring: str | None = portal.call(self._why_no_scoring)
+            """Why loglikelihood requests cannot run with this adapter (None: they can)."""
 
     # -- lm-eval API ----------------------------------------------------------------
 
@@ -417,11 +412,17 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         with anyio.from_thread.start_blocking_portal() as portal:
             return portal.call(self._each, len(texts), request_type, call)
 
-    async def _make_adapter(self) -> ModelAdapter:
-        adapter = create_adapter(self.spec, self.adapter_args)
-        # as `convsim run`: one rate budget per provider key, a pool that fits
-        adapter.bind_budgets(Budgets(), concurrency=self.concurrency)
-        return adapter
+    def _models(self) -> ModelPool:
+        """Where a call's adapter comes from: as `convsim run`, one rate budget per
+        provider key, a connection pool that fits the concurrency."""
+        return ModelPool(concurrency=self.concurrency)
+
+    async def _why_no_scoring(self) -> str | None:
+        """Why the adapter cannot score prompts (None: it can); building it checks the
+        model's arguments."""
+        async with self._models() as models:
+            adapter = models.get(self.spec, self.adapter_args)
+            return None if can_score_prompts(adapter) else adapter.no_prompt_logprobs_reason()
 
     async def _generate_all(self, items: Sequence[LmRequest]) -> Outcomes:
         """Each request's answer (cut at its stop sequences) by position in ``items``."""
@@ -447,9 +448,8 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
         failures: list[FailedRequest] = []
         usage: list[Usage] = []
         limiter = anyio.CapacityLimiter(self.concurrency)
-        adapter = await self._make_adapter()
 
-        async def one(index: int) -> None:
+        async def one(adapter: ModelAdapter, index: int) -> None:
             async with limiter:
                 try:
                     answer = await call(adapter, index)
@@ -467,13 +467,11 @@ class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
             results[index] = answer.value
             usage.append(answer.usage)
 
-        try:
+        async with self._models() as models:
+            adapter = models.get(self.spec, self.adapter_args)
             async with anyio.create_task_group() as tg:
                 for index in range(count):
-                    tg.start_soon(one, index)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await adapter.aclose()
+                    tg.start_soon(one, adapter, index)
         for item in usage:
             self.usage = self.usage + item
         failures.sort(key=lambda f: f.index)

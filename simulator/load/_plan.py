@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from convsim._errors import ConfigError, ConvsimError, MissingExtra
 from convsim._extras import needs_extra
 from convsim._log import get_logger
+from convsim.adapters import ModelPool, split_limits
 
 from ._arrivals import ArrivalPattern, Schedule, read_trace
 from ._calibrate import Calibration, calibrate
@@ -103,26 +104,19 @@ class LoadPlan(BaseModel):
 # -- building the pieces ------------------------------------------------------------
 
 
-def _adapter_args(plan: LoadPlan, pool: int, workers: int) -> dict[str, Any]:
-    args: dict[str, Any] = dict(plan.model_args)
-    args.setdefault("stream", "true")
-    args.setdefault("max_retries", "0")  # a retried request hides what the server did
-    args.setdefault("concurrency", str(pool))
-    for budget in ("rpm", "tpm"):
-        if budget in args and workers > 1:
-            args[budget] = str(float(args[budget]) / workers)
+_ROLE = "model under test"
+
+
+def _model_args(
+    plan: LoadPlan, worker: int = 0, workers: int = 1, *, stream: bool = True
+) -> dict[str, Any]:
+    """The adapter's arguments in worker ``worker`` of ``workers``: its share of rpm
+    and tpm, streamed (a probe is not), and never retried (a retried request hides
+    what the server did)."""
+    args = split_limits(plan.model_args, workers)[worker]
+    args["stream"] = args.get("stream", "true") if stream else "false"
+    args.setdefault("max_retries", "0")
     return args
-
-
-def _make_adapter(plan: LoadPlan, pool: int, workers: int = 1, *, stream: bool = True) -> Any:
-    from convsim.adapters import Budgets, create_adapter
-
-    args = _adapter_args(plan, pool, workers)
-    if not stream:
-        args["stream"] = "false"
-    adapter = create_adapter(plan.model, args)
-    adapter.bind_budgets(Budgets(), concurrency=pool)
-    return adapter
 
 
 def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
@@ -154,7 +148,7 @@ def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
     return SyntheticSessions(workload, seed=plan.seed, exact_output=exact, **kwargs)
 
 
-def _pool(plan: LoadPlan, concurrency: int | None) -> int:
+def _pool_size(plan: LoadPlan, concurrency: int | None) -> int:
     if concurrency is not None:
         return concurrency
     return plan.max_concurrency or _OPEN_LOOP_POOL
@@ -292,14 +286,15 @@ async def _drive_here(
     shape: LoadShape,
     calibration: Calibration | None,
     start_at: float | None,
-    workers: int,
+    worker: int = 0,
+    workers: int = 1,
     on_progress: Callable[[Progress], None] | None = None,
     label: str = "",
     stop: StopRequest | None = None,
 ) -> DriveOutcome:
     workload = _workload(plan, calibration)
-    adapter = _make_adapter(plan, _pool(plan, shape.concurrency), workers)
-    try:
+    async with ModelPool(concurrency=_pool_size(plan, shape.concurrency)) as models:
+        adapter = models.get(plan.model, _model_args(plan, worker, workers), role=_ROLE)
         return await drive(
             adapter,
             workload,
@@ -309,9 +304,6 @@ async def _drive_here(
             label=label,
             stop=stop,
         )
-    finally:
-        with anyio.CancelScope(shield=True):
-            await adapter.aclose()
 
 
 async def _drive_stoppable(
@@ -319,11 +311,13 @@ async def _drive_stoppable(
     shape: LoadShape,
     calibration: Calibration | None,
     start_at: float,
-    workers: int,
+    share: _Share,
     stops: ThreadedStop,
 ) -> DriveOutcome:
     async with stops.serves() as stop:
-        return await _drive_here(plan, shape, calibration, start_at, workers, stop=stop)
+        return await _drive_here(
+            plan, shape, calibration, start_at, share.index, share.workers, stop=stop
+        )
 
 
 def _worker_main(
@@ -346,7 +340,7 @@ def _worker_main(
         worker_shape,
         calibration,
         start_at,
-        share.workers,
+        share,
         stops,
         backend_options=event_loop_options(plan.loop),
     )
@@ -550,7 +544,9 @@ async def _run_point(
         measured = await _drive_workers(plan, shape, calibration, stop)
     else:
         try:
-            here = await _drive_here(plan, shape, calibration, None, 1, on_progress, label, stop)
+            here = await _drive_here(
+                plan, shape, calibration, None, on_progress=on_progress, label=label, stop=stop
+            )
         except NothingMeasured:
             return None
         measured = _Measured([here])
@@ -745,20 +741,17 @@ async def run_load(
     _workload(plan, None)  # a bad pack or dataset fails before any request
     _check_metrics(plan)
     stop = stop or StopRequest()
-    # probes are not streamed: some servers (llama-cpp-python) send usage only then
-    probe = _make_adapter(plan, 8, stream=False)
     calibration: Calibration | None = None
-    # nothing is measured yet: a stop ends the checks at once
-    with anyio.CancelScope() as probing, stop.listening(lambda _: probing.cancel()):
-        try:
+    async with ModelPool(concurrency=8) as models:
+        # probes are not streamed: some servers (llama-cpp-python) send usage only then
+        probe = models.get(plan.model, _model_args(plan, stream=False), role=_ROLE)
+        # nothing is measured yet: a stop ends the checks at once
+        with anyio.CancelScope() as probing, stop.listening(lambda _: probing.cancel()):
             if plan.preflight:
-                await probe.preflight()
+                await models.preflight()
             if plan.calibrate:
                 report("calibrating input lengths against the server")
                 calibration = await calibrate(probe, exact_output=plan.exact_output)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await probe.aclose()
     runner = _Runner(plan, calibration, report, on_progress, [], stop)
     if plan.sweep is not None:
         return LoadRun(await runner.sweep(), runner.records)

@@ -5,6 +5,7 @@ result once, turning a cancellation into a graceful stop, and the circuit breake
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,42 @@ async def test_open_skips_recorded_ones_then_applies_only_and_limit(tmp_path: Pa
     assert [c.conversation_id for c in todo] == ["s2", "s3"]
     stats = run.handle.statistics()
     assert (stats.total, stats.resumed, stats.started) == (2, 1, 0)
+
+
+# -- admit: under the simulator's cap, while the loop keeps time ---------------------
+
+
+@dataclass
+class NeverCalm(LoopMonitor):
+    """An event-loop gauge that always reads late: admission waits until cancelled."""
+
+    holding: anyio.Event = field(default_factory=anyio.Event)
+
+    async def run(self) -> None:
+        await anyio.sleep_forever()
+
+    async def calm(self, max_lag_s: float) -> bool:
+        self.holding.set()
+        await anyio.sleep_forever()
+        return True
+
+
+async def test_a_stop_while_admission_waits_for_the_loop_gives_the_slot_back(
+    tmp_path: Path,
+) -> None:
+    """The slot taken for a conversation that never started goes back to the
+    simulator, whose later runs would otherwise have one fewer (none, here)."""
+    slots = anyio.Semaphore(1)
+    gauge = NeverCalm()
+    run = build(make_pack(tmp_path), FakeAdapter(), slots=slots, loop=gauge, max_loop_lag=0.05)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run.produce)
+            await gauge.holding.wait()
+            run.handle.stop()
+            assert [r async for r in run.handle] == []
+    assert run.handle.statistics().started == 0
+    assert slots.value == 1
 
 
 # -- record: each result once --------------------------------------------------------

@@ -212,12 +212,16 @@ class Run:
         counters = self.handle._counters
         max_lag = self.context.config.max_loop_lag
         await self.context.slots.acquire()
-        # a loop that runs late would add its lag to every timing it takes: start no
-        # more until it has caught up
-        if max_lag is not None and await self.loop.calm(max_lag):
-            counters.admission_held += 1
-        elif counters.started % _ADMISSION_BATCH == 0:
-            await anyio.lowlevel.checkpoint()  # let the loop run
+        try:
+            # a loop that runs late would add its lag to every timing it takes: start
+            # no more until it has caught up
+            if max_lag is not None and await self.loop.calm(max_lag):
+                counters.admission_held += 1
+            elif counters.started % _ADMISSION_BATCH == 0:
+                await anyio.lowlevel.checkpoint()  # let the loop run
+        except BaseException:  # stopped before it started: the slot is the simulator's
+            self.context.slots.release()
+            raise
         counters.started += 1
         self.handle._alive.change(+1)
         conversations.start_soon(self.conversation, conv)

@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     from ._runtime._config import JudgeConfig as JudgeConfig
     from ._runtime._config import ModelRef as ModelRef
     from ._runtime._config import SimulatorConfig as SimulatorConfig
+    from ._runtime._handle import RunHandle as RunHandle
+    from ._runtime._handle import RunStatistics as RunStatistics
     from ._runtime._packs import load_pack as load_pack
-    from ._runtime._simulator import RunHandle as RunHandle
-    from ._runtime._simulator import RunStatistics as RunStatistics
     from ._runtime._simulator import Simulator as Simulator
     from ._runtime._simulator import run_sync as run_sync
     from ._runtime._state import ConversationState as ConversationState

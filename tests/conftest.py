@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -42,6 +43,38 @@ def _quiet_logs() -> None:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+class ManualClock(asyncio.SelectorEventLoop):
+    """An asyncio event loop whose clock stands still until the test moves it on.
+
+    Deadlines (conversation timeouts, grace periods) then pass exactly when the test says
+    so, however slow or loaded the machine is: trio's MockClock, for asyncio. Work that
+    needs no time (fake adapters answering, events, worker threads) runs as usual.
+    """
+
+    def __init__(self) -> None:
+        self._now = time.monotonic()
+        super().__init__()
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+
+manual_clock = pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("asyncio", {"loop_factory": ManualClock}), id="manual_clock")]
+)
+"""Run the test on a :class:`ManualClock`; :func:`clock` moves it. The global test timeout
+guards against hangs: deadlines on this clock only pass when the test moves it."""
+
+
+def clock() -> ManualClock:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, ManualClock), "the test needs @manual_clock"
+    return loop
 
 
 class FakeAdapter(ModelAdapter):

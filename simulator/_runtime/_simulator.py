@@ -4,151 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import time
 import uuid
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
-import structlog
 
 from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, ModelPool
 from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric, judged
-from convsim.scenarios import Conversation, Pack
+from convsim.scenarios import Pack
 
 from .._errors import ConfigError, RegistryError
-from .._gauges import InFlight, LoopMonitor
 from .._log import get_logger
-from .._records import ConversationResult, Status, TurnStatus
+from .._records import ConversationResult
 from .._registry import Registry
 from ..plugins import PLUGINS, BasePlugin, PluginManager
 from ..results._sinks import JsonlSink, ResultSink, RunManifest
-from ._actor import ActorSettings, ConversationActor
-from ._breaker import CircuitBreaker, is_infrastructure_failure
-from ._call_settings import CallSettings
 from ._config import ModelChoice, ModelRef, SimulatorConfig
 from ._descriptors import DESCRIPTOR_HEADROOM, ensure_descriptors
+from ._handle import RunHandle
 from ._packs import load_pack
-from ._result_stream import ResultStream
+from ._run import CLOSE_TIMEOUT_S, Run, RunContext, RunPlan
 
-__all__ = ["Simulator", "RunHandle", "RunStatistics", "run_sync"]
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
+__all__ = ["Simulator", "run_sync"]
 
 log = get_logger("convsim.runtime")
-
-_ADMISSION_BATCH = 100
-"""Conversations started in one pass of the event loop at most: a pass that starts
-thousands at once would run late by all their first steps before any lag shows."""
-
-CLOSE_TIMEOUT_S = 30.0
-"""The longest a cancelled run waits for its sink or adapters to close."""
-
-
-@dataclass(frozen=True)
-class RunStatistics:
-    """A snapshot of one run's progress."""
-
-    run_id: str
-    total: int
-    """Conversations this run will attempt (after --limit and resume)."""
-    resumed: int
-    """Conversations skipped because the results file already holds them."""
-    started: int
-    in_flight: int
-    done: int
-    failed: int
-    timed_out: int
-    cancelled: int
-    turns: int
-    """Turns completed by the model under test."""
-    retrying: int
-    """Model calls waiting to retry after a failed attempt (all of the simulator's)."""
-    elapsed_s: float
-    infrastructure_failures: int = 0
-    """Conversations of this run that failed for infrastructure reasons: FAILED with
-    ``infrastructure_error``, or TIMED_OUT."""
-    stopped_early: str | None = None
-    """Why the circuit breaker stopped the run before its last conversation (the
-    endpoint looked gone); None when it did not."""
-    mean_in_flight: float = 0.0
-    """Conversations alive at once, averaged over the run's time so far."""
-    max_in_flight: int = 0
-    """The most conversations alive at once."""
-    admission_held: int = 0
-    """Conversations whose start waited for the event loop to catch up (its lag above
-    ``max_loop_lag``): the run was as busy as this process could time accurately."""
-
-    @property
-    def finished(self) -> int:
-        return self.done + self.failed + self.timed_out + self.cancelled
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "finished": self.finished}
-
-
-@dataclass
-class _Counters:
-    total: int = 0
-    resumed: int = 0
-    started: int = 0
-    turns: int = 0
-    infrastructure_failures: int = 0
-    admission_held: int = 0
-    by_status: dict[Status, int] = field(default_factory=lambda: dict.fromkeys(Status, 0))
-
-
-@dataclass
-class _Stopping:
-    """Shared by the tasks of one run: lets a cancellation become a graceful stop."""
-
-    grace_period: float
-    inflight: dict[str, anyio.CancelScope] = field(default_factory=dict)
-    dispatch: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    deadline: float | None = None
-    finished: bool = False
-    on_stop: list[Callable[[float], None]] = field(default_factory=list)
-    """Told each stop's deadline, also once every conversation has ended: plugin hooks
-    may still be running then."""
-
-    def begin(self, grace_period: float | None = None) -> None:
-        """Start no more conversations; cancel in-flight ones after the grace period.
-
-        Calling it again with a shorter grace period brings the deadline forward.
-        """
-        grace = self.grace_period if grace_period is None else grace_period
-        deadline = anyio.current_time() + grace
-        for notify in self.on_stop:
-            notify(deadline)
-        if self.finished:
-            return
-        if self.deadline is not None and self.deadline <= deadline:
-            return
-        self.deadline = deadline
-        self.dispatch.cancel()
-        for scope in self.inflight.values():
-            scope.deadline = min(scope.deadline, deadline)
-
-
-@dataclass(frozen=True)
-class _RunPlan:
-    """What one run was asked to do, fixed before it starts."""
-
-    pack: Pack
-    sink: ResultSink | None
-    limit: int | None
-    only: Collection[str] | None
-    metric_names: list[str]
-    """Every conversation metric of the run, in order."""
-    metrics: dict[str, list[Metric]]
-    """Conversation metrics by flow (scenario_type)."""
-    turn_metrics: dict[str, Metric]
 
 
 class _BoundModel(NamedTuple):
@@ -156,66 +39,6 @@ class _BoundModel(NamedTuple):
 
     adapter: ModelAdapter
     name: str
-
-
-class RunHandle(ResultStream):
-    """One run: iterate it for results as conversations finish.
-
-    Returned by :meth:`Simulator.run`; the work starts on creation and goes on in the
-    simulator's task group whether or not you iterate.
-    """
-
-    def __init__(self, run_id: str, pack: Pack, grace_period: float, budgets: Budgets) -> None:
-        super().__init__()
-        self.run_id = run_id
-        self.pack = pack
-        self._counters = _Counters()
-        self._started = time.perf_counter()
-        self._alive = InFlight(time.perf_counter)
-        self._stopping = _Stopping(grace_period)
-        self._budgets = budgets
-        self._stopped_early: str | None = None
-        self.manifest: RunManifest | None = None
-
-    async def wait(self) -> None:
-        """Wait until the run has ended. Results not yet read stay available until the
-        simulator's ``async with`` block ends."""
-        await self._finished.wait()
-        if self._error is not None:
-            raise self._error
-
-    def stop(self, grace_period: float | None = None) -> None:
-        """Start no more conversations; in-flight ones get the grace period.
-
-        Args:
-            grace_period: seconds in-flight conversations may still take (default: the
-                simulator's); a second call with 0 cancels them at once.
-        """
-        self._stopping.begin(grace_period)
-
-    def statistics(self) -> RunStatistics:
-        c = self._counters
-        by = c.by_status
-        finished = sum(by.values())
-        return RunStatistics(
-            run_id=self.run_id,
-            total=c.total,
-            resumed=c.resumed,
-            started=c.started,
-            in_flight=c.started - finished,
-            done=by[Status.DONE],
-            failed=by[Status.FAILED],
-            timed_out=by[Status.TIMED_OUT],
-            cancelled=by[Status.CANCELLED],
-            turns=c.turns,
-            retrying=sum(b.retrying for b in self._budgets.statistics()),
-            elapsed_s=time.perf_counter() - self._started,
-            infrastructure_failures=c.infrastructure_failures,
-            stopped_early=self._stopped_early,
-            mean_in_flight=self._alive.mean(),
-            max_in_flight=self._alive.peak,
-            admission_held=c.admission_held,
-        )
 
 
 class Simulator:
@@ -458,7 +281,15 @@ class Simulator:
                 "circuit_breaker": self.config.circuit_breaker,
             },
         )
-        self._tg.start_soon(self._produce, handle, plan)
+        context = RunContext(
+            config=self.config,
+            model=self.model,
+            model_name=self.model_name,
+            user_model=self.user_model,
+            slots=self._slots,
+            plugins=self.plugins,
+        )
+        self._tg.start_soon(Run(handle, plan, context).produce)
         self._handles.append(handle)
         return handle
 
@@ -475,7 +306,7 @@ class Simulator:
         sink: ResultSink | None,
         limit: int | None,
         only: Collection[str] | None,
-    ) -> _RunPlan:
+    ) -> RunPlan:
         if limit is not None and limit < 0:
             raise ConfigError(f"limit must be >= 0, not {limit!r}")
         if not isinstance(pack, Pack):
@@ -511,7 +342,7 @@ class Simulator:
         except RegistryError as exc:
             raise ConfigError(f"pack {pack.name!r}: {exc}") from None
         metrics = {flow: [instances[n] for n in names] for flow, names in names_by_flow.items()}
-        return _RunPlan(pack, sink, limit, only, metric_names, metrics, turn_metrics)
+        return RunPlan(pack, sink, limit, only, metric_names, metrics, turn_metrics)
 
     def _check_turn_settings(self, pack: Pack) -> None:
         """Every turn's sampling settings, as the adapter that will answer it sees them."""
@@ -535,191 +366,11 @@ class Simulator:
                             f"{turn.turn_id!r}: {exc}"
                         ) from None
 
-    async def _produce(self, handle: RunHandle, plan: _RunPlan) -> None:
-        try:
-            async with handle._send:
-                with structlog.contextvars.bound_contextvars(run_id=handle.run_id):
-                    await self._execute(handle, plan)
-        except Exception as exc:
-            handle._error = handle._error or _single(exc)
-        finally:
-            handle._finished.set()
-
-    async def _execute(self, handle: RunHandle, plan: _RunPlan) -> None:
-        sink, limit, only = plan.sink, plan.limit, plan.only
-        manifest = handle.manifest
-        assert manifest is not None
-        done = await sink.open(manifest) if sink is not None else set()
-        todo = [
-            c
-            for c in handle.pack.conversations
-            if c.conversation_id not in done and (only is None or c.conversation_id in only)
-        ]
-        if limit is not None:
-            todo = todo[:limit]
-        counters = handle._counters
-        counters.total, counters.resumed = len(todo), len(done)
-        stopping = handle._stopping
-        plugins = self.plugins.start_run()
-        stopping.on_stop.append(plugins.stop)  # a stop cuts the plugins' hooks short too
-        settings = ActorSettings(
-            run_id=handle.run_id,
-            pack_name=handle.pack.name,
-            pack_hash=handle.pack.pack_hash,
-            model_name=self.model_name,
-            assistant=CallSettings(self.model.default_config(), "assistant"),
-            user=(
-                CallSettings(self.user_model.default_config(), "user")
-                if self.user_model is not None
-                else None
-            ),
-            seed=self.seed,
-            conversation_timeout=self.config.conversation_timeout,
-            max_turns=self.config.max_turns,
-            on_turn=plugins.turn if plugins.manager.plugins else None,
-            max_transcript_chars=self.config.max_transcript_chars,
-        )
-        slots = self._slots
-        alive = handle._alive
-        loop = LoopMonitor()
-        max_lag = self.config.max_loop_lag
-        breaker = CircuitBreaker(self.config.circuit_breaker)
-        log.info(
-            "run_started",
-            run_id=handle.run_id,
-            pack=handle.pack.name,
-            model=self.model_name,
-            conversations=len(todo),
-            resumed=len(done),
-            concurrency=self.concurrency,
-        )
-
-        async def drive(conv: Conversation) -> None:
-            cid = conv.conversation_id
-            try:
-                with structlog.contextvars.bound_contextvars(conversation_id=cid):
-                    if plugins.manager.plugins:
-                        await plugins.conversation_start(cid, conv.scenario.scenario_id)
-                    result = await converse(conv)
-                    if plugins.manager.plugins:
-                        result = await plugins.conversation_end(result)
-                counters.by_status[result.status] += 1
-                counters.turns += sum(1 for t in result.turns if t.status is TurnStatus.COMPLETED)
-                if is_infrastructure_failure(result):
-                    counters.infrastructure_failures += 1
-                if sink is not None and handle._error is None:
-                    try:
-                        await sink.write(result)
-                    except Exception as exc:
-                        # Nothing more can be recorded: stop the run (in-flight
-                        # conversations get the grace period and still reach the
-                        # caller) and raise this error from the iteration.
-                        handle._error = exc
-                        stopping.begin()
-                if breaker.record(result):
-                    # the endpoint looks gone: start no more (they stay unrecorded)
-                    handle._stopped_early = breaker.reason
-                    log.info("run_stopped_early", reason=breaker.reason)
-                    stopping.begin()
-                # nobody reading any more is fine: the sink has the result
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    handle._send.send_nowait(result)
-            finally:
-                alive.change(-1)
-                slots.release()
-
-        async def converse(conv: Conversation) -> ConversationResult:
-            actor = ConversationActor(
-                conv,
-                model=self.model,
-                settings=settings,
-                metrics=plan.metrics[conv.flow.scenario_type],
-                turn_metrics=plan.turn_metrics,
-                user_model=self.user_model,
-            )
-            with anyio.CancelScope() as scope:
-                stopping.inflight[conv.conversation_id] = scope
-                if stopping.deadline is not None:
-                    scope.deadline = stopping.deadline
-                try:
-                    await actor.run()
-                finally:
-                    stopping.inflight.pop(conv.conversation_id, None)
-            assert actor.result is not None  # run() leaves one however it ends
-            return actor.result
-
-        async def watch_for_cancel() -> None:
-            try:
-                await anyio.sleep_forever()
-            except anyio.get_cancelled_exc_class():
-                if not stopping.finished:  # not the run's own end
-                    stopping.begin()
-                raise
-
-        try:
-            async with anyio.create_task_group() as hooks:
-                if plugins.manager.plugins:
-                    await hooks.start(plugins.turn_worker)
-                    await plugins.run_start(manifest)
-                try:
-                    async with anyio.create_task_group() as outer:
-                        outer.start_soon(watch_for_cancel)
-                        if max_lag is not None:
-                            outer.start_soon(loop.run)
-                        with anyio.CancelScope(shield=True):
-                            async with anyio.create_task_group() as tg:
-                                with stopping.dispatch:
-                                    for conv in todo:
-                                        await slots.acquire()
-                                        # a loop that runs late would add its lag to every timing
-                                        # it takes: start no more until it has caught up
-                                        if max_lag is not None and await loop.calm(max_lag):
-                                            counters.admission_held += 1
-                                        elif counters.started % _ADMISSION_BATCH == 0:
-                                            await anyio.lowlevel.checkpoint()  # let the loop run
-                                        counters.started += 1
-                                        alive.change(+1)
-                                        tg.start_soon(drive, conv)
-                        stopping.finished = True
-                        outer.cancel_scope.cancel()
-
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await plugins.close_turns()  # the turn worker drains, then ends
-        finally:
-            stats = handle.statistics()
-            if plugins.manager.plugins:
-                with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-                    await plugins.run_end(stats)
-            manifest.finished_at = time.time()
-            manifest.statistics = stats.as_dict()
-            if sink is not None:
-                # shielded so a cancelled run still finalises its results, but bounded
-                with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-                    await sink.close(manifest)
-            log.info(
-                "run_finished",
-                run_id=handle.run_id,
-                done=stats.done,
-                failed=stats.failed,
-                timed_out=stats.timed_out,
-                cancelled=stats.cancelled,
-                not_started=stats.total - stats.started,
-                elapsed_s=round(stats.elapsed_s, 3),
-            )
-
 
 def _redacted(choice: ModelChoice | None) -> dict[str, str]:
     """A model's adapter arguments fit for a manifest: secrets replaced, values as text
     (an adapter instance has none to record)."""
     return choice.redacted_args() if isinstance(choice, ModelRef) else {}
-
-
-def _single(exc: Exception) -> Exception:
-    """The one error inside nested exception groups, if there is exactly one."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]  # type: ignore[assignment]
-    return exc
 
 
 def run_sync(

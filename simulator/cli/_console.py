@@ -21,7 +21,7 @@ from rich.markup import escape
 from .._errors import ConvsimError, EndpointError
 
 if TYPE_CHECKING:
-    from .._runtime._simulator import RunStatistics
+    from .._runtime._handle import RunStatistics
 
 __all__ = [
     "EXIT_OK",

@@ -39,7 +39,8 @@ from ._options import (
 from ._outputs import check_gates, write_report_html, write_summaries
 
 if TYPE_CHECKING:
-    from .._runtime._simulator import RunHandle, RunStatistics, Simulator
+    from .._runtime._handle import RunHandle, RunStatistics
+    from .._runtime._simulator import Simulator
     from ..results._sinks import JsonlSink
 
 

@@ -38,7 +38,8 @@ def _usage(data: Any) -> Usage | None:
 
 
 class AnthropicAdapter(HttpModelAdapter):
-    """``anthropic:MODEL``: POST /v1/messages with x-api-key (ANTHROPIC_API_KEY).
+    """``anthropic:MODEL``: POST /v1/messages with x-api-key (ANTHROPIC_API_KEY), at
+    api.anthropic.com or ``ANTHROPIC_BASE_URL`` when set, as Anthropic's SDK reads them.
 
     System messages go to the top-level ``system`` field; consecutive messages of one
     role are merged, as the API wants user and assistant to alternate.
@@ -47,6 +48,7 @@ class AnthropicAdapter(HttpModelAdapter):
     model_type: ClassVar[str] = "anthropic"
     provider: ClassVar[str] = "anthropic"
     default_base_url: ClassVar[str | None] = "https://api.anthropic.com"
+    base_url_env: ClassVar[str | None] = "ANTHROPIC_BASE_URL"
     default_key_env: ClassVar[str | None] = "ANTHROPIC_API_KEY"
     requires_key: ClassVar[bool] = True
     Config: ClassVar[type[HttpAdapterConfig]] = AnthropicConfig

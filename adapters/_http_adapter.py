@@ -271,6 +271,9 @@ class HttpModelAdapter(ModelAdapter):
     model_type: ClassVar[str]
     provider: ClassVar[str]
     default_base_url: ClassVar[str | None] = None
+    base_url_env: ClassVar[str | None] = None
+    """The environment variable that, when set, replaces ``default_base_url``
+    (``OPENAI_BASE_URL``); ``base_url`` in the arguments wins over it."""
     default_key_env: ClassVar[str | None] = None
     requires_key: ClassVar[bool] = False
     supports_streaming: ClassVar[bool] = True
@@ -287,10 +290,14 @@ class HttpModelAdapter(ModelAdapter):
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         cfg = self.config = parse_config(self.Config, config, f"{self.model_type} model")
-        base_url = cfg.base_url or self.default_base_url
+        if env is None:
+            env = os.environ
+        base_url = cfg.base_url or self._base_url_from(env) or self.default_base_url
         if not base_url:
+            where = f" or set {self.base_url_env}" if self.base_url_env else ""
             raise ConfigError(
-                f"{self.model_type}:{cfg.model} needs a base_url (--model-arg base_url={EXAMPLE})"
+                f"{self.model_type}:{cfg.model} needs a base_url (--model-arg "
+                f"base_url={EXAMPLE}{where})"
             )
         self.base_url = base_url.rstrip("/")
         self.egress = egress
@@ -300,7 +307,7 @@ class HttpModelAdapter(ModelAdapter):
             if cfg.http != "aiohttp" or transport is not None:
                 raise ConfigError("an egress policy needs the aiohttp transport (drop http=httpx)")
             egress.check_url(self.base_url)
-        self._api_key = self._resolve_key(env if env is not None else os.environ)
+        self._api_key = self._resolve_key(env)
         self._scrub = Redactor.of(keys=[self._api_key], urls=[self.base_url])
         """Blanks the key, and credentials inside base_url, out of errors, snippets and
         answers."""
@@ -322,6 +329,18 @@ class HttpModelAdapter(ModelAdapter):
         self._sleep = sleep
 
     # -- identity, keys and budgets -------------------------------------------------
+
+    def _base_url_from(self, env: Mapping[str, str]) -> str | None:
+        """The base URL the environment gives (``base_url_env``), checked; None when the
+        variable is unset or empty. Read from ``env`` only: an application that builds
+        adapters for others passes an empty mapping, and they see none of its own."""
+        value = env.get(self.base_url_env, "").strip() if self.base_url_env else ""
+        if not value:
+            return None
+        try:
+            return check_base_url(value)
+        except ValueError as exc:
+            raise ConfigError(f"{self.base_url_env}: {exc}") from None
 
     def _resolve_key(self, env: Mapping[str, str]) -> str | None:
         if self.config.api_key is not None:
@@ -847,6 +866,11 @@ class HttpModelAdapter(ModelAdapter):
         name = self.config.api_key_env or self.default_key_env
         if self._api_key:
             return f"the API key was refused — check {name} / api_key_env"
+        if self.default_key_env:
+            return (
+                f"no API key was sent — set api_key_env=NAME (or api_key, or "
+                f"{self.default_key_env})"
+            )
         return "no API key was sent — set api_key_env=NAME (or api_key)"
 
     def _raise_unreachable(self, exc: Exception) -> None:

@@ -4,10 +4,12 @@ Two siblings over one wire format::
 
     HttpModelAdapter
     └── OpenAIWireAdapter          requests, answers and stream events, both endpoints
-        ├── OpenAIAdapter          openai: api.openai.com, key required,
-        │                          max_completion_tokens, reasoning-model sampling
-        └── OpenAICompatibleAdapter  openai-compatible: base_url required, key only
-                                   when asked for, prompt logprobs by echo
+        ├── OpenAIAdapter          openai: api.openai.com (or OPENAI_BASE_URL), key
+        │                          required, max_completion_tokens, reasoning-model
+        │                          sampling
+        └── OpenAICompatibleAdapter  openai-compatible: base_url (or OPENAI_BASE_URL)
+                                   required, OPENAI_API_KEY sent when set, prompt
+                                   logprobs by echo
 
 ``openai-compatible`` models with ``endpoint=completions`` can also score prompts
 (:meth:`OpenAICompatibleAdapter.prompt_logprobs`, for lm-eval's loglikelihood): an echo
@@ -288,7 +290,8 @@ class OpenAIWireAdapter(HttpModelAdapter):
 
 
 class OpenAIAdapter(OpenAIWireAdapter):
-    """``openai:MODEL``: api.openai.com with the key from OPENAI_API_KEY (required).
+    """``openai:MODEL``: api.openai.com (or ``OPENAI_BASE_URL`` when set) with the key
+    from OPENAI_API_KEY (required), as the OpenAI SDK reads them.
 
     Sends ``max_completion_tokens`` to the chat endpoint (reasoning models refuse
     ``max_tokens``; legacy completions take only ``max_tokens``), and to reasoning
@@ -299,6 +302,7 @@ class OpenAIAdapter(OpenAIWireAdapter):
     model_type: ClassVar[str] = "openai"
     provider: ClassVar[str] = "openai"
     default_base_url: ClassVar[str | None] = "https://api.openai.com/v1"
+    base_url_env: ClassVar[str | None] = "OPENAI_BASE_URL"
     default_key_env: ClassVar[str | None] = "OPENAI_API_KEY"
     requires_key: ClassVar[bool] = True
 
@@ -320,13 +324,17 @@ class OpenAICompatibleAdapter(OpenAIWireAdapter):
     """``openai-compatible:MODEL``: any server that speaks the OpenAI wire format.
 
     It needs ``base_url`` (e.g. ``http://127.0.0.1:8000/v1`` for vLLM,
-    ``http://127.0.0.1:11434/v1`` for Ollama). Such a server usually needs no key, so
-    one is sent only when asked for (``api_key``, or ``api_key_env`` naming where it
-    is). With ``endpoint=completions`` it also scores prompts (:meth:`prompt_logprobs`).
+    ``http://127.0.0.1:11434/v1`` for Ollama), or ``OPENAI_BASE_URL`` set. The key is
+    ``api_key``, else the variable ``api_key_env`` names (which must be set), else
+    ``OPENAI_API_KEY`` when it is set, as the OpenAI SDK and vLLM's benchmark read it;
+    with none of them, no key is sent. With ``endpoint=completions`` it also scores
+    prompts (:meth:`prompt_logprobs`).
     """
 
     model_type: ClassVar[str] = "openai-compatible"
     provider: ClassVar[str] = "openai-compatible"
+    base_url_env: ClassVar[str | None] = "OPENAI_BASE_URL"
+    default_key_env: ClassVar[str | None] = "OPENAI_API_KEY"
 
     @property
     def supports_prompt_logprobs(self) -> bool:

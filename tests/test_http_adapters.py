@@ -535,11 +535,15 @@ async def test_legacy_completions_stream(http: Seam) -> None:
 
 
 async def test_compatible_server_gets_a_key_only_when_one_is_configured(http: Seam) -> None:
-    # OPENAI_API_KEY is in the environment, but a compatible server was not asked to use it
+    bare = await http.adapter(OpenAICompatibleAdapter, sequence(chat_reply()), env={})
+    await bare.generate(HI, GenerationParams())
+    assert "authorization" not in http.seen[-1].headers
+
+    # OPENAI_API_KEY, when set, is the fallback, as the OpenAI SDK and vLLM's tools read it
     env = {"OPENAI_API_KEY": "sk-openai-real"}
     plain = await http.adapter(OpenAICompatibleAdapter, sequence(chat_reply()), env=env)
     await plain.generate(HI, GenerationParams())
-    assert "authorization" not in http.seen[-1].headers
+    assert http.seen[-1].headers["authorization"] == "Bearer sk-openai-real"
 
     keyed = await http.adapter(OpenAICompatibleAdapter, sequence(chat_reply()), api_key="sk-local")
     await keyed.generate(HI, GenerationParams())

@@ -39,6 +39,7 @@ __all__ = [
     "read_jsonl",
     "parse_json_value",
     "parse_yaml",
+    "line_of",
     "format_size",
 ]
 
@@ -329,7 +330,7 @@ def parse_yaml(text: str) -> ParsedYaml:
     try:
         check_value(data)
     except FileProblem as exc:
-        exc.line = _line_of(node, exc.field)
+        exc.line = line_of(node, exc.field)
         raise
     return ParsedYaml(data, node)
 
@@ -401,7 +402,7 @@ def _line(node: yaml.Node) -> int:
     return int(node.start_mark.line) + 1
 
 
-def _line_of(root: yaml.Node, field: str | None) -> int:
+def line_of(root: yaml.Node, field: str | None) -> int:
     """The line of the node a dotted field names (``a.0.b``), as deep as it goes."""
     node, line = root, _line(root)
     for key in field.split(".") if field else []:

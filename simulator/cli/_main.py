@@ -7,7 +7,7 @@ import click
 from .._registry import Registry
 from ._logging import configure_logging
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "ENV_PREFIX", "main"]
 
 COMMANDS: Registry[click.Command] = Registry("command", group="convsim.commands")
 """Every command, imported when listed or run: the built-in ones below, and those other
@@ -40,7 +40,18 @@ class _Commands(click.Group):
         return command
 
 
-@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+ENV_PREFIX = "CONVSIM"
+"""Every option can come from the environment (click's ``auto_envvar_prefix``):
+``CONVSIM_<COMMAND>_<NAME>``, NAME being the option's parameter name in capitals
+(``--concurrency`` of run: ``CONVSIM_RUN_CONCURRENCY``; ``--model``:
+``CONVSIM_RUN_MODEL_SPEC``); ``convsim <command> --help`` shows each one. A flag on the
+command line wins over it; it wins over a ``--config`` file."""
+
+
+@click.group(
+    cls=_Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
+)
 @click.version_option(package_name="convsim")
 @click.option(
     "--log-format",
@@ -56,5 +67,10 @@ class _Commands(click.Group):
     show_default=True,
 )
 def main(log_format: str, log_level: str) -> None:
-    """Simulate and evaluate multi-turn conversations with language models."""
+    """Simulate and evaluate multi-turn conversations with language models.
+
+    Every option can also come from an environment variable CONVSIM_<COMMAND>_<NAME>,
+    such as CONVSIM_RUN_CONCURRENCY=8 or CONVSIM_LOG_LEVEL=info (each command's --help
+    names its variables); a flag on the command line wins over it.
+    """
     configure_logging(log_format, log_level)  # type: ignore[arg-type]

@@ -84,7 +84,8 @@ def pack_input_options(func: F) -> F:
 
 
 def judge_options(func: F) -> F:
-    """--judge, --judge-arg, --judge-samples and --judge-combine, for run and score."""
+    """--judge, --judge-arg, --judge-base-url, --judge-samples and --judge-combine, for
+    run and score."""
     options = [
         click.option(
             "--judge",
@@ -93,6 +94,12 @@ def judge_options(func: F) -> F:
             help="Model that grades judge metrics (any adapter spec).",
         ),
         click.option("--judge-arg", "judge_args", multiple=True, metavar="KEY=VALUE"),
+        click.option(
+            "--judge-base-url",
+            default=None,
+            metavar="URL",
+            help="The judge's base URL (as --judge-arg base_url=URL).",
+        ),
         click.option(
             "--judge-samples",
             type=click.IntRange(min=1),
@@ -111,6 +118,22 @@ def judge_options(func: F) -> F:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def with_base_url(
+    pairs: tuple[str, ...], url: str | None, *, option: str, args_option: str
+) -> tuple[str, ...]:
+    """Model arguments (``KEY=VALUE``) with ``base_url=url`` added when ``url`` is given.
+
+    Raises:
+        click.UsageError: the arguments set a base URL too (one place says where a
+            model is, so no run goes where the user did not look).
+    """
+    if url is None:
+        return pairs
+    if any(pair.partition("=")[0].strip() == "base_url" for pair in pairs):
+        raise click.UsageError(f"{option} and {args_option} base_url=... both give the base URL")
+    return (*pairs, f"base_url={url}")
 
 
 def parse_gates(_ctx: Any, _param: Any, values: tuple[str, ...]) -> dict[str, float]:

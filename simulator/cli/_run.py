@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .._errors import ConvsimError
 from .._gc import tune_gc_for_throughput
 from ..results._terminal import print_report
+from ._config_file import ConfigFileCommand, config_file_option
 from ._console import (
     EXIT_ENDPOINT_UNREACHABLE,
     EXIT_INFRASTRUCTURE_FAILURES,
@@ -35,6 +36,7 @@ from ._options import (
     parse_metrics,
     plugin_settings,
     single_turn_options,
+    with_base_url,
 )
 from ._outputs import check_gates, write_report_html, write_summaries
 
@@ -44,9 +46,11 @@ if TYPE_CHECKING:
     from ..results._sinks import JsonlSink
 
 
-@click.command()
+@click.command(cls=ConfigFileCommand)
 @click.argument("pack")
+@config_file_option
 @click.option(
+    "-m",
     "--model",
     "model_spec",
     default="scripted",
@@ -61,6 +65,12 @@ if TYPE_CHECKING:
     help="Adapter argument (repeatable), e.g. latency=0.5 for scripted.",
 )
 @click.option(
+    "--base-url",
+    default=None,
+    metavar="URL",
+    help="The model's base URL (as --model-arg base_url=URL), e.g. http://127.0.0.1:8000/v1.",
+)
+@click.option(
     "--user-model",
     "user_model_spec",
     default=None,
@@ -68,6 +78,13 @@ if TYPE_CHECKING:
 )
 @click.option("--user-model-arg", "user_model_args", multiple=True, metavar="KEY=VALUE")
 @click.option(
+    "--user-base-url",
+    default=None,
+    metavar="URL",
+    help="The simulated user's base URL (as --user-model-arg base_url=URL).",
+)
+@click.option(
+    "-c",
     "--concurrency",
     type=click.IntRange(min=1),
     default=32,
@@ -75,6 +92,7 @@ if TYPE_CHECKING:
     help="Conversations run at once.",
 )
 @click.option(
+    "-o",
     "--out",
     type=click.Path(path_type=Path),
     default=None,
@@ -90,7 +108,11 @@ if TYPE_CHECKING:
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
-    "--limit", type=click.IntRange(min=0), default=None, help="Run at most N conversations."
+    "-n",
+    "--limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Run at most N conversations.",
 )
 @click.option(
     "--backend",
@@ -181,8 +203,10 @@ def run(
     pack: str,
     model_spec: str,
     model_args: tuple[str, ...],
+    base_url: str | None,
     user_model_spec: str | None,
     user_model_args: tuple[str, ...],
+    user_base_url: str | None,
     concurrency: int,
     out: Path | None,
     resume: bool,
@@ -208,6 +232,7 @@ def run(
     grace_period: float,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
+    judge_base_url: str | None,
     judge_samples: int,
     judge_combine: str,
     preflight: bool,
@@ -247,6 +272,17 @@ def run(
         raise click.UsageError("--retry-failed needs --resume (it continues --out)")
     if user_model_args and not user_model_spec:
         raise click.UsageError("--user-model-arg needs --user-model")
+    if user_base_url is not None and not user_model_spec:
+        raise click.UsageError("--user-base-url needs --user-model")
+    if judge_base_url is not None and not judge_spec:
+        raise click.UsageError("--judge-base-url needs --judge")
+    model_args = with_base_url(model_args, base_url, option="--base-url", args_option="--model-arg")
+    user_model_args = with_base_url(
+        user_model_args, user_base_url, option="--user-base-url", args_option="--user-model-arg"
+    )
+    judge_args = with_base_url(
+        judge_args, judge_base_url, option="--judge-base-url", args_option="--judge-arg"
+    )
     check_html_extra(html_out)
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.

@@ -15,7 +15,7 @@ from ._console import (
     clear_errors,
 )
 from ._console import stdout as _stdout
-from ._options import judge_options, pack_input_options, parse_metrics
+from ._options import judge_options, pack_input_options, parse_metrics, with_base_url
 from ._outputs import lock_results
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ def score(
     max_line_bytes: int,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
+    judge_base_url: str | None,
     judge_samples: int,
     judge_combine: str,
 ) -> None:
@@ -62,6 +63,11 @@ def score(
     from ..metrics import METRICS, JudgeSettings, read_transcripts, score_transcripts
     from ..results._report import _summarise
 
+    if judge_base_url is not None and judge_spec is None:
+        raise click.UsageError("--judge-base-url needs --judge")
+    judge_args = with_base_url(
+        judge_args, judge_base_url, option="--judge-base-url", args_option="--judge-arg"
+    )
     for name in metric_names:
         METRICS.get(name)  # unknown names fail before any work
     if out is not None and is_results_file(out):  # scores would replace its results

@@ -29,6 +29,15 @@ PLANTED = {
 }
 
 
+def planted_urls(hosts: Hosts) -> dict[str, str]:
+    """Base URLs in the server's environment: the adapters' defaults, pointing at an
+    internal service no tenant may reach."""
+    return {
+        "OPENAI_BASE_URL": f"{hosts.internal.url}/v1",
+        "ANTHROPIC_BASE_URL": hosts.internal.url,
+    }
+
+
 class Hosts:
     """The listeners: an allowed tenant model, the operator's model, and internal
     services no tenant may reach."""
@@ -74,7 +83,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, hosts: Hosts) -> Iterator[S
             "--allow-base-url", "https://",  # any public https host
             "--allow-base-url", "http://",  # any public http host: loopback still refused
         ],
-        env=PLANTED,
+        env={**PLANTED, **planted_urls(hosts)},
     )  # fmt: skip
     s.start()
     yield s
@@ -131,6 +140,15 @@ def test_a_provider_model_at_the_tenants_host_gets_no_server_key(
     # and without a base_url the provider's own host is not the tenant's to spend on
     where = _refused(alice, model=model)
     assert where == [("body", "model_args", "api_key")]
+    _nothing_reached(hosts, before)
+
+
+def test_the_servers_base_url_variables_are_no_tenants_default(
+    alice: EvaluationClient, hosts: Hosts
+) -> None:
+    before = _counts(hosts)
+    where = _refused(alice, model="openai-compatible:m")
+    assert where == [("body", "model_args")]
     _nothing_reached(hosts, before)
 
 

@@ -159,16 +159,19 @@ def test_each_sibling_builds_its_own_request_body(
     assert call.body == {"model": adapter.config.model, **text, **expected, "stop": ["END"]}
 
 
-def test_openai_always_needs_a_key_and_a_compatible_server_only_when_asked() -> None:
+def test_openai_always_needs_a_key_and_a_compatible_server_takes_one_when_set() -> None:
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
         OpenAIAdapter({"model": "gpt-4o-mini", "base_url": "http://proxy/v1"}, env={})
     official = OpenAIAdapter({"model": "gpt-4o-mini"}, env=ENV)
     assert official.auth_headers() == {"Authorization": "Bearer sk-test"}
     assert official.base_url == "https://api.openai.com/v1"
 
+    keyless = OpenAICompatibleAdapter({"model": "m", "base_url": "http://x/v1"}, env={})
+    assert keyless.auth_headers() == {}  # a local server usually wants none
+    assert keyless.connection_key().endswith("|-")
+    # OPENAI_API_KEY, when set, is sent, as the OpenAI SDK and vLLM's tools send it
     compatible = OpenAICompatibleAdapter({"model": "m", "base_url": "http://x/v1"}, env=ENV)
-    assert compatible.auth_headers() == {}  # OPENAI_API_KEY is not the local server's key
-    assert compatible.connection_key().endswith("|-")
+    assert compatible.auth_headers() == {"Authorization": "Bearer sk-test"}
     named = OpenAICompatibleAdapter(
         {"model": "m", "base_url": "http://x/v1", "api_key_env": "OPENAI_API_KEY"}, env=ENV
     )

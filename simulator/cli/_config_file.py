@@ -22,6 +22,7 @@ from typing import Annotated, Any, NamedTuple, TypeVar
 import click
 from click.core import ParameterSource
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -36,7 +37,7 @@ from .._secrets import MASK, is_secret_key, looks_like_url, redact_url
 from ..scenarios._files import FileProblem, line_of, parse_yaml, read_pack_file
 from ._console import stderr
 
-__all__ = ["MAX_CONFIG_BYTES", "ConfigFileCommand", "config_file_option"]
+__all__ = ["MAX_CONFIG_BYTES", "ConfigFileCommand", "config_file_option", "read_config_file"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -102,13 +103,15 @@ def _as_list(keyed: bool) -> Callable[[Any], Any]:
         if keyed and isinstance(value, Mapping):
             return [f"{k}={_scalar_text(v)}" for k, v in value.items()]
         items = value if isinstance(value, (list, tuple)) else [value]  # one value
-        texts = [_scalar_text(v) for v in items]
-        for i, text in enumerate(texts):
-            if keyed and isinstance(text, str) and "=" not in text:
-                raise ValueError(f"item {i} is {text!r}, not KEY=VALUE (or give a mapping)")
-        return texts
+        return [_scalar_text(v) for v in items]
 
     return convert
+
+
+def _pair(text: str) -> str:
+    if "=" not in text:
+        raise ValueError(f"{text!r} is not KEY=VALUE (or give a mapping)")
+    return text
 
 
 def _field(param: click.Parameter) -> Any:
@@ -116,7 +119,9 @@ def _field(param: click.Parameter) -> Any:
     if isinstance(param, click.Option) and param.is_flag and not param.count:
         return bool
     if param.multiple or param.nargs != 1:
-        return Annotated[list[str], BeforeValidator(_as_list(_keyed(param)))]
+        keyed = _keyed(param)
+        item = Annotated[str, AfterValidator(_pair)] if keyed else str
+        return Annotated[list[item], BeforeValidator(_as_list(keyed))]  # type: ignore[valid-type]
     return Annotated[str, BeforeValidator(_one_value)]
 
 
@@ -199,8 +204,9 @@ def read_config_file(ctx: click.Context, command: click.Command, path: Path) -> 
             if name in params and name not in misshapen
         }
     settings: list[_Setting] = []
-    for name, param in params.items():
-        if name not in given or name not in values:
+    for name in given:  # in the file's order, for the echo
+        param = params.get(name)
+        if param is None or name not in values:
             continue
         try:  # as the command line would take it: ranges, choices, paths, sizes
             param.type_cast_value(ctx, values[name])

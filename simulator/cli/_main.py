@@ -44,8 +44,8 @@ ENV_PREFIX = "CONVSIM"
 """Every option can come from the environment (click's ``auto_envvar_prefix``):
 ``CONVSIM_<COMMAND>_<NAME>``, NAME being the option's parameter name in capitals
 (``--concurrency`` of run: ``CONVSIM_RUN_CONCURRENCY``; ``--model``:
-``CONVSIM_RUN_MODEL_SPEC``); ``convsim <command> --help`` shows each one. A flag on the
-command line wins over it; it wins over a ``--config`` file."""
+``CONVSIM_RUN_MODEL_SPEC``; ``convsim run --help`` lists those not named after their
+option). A flag on the command line wins over it; it wins over a ``--config`` file."""
 
 
 @click.group(
@@ -70,7 +70,7 @@ def main(log_format: str, log_level: str) -> None:
     """Simulate and evaluate multi-turn conversations with language models.
 
     Every option can also come from an environment variable CONVSIM_<COMMAND>_<NAME>,
-    such as CONVSIM_RUN_CONCURRENCY=8 or CONVSIM_LOG_LEVEL=info (each command's --help
-    names its variables); a flag on the command line wins over it.
+    NAME being the option's value name in capitals, such as CONVSIM_RUN_CONCURRENCY=8
+    or CONVSIM_LOG_LEVEL=info; a flag on the command line wins over it.
     """
     configure_logging(log_format, log_level)  # type: ignore[arg-type]

@@ -222,6 +222,10 @@ class TurnRecord:
     """Calls to the simulated user, retries included."""
     error: ErrorInfo | None = None
     evaluation_metrics: tuple[str, ...] = ()
+    max_tokens_clipped_from: int | None = None
+    """The pack's max_tokens for this turn when the user's cap (``--max-tokens``, a
+    ``max_tokens`` model argument) made its model calls ask for fewer; None when the
+    pack's value was kept."""
 
 
 class ConversationTimings(BaseModel):

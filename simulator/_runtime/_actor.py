@@ -90,6 +90,8 @@ class _InFlight:
     user_usage: Usage | None = None
     user_latency_s: float | None = None
     messages: tuple[Message, ...] = ()
+    clipped_from: int | None = None
+    """The pack's max_tokens once a call of the turn asked for fewer (the user's cap)."""
 
 
 _ENDED_BY = {
@@ -165,6 +167,13 @@ class ConversationActor:
         )
         return self.result
 
+    @property
+    def timeout(self) -> float:
+        """The conversation's deadline in seconds: the user's (``conversation_timeout``)
+        when set, else its flow's."""
+        flow = self.conversation.flow.flow
+        return self.settings.conversation_timeout or flow.conversation_timeout
+
     def _crash(self, exc: BaseException) -> TerminationReason:
         """End the conversation FAILED after an unexpected error, keeping what ran."""
         log.error("conversation_crashed", error_type=type(exc).__name__, error=str(exc))
@@ -180,9 +189,7 @@ class ConversationActor:
         return self._reason
 
     async def _walk_within_deadline(self) -> TerminationReason:
-        timeout = (
-            self.settings.conversation_timeout or self.conversation.flow.flow.conversation_timeout
-        )
+        timeout = self.timeout
         with anyio.move_on_after(timeout):  # falls through only when the deadline hit
             self._reason = await self._walk()
             return self._reason
@@ -237,6 +244,7 @@ class ConversationActor:
         inflight.messages = (*self.transcript, Message(role="user", content=inflight.user_message))
         self.machine.advance(_S.ASSISTANT_TURN)
         params = self.settings.assistant.for_call(self.conversation, turn, self.seed)
+        inflight.clipped_from = inflight.clipped_from or self.settings.assistant.clipped_from(turn)
         try:
             completion = _checked(await self.model.generate(inflight.messages, params))
         except Exception as exc:
@@ -269,6 +277,7 @@ class ConversationActor:
                 f"turn {turn.turn_id!r} has role 'user' but no user model is configured"
             )
         params = self.settings.user.for_call(self.conversation, turn, self.seed)
+        inflight.clipped_from = self.settings.user.clipped_from(turn)
         assert inflight.prompt is not None
         reply = _checked(await self.user.reply(inflight.prompt, self.transcript, params))
         inflight.user_message = reply.text
@@ -338,6 +347,7 @@ class ConversationActor:
             fields.setdefault("prompt", inflight.prompt)
             fields.setdefault("user_message", inflight.user_message)
             fields.setdefault("user_usage", inflight.user_usage)
+            fields.setdefault("max_tokens_clipped_from", inflight.clipped_from)
         return TurnRecord(
             conversation_id=self.conversation.conversation_id,
             turn_index=turn.index,

@@ -12,9 +12,12 @@ __all__ = ["CircuitBreaker", "is_infrastructure_failure"]
 
 def is_infrastructure_failure(result: ConversationResult) -> bool:
     """Whether a conversation failed for reasons outside the model: a call that failed
-    on the server, the network, a rate limit or a local limit (``infrastructure_error``),
-    or the conversation's deadline (TIMED_OUT)."""
-    return result.status is Status.TIMED_OUT or (
+    on the server, the network, a rate limit or a local limit (``infrastructure_error``).
+
+    A conversation that hit its deadline (TIMED_OUT, ``conversation_timeout``) is not
+    one: the model answers too slowly for a setting the user can raise, which is told
+    apart (its own exit code, its own line) rather than blamed on the endpoint."""
+    return (
         result.status is Status.FAILED
         and result.termination_reason is TerminationReason.INFRASTRUCTURE_ERROR
     )
@@ -24,7 +27,8 @@ def is_infrastructure_failure(result: ConversationResult) -> bool:
 class CircuitBreaker:
     """Trips after ``threshold`` conversations in a row failed for infrastructure
     reasons without a single answer from the model; any conversation with an answered
-    turn, or that failed for another reason, starts the count again."""
+    turn, or that failed for another reason, starts the count again. A conversation
+    that timed out without an answer neither counts nor starts it again."""
 
     threshold: int
     """Conversations in a row; 0 never trips."""
@@ -37,6 +41,8 @@ class CircuitBreaker:
         if not self.threshold or self.reason is not None or result.status is Status.CANCELLED:
             return False
         answered = any(turn.status is TurnStatus.COMPLETED for turn in result.turns)
+        if not answered and result.status is Status.TIMED_OUT:
+            return False  # a deadline says nothing of the endpoint: the streak stands
         if answered or not is_infrastructure_failure(result):
             self.streak = 0
             return False

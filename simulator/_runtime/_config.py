@@ -136,6 +136,12 @@ class SimulatorConfig(BaseModel):
     """Seconds per conversation; overrides every flow's."""
     max_turns: int | None = Field(default=None, ge=1)
     """Overrides every flow's max_turns."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """The most tokens any model call of a turn may ask for (the model under test's
+    and the simulated user's): a pack's larger per-turn ``max_tokens`` is clipped to
+    it, a smaller one kept, a turn without one asks for this many (None: the pack's).
+    A ``max_tokens`` model argument caps its own model's calls the same way; the
+    smaller cap wins (see :meth:`token_cap`)."""
     grace_period: float = Field(default=5.0, ge=0)
     """Seconds in-flight conversations get to finish after a stop."""
     preflight: bool = True
@@ -168,6 +174,13 @@ class SimulatorConfig(BaseModel):
             raise ValueError("must be a positive integer")
         return value
 
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _tokens_not_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number of tokens")
+        return value
+
     @field_validator("circuit_breaker", mode="before")
     @classmethod
     def _count_not_bool(cls, value: Any) -> Any:
@@ -181,6 +194,18 @@ class SimulatorConfig(BaseModel):
         if isinstance(value, str):
             raise ValueError("takes a list of metric names, not one string")
         return value
+
+    def token_cap(self, side: Literal["assistant", "user"]) -> int | None:
+        """The most tokens a call of the model under test (``assistant``) or of the
+        simulated user (``user``) may ask for: the smaller of :attr:`max_tokens` and
+        that model's own ``max_tokens`` argument; None when neither is set (or there
+        is no simulated user)."""
+        model = self.model if side == "assistant" else self.user_model
+        if model is None:
+            return None
+        own = _count(model.args.get("max_tokens")) if isinstance(model, ModelRef) else None
+        caps = [c for c in (self.max_tokens, own) if c is not None]
+        return min(caps) if caps else None
 
     @classmethod
     def from_arguments(
@@ -221,6 +246,18 @@ class SimulatorConfig(BaseModel):
         elif judge_args:
             raise ConfigError("judge_args given without a judge")
         return parse_config(cls, data, "simulator setting")
+
+
+def _count(value: Any) -> int | None:
+    """A model argument as a positive count (``--model-arg`` gives text); None when it
+    is not one (the adapter refuses it when it is built)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        return None
+    return count if count > 0 else None
 
 
 def _reference(model: Any, args: Mapping[str, Any] | None, what: str) -> Any:

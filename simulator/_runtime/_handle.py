@@ -42,8 +42,9 @@ class RunStatistics:
     """Model calls waiting to retry after a failed attempt (all of the simulator's)."""
     elapsed_s: float
     infrastructure_failures: int = 0
-    """Conversations of this run that failed for infrastructure reasons: FAILED with
-    ``infrastructure_error``, or TIMED_OUT."""
+    """Conversations of this run that failed for infrastructure reasons (FAILED with
+    ``infrastructure_error``). A TIMED_OUT conversation is not one: its deadline is a
+    setting (``timed_out``, ``timeouts_s``)."""
     stopped_early: str | None = None
     """Why the circuit breaker stopped the run before its last conversation (the
     endpoint looked gone); None when it did not."""
@@ -54,6 +55,12 @@ class RunStatistics:
     admission_held: int = 0
     """Conversations whose start waited for the event loop to catch up (its lag above
     ``max_loop_lag``): the run was as busy as this process could time accurately."""
+    timeouts_s: tuple[float, ...] = ()
+    """The conversation timeouts (seconds) the TIMED_OUT conversations hit, each once."""
+    slowest_turn_s: float | None = None
+    """The longest a completed turn of this run took (seconds); None before one did."""
+    clipped_turns: int = 0
+    """Turns whose pack max_tokens the user's cap (``max_tokens``) clipped."""
 
     @property
     def finished(self) -> int:
@@ -71,6 +78,9 @@ class _Counters:
     turns: int = 0
     infrastructure_failures: int = 0
     admission_held: int = 0
+    clipped_turns: int = 0
+    slowest_turn_s: float | None = None
+    timeouts_s: set[float] = field(default_factory=set)
     by_status: dict[Status, int] = field(default_factory=lambda: dict.fromkeys(Status, 0))
 
 
@@ -163,4 +173,7 @@ class RunHandle(ResultStream):
             mean_in_flight=self._alive.mean(),
             max_in_flight=self._alive.peak,
             admission_held=c.admission_held,
+            timeouts_s=tuple(sorted(c.timeouts_s)),
+            slowest_turn_s=c.slowest_turn_s,
+            clipped_turns=c.clipped_turns,
         )

@@ -26,7 +26,7 @@ from convsim.scenarios import Conversation, Pack
 
 from .._gauges import LoopMonitor
 from .._log import get_logger
-from .._records import ConversationResult, TurnStatus
+from .._records import ConversationResult, Status, TurnStatus
 from ..plugins import PluginManager
 from ..results._sinks import ResultSink, RunManifest
 from ._actor import ActorSettings, ConversationActor
@@ -112,8 +112,12 @@ class Run:
             pack_name=handle.pack.name,
             pack_hash=handle.pack.pack_hash,
             model_name=context.model_name,
-            assistant=CallSettings(context.model.default_config(), "assistant"),
-            user=CallSettings(user.default_config(), "user") if user is not None else None,
+            assistant=CallSettings(
+                context.model.default_config(), "assistant", config.token_cap("assistant")
+            ),
+            user=CallSettings(user.default_config(), "user", config.token_cap("user"))
+            if user is not None
+            else None,
             seed=config.seed,
             conversation_timeout=config.conversation_timeout,
             max_turns=config.max_turns,
@@ -263,6 +267,8 @@ class Run:
             finally:
                 stopping.inflight.pop(conv.conversation_id, None)
         assert actor.result is not None  # run() leaves one however it ends
+        if actor.result.status is Status.TIMED_OUT:
+            self.handle._counters.timeouts_s.add(actor.timeout)
         return actor.result
 
     async def record(self, result: ConversationResult) -> None:
@@ -277,7 +283,15 @@ class Run:
         handle, stopping = self.handle, self.handle._stopping
         counters = handle._counters
         counters.by_status[result.status] += 1
-        counters.turns += sum(1 for t in result.turns if t.status is TurnStatus.COMPLETED)
+        for turn in result.turns:
+            if turn.status is TurnStatus.COMPLETED:
+                counters.turns += 1
+                if turn.timings is not None and (
+                    counters.slowest_turn_s is None
+                    or turn.timings.duration_s > counters.slowest_turn_s
+                ):
+                    counters.slowest_turn_s = turn.timings.duration_s
+            counters.clipped_turns += turn.max_tokens_clipped_from is not None
         if is_infrastructure_failure(result):
             counters.infrastructure_failures += 1
         sink = self.plan.sink

@@ -72,8 +72,14 @@ class Simulator:
         metrics: conversation metrics to score (default: latency, response_length,
             context_retention, goal_achievement); the pack's own metrics are added.
         seed: the run seed; each conversation derives its own from it.
-        conversation_timeout: overrides every flow's conversation_timeout (seconds).
+        conversation_timeout: overrides every flow's conversation_timeout (seconds); a
+            conversation that passes it ends TIMED_OUT (``conversation_timeout``), which
+            is not counted as an infrastructure failure.
         max_turns: overrides every flow's max_turns.
+        max_tokens: caps every model call of a turn: a pack's larger per-turn
+            max_tokens is clipped to it, a smaller one kept; a ``max_tokens`` model
+            argument caps its own model the same way (the smaller cap wins). The
+            manifest records the caps; each clipped turn records the pack's value.
         grace_period: seconds in-flight conversations get to finish after a stop.
         preflight: check each model endpoint with one cheap call when the ``async
             with`` block starts (default on); EndpointError says what to fix.
@@ -159,6 +165,11 @@ class Simulator:
     @property
     def max_turns(self) -> int | None:
         return self.config.max_turns
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The cap on the model under test's calls (see :meth:`SimulatorConfig.token_cap`)."""
+        return self.config.token_cap("assistant")
 
     @property
     def model_args(self) -> dict[str, Any]:
@@ -270,6 +281,8 @@ class Simulator:
                 "metrics": plan.metric_names,
                 "conversation_timeout": self.config.conversation_timeout,
                 "max_turns": self.config.max_turns,
+                "max_tokens": self.config.token_cap("assistant"),
+                "user_max_tokens": self.config.token_cap("user"),
                 "model_args": _redacted(self.config.model),
                 "judge": self.judge_name,
                 "judge_args": _redacted(judge.model if judge else None),

@@ -5,7 +5,9 @@ Exit codes: 0 the work finished (failures that are the model's own, such as
 too low for the concurrency); 3 conversations failed for infrastructure reasons beyond
 ``--max-failure-rate``; 4 a model endpoint is unreachable, refused the key or has a
 wrong URL (found before the run), or went away during it (the circuit breaker stopped
-the run); 130 interrupted.
+the run); 5 conversations hit their conversation timeout beyond ``--max-failure-rate``
+(the model is too slow for the timeout: a setting, not an outage); 130 interrupted.
+When several apply, the first of 4, 3, 5 wins.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_INFRASTRUCTURE_FAILURES",
     "EXIT_ENDPOINT_UNREACHABLE",
+    "EXIT_TIMEOUTS",
     "EXIT_INTERRUPTED",
     "RunVerdict",
     "clear_errors",
     "print_error",
     "run_verdict",
+    "timeout_line",
     "stderr",
     "stdout",
 ]
@@ -44,6 +48,10 @@ EXIT_INFRASTRUCTURE_FAILURES = 3
 allows."""
 EXIT_ENDPOINT_UNREACHABLE = 4
 """A model endpoint cannot be used: found before the run, or by the circuit breaker."""
+EXIT_TIMEOUTS = 5
+"""More conversations hit their conversation timeout than ``--max-failure-rate``
+allows: the model answers too slowly for the timeout (raise ``--conversation-timeout``).
+Timeouts are counted apart from infrastructure failures, each against the rate."""
 EXIT_INTERRUPTED = 130
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,11 +95,23 @@ class RunVerdict(NamedTuple):
     message: str | None
 
 
-def run_verdict(stats: RunStatistics, *, interrupted: bool, max_failure_rate: float) -> RunVerdict:
+def run_verdict(
+    stats: RunStatistics,
+    *,
+    interrupted: bool,
+    max_failure_rate: float,
+    users_timeout: bool = False,
+) -> RunVerdict:
     """The exit code of a run from its statistics: interrupted 130; stopped by the
-    circuit breaker 4; infrastructure failures (FAILED with ``infrastructure_error``,
-    or TIMED_OUT) above ``max_failure_rate`` of the conversations it finished 3;
-    otherwise 0."""
+    circuit breaker 4; infrastructure failures (FAILED with ``infrastructure_error``)
+    above ``max_failure_rate`` of the conversations it finished 3; conversations that
+    hit their conversation timeout (TIMED_OUT) above ``max_failure_rate`` 5; otherwise 0.
+
+    Timeouts count against ``max_failure_rate`` on their own, not with infrastructure
+    failures: a run is too slow for its timeout, or its endpoint fails, and CI can tell
+    which. ``users_timeout`` says the timeout was the user's (``--conversation-timeout``)
+    rather than the pack's, for the timeout line (:func:`timeout_line`).
+    """
     if interrupted:
         return RunVerdict(EXIT_INTERRUPTED, None)
     if stats.stopped_early is not None:
@@ -109,4 +129,41 @@ def run_verdict(stats: RunStatistics, *, interrupted: bool, max_failure_rate: fl
             f"{failures} of {attempted} conversations failed for infrastructure reasons "
             f"({failures / attempted:.0%}), above --max-failure-rate {max_failure_rate:g}",
         )
+    if attempted and stats.timed_out / attempted > max_failure_rate:
+        return RunVerdict(EXIT_TIMEOUTS, timeout_line(stats, users_timeout=users_timeout))
     return RunVerdict(EXIT_OK, None)
+
+
+def timeout_line(stats: RunStatistics, *, users_timeout: bool) -> str | None:
+    """The line that says how many conversations hit their conversation timeout, which
+    timeout (the user's or the pack's), how long the slowest turn took and how to raise
+    it; None when none timed out."""
+    if not stats.timed_out:
+        return None
+    attempted = stats.done + stats.failed + stats.timed_out
+    limits = stats.timeouts_s
+    if not limits:
+        limit = ""
+    elif len(limits) == 1:
+        limit = f"the {_seconds(limits[0])} s "
+    else:
+        limit = f"the {_seconds(min(limits))} to {_seconds(max(limits))} s "
+    whose = "yours" if users_timeout else "the pack's"
+    slowest = (
+        "no turn finished within it"
+        if stats.slowest_turn_s is None
+        else f"the slowest turn took {_seconds(stats.slowest_turn_s)} s"
+    )
+    return (
+        f"{stats.timed_out} of {attempted} conversations hit {limit or 'the '}conversation "
+        f"timeout ({whose}); {slowest} — raise it with --conversation-timeout"
+    )
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a person reads them: 240, 131, 3.5, 0.05."""
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 1:
+        return f"{value:.3g}"
+    return f"{value:.2g}"

@@ -21,9 +21,11 @@ from ._console import (
     EXIT_ENDPOINT_UNREACHABLE,
     EXIT_INFRASTRUCTURE_FAILURES,
     EXIT_INTERRUPTED,
+    EXIT_TIMEOUTS,
     clear_errors,
     print_error,
     run_verdict,
+    timeout_line,
 )
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
@@ -160,6 +162,14 @@ if TYPE_CHECKING:
     help="Seconds per conversation (overrides the pack).",
 )
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Overrides the pack.")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Cap every turn's model calls at N tokens: a pack's larger per-turn max_tokens "
+    "is clipped to N, a smaller one kept (a max_tokens --model-arg caps the same way).",
+)
 @single_turn_options
 @pack_input_options
 @click.option(
@@ -223,6 +233,7 @@ def run(
     metrics: list[str] | None,
     conversation_timeout: float | None,
     max_turns: int | None,
+    max_tokens: int | None,
     num_fewshot: int,
     context_mode: str | None,
     include_path: Path | None,
@@ -250,12 +261,15 @@ def run(
            reasons, such as model_error, included)
       1    a --fail-under gate failed (one line per gate)
       2    bad input: files, options, settings, too few open files for --concurrency
-      3    conversations failed for infrastructure reasons (infrastructure_error or
-           timed out) beyond --max-failure-rate
+      3    conversations failed for infrastructure reasons (infrastructure_error)
+           beyond --max-failure-rate
       4    a model endpoint is unreachable, refused the key or has a wrong URL (checked
            before the run; the results file is not touched), or went away during the
            run (the circuit breaker stopped it; --resume runs the rest)
+      5    conversations hit their conversation timeout beyond --max-failure-rate
+           (counted apart from infrastructure failures: raise --conversation-timeout)
       130  interrupted
+    When several apply, the first of 4, 3, 5 wins.
     Once a run has started, its results and summaries are written before any exit.
     """
     from .._runtime._config import SimulatorConfig
@@ -283,6 +297,18 @@ def run(
     judge_args = with_base_url(
         judge_args, judge_base_url, option="--judge-base-url", args_option="--judge-arg"
     )
+    if backend == "ray":
+        given = [
+            flag
+            for flag, value in (
+                ("--conversation-timeout", conversation_timeout),
+                ("--max-turns", max_turns),
+                ("--max-tokens", max_tokens),
+            )
+            if value is not None
+        ]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: not available with --backend ray yet")
     check_html_extra(html_out)
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
@@ -306,6 +332,7 @@ def run(
         seed=seed,
         conversation_timeout=conversation_timeout,
         max_turns=max_turns,
+        max_tokens=max_tokens,
         grace_period=grace_period,
         judge=judge_spec,
         judge_args=parse_model_args(judge_args) if judge_spec else None,
@@ -352,9 +379,17 @@ def run(
     )
     if html_out is not None:
         write_report_html(out, html_out)
+    stats = outcome.statistics
+    users_timeout = config.conversation_timeout is not None
     verdict = run_verdict(
-        outcome.statistics, interrupted=outcome.interrupted, max_failure_rate=max_failure_rate
+        stats,
+        interrupted=outcome.interrupted,
+        max_failure_rate=max_failure_rate,
+        users_timeout=users_timeout,
     )
+    timeouts = timeout_line(stats, users_timeout=users_timeout)
+    if timeouts is not None and verdict.code != EXIT_TIMEOUTS and not outcome.interrupted:
+        _stderr().print(f"warning: {timeouts}", highlight=False)  # within the rate
     if verdict.message is not None:
         print_error(verdict.message)
     if verdict.code:
@@ -441,6 +476,12 @@ def _run_on_ray(
             f"({failures / attempted:.0%}), above --max-failure-rate {max_failure_rate:g}"
         )
         sys.exit(EXIT_INFRASTRUCTURE_FAILURES)
+    if attempted and outcome.timed_out / attempted > max_failure_rate:
+        print_error(
+            f"{outcome.timed_out} of {attempted} conversations hit the conversation timeout "
+            "(the pack's)"
+        )
+        sys.exit(EXIT_TIMEOUTS)
     check_gates(report, fail_under)
 
 

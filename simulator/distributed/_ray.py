@@ -301,6 +301,9 @@ class RayRun:
     infrastructure_failures: int = 0
     """Of those, the ones that failed for infrastructure reasons (as the circuit breaker
     counts them): what ``--max-failure-rate`` judges."""
+    timed_out: int = 0
+    """Of those, the ones that hit their conversation timeout: judged by
+    ``--max-failure-rate`` on their own."""
 
 
 class RayProgress(NamedTuple):
@@ -376,7 +379,7 @@ class _Driver:
         """Results received from each shard's current actor (what the next poll acks)."""
         missed: dict[int, int] = {}
         restarts: dict[int, int] = {}
-        duplicates = relayed = attempted = infrastructure = 0
+        duplicates = relayed = attempted = infrastructure = timed_out = 0
         first: float | None = None
         stopped_early: str | None = None
 
@@ -388,7 +391,7 @@ class _Driver:
                 await handles[k].start.remote(files, name, settings, ids)
 
         async def record(k: int, taken: _Taken) -> None:
-            nonlocal first, duplicates, attempted, infrastructure
+            nonlocal first, duplicates, attempted, infrastructure, timed_out
             for seq, line in enumerate(taken.lines, start=taken.first):
                 if seq < acked[k]:
                     continue  # received before: its acknowledgement had not arrived
@@ -403,6 +406,7 @@ class _Driver:
                 if result.status in _ATTEMPTED:
                     attempted += 1
                     infrastructure += is_infrastructure_failure(result)
+                    timed_out += result.status is Status.TIMED_OUT
                 if first is None:
                     first = time.perf_counter() - self.started
                 await self.write(result)
@@ -492,6 +496,7 @@ class _Driver:
             stopped_early=stopped_early,
             attempted=attempted,
             infrastructure_failures=infrastructure,
+            timed_out=timed_out,
         )
 
 

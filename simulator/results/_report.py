@@ -91,14 +91,20 @@ class RunReport(BaseModel):
     trial_spread: dict[str, float] = Field(default_factory=dict)
     """By metric: the standard deviation across a scenario's trials, averaged over the
     scenarios: how much the same scenario's score moves from one trial to the next."""
+    clipped_turns: int = 0
+    """Turns whose pack max_tokens the user's cap (``--max-tokens``, a ``max_tokens``
+    model argument) clipped: their answers may be cut short where the pack's were not."""
 
     @model_serializer(mode="wrap")
     def _without_unused_trials(self, handler: Any) -> Any:
-        """A run without --trials says nothing about trials (and reads as before)."""
+        """A run without --trials says nothing about trials, one whose cap clipped no
+        turn nothing about clipping (and each reads as before)."""
         data = handler(self)
         if self.trials is None and isinstance(data, dict):
             for key in ("trials", "pass_at_k", "pass_hat_k", "trial_spread"):
                 data.pop(key, None)
+        if not self.clipped_turns and isinstance(data, dict):  # no cap clipped anything
+            data.pop("clipped_turns", None)
         return data
 
     def to_markdown(self) -> str:
@@ -107,6 +113,8 @@ class RunReport(BaseModel):
         lines.append(f"- conversations: {self.conversations}")
         if self.duration_s is not None:
             lines.append(f"- wall time: {self.duration_s:.2f} s")
+        if self.clipped_turns:
+            lines.append(f"- turns clipped to the max_tokens cap: {self.clipped_turns}")
         if self.trials is not None:
             lines.append(f"- trials per scenario: {self.trials}")
             if self.pass_hat_k:
@@ -320,6 +328,7 @@ class Summarizer:
         self._statuses: Counter[str] = Counter()
         self._reasons: Counter[str] = Counter()
         self._turns: Counter[str] = Counter()
+        self._clipped = 0
         self._latencies: list[float] = []
         self._usage: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
@@ -362,6 +371,7 @@ class Summarizer:
             self._errors[r.error.type] += 1
         for t in r.turns:
             self._turns[t.status.value] += 1
+            self._clipped += t.max_tokens_clipped_from is not None
             if (
                 t.status is TurnStatus.COMPLETED
                 and t.timings is not None
@@ -446,6 +456,7 @@ class Summarizer:
             cost_usd=sum(self._costs) if self._costs else None,
             errors=dict(self._errors.most_common()),
             duration_s=duration,
+            clipped_turns=self._clipped,
             **self._trial_figures(),
         )
 

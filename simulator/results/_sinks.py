@@ -40,6 +40,8 @@ RESULT_SETTINGS = (
     "seed",
     "metrics",
     "max_turns",
+    "max_tokens",
+    "user_max_tokens",
     "conversation_timeout",
     "model_args",
     "user_model_args",
@@ -68,8 +70,9 @@ def _shaping(value: Any) -> Any:
 RERUN_ON_RESUME = frozenset({Status.CANCELLED})
 
 #: Endings ``--retry-failed`` runs again: failures outside the model, the ones that
-#: count against ``--max-failure-rate``: infrastructure errors and conversation timeouts
-#: (a slow or stalled server; the retry keeps the same deadline).
+#: count against ``--max-failure-rate`` (each kind on its own): infrastructure errors
+#: and conversation timeouts (a slow or stalled server; the retry keeps the deadline
+#: it is given, so raise ``--conversation-timeout`` for it).
 RETRIED_ON_REQUEST = frozenset(
     {TerminationReason.INFRASTRUCTURE_ERROR, TerminationReason.CONVERSATION_TIMEOUT}
 )

@@ -115,6 +115,8 @@ def print_report(report: RunReport, out: Console) -> None:
             f"{usage.get('completion_tokens', 0):,} out)"
         )
     figures.append("cost " + ("-" if report.cost_usd is None else f"${report.cost_usd:.4f}"))
+    if report.clipped_turns:
+        figures.append(f"{report.clipped_turns} turns clipped to the max_tokens cap")
     out.print("; ".join(figures), highlight=False)
     names = list(report.metrics)
     for key, groups in (

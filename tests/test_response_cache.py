@@ -201,7 +201,7 @@ async def test_a_file_of_garbage_is_set_aside_and_started_afresh(tmp_path: Path)
 
 
 async def test_a_file_damaged_while_open_is_a_miss_not_a_crash(tmp_path: Path) -> None:
-    adapter, inner, cache = cached(tmp_path)
+    adapter, _, cache = cached(tmp_path)
     await adapter.generate(HELLO, AT_TURN_0)
     cache.close()
     for extra in cache.directory.glob(f"{cache.path.name}-*"):
@@ -269,9 +269,12 @@ def test_two_processes_write_one_cache_at_once(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    with start_blocking_portal() as portal, portal.wrap_async_context_manager(
-        MockModelServer(MockServerConfig(ttft_ms=1, itl_ms=0))
-    ) as mock:
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(
+            MockModelServer(MockServerConfig(ttft_ms=1, itl_ms=0))
+        ) as mock,
+    ):
         yield mock
 
 

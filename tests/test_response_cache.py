@@ -313,7 +313,10 @@ def test_a_second_identical_run_calls_no_model(server: Any, tmp_path: Path, stre
     assert chat_requests(server) - before == called  # no call the second time
     assert f"cache: {called} hits, 0 misses" in second.stdout
     runs = [
-        [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        sorted(
+            (json.loads(line) for line in (tmp_path / name).read_text().splitlines()),
+            key=lambda result: str(result["conversation_id"]),
+        )
         for name in ("1.jsonl", "2.jsonl")
     ]
     for one, two in zip(*runs, strict=True):

@@ -24,7 +24,7 @@ from convsim.adapters import CachedAdapter, ModelPool, ResponseCache, default_ca
 from convsim.adapters import parse_duration as duration
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.cli import main
-from tests.conftest import FakeAdapter
+from tests.conftest import FakeAdapter, write_pack
 
 pytestmark = pytest.mark.anyio
 
@@ -420,3 +420,37 @@ async def test_the_simulator_takes_a_cache_object_and_the_pool_fronts_every_mode
         assert pool.get(inner) is adapter and adapter.inner is inner  # type: ignore[attr-defined]
         assert pool.get("scripted", role="model").inner is not None  # type: ignore[attr-defined]
     assert ModelPool().get(inner) is inner  # no cache: the adapter itself
+
+
+async def test_simulated_user_answers_are_cached_and_cost_nothing(tmp_path: Path) -> None:
+    path = write_pack(
+        tmp_path / "pack",
+        {
+            "default": {
+                "turns": [
+                    {"turn_id": "open", "prompt_template": "My kettle arrived broken."},
+                    {"turn_id": "ask", "role": "user", "prompt_template": "Ask for a refund."},
+                ]
+            }
+        },
+        [
+            {
+                "scenario_id": "s0",
+                "scenario_description": "A refund.",
+                "user": {"persona": "a nurse"},
+            }
+        ],
+    )
+    cache = ResponseCache(tmp_path / "cache")
+    model, user = FakeAdapter(name="agent"), FakeAdapter(name="user-sim")
+    results = []
+    for _ in range(2):
+        async with Simulator(model, user_model=user, metrics=[], cache=cache) as sim:
+            results += [r async for r in sim.run(path)]
+    assert len(user.calls) == 1 and len(model.calls) == 2  # nothing asked the second time
+    first, second = (r.turns[1] for r in results)
+    assert not first.user_cached and second.user_cached and second.cached
+    assert second.user_message == first.user_message and second.user_usage == first.user_usage
+    assert second.timings is not None and second.timings.user_latency_s is None
+    assert results[0].user_usage is not None and results[0].user_usage.total_tokens == 2
+    assert results[1].user_usage == Usage()  # the cached message cost nothing

@@ -454,3 +454,18 @@ async def test_simulated_user_answers_are_cached_and_cost_nothing(tmp_path: Path
     assert second.timings is not None and second.timings.user_latency_s is None
     assert results[0].user_usage is not None and results[0].user_usage.total_tokens == 2
     assert results[1].user_usage == Usage()  # the cached message cost nothing
+
+
+def test_the_cache_can_come_from_the_environment_or_a_config_file(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    config = tmp_path / "run.yaml"
+    config.write_text(f"cache: {folder}\ncache_expiry: 1d\n", encoding="utf-8")
+    run = ["run", "customer_support", "--limit", "1"]
+    first = invoke(*run, "--config", str(config), "--out", str(tmp_path / "1.jsonl"))
+    assert first.exit_code == 0, first.stderr
+    assert "cache: 0 hits" in first.stdout and str(folder) in first.stdout
+    second = CliRunner(env={"CONVSIM_RUN_CACHE": str(folder)}).invoke(
+        main, [*run, "--out", str(tmp_path / "2.jsonl")], catch_exceptions=False
+    )
+    assert second.exit_code == 0, second.stderr
+    assert "0 misses" in second.stdout and "cache: 0 hits" not in second.stdout

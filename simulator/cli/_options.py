@@ -147,7 +147,6 @@ def cache_options(func: F) -> F:
     options = [
         click.option(
             "--cache",
-            "cache_dir",
             is_flag=False,
             flag_value=DEFAULT_CACHE,
             default=None,

@@ -249,7 +249,7 @@ def run(
     judge_base_url: str | None,
     judge_samples: int,
     judge_combine: str,
-    cache_dir: str | None,
+    cache: str | None,
     cache_expiry: str | None,
     preflight: bool,
     circuit_breaker: int,
@@ -315,8 +315,8 @@ def run(
         if given:
             raise click.UsageError(f"{', '.join(given)}: not available with --backend ray yet")
     check_html_extra(html_out)
-    cache = response_cache(cache_dir, cache_expiry)
-    if cache is not None and backend == "ray":
+    responses = response_cache(cache, cache_expiry)
+    if responses is not None and backend == "ray":
         raise click.UsageError("--cache works with --backend local only")
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
@@ -351,7 +351,7 @@ def run(
         allow_code=allow_code,
         plugins=plugin_names,
         plugin_config=plugin_settings(plugin_args),
-        cache=cache,
+        cache=responses,
     )
     simulator = Simulator(config)
     simulator.check(loaded)
@@ -382,8 +382,8 @@ def run(
 
     report = summarize_file(out)  # line by line: never all results in memory at once
     print_report(report, _stdout())
-    if cache is not None:
-        print_cache_line(cache, _stdout())
+    if responses is not None:
+        print_cache_line(responses, _stdout())
     written = write_summaries(report, out)
     _stdout().print(
         f"results: {out}\nsummary: {written.json_path}, {written.markdown_path}", highlight=False

@@ -60,7 +60,7 @@ def score(
     judge_base_url: str | None,
     judge_samples: int,
     judge_combine: str,
-    cache_dir: str | None,
+    cache: str | None,
     cache_expiry: str | None,
 ) -> None:
     """Score recorded conversations without running a model.
@@ -80,8 +80,8 @@ def score(
     )
     for name in metric_names:
         METRICS.get(name)  # unknown names fail before any work
-    cache = response_cache(cache_dir, cache_expiry)
-    if cache is not None and judge_spec is None:
+    responses = response_cache(cache, cache_expiry)
+    if responses is not None and judge_spec is None:
         raise click.UsageError("--cache keeps judge answers: it needs --judge")
     if out is not None and is_results_file(out):  # scores would replace its results
         from .._errors import ResultsError
@@ -99,7 +99,7 @@ def score(
             max_line_bytes=max_line_bytes,
         )
         notes = []
-    models = ModelPool(cache=cache)  # as `convsim run`: one rate budget per provider key
+    models = ModelPool(cache=responses)  # as `convsim run`: one rate budget per provider key
     judge = None
     if judge_spec is not None:
         judge = JudgeSettings(
@@ -115,8 +115,8 @@ def score(
     try:
         scored = anyio.run(scoring)
     finally:
-        if cache is not None:
-            cache.close()
+        if responses is not None:
+            responses.close()
     out_console = _stdout()
     for note in notes:
         out_console.print(f"note: {note}", highlight=False)
@@ -136,8 +136,8 @@ def score(
         ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
         summary.add_row(name, mean_cell(m), ci, str(m.n), str(m.not_applicable), str(m.failed))
     out_console.print(summary)
-    if cache is not None:
-        print_cache_line(cache, out_console)
+    if responses is not None:
+        print_cache_line(responses, out_console)
     scenarios = {t.conversation_id: t.conversation.scenario for t in loaded}
     for field in ("scenario_type", "difficulty"):
         keys = {cid: getattr(sc, field) for cid, sc in scenarios.items()}

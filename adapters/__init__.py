@@ -1,5 +1,5 @@
 """Model adapters: the async contract, typed completions, the registry, the pool that
-builds and owns them, ``scripted``."""
+builds and owns them, the response cache, ``scripted``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from convsim._types import Usage as Usage
 
     from ._budget import Budgets as Budgets
+    from ._cache import CachedAdapter as CachedAdapter
+    from ._cache import CacheStatistics as CacheStatistics
+    from ._cache import ResponseCache as ResponseCache
+    from ._cache import default_cache_dir as default_cache_dir
+    from ._cache import parse_duration as parse_duration
     from ._egress import EgressPolicy as EgressPolicy
     from ._egress import is_public_address as is_public_address
     from ._openai import render_prompt as render_prompt

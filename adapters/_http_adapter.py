@@ -265,6 +265,18 @@ def _prompt_tokens(messages: Sequence[Message]) -> int:
     return sum(estimate_tokens(m.content) + 4 for m in messages)
 
 
+_NOT_SHAPING_ANSWERS = frozenset(
+    {
+        *("api_key", "api_key_env", "base_url", "rpm", "tpm", "rpd", "concurrency", "http"),
+        *("stream", "stream_usage", "timeout", "connect_timeout", "max_retries"),
+        *("max_retry_time", "max_retry_after", "max_body_bytes", "max_event_bytes"),
+        *("max_inflight_bytes", "input_price", "output_price", "context_length"),
+    }
+)
+"""Adapter arguments that change how a call is made, paced or priced, not its answer:
+left out of response-cache keys, so a new limit or timeout still finds the answers."""
+
+
 class HttpModelAdapter(ModelAdapter):
     """Base of the HTTP adapters. Subclasses set the class attributes and the hooks."""
 
@@ -358,6 +370,20 @@ class HttpModelAdapter(ModelAdapter):
         """``path`` under base_url, before base_url's query (``?api-version=...``)."""
         base, sep, query = self.base_url.partition("?")
         return f"{base.rstrip('/')}{path}{sep}{query}"
+
+    def cache_identity(self) -> Mapping[str, Any]:
+        """The model, the base URL (credentials masked) and every argument that shapes
+        an answer; never the key, limits, timeouts or prices."""
+        shaping = {
+            name: value
+            for name, value in self.config.model_dump(exclude=_NOT_SHAPING_ANSWERS).items()
+            if not isinstance(value, SecretStr)
+        }
+        return {
+            **super().cache_identity(),
+            "base_url": redact_url(self.base_url),
+            "arguments": shaping,
+        }
 
     def connection_key(self) -> str:
         """Adapters with the same key share one rate budget (same API, same key)."""

@@ -25,6 +25,7 @@ from convsim._log import get_logger
 from convsim._registry import Registry
 
 from ._budget import Budgets
+from ._cache import CachedAdapter, ResponseCache
 from ._protocol import ModelAdapter
 from ._registry import ADAPTERS, ModelSpec, get_model_adapter, parse_model_spec
 
@@ -83,6 +84,9 @@ class ModelPool:
             of every adapter the pool builds, unless its arguments set ``concurrency``
             (None: each adapter keeps its own default).
         registry: where model types are looked up.
+        cache: answer every model of the pool from this response cache where it can
+            (None: no cache): each adapter handed out is a
+            :class:`~convsim.adapters.CachedAdapter` in front of the real one.
     """
 
     def __init__(
@@ -91,12 +95,15 @@ class ModelPool:
         budgets: Budgets | None = None,
         concurrency: int | None = None,
         registry: Registry[ModelAdapter] = ADAPTERS,
+        cache: ResponseCache | None = None,
     ) -> None:
         if concurrency is not None and concurrency < 1:
             raise ConfigError(f"concurrency must be at least 1, not {concurrency}")
         self.budgets = budgets if budgets is not None else Budgets()
         """Rate budgets by provider key, shared by every adapter of the pool."""
         self.concurrency = concurrency
+        self.cache = cache
+        """The response cache in front of every model of the pool, if any."""
         self._registry = registry
         self._held: list[_Held] = []
         self._by_reference: dict[Hashable, _Held] = {}
@@ -156,21 +163,27 @@ class ModelPool:
                     "not a convsim.adapters.ModelAdapter"
                 )
             self._attach(adapter, size=True)
-            held = _Held(adapter, owned=True, name=str(spec))
+            held = _Held(self._cached(adapter), owned=True, name=str(spec))
             self._held.append(held)
             self._by_reference[key] = held
         _add_role(held, role)
         return held.adapter
 
     def _adopt(self, adapter: ModelAdapter, role: str | None) -> ModelAdapter:
-        held = next((h for h in self._held if h.adapter is adapter), None)
+        held = next((h for h in self._held if adapter in (h.adapter, _inner(h.adapter))), None)
         if held is None:
             # the caller's adapter keeps its own pool and cap (it may serve others too)
             self._attach(adapter, size=False)
-            held = _Held(adapter, owned=False, name=adapter.model_info().model_id)
+            held = _Held(self._cached(adapter), owned=False, name=adapter.model_info().model_id)
             self._held.append(held)
         _add_role(held, role)
-        return adapter
+        return held.adapter
+
+    def _cached(self, adapter: ModelAdapter) -> ModelAdapter:
+        """``adapter`` behind the pool's cache, when it has one."""
+        if self.cache is None or isinstance(adapter, CachedAdapter):
+            return adapter
+        return CachedAdapter(adapter, self.cache)
 
     def _attach(self, adapter: ModelAdapter, *, size: bool) -> None:
         """Give ``adapter`` the pool's budgets and, when ``size``, its concurrency."""
@@ -273,6 +286,11 @@ class ModelPool:
             if exc is None:
                 raise
             # the body's error is the one to see; the failed close was logged
+
+
+def _inner(adapter: ModelAdapter) -> ModelAdapter | None:
+    """The adapter a cache stands in front of, if ``adapter`` is such a front."""
+    return adapter.inner if isinstance(adapter, CachedAdapter) else None
 
 
 def _add_role(held: _Held, role: str | None) -> None:

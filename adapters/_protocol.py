@@ -111,6 +111,18 @@ class ModelAdapter(ABC):
 
     # -- what the runtime asks of it -------------------------------------------------
 
+    def cache_identity(self) -> Mapping[str, Any]:
+        """What, beside the request, decides this adapter's answers: part of every
+        response-cache key. Never a key or other secret. Default: the class, and the
+        model's type, provider and id."""
+        info = self.model_info()
+        return {
+            "adapter": type(self).__qualname__,  # its module varies with how it was imported
+            "model_type": info.model_type,
+            "provider": info.provider,
+            "model": info.model_id,
+        }
+
     def connection_key(self) -> str | None:
         """Adapters with the same key share one rate budget (same API, same key);
         None when the adapter has no budget to share."""

@@ -319,7 +319,7 @@ class _JudgedGoalScorer(AsyncConversationScorer):
         self.inner.update(turn)
 
     async def result(self) -> Score:
-        inner, calls, usage = self.inner, 0, Usage()
+        inner, calls, usage, cached = self.inner, 0, Usage(), 0
         judged: dict[tuple[str, int], float] = {}
         ungraded: list[dict[str, Any]] = []
         if inner.goal is not None:
@@ -335,6 +335,7 @@ class _JudgedGoalScorer(AsyncConversationScorer):
                     )
                     answer = await ask_judge(self.judge, prompt)
                     calls += answer.calls
+                    cached += answer.cached
                     usage = usage + answer.usage
                     if answer.grade is not None:
                         judged[(group, i)] = (answer.grade.score - 1) / 4
@@ -342,7 +343,7 @@ class _JudgedGoalScorer(AsyncConversationScorer):
                         error = answer.error or "the judge's answers could not be parsed"
                         ungraded.append({"group": group, "index": i, "error": error})
         score = inner.result(judged, [(u["group"], u["index"]) for u in ungraded])
-        if not calls:
+        if not calls and not cached:
             return score
-        details = {**score.details, **judge_details(self.judge, usage, calls)}
+        details = {**score.details, **judge_details(self.judge, usage, calls, cached)}
         return score.model_copy(update={"details": {**details, "ungraded": ungraded}})

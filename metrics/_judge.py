@@ -98,13 +98,15 @@ class Grade(NamedTuple):
 
 
 class JudgeAnswer(NamedTuple):
-    """What asking the judge gave: the grade or None, the usage and calls spent, and the
-    error (``"Type: message"``) if a call failed."""
+    """What asking the judge gave: the grade or None, the usage and calls spent, the
+    error (``"Type: message"``) if a call failed, and the answers taken from the
+    response cache instead of a call (neither calls nor usage)."""
 
     grade: Grade | None
     usage: Usage
     calls: int
     error: str | None = None
+    cached: int = 0
 
 
 async def ask_judge(judge: JudgeSettings, prompt: str, *, seed: int = 0) -> JudgeAnswer:
@@ -117,27 +119,33 @@ async def ask_judge(judge: JudgeSettings, prompt: str, *, seed: int = 0) -> Judg
     """
     messages = [Message(role="user", content=prompt)]
     params = GenerationParams(max_tokens=judge.max_tokens, temperature=judge.temperature, seed=seed)
-    usage, calls = Usage(), 0
+    usage, calls, cached = Usage(), 0, 0
     for _ in range(judge.max_reasks + 1):
-        calls += 1
         try:
             completion = await judge.adapter.generate(messages, params)
         except Exception as exc:  # never BaseException: cancellation must propagate
-            return JudgeAnswer(None, usage, calls, f"{type(exc).__name__}: {exc}")
-        usage = usage + completion.usage
+            return JudgeAnswer(None, usage, calls + 1, f"{type(exc).__name__}: {exc}", cached)
+        if completion.cached:
+            cached += 1
+        else:
+            calls += 1
+            usage = usage + completion.usage
         try:
-            return JudgeAnswer(parse_grade(completion.text), usage, calls)
+            return JudgeAnswer(parse_grade(completion.text), usage, calls, cached=cached)
         except (ValueError, TypeError):
             messages = [
                 *messages,
                 Message(role="assistant", content=completion.text),
                 Message(role="user", content=REASK),
             ]
-    return JudgeAnswer(None, usage, calls)
+    return JudgeAnswer(None, usage, calls, cached=cached)
 
 
-def judge_details(judge: JudgeSettings, usage: Usage, calls: int) -> dict[str, Any]:
-    """The judge's model, calls, usage and (when it can be priced) cost, for details."""
+def judge_details(
+    judge: JudgeSettings, usage: Usage, calls: int, cached: int = 0
+) -> dict[str, Any]:
+    """The judge's model, calls, usage and (when it can be priced) cost, for details;
+    with the answers the response cache gave (``judge_cached``) when there were any."""
     details: dict[str, Any] = {
         "judge": judge.adapter.model_info().model_id,
         "judge_calls": calls,
@@ -146,6 +154,8 @@ def judge_details(judge: JudgeSettings, usage: Usage, calls: int) -> dict[str, A
             "completion_tokens": usage.completion_tokens,
         },
     }
+    if cached:
+        details["judge_cached"] = cached
     cost = judge.adapter.estimate_cost(usage) if calls else None
     if cost is not None:
         details["judge_cost_usd"] = cost.total_cost
@@ -226,6 +236,7 @@ class _JudgeScorer(AsyncConversationScorer):
     reasons: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     calls: int = 0
+    cached: int = 0
     samples: list[list[int]] = field(default_factory=list)
     """Each graded turn's sample grades (1-5)."""
     asked: int = 0
@@ -268,6 +279,7 @@ class _JudgeScorer(AsyncConversationScorer):
 
     def _take(self, answer: JudgeAnswer, *, seed: int, turn_id: str) -> int | None:
         self.calls += answer.calls
+        self.cached += answer.cached
         self.usage = self.usage + answer.usage
         if answer.error is not None:
             self.errors.append({"turn_id": turn_id, "sample": seed, "error": answer.error})
@@ -283,7 +295,7 @@ class _JudgeScorer(AsyncConversationScorer):
     async def result(self) -> Score:
         failed = {e["turn_id"] for e in self.errors}
         details: dict[str, Any] = {
-            **judge_details(self.judge, self.usage, self.calls),
+            **judge_details(self.judge, self.usage, self.calls, self.cached),
             "unparsable_turns": [t for t in self.failures if t not in failed],
             "failures": self.errors,
             "reasons": self.reasons,

@@ -226,6 +226,11 @@ class TurnRecord:
     """The pack's max_tokens for this turn when the user's cap (``--max-tokens``, a
     ``max_tokens`` model argument) made its model calls ask for fewer; None when the
     pack's value was kept."""
+    cached: bool = False
+    """The model under test's answer came from the response cache: no call was made,
+    and the turn has no latency or time to first token of the model's."""
+    user_cached: bool = False
+    """The simulated user's message came from the response cache."""
 
 
 class ConversationTimings(BaseModel):
@@ -260,6 +265,8 @@ class ConversationResult(BaseModel):
     turn_scores: dict[str, dict[str, Score]] = Field(default_factory=dict)
     """Scores of each turn's ``evaluation_metrics``, by turn_id."""
     usage: Usage = Field(default_factory=Usage)
+    """Tokens the model under test's calls used in this run (answers from the response
+    cache used none: their tokens are on their turns)."""
     user_usage: Usage | None = None
     cost_usd: float | None = None
     """The model under test's usage priced by its adapter; None without a price."""
@@ -346,6 +353,8 @@ class ConversationResult(BaseModel):
             for key, value in data.items():
                 if key == "messages":
                     item["messages_prefix"] = count
+                elif key in _OMITTED_WHEN_FALSE and value is False:
+                    continue  # lines stay as they were for runs without a cache
                 item[key] = value
             compact.append(item)
         return compact
@@ -362,6 +371,9 @@ def _with_messages(turn: TurnRecord, messages: tuple[Message, ...]) -> TurnRecor
 
 
 _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord))
+
+_OMITTED_WHEN_FALSE = frozenset({"cached", "user_cached"})
+"""Turn fields a results line carries only when true."""
 
 
 def _shared_prefix(messages: tuple[Message, ...], transcript: tuple[Message, ...]) -> int:

@@ -86,6 +86,9 @@ class Completion(BaseModel):
     replaced_chars: int = 0
     """Characters of the answer that were not valid Unicode (lone UTF-16 surrogates:
     half an emoji) and were replaced with U+FFFD; 0 for a clean answer."""
+    cached: bool = False
+    """Answered from the response cache: no call was made, so ``attempts`` is 0 and
+    ``timings`` measure nothing."""
 
 
 class GenerationParams(BaseModel):

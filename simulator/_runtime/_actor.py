@@ -89,6 +89,7 @@ class _InFlight:
     user_attempts: int = 0
     user_usage: Usage | None = None
     user_latency_s: float | None = None
+    user_cached: bool = False
     messages: tuple[Message, ...] = ()
     clipped_from: int | None = None
     """The pack's max_tokens once a call of the turn asked for fewer (the user's cap)."""
@@ -249,7 +250,8 @@ class ConversationActor:
             completion = _checked(await self.model.generate(inflight.messages, params))
         except Exception as exc:
             return self._fail(turn, exc, side="assistant")
-        self._usage = self._usage + completion.usage  # spent, whatever becomes of it
+        if not completion.cached:  # spent, whatever becomes of it; a cached answer cost nothing
+            self._usage = self._usage + completion.usage
         added = len(inflight.user_message or "") + len(completion.text)
         if limit is not None and self._chars + added > limit:
             too_long = TranscriptTooLong(
@@ -283,10 +285,10 @@ class ConversationActor:
         inflight.user_message = reply.text
         inflight.user_attempts = reply.attempts
         inflight.user_usage = reply.usage
-        inflight.user_latency_s = reply.timings.total_s
-        self._user_usage = (
-            reply.usage if self._user_usage is None else self._user_usage + reply.usage
-        )
+        inflight.user_cached = reply.cached
+        inflight.user_latency_s = None if reply.cached else reply.timings.total_s
+        spent = Usage() if reply.cached else reply.usage
+        self._user_usage = spent if self._user_usage is None else self._user_usage + spent
         if not self.user.stops(reply.text):
             return None
         self._inflight = None
@@ -348,6 +350,7 @@ class ConversationActor:
             fields.setdefault("user_message", inflight.user_message)
             fields.setdefault("user_usage", inflight.user_usage)
             fields.setdefault("max_tokens_clipped_from", inflight.clipped_from)
+            fields.setdefault("user_cached", inflight.user_cached)
         return TurnRecord(
             conversation_id=self.conversation.conversation_id,
             turn_index=turn.index,
@@ -359,6 +362,7 @@ class ConversationActor:
 
     def _completed(self, inflight: _InFlight, completion: Completion) -> TurnRecord:
         turn, timings = inflight.turn, completion.timings
+        measured = not completion.cached  # a cached answer's timings measure nothing
         return self._record(
             turn,
             TurnStatus.COMPLETED,
@@ -370,13 +374,14 @@ class ConversationActor:
             timings=TurnTimings(
                 started_at=inflight.started_at,
                 duration_s=time.perf_counter() - inflight.t0,
-                latency_s=timings.total_s,
-                queue_wait_s=timings.queue_wait_s,
-                retry_wait_s=timings.retry_wait_s,
-                ttft_s=timings.ttft_s,
+                latency_s=timings.total_s if measured else None,
+                queue_wait_s=timings.queue_wait_s if measured else None,
+                retry_wait_s=timings.retry_wait_s if measured else None,
+                ttft_s=timings.ttft_s if measured else None,
                 user_latency_s=inflight.user_latency_s,
             ),
             attempts=completion.attempts,
+            cached=completion.cached,
             user_attempts=inflight.user_attempts,
             evaluation_metrics=tuple(turn.config.evaluation_metrics),
         )

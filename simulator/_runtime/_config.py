@@ -6,6 +6,7 @@ arguments or directly) and by the command line, and recorded in the run manifest
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeAlias
 
@@ -20,7 +21,7 @@ from pydantic import (
 )
 
 from convsim._errors import ConfigError, describe_validation_error, parse_config
-from convsim.adapters import ModelAdapter, parse_model_spec
+from convsim.adapters import ModelAdapter, ResponseCache, parse_model_spec
 
 from .._secrets import MASK, is_secret_key, looks_like_url, redact_url
 
@@ -166,6 +167,23 @@ class SimulatorConfig(BaseModel):
     allow_code: bool = False
     """Let packs the simulator loads by name or folder run the code they name (python
     goal criteria); packs with code are code, so only for packs you trust."""
+    cache: ResponseCache | None = None
+    """Answer model, simulated-user and judge calls made before from this response
+    cache (a :class:`~convsim.adapters.ResponseCache`, or the folder of one; True: the
+    default folder); None: every call goes to its model."""
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _cache(cls, value: Any) -> Any:
+        if value is True:
+            return ResponseCache()
+        if value is False:
+            return None
+        if isinstance(value, (str, os.PathLike)):
+            if not str(value):
+                raise ValueError("give the folder of the response cache")
+            return ResponseCache(value)
+        return value
 
     @field_validator("concurrency", mode="before")
     @classmethod

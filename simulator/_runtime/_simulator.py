@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import anyio
 import anyio.abc
 
-from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, ModelPool
+from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, ModelPool, ResponseCache
 from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric, judged
 from convsim.scenarios import Pack
 
@@ -85,6 +85,8 @@ class Simulator:
             with`` block starts (default on); EndpointError says what to fix.
         circuit_breaker: start no more conversations after this many in a row failed
             for infrastructure reasons (default 20; 0: never).
+        cache: a :class:`~convsim.adapters.ResponseCache` or its folder (True: the
+            default folder): calls made before are answered from it, without a call.
         metric_registry: where metric names are looked up (default: convsim's).
         adapter_registry: where model specs are looked up (default: convsim's).
 
@@ -117,7 +119,10 @@ class Simulator:
         )
         """The plugins of every run of this simulator, configured."""
         self._models = ModelPool(
-            budgets=budgets, concurrency=config.concurrency, registry=adapter_registry
+            budgets=budgets,
+            concurrency=config.concurrency,
+            registry=adapter_registry,
+            cache=config.cache,
         )
         """Builds the models given by reference (one adapter per distinct reference,
         pools sized for the concurrency) and closes them; a caller's adapter is only
@@ -236,6 +241,8 @@ class Simulator:
             try:
                 await self._models.aclose()  # shielded and bounded
             finally:
+                if self.config.cache is not None:
+                    self.config.cache.close()  # reopened on its next use
                 with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                     await self.plugins.cleanup()
 
@@ -292,6 +299,7 @@ class Simulator:
                 "limit": limit,
                 "grace_period": self.grace_period,
                 "circuit_breaker": self.config.circuit_breaker,
+                **_cache_settings(self.config.cache),
             },
         )
         context = RunContext(
@@ -418,3 +426,10 @@ def run_sync(
             return [result async for result in handle]
 
     return anyio.run(main)
+
+
+def _cache_settings(cache: ResponseCache | None) -> dict[str, Any]:
+    """The response cache as the manifest records it (only when there is one)."""
+    if cache is None:
+        return {}
+    return {"cache": str(cache.directory), "cache_expiry": cache.expiry}

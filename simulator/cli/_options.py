@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import click
 
+from .._errors import ConfigError
+
 if TYPE_CHECKING:
-    pass
+    from ..adapters import ResponseCache
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -134,6 +136,53 @@ def with_base_url(
     if any(pair.partition("=")[0].strip() == "base_url" for pair in pairs):
         raise click.UsageError(f"{option} and {args_option} base_url=... both give the base URL")
     return (*pairs, f"base_url={url}")
+
+
+DEFAULT_CACHE = ":default:"
+"""What ``--cache`` given without a folder stands for: the default cache folder."""
+
+
+def cache_options(func: F) -> F:
+    """--cache [DIR] and --cache-expiry, for run and score."""
+    options = [
+        click.option(
+            "--cache",
+            is_flag=False,
+            flag_value=DEFAULT_CACHE,
+            default=None,
+            metavar="[DIR]",
+            help="Answer model, simulated-user and judge calls made before from a response "
+            "cache in DIR (without DIR: ~/.cache/convsim/responses, under $XDG_CACHE_HOME "
+            "when set); errors are never cached.",
+        ),
+        click.option(
+            "--cache-expiry",
+            default=None,
+            metavar="DURATION",
+            help="Cached answers older than this are asked again (3600s, 90m, 12h, 7d; "
+            "default: never).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def response_cache(cache_dir: str | None, expiry: str | None) -> ResponseCache | None:
+    """The response cache ``--cache`` and ``--cache-expiry`` ask for, if any."""
+    from ..adapters import ResponseCache, parse_duration
+
+    if cache_dir is None:
+        if expiry is not None:
+            raise click.UsageError("--cache-expiry needs --cache")
+        return None
+    try:
+        seconds = None if expiry is None else parse_duration(expiry)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cache-expiry") from None
+    if not cache_dir:
+        raise click.BadParameter("give a folder, or --cache alone", param_hint="--cache")
+    return ResponseCache(None if cache_dir == DEFAULT_CACHE else cache_dir, expiry=seconds)
 
 
 def parse_gates(_ctx: Any, _param: Any, values: tuple[str, ...]) -> dict[str, float]:

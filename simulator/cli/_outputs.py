@@ -14,10 +14,24 @@ from ._console import (
 from ._console import stdout as _stdout
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..adapters import ResponseCache
     from ..results._report import RunReport
 
 
 EXIT_GATE_FAILED = 1
+
+
+def print_cache_line(cache: ResponseCache, console: Console) -> None:
+    """What the response cache did for this command: hits, misses, answers kept."""
+    stats = cache.statistics()
+    corrupt = f", {stats.corrupt} unreadable (asked again)" if stats.corrupt else ""
+    console.print(
+        f"cache: {stats.hits} hits, {stats.misses} misses, {stats.writes} answers kept"
+        f"{corrupt} ({cache.directory})",
+        highlight=False,
+    )
 
 
 def write_report_html(results: Path, html_out: str) -> None:

@@ -30,6 +30,7 @@ from ._console import (
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
 from ._options import (
+    cache_options,
     check_html_extra,
     fail_under_option,
     html_option,
@@ -37,10 +38,11 @@ from ._options import (
     pack_input_options,
     parse_metrics,
     plugin_settings,
+    response_cache,
     single_turn_options,
     with_base_url,
 )
-from ._outputs import check_gates, write_report_html, write_summaries
+from ._outputs import check_gates, print_cache_line, write_report_html, write_summaries
 
 if TYPE_CHECKING:
     from .._runtime._handle import RunHandle, RunStatistics
@@ -180,6 +182,7 @@ if TYPE_CHECKING:
     help="Seconds in-flight conversations get after Ctrl-C.",
 )
 @judge_options
+@cache_options
 @click.option(
     "--preflight/--no-preflight",
     default=True,
@@ -246,6 +249,8 @@ def run(
     judge_base_url: str | None,
     judge_samples: int,
     judge_combine: str,
+    cache: str | None,
+    cache_expiry: str | None,
     preflight: bool,
     circuit_breaker: int,
     max_failure_rate: float,
@@ -310,6 +315,9 @@ def run(
         if given:
             raise click.UsageError(f"{', '.join(given)}: not available with --backend ray yet")
     check_html_extra(html_out)
+    responses = response_cache(cache, cache_expiry)
+    if responses is not None and backend == "ray":
+        raise click.UsageError("--cache works with --backend local only")
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
     tune_gc_for_throughput()  # a big pack is millions of objects that live on
@@ -343,6 +351,7 @@ def run(
         allow_code=allow_code,
         plugins=plugin_names,
         plugin_config=plugin_settings(plugin_args),
+        cache=responses,
     )
     simulator = Simulator(config)
     simulator.check(loaded)
@@ -373,6 +382,8 @@ def run(
 
     report = summarize_file(out)  # line by line: never all results in memory at once
     print_report(report, _stdout())
+    if responses is not None:
+        print_cache_line(responses, _stdout())
     written = write_summaries(report, out)
     _stdout().print(
         f"results: {out}\nsummary: {written.json_path}, {written.markdown_path}", highlight=False

@@ -15,8 +15,15 @@ from ._console import (
     clear_errors,
 )
 from ._console import stdout as _stdout
-from ._options import judge_options, pack_input_options, parse_metrics, with_base_url
-from ._outputs import lock_results
+from ._options import (
+    cache_options,
+    judge_options,
+    pack_input_options,
+    parse_metrics,
+    response_cache,
+    with_base_url,
+)
+from ._outputs import lock_results, print_cache_line
 
 if TYPE_CHECKING:
     from .._records import Score
@@ -38,6 +45,7 @@ if TYPE_CHECKING:
     help="Write one JSON line of scores per conversation here.",
 )
 @judge_options
+@cache_options
 @pack_input_options
 @clear_errors
 def score(
@@ -52,6 +60,8 @@ def score(
     judge_base_url: str | None,
     judge_samples: int,
     judge_combine: str,
+    cache: str | None,
+    cache_expiry: str | None,
 ) -> None:
     """Score recorded conversations without running a model.
 
@@ -70,6 +80,9 @@ def score(
     )
     for name in metric_names:
         METRICS.get(name)  # unknown names fail before any work
+    responses = response_cache(cache, cache_expiry)
+    if responses is not None and judge_spec is None:
+        raise click.UsageError("--cache keeps judge answers: it needs --judge")
     if out is not None and is_results_file(out):  # scores would replace its results
         from .._errors import ResultsError
 
@@ -86,7 +99,7 @@ def score(
             max_line_bytes=max_line_bytes,
         )
         notes = []
-    models = ModelPool()  # as `convsim run`: one rate budget per provider key
+    models = ModelPool(cache=responses)  # as `convsim run`: one rate budget per provider key
     judge = None
     if judge_spec is not None:
         judge = JudgeSettings(
@@ -99,7 +112,11 @@ def score(
         async with models:
             return await score_transcripts(loaded, metric_names, judge=judge)
 
-    scored = anyio.run(scoring)
+    try:
+        scored = anyio.run(scoring)
+    finally:
+        if responses is not None:
+            responses.close()
     out_console = _stdout()
     for note in notes:
         out_console.print(f"note: {note}", highlight=False)
@@ -119,6 +136,8 @@ def score(
         ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
         summary.add_row(name, mean_cell(m), ci, str(m.n), str(m.not_applicable), str(m.failed))
     out_console.print(summary)
+    if responses is not None:
+        print_cache_line(responses, out_console)
     scenarios = {t.conversation_id: t.conversation.scenario for t in loaded}
     for field in ("scenario_type", "difficulty"):
         keys = {cid: getattr(sc, field) for cid, sc in scenarios.items()}

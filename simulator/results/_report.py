@@ -71,7 +71,11 @@ class RunReport(BaseModel):
     retention_curve: dict[int, MetricSummary] = Field(default_factory=dict)
     """context_retention by distance in turns between a fact and its probe."""
     latency_s: dict[str, float] = Field(default_factory=dict)
-    """Model-call latency over all completed turns: mean, p50, p95, p99, max."""
+    """Model-call latency over all completed turns: mean, p50, p95, p99, max (answers
+    from the response cache have none)."""
+    cache: dict[str, int] = Field(default_factory=dict)
+    """Answers of the model under test and the simulated user taken from the response
+    cache (``hits``) and asked of the model (``misses``); empty when none was cached."""
     usage: dict[str, int]
     cost_usd: float | None = None
     """Summed over conversations with a price (the model under test)."""
@@ -105,6 +109,8 @@ class RunReport(BaseModel):
                 data.pop(key, None)
         if not self.clipped_turns and isinstance(data, dict):  # no cap clipped anything
             data.pop("clipped_turns", None)
+        if not self.cache and isinstance(data, dict):  # a run without cache hits, as before
+            data.pop("cache", None)
         return data
 
     def to_markdown(self) -> str:
@@ -115,6 +121,11 @@ class RunReport(BaseModel):
             lines.append(f"- wall time: {self.duration_s:.2f} s")
         if self.clipped_turns:
             lines.append(f"- turns clipped to the max_tokens cap: {self.clipped_turns}")
+        if self.cache:
+            lines.append(
+                f"- response cache: {self.cache['hits']} answers from the cache "
+                f"(no call, no latency), {self.cache['misses']} asked of the models"
+            )
         if self.trials is not None:
             lines.append(f"- trials per scenario: {self.trials}")
             if self.pass_hat_k:
@@ -330,6 +341,7 @@ class Summarizer:
         self._turns: Counter[str] = Counter()
         self._clipped = 0
         self._latencies: list[float] = []
+        self._cache: Counter[str] = Counter()
         self._usage: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._costs: list[float] = []
@@ -372,6 +384,10 @@ class Summarizer:
         for t in r.turns:
             self._turns[t.status.value] += 1
             self._clipped += t.max_tokens_clipped_from is not None
+            if t.status is TurnStatus.COMPLETED:
+                self._cache["hits" if t.cached else "misses"] += 1
+            if t.user_message is not None and t.user_usage is not None:
+                self._cache["hits" if t.user_cached else "misses"] += 1
             if (
                 t.status is TurnStatus.COMPLETED
                 and t.timings is not None
@@ -452,6 +468,7 @@ class Summarizer:
             by_model=_groups(self._by_model, hib),
             retention_curve={d: _summary(v, 0, True) for d, v in sorted(self._retention.items())},
             latency_s=latency,
+            cache={k: self._cache[k] for k in ("hits", "misses")} if self._cache["hits"] else {},
             usage=dict(self._usage),
             cost_usd=sum(self._costs) if self._costs else None,
             errors=dict(self._errors.most_common()),

@@ -141,9 +141,11 @@ class ServerTokenizer:
         tokenizes messages (vLLM, SGLang); elsewhere the messages' text counted by the
         server plus :data:`MESSAGE_OVERHEAD_TOKENS` a message for the template."""
         text = "\n".join(m.content for m in messages)
-        counted = await self.count(text)  # finds the form first
+        counted = None
+        if self._form is None:
+            counted = await self.count(text)  # finds the form
         form = self._form
-        if counted is None or form is None:
+        if form is None:
             return None
         if form.chat and self._chat is not False:
             body = {
@@ -156,6 +158,10 @@ class ServerTokenizer:
                 self._chat = True
                 return exact
             self._chat = False
+        if counted is None:
+            counted = await self.count(text)
+        if counted is None:
+            return None
         return counted + MESSAGE_OVERHEAD_TOKENS * len(messages)
 
 

@@ -344,7 +344,9 @@ class HttpModelAdapter(ModelAdapter):
         self._sleep = sleep
         root = self.tokenizer_root()
         self._tokenizer = (
-            None if root is None else ServerTokenizer(self._post_json, root, cfg.model)
+            None
+            if root is None
+            else ServerTokenizer(self._post_json, root, cfg.model, self._reported_prompt_tokens)
         )
 
     # -- identity, keys and budgets -------------------------------------------------
@@ -669,7 +671,7 @@ class HttpModelAdapter(ModelAdapter):
             log.warning(
                 "model_option_dropped",
                 model=self.config.model,
-                reason=str(exc)[:200],
+                reason=self._scrub(str(exc))[:200],  # no key, no credentials of the URL
             )
         return await self._send(messages, params, stream, on_text)
 
@@ -904,6 +906,13 @@ class HttpModelAdapter(ModelAdapter):
         if self._tokenizer is None:
             return None
         return await self._tokenizer.count_prompt(messages)
+
+    async def _reported_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        """The server's own prompt count of ``messages``: a one-token answer, not
+        streamed, sent once per probe outside the budgets and retries (it measures what
+        a chat template adds, for :class:`ServerTokenizer`)."""
+        answer = await self._send(messages, GenerationParams(max_tokens=1), False, None)
+        return None if answer.usage is None else answer.usage.prompt_tokens
 
     async def _post_json(self, url: str, body: Mapping[str, Any]) -> Any:
         """POST ``body`` on this adapter's pool (its headers, timeouts and egress

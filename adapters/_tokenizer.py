@@ -23,7 +23,9 @@ from convsim._types import Message
 
 __all__ = [
     "MESSAGE_OVERHEAD_TOKENS",
+    "Framing",
     "PostJson",
+    "PromptUsage",
     "ServerTokenizer",
     "TokenCounter",
     "tiktoken_counter",
@@ -39,6 +41,44 @@ PostJson = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
 
 TokenCounter = Callable[[str], int]
 """A local tokenizer: the tokens of a text."""
+
+PromptUsage = Callable[[Sequence[Message]], Awaitable["int | None"]]
+"""The prompt tokens the server itself reports for a conversation (a one-token answer,
+not streamed); None when it reports none."""
+
+
+class Framing(NamedTuple):
+    """What a server's chat template adds to the text of the messages, in tokens,
+    measured against the server's own prompt counts: so much a message, and a base
+    that differs when no system message is given (a template may then add its own,
+    as SmolLM2's and Qwen's do)."""
+
+    per_message: float
+    base: float
+    """With a system message among the messages."""
+    base_without_system: float
+
+    def tokens(self, messages: Sequence[Message]) -> int:
+        has_system = any(m.role == "system" for m in messages)
+        base = self.base if has_system else self.base_without_system
+        return max(0, round(base + self.per_message * len(messages)))
+
+
+_PROBES: tuple[tuple[Message, ...], ...] = (
+    (Message(role="user", content="Hello there."),),
+    (
+        Message(role="user", content="Hello there."),
+        Message(role="assistant", content="Hi."),
+        Message(role="user", content="How are you?"),
+    ),
+    (Message(role="system", content="Be brief."), Message(role="user", content="Hello there.")),
+)
+"""Conversations whose framing is measured: one message, three, and two with a system
+message (the three unknowns of :class:`Framing`)."""
+
+
+def _joined(messages: Sequence[Message]) -> str:
+    return "\n".join(m.content for m in messages)
 
 
 class _Form(NamedTuple):
@@ -84,10 +124,24 @@ class ServerTokenizer:
 
     Every failure is a None (the caller then estimates): a count is a nicety that
     never fails a call. A server with no endpoint is asked once, not on every answer.
+
+    Args:
+        post: sends a tokenize request.
+        root: the server's root URL.
+        model: the model the requests name.
+        prompt_usage: the server's own prompt count of a conversation; with it, what a
+            chat template adds is measured once (three one-token answers) where the
+            tokenizer counts text only. Without it, such a server's prompts are not
+            counted.
     """
 
-    def __init__(self, post: PostJson, root: str, model: str) -> None:
+    def __init__(
+        self, post: PostJson, root: str, model: str, prompt_usage: PromptUsage | None = None
+    ) -> None:
         self._post = post
+        self._prompt_usage = prompt_usage
+        self._framing: Framing | None = None
+        self._framing_measured = False
         self._root = root.rstrip("/")
         self._model = model
         self._form: _Form | None = None
@@ -96,6 +150,7 @@ class ServerTokenizer:
         self._chat: bool | None = None
         """Whether the server tokenized chat messages (None: not asked yet)."""
         self._finding = anyio.Lock()
+        self._measuring = anyio.Lock()
 
     @property
     def available(self) -> bool | None:
@@ -136,11 +191,44 @@ class ServerTokenizer:
                 return None
         return await self.count(text)
 
+    async def framing(self) -> Framing | None:
+        """What the chat template adds, measured once; None when it cannot be (no
+        ``prompt_usage``, or the server reports no usage even when not streaming)."""
+        if self._framing_measured:
+            return self._framing
+        async with self._measuring:  # once, however many calls wait for it
+            if not self._framing_measured:
+                self._framing = await self._measure_framing()
+                self._framing_measured = True
+        return self._framing
+
+    async def _measure_framing(self) -> Framing | None:
+        if self._prompt_usage is None:
+            return None
+        added: list[int] = []
+        for probe in _PROBES:
+            try:
+                reported = await self._prompt_usage(probe)
+            except Exception:  # a count is never worth failing a call over
+                return None
+            counted = await self.count(_joined(probe))
+            if reported is None or counted is None:
+                return None
+            added.append(reported - counted)
+        one, three, with_system = added
+        per_message = (three - one) / 2
+        return Framing(
+            per_message=per_message,
+            base=with_system - 2 * per_message,
+            base_without_system=one - per_message,
+        )
+
     async def count_prompt(self, messages: Sequence[Message]) -> int | None:
         """The prompt tokens of a chat: exact (template included) where the server
         tokenizes messages (vLLM, SGLang); elsewhere the messages' text counted by the
-        server plus :data:`MESSAGE_OVERHEAD_TOKENS` a message for the template."""
-        text = "\n".join(m.content for m in messages)
+        server plus what its chat template adds (:meth:`framing`), or None when that
+        cannot be measured."""
+        text = _joined(messages)
         counted = None
         if self._form is None:
             counted = await self.count(text)  # finds the form
@@ -158,11 +246,14 @@ class ServerTokenizer:
                 self._chat = True
                 return exact
             self._chat = False
+        framing = await self.framing()
+        if framing is None:
+            return None
         if counted is None:
             counted = await self.count(text)
         if counted is None:
             return None
-        return counted + MESSAGE_OVERHEAD_TOKENS * len(messages)
+        return counted + framing.tokens(messages)
 
 
 def tiktoken_counter(model: str) -> TokenCounter | None:

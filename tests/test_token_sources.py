@@ -121,8 +121,17 @@ async def test_without_usage_or_tokenizer_the_estimate_says_so_and_asks_once() -
     assert calls.requests == 2 + 3
 
 
-def _llama_cpp_python(seen: list[str]) -> httpx.MockTransport:
-    """A server that streams no usage and tokenizes at /extras/tokenize only."""
+def _templated_prompt(messages: list[dict[str, str]]) -> int:
+    """The prompt count of a server whose template adds 3 tokens a message, 2 for the
+    answer's start, and a 10-token system prompt of its own when none is given."""
+    words = sum(len(m["content"].split()) for m in messages)
+    default_system = 0 if any(m["role"] == "system" for m in messages) else 10
+    return words + 3 * len(messages) + 2 + default_system
+
+
+def _llama_cpp_python(seen: list[str], usage: bool = True) -> httpx.MockTransport:
+    """A server that streams no usage (but reports it when not streaming, if ``usage``)
+    and tokenizes text at /extras/tokenize only."""
 
     def answer(request: httpx.Request) -> httpx.Response:
         seen.append(request.url.path)
@@ -131,6 +140,16 @@ def _llama_cpp_python(seen: list[str]) -> httpx.MockTransport:
             return httpx.Response(200, json={"tokens": list(range(len(body["input"].split())))})
         if request.url.path.endswith("/tokenize"):
             return httpx.Response(404, json={"detail": "Not Found"})
+        if not body.get("stream"):
+            prompt = _templated_prompt(body["messages"])
+            counts = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
+            return httpx.Response(
+                200,
+                json={
+                    "choices": [{"message": {"content": "Hi"}, "finish_reason": "length"}],
+                    "usage": counts if usage else None,
+                },
+            )
         events = [
             {"choices": [{"delta": {"content": "Send"}, "finish_reason": None}]},
             {"choices": [{"delta": {"content": " a photo please"}, "finish_reason": "stop"}]},
@@ -141,21 +160,38 @@ def _llama_cpp_python(seen: list[str]) -> httpx.MockTransport:
     return httpx.MockTransport(answer)
 
 
-async def test_a_text_tokenizer_counts_the_messages_and_allows_for_the_template() -> None:
+async def test_a_text_tokenizer_counts_the_messages_and_measures_the_template() -> None:
     seen: list[str] = []
     adapter = OpenAICompatibleAdapter(
         {"model": "smollm2", "base_url": "http://127.0.0.1:9/v1", "stream": True},
         transport=HttpxTransport(transport=_llama_cpp_python(seen)),
     )
+    wire = [{"role": m.role, "content": m.content} for m in CHAT]
     first = await adapter.generate(CHAT, GenerationParams())
-    words = sum(len(m.content.split()) for m in CHAT)
-    assert first.usage == Usage(
-        words + 4 * len(CHAT), 4, words + 4 * len(CHAT) + 4, source="tokenizer"
-    )
+    prompt = _templated_prompt(wire)
+    assert first.usage == Usage(prompt, 4, prompt + 4, source="tokenizer")
     assert seen.count("/tokenize") == 2  # vLLM's form, llama.cpp's form: both refused, once
+    assert seen.count("/v1/chat/completions") == 1 + 3  # the answer, three template probes
     seen.clear()
+    without_system = [Message(role="user", content="Where is my parcel 4521 now?")]
+    again = await adapter.generate(without_system, GenerationParams())
+    prompt = _templated_prompt([{"role": "user", "content": without_system[0].content}])
+    assert again.usage == Usage(prompt, 4, prompt + 4, source="tokenizer")
+    # measured once: now the answer and two counts (its prompt, its text)
+    assert seen == ["/v1/chat/completions", "/extras/tokenize", "/extras/tokenize"]
+    await adapter.aclose()
+
+
+async def test_a_text_tokenizer_without_any_usage_leaves_an_estimate() -> None:
+    seen: list[str] = []
+    adapter = OpenAICompatibleAdapter(
+        {"model": "smollm2", "base_url": "http://127.0.0.1:9/v1", "stream": True},
+        transport=HttpxTransport(transport=_llama_cpp_python(seen, usage=False)),
+    )
+    completion = await adapter.generate(CHAT, GenerationParams())
+    assert completion.usage.source == "estimate"  # the template's share cannot be measured
     await adapter.generate(CHAT, GenerationParams())
-    assert "/tokenize" not in seen and seen.count("/extras/tokenize") == 2
+    assert seen.count("/v1/chat/completions") == 2 + 1  # two answers, one probe: not again
     await adapter.aclose()
 
 

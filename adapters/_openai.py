@@ -39,7 +39,7 @@ from ._http_adapter import (
     ParsedAnswer,
 )
 from ._protocol import LogprobsUnsupported, PromptLogprobs
-from ._tokenizer import MESSAGE_OVERHEAD_TOKENS, TokenCounter, tiktoken_counter, tokenizer_root
+from ._tokenizer import TokenCounter, tiktoken_counter, tokenizer_root
 
 __all__ = [
     "OpenAIConfig",
@@ -366,8 +366,9 @@ class OpenAIAdapter(OpenAIWireAdapter):
             return None
         if self.config.endpoint == "completions":
             return counter(render_prompt(messages))
-        # OpenAI's chat format: a few tokens of framing per message (role, separators)
-        return sum(counter(m.content) + MESSAGE_OVERHEAD_TOKENS for m in messages)
+        # OpenAI's chat format (its cookbook's count): each message is its role, its
+        # content and 3 tokens of framing; the answer is primed with 3 more
+        return sum(counter(m.role) + counter(m.content) + 3 for m in messages) + 3
 
 
 class OpenAICompatibleAdapter(OpenAIWireAdapter):

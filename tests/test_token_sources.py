@@ -267,7 +267,8 @@ async def test_openai_models_are_counted_with_tiktoken_when_installed(
     )
     completion = await adapter.generate(CHAT, GenerationParams())
     words = sum(len(m.content.split()) for m in CHAT)
-    assert completion.usage == Usage(words + 4 * len(CHAT), 3, words + 8 + 3, source="tokenizer")
+    prompt = words + (1 + 3) * len(CHAT) + 3  # role and framing a message, answer priming
+    assert completion.usage == Usage(prompt, 3, prompt + 3, source="tokenizer")
     await adapter.aclose()
 
 

@@ -152,13 +152,6 @@ class ServerTokenizer:
         self._finding = anyio.Lock()
         self._measuring = anyio.Lock()
 
-    @property
-    def available(self) -> bool | None:
-        """True once an endpoint answered, False once none did, None before asking."""
-        if self._form is not None:
-            return True
-        return False if self._absent else None
-
     def _body(self, form: _Form, text: str) -> dict[str, Any]:
         body: dict[str, Any] = {form.field: text, **form.extra}
         if form.with_model:

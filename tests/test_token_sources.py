@@ -370,3 +370,15 @@ def test_run_and_load_count_the_same_tokens_from_the_same_source(
     assert by_load == by_run
     assert json.loads(result.read_text(encoding="utf-8"))["token_sources"] == {source: 3}
     assert "3 of 3 answers came without usage" in loaded.output
+
+
+async def test_a_cached_adapter_counts_with_its_models_tokenizer(tmp_path: Path) -> None:
+    from convsim.adapters._cache import CachedAdapter, ResponseCache
+
+    async with MockModelServer(MockServerConfig()) as server:
+        inner = OpenAICompatibleAdapter({"model": "mock-model", "base_url": server.base_url})
+        cached = CachedAdapter(inner, ResponseCache(tmp_path / "cache"))
+        try:
+            assert await cached.count_tokens("three words here") == 3  # what load calibrates by
+        finally:
+            await cached.aclose()

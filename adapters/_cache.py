@@ -387,6 +387,9 @@ class CachedAdapter(ModelAdapter):
     def estimate_cost(self, usage: Usage) -> Cost | None:
         return self.inner.estimate_cost(usage)
 
+    async def count_tokens(self, text: str) -> int | None:
+        return await self.inner.count_tokens(text)
+
     def rate_limits(self) -> RateLimits:
         return self.inner.rate_limits()
 

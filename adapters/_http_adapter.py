@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from convsim._errors import (
     AdapterError,
+    BadRequest,
     ConfigError,
     EgressRefused,
     EndpointError,
@@ -68,6 +69,7 @@ from ._pricing import price_of
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status, quota_exhausted, refused_call
 from ._text import StreamedText, repair_text
+from ._tokenizer import MESSAGE_OVERHEAD_TOKENS, ServerTokenizer
 
 __all__ = [
     "HttpAdapterConfig",
@@ -188,7 +190,8 @@ class _Answer(NamedTuple):
 
     text: str
     finish_reason: str | None
-    usage: Usage
+    usage: Usage | None
+    """None when the server sent none (counted or estimated once the call is over)."""
     total_s: float
     ttft_s: float | None = None
     inter_token_s: tuple[float, ...] = ()
@@ -262,7 +265,7 @@ def _merge_usage(old: Usage | None, new: Usage | None) -> Usage | None:
 
 
 def _prompt_tokens(messages: Sequence[Message]) -> int:
-    return sum(estimate_tokens(m.content) + 4 for m in messages)
+    return sum(estimate_tokens(m.content) + MESSAGE_OVERHEAD_TOKENS for m in messages)
 
 
 _NOT_SHAPING_ANSWERS = frozenset(
@@ -339,6 +342,12 @@ class HttpModelAdapter(ModelAdapter):
         """Answer bytes held by this adapter's calls: one budget for the run it serves."""
         self._slots: anyio.Semaphore | None = None
         self._sleep = sleep
+        root = self.tokenizer_root()
+        self._tokenizer = (
+            None
+            if root is None
+            else ServerTokenizer(self._post_json, root, cfg.model, self._reported_prompt_tokens)
+        )
 
     # -- identity, keys and budgets -------------------------------------------------
 
@@ -574,7 +583,8 @@ class HttpModelAdapter(ModelAdapter):
                     deliver if on_text is not None else None,
                     exchange=exchange,
                 )
-                used, ok = answer.usage.total_tokens, True
+                usage = answer.usage or self._estimated(messages, answer.text)
+                used, ok = usage.total_tokens, True
                 return answer
             except AdapterError as exc:
                 failure: AdapterError = exc
@@ -600,12 +610,19 @@ class HttpModelAdapter(ModelAdapter):
                 budget.retrying(-1)
 
         queued = time.perf_counter()
+        usage, count_s = None, 0.0
         async with self._slots:
             started = time.perf_counter()
             answer, attempts = await self.retry_policy.call(
                 attempt, sleep=counted_sleep, should_retry=self.should_retry
             )
-        spent = time.perf_counter() - started
+            spent = time.perf_counter() - started
+            usage = answer.usage
+            if usage is None:  # the server sent none: its tokenizer counts, or an estimate
+                # within the slot: counting calls the server too, under the same cap
+                streamed = None if answer.ttft_s is None else len(answer.inter_token_s) + 1
+                usage = await self._counted_usage(messages, answer.text, exchange, streamed)
+                count_s = time.perf_counter() - started - spent
         if answer.replaced_chars:
             log.warning(
                 "model_answer_repaired",
@@ -621,13 +638,14 @@ class HttpModelAdapter(ModelAdapter):
         return Completion.model_construct(
             text=text,
             finish_reason=answer.finish_reason,
-            usage=answer.usage,
+            usage=usage,
             timings=CallTimings.model_construct(
                 queue_wait_s=(started - queued) + budget_wait,
                 retry_wait_s=max(0.0, spent - budget_wait - answer.total_s),
                 ttft_s=answer.ttft_s,
                 total_s=answer.total_s,
                 inter_token_s=answer.inter_token_s,
+                count_s=count_s,
             ),
             attempts=attempts,
             model=self.config.model,
@@ -635,6 +653,35 @@ class HttpModelAdapter(ModelAdapter):
         )
 
     async def _attempt(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams,
+        stream: bool,
+        on_text: Callable[[str], None] | None,
+        *,
+        exchange: Exchange | None = None,
+    ) -> _Answer:
+        """One attempt; sent again at once (once) without an optional field the
+        server refused, where the adapter can leave it out (:meth:`drop_refused_option`)."""
+        try:
+            return await self._send(messages, params, stream, on_text, exchange=exchange)
+        except BadRequest as exc:
+            if exchange is not None or not self.drop_refused_option(exc):
+                raise
+            log.warning(
+                "model_option_dropped",
+                model=self.config.model,
+                reason=self._scrub(str(exc))[:200],  # no key, no credentials of the URL
+            )
+        return await self._send(messages, params, stream, on_text)
+
+    def drop_refused_option(self, error: BadRequest) -> bool:
+        """Whether ``error`` refused an optional field of the request that this adapter
+        can do without; if so the adapter leaves it out from now on and the call is
+        sent again. Default: no such field."""
+        return False
+
+    async def _send(
         self,
         messages: Sequence[Message],
         params: GenerationParams,
@@ -694,7 +741,7 @@ class HttpModelAdapter(ModelAdapter):
         return _Answer(
             text.text,
             _finish_reason(finish),
-            usage or self._estimated(messages, text.text),
+            usage,
             time.perf_counter() - t0,
             replaced_chars=text.replaced,
         )
@@ -787,7 +834,7 @@ class HttpModelAdapter(ModelAdapter):
         return _Answer(
             text,
             _finish_reason(finish_reason),
-            usage or self._estimated(messages, text),
+            usage,
             time.perf_counter() - t0,
             (first - t0) if first is not None else None,
             tuple(gaps),
@@ -806,14 +853,75 @@ class HttpModelAdapter(ModelAdapter):
             exc.snippet = repair_text(self._scrub(exc.snippet)).text
 
     @staticmethod
-    def _estimated(messages: Sequence[Message], text: str) -> Usage:
-        prompt, completion = _prompt_tokens(messages), estimate_tokens(text) if text else 0
+    def _estimated(messages: Sequence[Message], text: str, chunks: int | None = None) -> Usage:
+        """A client-side estimate: four characters a token, except that a streamed
+        answer's output is its chunks (one token each on vLLM, llama.cpp, OpenAI)."""
+        prompt = _prompt_tokens(messages)
+        completion = chunks if chunks is not None else estimate_tokens(text) if text else 0
         return Usage(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=prompt + completion,
-            estimated=True,
+            source="estimate",
         )
+
+    async def _counted_usage(
+        self,
+        messages: Sequence[Message],
+        text: str,
+        exchange: Exchange | None,
+        chunks: int | None,
+    ) -> Usage:
+        """The usage of an answer that came without: counted by the model's tokenizer
+        (:meth:`count_tokens`) where there is one, else estimated (``chunks``: how many
+        pieces a streamed answer came in)."""
+        if exchange is None:
+            prompt = await self.count_prompt_tokens(messages)
+            completion = await self.count_tokens(text) if prompt is not None else None
+            if prompt is not None and completion is not None:
+                return Usage(
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    total_tokens=prompt + completion,
+                    source="tokenizer",
+                )
+        return self._estimated(messages, text, chunks)
+
+    # -- counting tokens where the server sends no usage ----------------------------
+
+    def tokenizer_root(self) -> str | None:
+        """Where the server's tokenize endpoints live (``/tokenize``,
+        ``/extras/tokenize``), or None when it has none (the default)."""
+        return None
+
+    async def count_tokens(self, text: str) -> int | None:
+        """The tokens of ``text`` by the server's tokenizer; None without one."""
+        if self._tokenizer is None:
+            return None
+        return await self._tokenizer.count(text)
+
+    async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        """The prompt tokens of ``messages`` by the server's tokenizer (see
+        :meth:`ServerTokenizer.count_prompt`); None without one."""
+        if self._tokenizer is None:
+            return None
+        return await self._tokenizer.count_prompt(messages)
+
+    async def _reported_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        """The server's own prompt count of ``messages``: a one-token answer, not
+        streamed, sent once per probe outside the budgets and retries (it measures what
+        a chat template adds, for :class:`ServerTokenizer`)."""
+        answer = await self._send(messages, GenerationParams(max_tokens=1), False, None)
+        return None if answer.usage is None else answer.usage.prompt_tokens
+
+    async def _post_json(self, url: str, body: Mapping[str, Any]) -> Any:
+        """POST ``body`` on this adapter's pool (its headers, timeouts and egress
+        policy); the decoded answer of a 200, None for any other status."""
+        async with self._http().stream(url, body, self._headers, self._timeouts) as response:
+            if response.status != 200:
+                return None
+            data = await read_limited(response, self.config.max_body_bytes, what=url)
+        return json.loads(data)
 
     # -- what a backend defines -----------------------------------------------------
 

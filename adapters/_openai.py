@@ -25,7 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
-from convsim._errors import ProtocolError, ServerError
+import anyio.to_thread
+
+from convsim._errors import BadRequest, ProtocolError, ServerError
 from convsim._types import GenerationParams, Message, Usage
 
 from ._http import SSEEvent
@@ -37,6 +39,7 @@ from ._http_adapter import (
     ParsedAnswer,
 )
 from ._protocol import LogprobsUnsupported, PromptLogprobs
+from ._tokenizer import TokenCounter, tiktoken_counter, tokenizer_root
 
 __all__ = [
     "OpenAIConfig",
@@ -54,8 +57,9 @@ class OpenAIConfig(HttpAdapterConfig):
     endpoint: Literal["chat", "completions"] = "chat"
     """``chat`` for /chat/completions, ``completions`` for the legacy /completions."""
     stream_usage: bool = True
-    """Ask a stream for its usage (``stream_options.include_usage``); turn off for
-    servers that reject the option (usage is then estimated)."""
+    """Ask a stream for its usage (``stream_options.include_usage``). A server that
+    refuses the option (a 400 naming it) is asked again without it, and not asked for
+    it again; usage is then counted by its tokenizer, or estimated."""
 
 
 def render_prompt(messages: Sequence[Message]) -> str:
@@ -212,6 +216,24 @@ class OpenAIWireAdapter(HttpModelAdapter):
     Config: ClassVar[type[HttpAdapterConfig]] = OpenAIConfig
     config: OpenAIConfig
 
+    def __init__(self, config: HttpAdapterConfig | Mapping[str, Any], **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self._stream_usage = self.config.stream_usage
+        """Whether streams ask for usage: off once the server refused the option."""
+
+    def drop_refused_option(self, error: BadRequest) -> bool:
+        """A server that does not know ``stream_options`` (it names it in its 400) is
+        asked without it from now on."""
+        if "stream_options" not in str(error):
+            return False
+        self._stream_usage = False
+        return True
+
+    async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        if self.config.endpoint == "completions":  # the one text the server reads
+            return await self.count_tokens(render_prompt(messages))
+        return await super().count_prompt_tokens(messages)
+
     def sampling_fields(self) -> tuple[SamplingField, ...]:
         """The sampling settings this model takes; each is sent when a call sets it."""
         return _SAMPLING_FIELDS
@@ -254,7 +276,7 @@ class OpenAIWireAdapter(HttpModelAdapter):
             body["ignore_eos"] = params.ignore_eos
         if stream:
             body["stream"] = True
-            if self.config.stream_usage:
+            if self._stream_usage:
                 body["stream_options"] = {"include_usage": True}
         return HttpRequest(path, body)
 
@@ -306,6 +328,11 @@ class OpenAIAdapter(OpenAIWireAdapter):
     default_key_env: ClassVar[str | None] = "OPENAI_API_KEY"
     requires_key: ClassVar[bool] = True
 
+    def __init__(self, config: HttpAdapterConfig | Mapping[str, Any], **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self._tiktoken_loaded = False
+        self._tiktoken_counter: TokenCounter | None = None
+
     def sampling_fields(self) -> tuple[SamplingField, ...]:
         if _REASONING_MODEL.match(self.config.model):
             return ("seed",)
@@ -318,6 +345,30 @@ class OpenAIAdapter(OpenAIWireAdapter):
 
     def no_prompt_logprobs_reason(self) -> str:
         return f"openai:{self.config.model}: api.openai.com returns no logprobs for a prompt"
+
+    async def _tiktoken(self) -> TokenCounter | None:
+        """tiktoken's tokenizer for the model, loaded once (in a thread: its first use
+        may read or fetch a vocabulary); None without tiktoken or for a model it does
+        not know."""
+        if not self._tiktoken_loaded:
+            counter = await anyio.to_thread.run_sync(tiktoken_counter, self.config.model)
+            self._tiktoken_counter, self._tiktoken_loaded = counter, True
+        return self._tiktoken_counter
+
+    async def count_tokens(self, text: str) -> int | None:
+        """api.openai.com has no tokenize endpoint: tiktoken counts, where installed."""
+        counter = await self._tiktoken()
+        return None if counter is None else counter(text)
+
+    async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        counter = await self._tiktoken()
+        if counter is None:
+            return None
+        if self.config.endpoint == "completions":
+            return counter(render_prompt(messages))
+        # OpenAI's chat format (its cookbook's count): each message is its role, its
+        # content and 3 tokens of framing; the answer is primed with 3 more
+        return sum(counter(m.role) + counter(m.content) + 3 for m in messages) + 3
 
 
 class OpenAICompatibleAdapter(OpenAIWireAdapter):
@@ -335,6 +386,11 @@ class OpenAICompatibleAdapter(OpenAIWireAdapter):
     provider: ClassVar[str] = "openai-compatible"
     base_url_env: ClassVar[str | None] = "OPENAI_BASE_URL"
     default_key_env: ClassVar[str | None] = "OPENAI_API_KEY"
+
+    def tokenizer_root(self) -> str:
+        """vLLM, SGLang, llama.cpp and llama-cpp-python serve their tokenizer beside
+        ``/v1`` (see :class:`~convsim.adapters._tokenizer.ServerTokenizer`)."""
+        return tokenizer_root(self.base_url)
 
     @property
     def supports_prompt_logprobs(self) -> bool:

@@ -168,6 +168,12 @@ class ModelAdapter(ABC):
         """
         raise ConfigError(f"{self.model_info().model_type} models do not stream")
 
+    async def count_tokens(self, text: str) -> int | None:
+        """The tokens of ``text`` by the model's own tokenizer (the server's tokenize
+        endpoint, or a local tokenizer), for answers that came without usage; None when
+        the adapter has none (the default)."""
+        return None
+
     @property
     def supports_prompt_logprobs(self) -> bool:
         """Whether this adapter, as configured, can score a prompt
@@ -192,6 +198,12 @@ class PromptScorer(Protocol):
     """What scoring a prompt takes (``echo`` + ``logprobs`` on OpenAI-compatible
     completions servers such as vLLM); every :class:`ModelAdapter` has it, and says with
     ``supports_prompt_logprobs`` whether it works."""
+
+    async def count_tokens(self, text: str) -> int | None:
+        """The tokens of ``text`` by the model's own tokenizer (the server's tokenize
+        endpoint, or a local tokenizer), for answers that came without usage; None when
+        the adapter has none (the default)."""
+        return None
 
     @property
     def supports_prompt_logprobs(self) -> bool: ...

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
+from pydantic_core import ArgsKwargs
 
 __all__ = [
     "Role",
     "Message",
     "Usage",
+    "UsageSource",
+    "USAGE_SOURCES",
     "CallTimings",
     "Completion",
     "GenerationParams",
@@ -21,6 +24,14 @@ __all__ = [
 ]
 
 Role = Literal["system", "user", "assistant"]
+
+UsageSource = Literal["server", "tokenizer", "estimate"]
+"""Where a usage figure came from: the server's own count, the server's tokenizer (or
+tiktoken's) run on the text by convsim, or a client-side estimate (four characters a
+token)."""
+
+USAGE_SOURCES: tuple[UsageSource, ...] = ("server", "tokenizer", "estimate")
+"""Every source, from the most to the least exact: a sum takes the least exact."""
 
 
 # Messages and usage are created for every turn and held for a conversation's life:
@@ -38,20 +49,47 @@ class Message:
 
 @dataclass(frozen=True, slots=True, config=_COMPACT)
 class Usage:
-    """Token counts of one call (or a sum of calls)."""
+    """Token counts of one call (or a sum of calls), and where they came from."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     estimated: bool = False
-    """True when the counts are a client-side estimate, not the server's figures."""
+    """True when the counts are a client-side estimate: ``source == "estimate"``, kept
+    in step with it (files and callers that know only this flag still read)."""
+    source: UsageSource = "server"
+    """Where the counts came from. When only ``estimated`` is given (results written
+    before the source was recorded), it is ``estimate`` if that is true, else
+    ``server``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _source_and_flag_agree(cls, data: Any) -> Any:
+        """Fill whichever of ``source`` and ``estimated`` was left out from the other."""
+        fields = data
+        if isinstance(data, ArgsKwargs):  # a call: name the positional arguments
+            names = ("prompt_tokens", "completion_tokens", "total_tokens", "estimated", "source")
+            fields = {**dict(zip(names, data.args, strict=False)), **(data.kwargs or {})}
+        if not isinstance(fields, dict):
+            return data
+        source, flag = fields.get("source"), fields.get("estimated")
+        if source is None and flag is None:
+            return data
+        if source is None:
+            fields = {**fields, "source": "estimate" if flag else "server"}
+        elif flag is None:
+            fields = {**fields, "estimated": source == "estimate"}
+        elif bool(flag) != (source == "estimate"):
+            raise ValueError(f"estimated={flag!r} contradicts source={source!r}")
+        return ArgsKwargs((), fields) if isinstance(data, ArgsKwargs) else fields
 
     def __add__(self, other: Usage) -> Usage:
+        source = max(self.source, other.source, key=USAGE_SOURCES.index)
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
-            estimated=self.estimated or other.estimated,
+            source=source,
         )
 
 
@@ -70,6 +108,9 @@ class CallTimings(BaseModel):
     """From sending the request (after the queue) to the last byte."""
     inter_token_s: tuple[float, ...] = ()
     """Gaps between streamed chunks; empty when the call did not stream."""
+    count_s: float = 0.0
+    """Time spent after the answer counting its tokens with the server's tokenizer (it
+    sent no usage): the client's time, not the model's."""
 
 
 class Completion(BaseModel):

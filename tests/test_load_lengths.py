@@ -72,6 +72,8 @@ async def test_the_adapter_sends_the_fields_only_when_asked() -> None:
     bodies: list[dict[str, Any]] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/tokenize"):  # counting the answer without usage
+            return httpx.Response(404)
         bodies.append(json.loads(request.content))
         return httpx.Response(
             200,
@@ -166,25 +168,29 @@ async def test_calibration_accounts_for_a_default_system_prompt_that_gives_way()
         assert completion.usage.prompt_tokens == pytest.approx(expected), (prefix, user)
 
 
-async def test_a_stream_without_usage_counts_its_chunks(server: MockModelServer) -> None:
-    """A server whose stream carries no usage (llama-cpp-python) still gets output
-    tokens and TPOT: its chunks are counted, and the records say so."""
+async def test_a_stream_without_usage_counts_its_chunks() -> None:
+    """A server whose stream carries no usage and that has no tokenize endpoint still
+    gets output tokens and TPOT: its chunks are counted, and the records say so."""
     from convsim.load import LoadShape, SyntheticSessions, drive, parse_synthetic
 
-    adapter = create_adapter(
-        "openai-compatible:mock-model",
-        {"base_url": server.base_url, "stream": True, "stream_usage": False, "max_retries": 0},
-    )
-    adapter.size_pool(2)
-    adapter.share_budgets(Budgets())
-    workload = SyntheticSessions(parse_synthetic("turns=2,input_tokens=8,output_tokens=12"))
-    outcome = await drive(adapter, workload, LoadShape(concurrency=2, max_requests=6))
-    await adapter.aclose()
+    async with MockModelServer(MockServerConfig(tokenize=False)) as server:
+        adapter = create_adapter(
+            "openai-compatible:mock-model",
+            {"base_url": server.base_url, "stream": True, "stream_usage": False, "max_retries": 0},
+        )
+        adapter.size_pool(2)
+        adapter.share_budgets(Budgets())
+        workload = SyntheticSessions(parse_synthetic("turns=2,input_tokens=8,output_tokens=12"))
+        outcome = await drive(adapter, workload, LoadShape(concurrency=2, max_requests=6))
+        await adapter.aclose()
     done = [r for r in outcome.records if r.ok]
     assert done and all(r.output_from_chunks for r in done)
+    assert {r.token_source for r in done} == {"estimate"}
     assert {r.output_tokens for r in done} == {12}
-    assert all(r.input_tokens is None and r.tpot_s is not None for r in done)
+    assert all(r.tpot_s is not None for r in done)
     from convsim.load._figures import merged_result
 
-    notes = merged_result([outcome]).notes
-    assert any(f"{len(done)} answers streamed no usage" in n for n in notes), notes
+    point = merged_result([outcome])
+    assert point.token_sources == {"estimate": len(done)}
+    said = f"{len(done)} of {len(done)} answers came without usage and the server has no"
+    assert any(said in n for n in point.notes), point.notes

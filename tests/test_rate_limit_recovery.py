@@ -27,7 +27,11 @@ from convsim.adapters._retry import RetryPolicy
 pytestmark = pytest.mark.anyio
 
 HI = [Message(role="user", content="hi")]
-OK = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+OK = {
+    "choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+    # as a server reports it: no call is spent counting tokens
+    "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+}
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):

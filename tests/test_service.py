@@ -40,6 +40,11 @@ def test_an_evaluation_runs_streams_and_summarises(server: Server) -> None:
         assert done.status == "done" and done.progress["done"] == 5
         summary = client.get_summary(evaluation.id)
         assert summary["conversations"] == 5
+        # where the token counts came from: the scripted model counts its own
+        assert summary["token_sources"]["server"] > 0
+        assert summary["token_sources"]["estimate"] == summary["token_sources"]["tokenizer"] == 0
+        usages = [t["usage"] for r in streamed for t in r["turns"] if t["usage"]]
+        assert usages and {u["source"] for u in usages} == {"server"}
         assert [e.id for e in client.list_evaluations()] == [evaluation.id]
 
 

@@ -46,6 +46,12 @@ class MockServerConfig(BaseModel):
     message_overhead_tokens: int = Field(default=0, ge=0)
     """Tokens a chat template adds per message, counted in chat prompts' usage (and by
     ``/tokenize`` for messages): a server whose prompt count is more than the words."""
+    usage: bool = True
+    """Report token usage. False: answers carry ``"usage": null`` and streams ignore
+    ``stream_options.include_usage``, as some servers do."""
+    tokenize: bool = True
+    """Serve ``POST /tokenize``. False: it answers 404, as on a server with no
+    tokenizer endpoint."""
     api_key: str | None = Field(default=None, repr=False)
     """When set, requests need ``Authorization: Bearer <api_key>`` or get 401."""
 

@@ -288,6 +288,10 @@ class MockModelServer:
 
     async def _tokenize(self, request: web.Request) -> web.StreamResponse:
         """vLLM's ``POST /tokenize``: the count the usage of the same input reports."""
+        if not self.config.tokenize:  # as a server without the endpoint answers
+            self._requests += 1
+            path = request.path
+            return error(404, f"Unknown path {path}", "invalid_request_error", "unknown_url")
         refused = self._refuse(request, "/tokenize")
         if refused is not None:
             return refused
@@ -353,9 +357,11 @@ class MockModelServer:
             words = (*words[:-1], (words[-1] if words else "") + HALF_EMOJI)
         n = len(words)
         model = self._model_json if params.model == cfg.model else json.dumps(params.model)
-        reply = Reply(words, finish, usage_json(prompt_tokens, n), model)
+        usage = usage_json(prompt_tokens, n) if cfg.usage else "null"
+        reply = Reply(words, finish, usage, model)
         if params.stream:
-            return await self._stream(request, path == CHAT, reply, params.include_usage, fault)
+            include_usage = params.include_usage and cfg.usage
+            return await self._stream(request, path == CHAT, reply, include_usage, fault)
         await self._delay(cfg.ttft_ms)
         await self._delay(cfg.itl_ms, n - 1)
         if fault == "malformed":

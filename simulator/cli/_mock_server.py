@@ -109,6 +109,18 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     show_default=True,
     help="Prompt tokens a chat template would add per message.",
 )
+@click.option(
+    "--usage/--no-usage",
+    default=True,
+    show_default=True,
+    help="Report token usage (--no-usage: none, even when a stream asks for it).",
+)
+@click.option(
+    "--tokenize/--no-tokenize",
+    default=True,
+    show_default=True,
+    help="Serve POST /tokenize (--no-tokenize: 404, a server without a tokenizer).",
+)
 def mock_server(
     host: str,
     port: int,
@@ -124,6 +136,8 @@ def mock_server(
     model_name: str,
     api_key: str | None,
     message_overhead_tokens: int,
+    usage: bool,
+    tokenize: bool,
 ) -> None:
     """Serve a mock OpenAI-compatible model until SIGINT or SIGTERM.
 
@@ -150,6 +164,8 @@ def mock_server(
         "model": model_name,
         "api_key": api_key,
         "message_overhead_tokens": message_overhead_tokens,
+        "usage": usage,
+        "tokenize": tokenize,
     }
     if faults is not None:
         settings["faults"] = faults

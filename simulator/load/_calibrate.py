@@ -1,9 +1,9 @@
 """Sizing synthetic text in the server's own tokens, without downloading a tokenizer.
 
 Before a run, a few probes (outside the measured window) ask the server how many tokens
-the synthetic vocabulary makes: its tokenize endpoint where it has one (vLLM, SGLang:
-``POST /tokenize``; llama.cpp: ``POST /tokenize`` with ``content``; llama-cpp-python:
-``POST /extras/tokenize``), otherwise the
+the synthetic vocabulary makes: its tokenize endpoint where it has one (the adapter's
+:meth:`~convsim.adapters.ModelAdapter.count_tokens`: vLLM, SGLang, llama.cpp,
+llama-cpp-python), otherwise the
 prompt tokens its usage reports for one-token generations of known texts. The same
 probes measure what a chat template adds (the prompt of an empty conversation), and
 one more asks for an exact output length, to learn whether the server honours
@@ -13,9 +13,6 @@ one more asks for an exact output length, to learn whether the server honours
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
 
 from convsim._errors import AdapterError
 from convsim._log import get_logger
@@ -61,42 +58,8 @@ class Calibration:
 
 async def _prompt_tokens(adapter: ModelAdapter, messages: list[Message]) -> int | None:
     completion = await adapter.generate(messages, GenerationParams(max_tokens=1))
-    return None if completion.usage.estimated else completion.usage.prompt_tokens
-
-
-def _root(base_url: str) -> str:
-    base = base_url.rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-async def _tokenize_count(adapter: Any, text: str) -> int | None:
-    """Tokens of ``text`` from the server's tokenize endpoint; None when it has none."""
-    config = getattr(adapter, "config", None)
-    base_url = getattr(config, "base_url", None)
-    if config is None or not base_url:
-        return None
-    headers = adapter.auth_headers() if hasattr(adapter, "auth_headers") else {}
-    root = _root(base_url)
-    forms = (
-        # vLLM, SGLang
-        ("/tokenize", {"model": config.model, "prompt": text, "add_special_tokens": False}),
-        ("/tokenize", {"content": text, "add_special": False}),  # llama.cpp's server
-        ("/extras/tokenize", {"model": config.model, "input": text}),  # llama-cpp-python
-    )
-    try:
-        async with httpx.AsyncClient(timeout=10.0, trust_env=True) as client:
-            for path, body in forms:
-                response = await client.post(root + path, json=body, headers=headers)
-                if response.status_code != 200:
-                    continue
-                data = response.json()
-                if isinstance(data.get("count"), int):
-                    return int(data["count"])
-                if isinstance(data.get("tokens"), list):
-                    return len(data["tokens"])
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return None
+    # the server's own count: a template's tokens are what is being measured
+    return completion.usage.prompt_tokens if completion.usage.source == "server" else None
 
 
 async def _exact_output(adapter: ModelAdapter) -> tuple[bool, str | None]:
@@ -149,7 +112,9 @@ async def calibrate(adapter: ModelAdapter, *, exact_output: bool = True) -> Cali
             "and token throughput is not measured"
         )
     else:
-        counted = await _tokenize_count(adapter, one)
+        # the one counting `convsim run` uses (an adapter-like object may lack it)
+        count_tokens = getattr(adapter, "count_tokens", None)
+        counted = await count_tokens(one) if count_tokens is not None else None
         if counted is not None and counted > 0:
             method, per_word = "tokenize", counted / VOCABULARY_SIZE
         else:

@@ -467,15 +467,15 @@ class _Driver:
             return None
         finally:
             self.in_flight.change(-1)
-        end = self.now()
         timings = completion.timings
+        # the answer ended before the adapter counted its tokens (a server with no usage)
+        end = self.now() - timings.count_s
         # the wire send of the answering attempt; queueing in the client counts as delay
         sent = max(called, end - timings.total_s)
+        # the adapter's figures, as `convsim run` records them: the server's, its
+        # tokenizer's, or an estimate (a stream's chunks), each with its source
         usage = completion.usage
-        output_tokens = None if usage.estimated else usage.completion_tokens
-        from_chunks = usage.estimated and timings.ttft_s is not None
-        if from_chunks:  # a stream without usage: each chunk is a token on most servers
-            output_tokens = len(timings.inter_token_s) + 1
+        from_chunks = usage.source == "estimate" and timings.ttft_s is not None
         self.records.append(
             RequestRecord(
                 script.session_id,
@@ -487,9 +487,10 @@ class _Driver:
                 timings.ttft_s,
                 timings.inter_token_s,
                 end,
-                None if usage.estimated else usage.prompt_tokens,
-                output_tokens,
+                usage.prompt_tokens,
+                usage.completion_tokens,
                 output_from_chunks=from_chunks,
+                token_source=usage.source,
             )
         )
         self.completed += 1

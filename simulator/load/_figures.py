@@ -140,6 +140,7 @@ def _input_accuracy(
         and r.ok
         and r.sent_s in window
         and r.input_tokens is not None
+        and r.token_source != "estimate"
         and check.asked.get(r.session_id)
     ]
     absolute = np.abs(np.asarray(errors, dtype=np.float64))
@@ -275,10 +276,20 @@ def _paused_s(outcomes: Sequence[DriveOutcome], window: Window) -> float:
 
 def _token_notes(records: list[RequestRecord]) -> list[str]:
     """What the token figures rest on, when not on the server's own counts."""
-    chunked = sum(1 for r in records if r.output_from_chunks)
-    if not chunked:
-        return []
-    return [
-        f"{chunked} answers streamed no usage: their output tokens are the streamed chunks "
-        "(one token each on llama.cpp and vLLM) and their input tokens are not known"
-    ]
+    done = [r for r in records if r.ok]
+    counted = sum(1 for r in done if r.token_source == "tokenizer")
+    estimated = sum(1 for r in done if r.token_source == "estimate")
+    notes = []
+    if counted:
+        notes.append(
+            f"{counted} of {len(done)} answers came without usage: their tokens were counted "
+            "with the server's tokenizer"
+        )
+    if estimated:
+        notes.append(
+            f"{estimated} of {len(done)} answers came without usage and the server has no "
+            "tokenize endpoint: their tokens are estimates (output: the streamed chunks, "
+            "one token each on llama.cpp and vLLM, else four characters a token; input: four "
+            "characters a token)"
+        )
+    return notes

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from convsim._types import UsageSource
+
 __all__ = ["RequestRecord"]
 
 
@@ -27,10 +29,10 @@ class RequestRecord:
         ttft_s: time from sending to the first token; None if none came or not streamed.
         inter_token_gaps_s: the gaps between consecutive streamed tokens (chunks).
         end_s: when the answer ended (or the request failed).
-        input_tokens: prompt tokens, as the server counted them (None if not reported).
-        output_tokens: completion tokens, as the server counted them; when a stream
-            carried no usage, the streamed chunks (see ``output_from_chunks``); None when
-            neither is known.
+        input_tokens: prompt tokens, as the adapter reports them (see ``token_source``);
+            None for a failed request.
+        output_tokens: completion tokens, likewise; when a stream carried no usage and
+            the server has no tokenizer, the streamed chunks (see ``output_from_chunks``).
         error: the error class of a failed request (``"Timeout"``); None when it succeeded.
     """
 
@@ -48,7 +50,10 @@ class RequestRecord:
     error: str | None = None
     output_from_chunks: bool = False
     """``output_tokens`` counts the stream's chunks (one token each on llama.cpp and
-    vLLM), the server having reported no usage."""
+    vLLM), the server having reported no usage and offered no tokenizer."""
+    token_source: UsageSource | None = None
+    """Where the token counts came from: ``server``, ``tokenizer`` (the server's
+    tokenize endpoint) or ``estimate``; None for a failed request."""
 
     @property
     def ok(self) -> bool:

@@ -4,7 +4,8 @@ Columns: ``point`` (the sweep point, 0 without a sweep), ``session_id``, ``turn_
 ``history_messages``, ``scheduled_s``, ``sent_s``, ``end_s`` (run clock, seconds),
 ``schedule_delay_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``input_tokens``,
 ``output_tokens``, ``output_from_chunks`` (true when the stream carried no usage and
-its chunks were counted), ``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
+its chunks were counted), ``token_source`` (``server``, ``tokenizer`` or ``estimate``),
+``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
 ``itl_count`` and ``itl_mean_ms``.
 """
 
@@ -37,6 +38,7 @@ REQUEST_COLUMNS = (
     "input_tokens",
     "output_tokens",
     "output_from_chunks",
+    "token_source",
     "error",
 )
 
@@ -61,6 +63,7 @@ def _row(point: int, r: RequestRecord) -> dict[str, Any]:
         "input_tokens": r.input_tokens,
         "output_tokens": r.output_tokens,
         "output_from_chunks": r.output_from_chunks,
+        "token_source": r.token_source,
         "error": r.error,
     }
 

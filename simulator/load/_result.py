@@ -81,7 +81,8 @@ class RequestCounts(_Model):
 
 
 class Throughput(_Model):
-    """Completed requests and their tokens (the server's counts) per second."""
+    """Completed requests and their tokens per second (where the counts came from:
+    :attr:`PointResult.token_sources`)."""
 
     requests_per_s: float
     output_tokens_per_s: float
@@ -217,6 +218,10 @@ class PointResult(_Model):
     conversations: ConversationFigures | None = None
     client: ClientFigures | None = None
     input_tokens: InputTokenAccuracy | None = None
+    token_sources: dict[str, int] = {}
+    """Completed requests by where their token counts came from: ``server`` (its
+    usage), ``tokenizer`` (its tokenize endpoint, as ``convsim run`` counts) or
+    ``estimate``; sources with no request are left out."""
     stopped_by: str | None = None
     """What ended the sending: duration, max_requests, max_errors, workload."""
     concurrency: int | None = None
@@ -352,6 +357,7 @@ def point_result(
         goodput=None if slos is None else goodput(measured, slos, seconds),
         meets_slo=None if slos is None else slos.met_by_summaries(dict(latency)),
         by_turn=_by_turn(done),
+        token_sources=dict(Counter(r.token_source for r in done if r.token_source is not None)),
     )
 
 

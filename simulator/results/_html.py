@@ -67,7 +67,9 @@ def _turn(turn: TurnRecord, scores: dict[str, Any]) -> list[Any]:
         turn.response,
         _round(t.latency_s * 1000, 1) if t and t.latency_s is not None else None,
         _round(t.ttft_s * 1000, 1) if t and t.ttft_s is not None else None,
-        [turn.usage.prompt_tokens, turn.usage.completion_tokens] if turn.usage else None,
+        [turn.usage.prompt_tokens, turn.usage.completion_tokens, turn.usage.source]
+        if turn.usage
+        else None,
         turn.attempts,
         f"{turn.error.type}: {turn.error.message}" if turn.error else None,
         {k: _round(v.value) for k, v in scores.items()},

@@ -15,6 +15,7 @@ from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_val
 from convsim.metrics._aggregate import aggregate
 
 from .._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
+from .._types import USAGE_SOURCES
 from ._sinks import iter_results, scan_lines, validate_line
 
 __all__ = [
@@ -77,6 +78,10 @@ class RunReport(BaseModel):
     """Answers of the model under test and the simulated user taken from the response
     cache (``hits``) and asked of the model (``misses``); empty when none was cached."""
     usage: dict[str, int]
+    token_sources: dict[str, int] = Field(default_factory=dict)
+    """Turns of the model under test by where their token counts came from: ``server``
+    (its usage), ``tokenizer`` (counted with its tokenizer, as it sent none) and
+    ``estimate`` (neither: four characters a token); empty when no turn reported any."""
     cost_usd: float | None = None
     """Summed over conversations with a price (the model under test)."""
     errors: dict[str, int]
@@ -113,6 +118,22 @@ class RunReport(BaseModel):
             data.pop("cache", None)
         return data
 
+    def token_sources_line(self) -> str | None:
+        """Where the token counts came from, in words (``token counts of 12 turns: 10
+        from the server, 2 estimated (...)``); None when no turn reported tokens."""
+        sources = self.token_sources
+        total = sum(sources.values())
+        if not total:
+            return None
+        words = {
+            "server": "from the server",
+            "tokenizer": "counted with the server's tokenizer",
+            "estimate": "estimated (no usage, no tokenizer)",
+        }
+        parts = [f"{sources[s]} {words[s]}" for s in USAGE_SOURCES if sources.get(s)]
+        noun = "turn" if total == 1 else "turns"
+        return f"token counts of {total} {noun}: " + ", ".join(parts)
+
     def to_markdown(self) -> str:
         lines = ["# convsim run summary", ""]
         lines.append(f"- packs: {', '.join(self.packs)}; models: {', '.join(self.models)}")
@@ -126,6 +147,9 @@ class RunReport(BaseModel):
                 f"- response cache: {self.cache['hits']} answers from the cache "
                 f"(no call, no latency), {self.cache['misses']} asked of the models"
             )
+        said = self.token_sources_line()
+        if said:
+            lines.append(f"- {said}")
         if self.trials is not None:
             lines.append(f"- trials per scenario: {self.trials}")
             if self.pass_hat_k:
@@ -343,6 +367,7 @@ class Summarizer:
         self._latencies: list[float] = []
         self._cache: Counter[str] = Counter()
         self._usage: Counter[str] = Counter()
+        self._sources: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._costs: list[float] = []
         self._runs: set[str] = set()
@@ -388,6 +413,8 @@ class Summarizer:
                 self._cache["hits" if t.cached else "misses"] += 1
             if t.user_message is not None and t.user_usage is not None:
                 self._cache["hits" if t.user_cached else "misses"] += 1
+            if t.usage is not None:
+                self._sources[t.usage.source] += 1
             if (
                 t.status is TurnStatus.COMPLETED
                 and t.timings is not None
@@ -470,6 +497,7 @@ class Summarizer:
             latency_s=latency,
             cache={k: self._cache[k] for k in ("hits", "misses")} if self._cache["hits"] else {},
             usage=dict(self._usage),
+            token_sources={s: self._sources[s] for s in USAGE_SOURCES} if self._sources else {},
             cost_usd=sum(self._costs) if self._costs else None,
             errors=dict(self._errors.most_common()),
             duration_s=duration,

@@ -118,6 +118,9 @@ def print_report(report: RunReport, out: Console) -> None:
     if report.clipped_turns:
         figures.append(f"{report.clipped_turns} turns clipped to the max_tokens cap")
     out.print("; ".join(figures), highlight=False)
+    said = report.token_sources_line()
+    if said and report.token_sources.get("server", 0) < sum(report.token_sources.values()):
+        out.print(said, highlight=False)  # said only when not all are the server's
     names = list(report.metrics)
     for key, groups in (
         ("scenario_type", report.by_scenario_type),

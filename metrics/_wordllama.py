@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from ._once import LoadedOnce
 
 __all__ = ["WordLlamaEmbedder", "wordllama_available"]
 
@@ -52,9 +53,14 @@ def wordllama_available() -> bool:
     return root is not None and (root / _WEIGHTS).is_file() and (root / _TOKENIZER).is_file()
 
 
-@lru_cache(maxsize=1)
+@LoadedOnce
 def _model() -> Any:
-    """The model, loaded once per process from the package's own files (read-only)."""
+    """The model, loaded once per process however many scorers ask for it at once."""
+    return _read_model()
+
+
+def _read_model() -> Any:
+    """The model, read from the package's own files (read-only): 31 MB of vectors."""
     root = _package_dir()
     if root is None or not wordllama_available():
         raise RuntimeError("WordLlama's weights are not installed (pip install wordllama)")

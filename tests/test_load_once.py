@@ -12,6 +12,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -164,15 +165,19 @@ def test_the_wrapper_keeps_the_loaders_name_and_doc() -> None:
 # -- WordLlama --------------------------------------------------------------------------
 
 
-class StubModel:
-    """Stands for WordLlama: bag-of-words vectors from hashed words."""
+class StubTokenizer:
+    """Stands for WordLlama's tokenizer: a word's id is a hash of it."""
 
-    def embed(self, texts: Sequence[str]) -> Any:
-        vectors = np.zeros((len(texts), 64), dtype=np.float32)
-        for row, text in enumerate(texts):
-            for word in text.lower().split():
-                vectors[row, zlib.crc32(word.encode()) % 64] += 1.0
-        return vectors
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[Any]:
+        return [
+            SimpleNamespace(ids=[zlib.crc32(w.encode()) % 64 for w in t.lower().split()])
+            for t in texts
+        ]
+
+
+def stub_model() -> _wordllama._WordVectors:
+    """Stands for WordLlama: a vector per word hash."""
+    return _wordllama._WordVectors(np.eye(64, dtype=np.float16), StubTokenizer())
 
 
 @pytest.fixture
@@ -184,9 +189,9 @@ def fresh_model() -> Iterator[None]:
 
 
 def counted_reader(monkeypatch: pytest.MonkeyPatch, gate: Gate) -> None:
-    def read_model() -> StubModel:
+    def read_model() -> _wordllama._WordVectors:
         gate.load()
-        return StubModel()
+        return stub_model()
 
     monkeypatch.setattr(_wordllama, "_read_model", read_model)
 
@@ -206,11 +211,11 @@ def test_wordllama_is_loaded_once_by_concurrent_embedders(monkeypatch: pytest.Mo
 def test_a_wordllama_load_that_fails_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
     loads: list[int] = []
 
-    def read_model() -> StubModel:
+    def read_model() -> _wordllama._WordVectors:
         loads.append(1)
         if len(loads) == 1:
             raise OSError("weights unreadable")
-        return StubModel()
+        return stub_model()
 
     monkeypatch.setattr(_wordllama, "_read_model", read_model)
     embedder = _wordllama.WordLlamaEmbedder()

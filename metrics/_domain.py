@@ -19,12 +19,12 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
+from ._once import LoadedOnce
 from ._stats import mean
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ MEANINGFUL_WORDS = 8
 FULL_MARKS_TERMS = 5
 
 
-@cache
+@LoadedOnce
 def _load(extra: str | None) -> dict[str, tuple[str, ...]]:
     data = json.loads(TERMS_FILE.read_text(encoding="utf-8"))
     if extra:

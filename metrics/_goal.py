@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -17,6 +16,7 @@ from convsim.scenarios._regex import RegexError, compile_pack_regex, pack_regex_
 from convsim.scenarios._schema import Criterion, Goal
 
 from ._judge import ask_judge, judge_details
+from ._once import LoadedOnce
 from ._protocol import AsyncConversationScorer
 
 __all__ = [
@@ -152,7 +152,7 @@ def _no_retrieval(uri: str) -> Any:
     raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]  # attrs
 
 
-@functools.cache
+@LoadedOnce
 def _local_registry() -> Any:
     """The JSON Schema metaschemas, and nothing fetched: a reference a pack's schema
     makes to a URL or a file (``$ref``, ``$dynamicRef``, a remote ``$id``) is
@@ -164,7 +164,7 @@ def _local_registry() -> Any:
     return registry.combine(REGISTRY)
 
 
-@functools.cache
+@LoadedOnce
 def _re2_validator(base: Any) -> Any:
     import jsonschema
 

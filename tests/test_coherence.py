@@ -263,3 +263,66 @@ def test_wordllama_loads_from_the_package_without_touching_the_network(
     assert vectors.shape == (3, 256)
     near, far = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
     assert near > far
+
+
+def _wordllama_inference() -> Any:
+    """WordLlama's own ``WordLlamaInference`` class, imported without letting its
+    ``logging.basicConfig()`` configure the root logger."""
+    import logging
+
+    root = logging.getLogger()
+    guard = logging.NullHandler()
+    root.addHandler(guard)
+    try:
+        from wordllama.inference import WordLlamaInference
+    finally:
+        root.removeHandler(guard)
+    return WordLlamaInference
+
+
+def _varied_texts() -> list[str]:
+    """Texts short and long, blank, emoji, accents, and long histories."""
+    rng = random.Random(7)
+    pieces = [text for pair in SUPPORT + COOKING for text in pair]
+    pieces += ["", "   ", "🙂", "naïve café — déjà vu", "x" * 3000, "Thanks!\n\nBye."]
+    histories = [" ".join(rng.choices(pieces, k=rng.randint(2, 40))) for _ in range(80)]
+    return pieces + histories
+
+
+def test_wordllama_vectors_are_those_of_wordllamas_own_embed() -> None:
+    """Pooled one text at a time, the vectors are WordLlama's own, bit for bit, so scores
+    stay what they were."""
+    import numpy as np
+
+    from convsim.metrics import _wordllama
+
+    texts = _varied_texts()
+    model = _wordllama._read_model()
+    theirs = _wordllama_inference()(model.table, _wordllama._read_model().tokenizer).embed(texts)
+    ours = _wordllama.WordLlamaEmbedder().embed(texts)
+    norms = np.linalg.norm(theirs, axis=1, keepdims=True)
+    expected = np.where(norms > 0, theirs / np.maximum(norms, 1e-12), 0.0)
+    expected[[not t.strip() for t in texts]] = 0.0
+    assert ours.dtype == np.float32 and np.array_equal(ours, expected)
+
+
+def test_embedding_a_long_history_beside_short_texts_pads_nothing() -> None:
+    """Coherence embeds each response beside the whole conversation before it: the
+    short texts are not padded to the long one's length (WordLlama's own embed takes
+    hundreds of MB for these texts)."""
+    import tracemalloc
+
+    from convsim.metrics import _wordllama
+
+    history = " ".join(f"The parcel number {i} went to depot {i % 97}." for i in range(200))
+    texts = [history] + [f"Short answer number {i}." for i in range(63)]
+    embedder = _wordllama.WordLlamaEmbedder()
+    embedder.embed(["warm up: the model is loaded once"])
+    tracemalloc.start()
+    try:
+        vectors = embedder.embed(texts)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert vectors.shape == (64, 256)
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MB"

@@ -45,6 +45,9 @@ class Usage:
     total_tokens: int = 0
     estimated: bool = False
     """True when the counts are a client-side estimate, not the server's figures."""
+    cached_prompt_tokens: int = 0
+    """Of ``prompt_tokens``, those the server read from its prompt cache (as it reports
+    them), priced at the model's cached-input rate."""
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -52,6 +55,7 @@ class Usage:
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
             estimated=self.estimated or other.estimated,
+            cached_prompt_tokens=self.cached_prompt_tokens + other.cached_prompt_tokens,
         )
 
 

@@ -81,7 +81,8 @@ class RoleEstimate:
     prompt_tokens_low: int
     prompt_tokens_high: int
     completion_tokens_high: int | None
-    """None: some call has no max_tokens cap, so its answer has no bound."""
+    """None: an answer of the conversations has no max_tokens cap, so neither it nor
+    the prompts after it have a bound (``prompt_tokens_high`` then counts it as empty)."""
     cost_low: float | None
     """The prompts priced (answers empty); None: the model has no price."""
     cost_high: float | None
@@ -174,6 +175,7 @@ class CostEstimator:
         said_low = said_high = 0  # the transcript without the system prompt
         transcript: list[Message] = [Message(role="system", content=system)] if system else []
         judges = _judges(self.metrics.get(flow.scenario_type, ()))
+        unbounded = False
         for turn in turns:
             try:
                 text = conv.render(turn, transcript)
@@ -193,10 +195,10 @@ class CostEstimator:
                 # the model is told what the simulated user wrote: nothing to its cap
                 message_low = _FRAME
                 message_high = _FRAME + (user_cap or 0)
-                if user_cap is None:
-                    tallies["model"].completion_high = None  # an unbounded message
+                unbounded = unbounded or user_cap is None
             tallies["model"].call(history_low + message_low, history_high + message_high, cap)
             answer_high = cap or 0
+            unbounded = unbounded or cap is None
             for rubric, judge in judges + _judges(
                 self.turn_metrics[n] for n in turn.config.evaluation_metrics if n in self.turn_metrics
             ):
@@ -212,6 +214,9 @@ class CostEstimator:
             said_low += message_low + _FRAME
             said_high += message_high + _FRAME + answer_high
             transcript += [Message(role="user", content=text), Message(role="assistant", content="")]
+        if unbounded:  # an answer without a cap: no call after it has a high bound
+            for tally in tallies.values():
+                tally.completion_high = None
         return ConversationEstimate(len(turns), tallies)
 
     def adapter(self, role: Role, judge: JudgeSettings | None = None) -> ModelAdapter | None:

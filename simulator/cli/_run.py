@@ -40,6 +40,7 @@ from ._options import (
     single_turn_options,
     with_base_url,
 )
+from ._estimate import print_estimate
 from ._outputs import check_gates, write_report_html, write_summaries
 
 if TYPE_CHECKING:
@@ -115,6 +116,12 @@ if TYPE_CHECKING:
     type=click.IntRange(min=0),
     default=None,
     help="Run at most N conversations.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate, expand trials and print the conversations, turns, model calls by role, "
+    "estimated prompt tokens and the cost range; call no model, write no file.",
 )
 @click.option(
     "--backend",
@@ -196,6 +203,14 @@ if TYPE_CHECKING:
     "reasons (0: never); --resume runs the rest.",
 )
 @click.option(
+    "--max-cost",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="USD",
+    help="Start no conversation that could take this run's spend (model, user and judge "
+    "calls) past USD, counting the ones in flight; --resume runs the rest.",
+)
+@click.option(
     "--max-failure-rate",
     type=click.FloatRange(0, 1),
     default=0.0,
@@ -224,6 +239,7 @@ def run(
     retry_failed: bool,
     seed: int,
     limit: int | None,
+    dry_run: bool,
     backend: str,
     actors: int,
     ray_address: str | None,
@@ -248,6 +264,7 @@ def run(
     judge_combine: str,
     preflight: bool,
     circuit_breaker: int,
+    max_cost: float | None,
     max_failure_rate: float,
     progress: bool | None,
     html_out: str | None,
@@ -268,6 +285,8 @@ def run(
            run (the circuit breaker stopped it; --resume runs the rest)
       5    conversations hit their conversation timeout beyond --max-failure-rate
            (counted apart from infrastructure failures: raise --conversation-timeout)
+      6    --max-cost stopped the run before its last conversation (--resume runs
+           the rest)
       130  interrupted
     When several apply, the first of 4, 3, 5 wins.
     Once a run has started, its results and summaries are written before any exit.
@@ -301,6 +320,7 @@ def run(
         given = [
             flag
             for flag, value in (
+                ("--max-cost", max_cost),
                 ("--conversation-timeout", conversation_timeout),
                 ("--max-turns", max_turns),
                 ("--max-tokens", max_tokens),
@@ -340,12 +360,16 @@ def run(
         judge_combine=judge_combine,
         preflight=preflight,
         circuit_breaker=circuit_breaker,
+        max_cost=max_cost,
         allow_code=allow_code,
         plugins=plugin_names,
         plugin_config=plugin_settings(plugin_args),
     )
     simulator = Simulator(config)
     simulator.check(loaded)
+    if dry_run:
+        print_estimate(loaded.name, simulator.estimate(loaded, limit=limit), _stdout())
+        return
     if out is None:
         out = (
             Path("runs") / f"{loaded.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
@@ -390,6 +414,13 @@ def run(
     timeouts = timeout_line(stats, users_timeout=users_timeout)
     if timeouts is not None and verdict.code != EXIT_TIMEOUTS and not outcome.interrupted:
         _stderr().print(f"warning: {timeouts}", highlight=False)  # within the rate
+    if stats.cost_stop is not None and not outcome.interrupted:
+        left = stats.total - stats.started
+        _stderr().print(
+            f"stopped: max_cost — {stats.cost_stop}; {left} conversations not started: "
+            "run again with --resume (and a higher --max-cost) to run them",
+            highlight=False,
+        )
     if verdict.message is not None:
         print_error(verdict.message)
     if verdict.code:

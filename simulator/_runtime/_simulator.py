@@ -319,7 +319,10 @@ class Simulator:
 
         Returns the loaded pack. Raises ConfigError or PackError as :meth:`run` would.
         """
-        return self._plan(pack, None, None, None).pack
+        plan = self._plan(pack, None, None, None)
+        if self.config.max_cost is not None:
+            self._check_priced(plan, None, None)
+        return plan.pack
 
     def estimate(
         self,

@@ -466,7 +466,9 @@ class HttpModelAdapter(ModelAdapter):
             if price.cached_input_per_mtok is None
             else price.cached_input_per_mtok
         )
-        prompt = ((usage.prompt_tokens - cached) * price.input_per_mtok + cached * cached_rate) / 1e6
+        prompt = (
+            (usage.prompt_tokens - cached) * price.input_per_mtok + cached * cached_rate
+        ) / 1e6
         completion = usage.completion_tokens * price.output_per_mtok / 1e6
         return Cost(prompt_cost=prompt, completion_cost=completion, total_cost=prompt + completion)
 

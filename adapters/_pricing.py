@@ -108,7 +108,9 @@ def _entry(entry: Any, field: str) -> Price:
     elif isinstance(entry, dict):
         unknown = sorted(set(entry) - set(_FIELDS))
         if unknown:
-            raise ConfigError(f"{field}: unknown field {unknown[0]!r} (fields: {', '.join(_FIELDS)})")
+            raise ConfigError(
+                f"{field}: unknown field {unknown[0]!r} (fields: {', '.join(_FIELDS)})"
+            )
         missing = [f for f in _FIELDS[:2] if f not in entry]
         if missing:
             raise ConfigError(f"{field}: '{missing[0]}' is missing")

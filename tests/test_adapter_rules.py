@@ -30,7 +30,11 @@ ENV = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
     ("provider", "model", "expected"),
     [
         ("openai", "gpt-4o-mini", Price(0.15, 0.6, 0.075)),
-        ("openai", "gpt-4o-2024-08-06", Price(2.5, 10.0, 1.25)),  # a dated snapshot of a listed model
+        (
+            "openai",
+            "gpt-4o-2024-08-06",
+            Price(2.5, 10.0, 1.25),
+        ),  # a dated snapshot of a listed model
         ("openai", "gpt-4o-mini-2024-07-18", Price(0.15, 0.6, 0.075)),
         ("anthropic", "claude-3-5-haiku-20241022", Price(0.8, 4.0, 0.08)),
         ("anthropic", "claude-3-5-haiku-latest", Price(0.8, 4.0, 0.08)),

@@ -196,7 +196,7 @@ def test_max_cost_stops_cleanly_and_resume_runs_the_rest(
     common = [*target(mock), *PRICED, "--out", str(out), "--concurrency", "1", "--no-progress"]
     _, estimate, _ = invoke("run", packed, *common, "--dry-run", "--limit", "1")
     assert "cost: $" in estimate
-    code, stdout, stderr = invoke("run", packed, *common, "--max-cost", "0.2")
+    code, _, stderr = invoke("run", packed, *common, "--max-cost", "0.2")
     assert code == 6, stderr
     assert "stopped: max_cost" in stderr and "--resume" in stderr
     first = [json.loads(line) for line in out.read_text().splitlines()]
@@ -310,7 +310,11 @@ def test_a_missing_price_file_is_bad_input(tmp_path: Path, mock: MockModelServer
 
 def test_servers_report_cached_prompt_tokens() -> None:
     openai = openai_usage(
-        {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 64}}
+        {
+            "prompt_tokens": 100,
+            "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 64},
+        }
     )
     assert openai is not None and (openai.prompt_tokens, openai.cached_prompt_tokens) == (100, 64)
     # Anthropic counts cache reads and writes apart from input_tokens

@@ -28,7 +28,6 @@ from ._user import SimulatedUser
 
 if TYPE_CHECKING:
     from ._config import SimulatorConfig
-    from ._run import RunPlan
 
 __all__ = ["ROLES", "ConversationEstimate", "CostEstimator", "RoleEstimate", "RunEstimate"]
 
@@ -191,7 +190,9 @@ class CostEstimator:
                 instruction = SimulatedUser(self.user, conv.scenario).system_prompt(text)
                 user_cap = self.user_settings.for_call(conv, turn, 0).max_tokens
                 framing = _tokens(instruction) + 2 * _FRAME
-                tallies["user"].call(framing + said_low, framing + context_high + said_high, user_cap)
+                tallies["user"].call(
+                    framing + said_low, framing + context_high + said_high, user_cap
+                )
                 # the model is told what the simulated user wrote: nothing to its cap
                 message_low = _FRAME
                 message_high = _FRAME + (user_cap or 0)
@@ -200,7 +201,9 @@ class CostEstimator:
             answer_high = cap or 0
             unbounded = unbounded or cap is None
             for rubric, judge in judges + _judges(
-                self.turn_metrics[n] for n in turn.config.evaluation_metrics if n in self.turn_metrics
+                self.turn_metrics[n]
+                for n in turn.config.evaluation_metrics
+                if n in self.turn_metrics
             ):
                 frame = _tokens(JUDGE_PROMPT) + _tokens(rubric) + _FRAME
                 for _ in range(judge.samples):
@@ -213,7 +216,10 @@ class CostEstimator:
             history_high += message_high + _FRAME + answer_high
             said_low += message_low + _FRAME
             said_high += message_high + _FRAME + answer_high
-            transcript += [Message(role="user", content=text), Message(role="assistant", content="")]
+            transcript += [
+                Message(role="user", content=text),
+                Message(role="assistant", content=""),
+            ]
         if unbounded:  # an answer without a cap: no call after it has a high bound
             for tally in tallies.values():
                 tally.completion_high = None
@@ -313,13 +319,15 @@ def _price(adapter: ModelAdapter | None, prompt: int, completion: int) -> float 
 
 def estimator_for(
     config: SimulatorConfig,
-    plan: RunPlan,
+    metrics: Mapping[str, Sequence[Metric]],
+    turn_metrics: Mapping[str, Metric],
     model: ModelAdapter,
     user: ModelAdapter | None,
     model_name: str | None = None,
     user_name: str | None = None,
 ) -> CostEstimator:
-    """The estimator of one run: its models and their settings as the run uses them."""
+    """The estimator of one run: its models and their settings as the run uses them,
+    and its metrics by flow (the judged ones call the judge)."""
     names: dict[Role, str] = {}
     if model_name:
         names["model"] = model_name
@@ -332,8 +340,8 @@ def estimator_for(
         user_settings=CallSettings(user.default_config(), "user", config.token_cap("user"))
         if user is not None
         else None,
-        metrics=plan.metrics,
-        turn_metrics=plan.turn_metrics,
+        metrics=metrics,
+        turn_metrics=turn_metrics,
         max_turns=config.max_turns,
         names=names,
     )

@@ -176,7 +176,10 @@ class Run:
         config, context = self.context.config, self.context
         if config.max_cost is not None:
             handle._cost = CostMeter(
-                config.max_cost, estimator_for(config, plan, context.model, context.user_model)
+                config.max_cost,
+                estimator_for(
+                    config, plan.metrics, plan.turn_metrics, context.model, context.user_model
+                ),
             )
         todo = [
             c

@@ -335,18 +335,20 @@ class Simulator:
         turns, calls by role (model, user, judge), prompt tokens and the cost range
         (see :mod:`convsim._runtime._estimate`). Raises as :meth:`run` would."""
         plan = self._plan(pack, None, limit, only)
-        todo = [
-            c for c in plan.pack.conversations if only is None or c.conversation_id in only
-        ]
+        todo = [c for c in plan.pack.conversations if only is None or c.conversation_id in only]
         if limit is not None:
             todo = todo[:limit]
         return estimator_for(
-            self.config, plan, self.model, self.user_model, self.model_name, self.user_model_name
+            self.config,
+            plan.metrics,
+            plan.turn_metrics,
+            self.model,
+            self.user_model,
+            self.model_name,
+            self.user_model_name,
         ).run(todo)
 
-    def _check_priced(
-        self, plan: RunPlan, limit: int | None, only: Collection[str] | None
-    ) -> None:
+    def _check_priced(self, plan: RunPlan, limit: int | None, only: Collection[str] | None) -> None:
         """A cost cap needs a price for every model the run calls."""
         unpriced = self.estimate(plan.pack, limit=limit, only=only).unpriced
         if unpriced:

@@ -29,6 +29,7 @@ from ._console import (
 )
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
+from ._estimate import print_estimate
 from ._options import (
     check_html_extra,
     fail_under_option,
@@ -40,7 +41,6 @@ from ._options import (
     single_turn_options,
     with_base_url,
 )
-from ._estimate import print_estimate
 from ._outputs import check_gates, write_report_html, write_summaries
 
 if TYPE_CHECKING:

@@ -137,7 +137,6 @@ class RunReport(BaseModel):
         unknown = f"unknown for {', '.join(self.unpriced)} (no price)"
         return f"{known} + {unknown}" if parts else unknown
 
-
     def to_markdown(self) -> str:
         lines = ["# convsim run summary", ""]
         lines.append(f"- packs: {', '.join(self.packs)}; models: {', '.join(self.models)}")
@@ -581,4 +580,3 @@ def summarize_file(path: str | Path) -> RunReport:
         if line.number in counted:
             summary.add(validate_line(path, line))
     return summary.report()
-

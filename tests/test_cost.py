@@ -5,13 +5,16 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from click.testing import CliRunner
+from structlog.testing import capture_logs
 
 from convsim import Simulator
 from convsim._errors import ConfigError
@@ -329,3 +332,21 @@ def test_servers_report_cached_prompt_tokens() -> None:
     assert anthropic is not None
     assert (anthropic.prompt_tokens, anthropic.cached_prompt_tokens) == (100, 80)
     assert (Usage(cached_prompt_tokens=3) + Usage(cached_prompt_tokens=4)).cached_prompt_tokens == 7
+
+
+async def test_a_cost_stop_ends_admission_at_once(tmp_path: Path) -> None:
+    """The conversations after the stop are not walked one by one (each logging the
+    stop again): admission ends where the cap was reached."""
+    packed = pack(tmp_path, n=300)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        with capture_logs() as logs:
+            async with Simulator(
+                PricedAdapter(), concurrency=64, max_cost=1.5, max_loop_lag=None
+            ) as sim:
+                results = [r async for r in sim.run(packed)]
+    finally:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    assert 0 < len(results) < 300
+    stops = [e for e in logs if e["event"] == "run_stopped_early"]
+    assert len(stops) == 1 and stops[0]["reason"] == "max_cost"

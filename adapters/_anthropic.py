@@ -30,10 +30,16 @@ class AnthropicConfig(HttpAdapterConfig):
 def _usage(data: Any) -> Usage | None:
     if not isinstance(data, dict) or ("input_tokens" not in data and "output_tokens" not in data):
         return None
-    prompt = int(data.get("input_tokens") or 0)
+    # input_tokens leaves out the tokens read from (or written to) the prompt cache
+    cached = max(int(data.get("cache_read_input_tokens") or 0), 0)
+    written = max(int(data.get("cache_creation_input_tokens") or 0), 0)
+    prompt = int(data.get("input_tokens") or 0) + cached + written
     completion = int(data.get("output_tokens") or 0)
     return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        cached_prompt_tokens=cached,
     )
 
 

@@ -65,7 +65,7 @@ from ._http import (
     too_large,
 )
 from ._inflight import BytesInFlight, InflightStatistics
-from ._pricing import price_of
+from ._pricing import PRICING_ENV, Price, PriceTable, price_table
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status, quota_exhausted, refused_call
 from ._text import StreamedText, repair_text
@@ -139,6 +139,12 @@ class HttpAdapterConfig(BaseModel):
     """USD per million prompt tokens (overrides the pricing file)."""
     output_price: float | None = Field(default=None, ge=0)
     """USD per million completion tokens."""
+    cached_input_price: float | None = Field(default=None, ge=0)
+    """USD per million prompt tokens read from the server's prompt cache (default: the
+    pricing file's, else ``input_price``)."""
+    pricing_file: str | None = None
+    """A JSON price file that extends and overrides the bundled one (default: the file
+    ``CONVSIM_PRICING_FILE`` names, if set)."""
     context_length: int | None = Field(default=None, gt=0)
 
     @field_validator("base_url")
@@ -323,6 +329,9 @@ class HttpModelAdapter(ModelAdapter):
                 raise ConfigError("an egress policy needs the aiohttp transport (drop http=httpx)")
             egress.check_url(self.base_url)
         self._api_key = self._resolve_key(env)
+        self._prices: PriceTable = price_table(
+            cfg.pricing_file or env.get(PRICING_ENV, "").strip() or None
+        )
         self._scrub = Redactor.of(keys=[self._api_key], urls=[self.base_url])
         """Blanks the key, and credentials inside base_url, out of errors, snippets and
         answers."""
@@ -465,18 +474,37 @@ class HttpModelAdapter(ModelAdapter):
             concurrency=self._concurrency,
         )
 
-    def estimate_cost(self, usage: Usage) -> Cost | None:
-        listed = price_of(self.provider, self.config.model)
-        input_price = self.config.input_price
+    def price(self) -> Price | None:
+        """What this adapter's model costs: the arguments' prices over the price table's;
+        None when the input or output price is not known."""
+        c = self.config
+        listed = self._prices.price_of(self.provider, c.model)
+        input_price, output_price = c.input_price, c.output_price
         if input_price is None and listed is not None:
             input_price = listed.input_per_mtok
-        output_price = self.config.output_price
         if output_price is None and listed is not None:
             output_price = listed.output_per_mtok
         if input_price is None or output_price is None:
             return None
-        prompt = usage.prompt_tokens * input_price / 1e6
-        completion = usage.completion_tokens * output_price / 1e6
+        cached = c.cached_input_price
+        if cached is None and c.input_price is None and listed is not None:
+            cached = listed.cached_input_per_mtok  # a given input price is not mixed with it
+        return Price(input_price, output_price, cached)
+
+    def estimate_cost(self, usage: Usage) -> Cost | None:
+        price = self.price()
+        if price is None:
+            return None
+        cached = min(usage.cached_prompt_tokens, usage.prompt_tokens)
+        cached_rate = (
+            price.input_per_mtok
+            if price.cached_input_per_mtok is None
+            else price.cached_input_per_mtok
+        )
+        prompt = (
+            (usage.prompt_tokens - cached) * price.input_per_mtok + cached * cached_rate
+        ) / 1e6
+        completion = usage.completion_tokens * price.output_per_mtok / 1e6
         return Cost(prompt_cost=prompt, completion_cost=completion, total_cost=prompt + completion)
 
     async def aclose(self) -> None:

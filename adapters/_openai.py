@@ -76,10 +76,13 @@ def _usage(data: Any) -> Usage | None:
         return None
     prompt = int(data.get("prompt_tokens") or 0)
     completion = int(data.get("completion_tokens") or 0)
+    details = data.get("prompt_tokens_details")
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=int(data.get("total_tokens") or prompt + completion),
+        cached_prompt_tokens=min(max(cached, 0), prompt),
     )
 
 

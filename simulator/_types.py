@@ -62,6 +62,10 @@ class Usage:
     before the source was recorded), it is ``estimate`` if that is true, else
     ``server``."""
 
+    cached_prompt_tokens: int = 0
+    """Of ``prompt_tokens``, those the server read from its prompt cache (as it reports
+    them), priced at the model's cached-input rate."""
+
     @model_validator(mode="before")
     @classmethod
     def _source_and_flag_agree(cls, data: Any) -> Any:
@@ -90,6 +94,7 @@ class Usage:
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
             source=source,
+            cached_prompt_tokens=self.cached_prompt_tokens + other.cached_prompt_tokens,
         )
 
 

@@ -29,11 +29,15 @@ ENV = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
 @pytest.mark.parametrize(
     ("provider", "model", "expected"),
     [
-        ("openai", "gpt-4o-mini", Price(0.15, 0.6)),
-        ("openai", "gpt-4o-2024-08-06", Price(2.5, 10.0)),  # a dated snapshot of a listed model
-        ("openai", "gpt-4o-mini-2024-07-18", Price(0.15, 0.6)),
-        ("anthropic", "claude-3-5-haiku-20241022", Price(0.8, 4.0)),
-        ("anthropic", "claude-3-5-haiku-latest", Price(0.8, 4.0)),
+        ("openai", "gpt-4o-mini", Price(0.15, 0.6, 0.075)),
+        (
+            "openai",
+            "gpt-4o-2024-08-06",
+            Price(2.5, 10.0, 1.25),
+        ),  # a dated snapshot of a listed model
+        ("openai", "gpt-4o-mini-2024-07-18", Price(0.15, 0.6, 0.075)),
+        ("anthropic", "claude-3-5-haiku-20241022", Price(0.8, 4.0, 0.08)),
+        ("anthropic", "claude-3-5-haiku-latest", Price(0.8, 4.0, 0.08)),
         ("openai", "o1-pro", None),  # an unlisted variant is not priced as its family
         ("anthropic", "claude-opus-4-5", None),
         ("openai", "no-such-model", None),

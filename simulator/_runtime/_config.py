@@ -143,6 +143,12 @@ class SimulatorConfig(BaseModel):
     it, a smaller one kept, a turn without one asks for this many (None: the pack's).
     A ``max_tokens`` model argument caps its own model's calls the same way; the
     smaller cap wins (see :meth:`token_cap`)."""
+    max_cost: float | None = Field(default=None, gt=0)
+    """USD a run may spend (the model under test's, the simulated user's and the
+    judge's calls, as their adapters price them): no conversation starts that could take
+    the run past it, counting what the conversations in flight may still cost. The run
+    then stops cleanly, like a stop (in-flight conversations get the grace period, the
+    rest stay unrecorded for ``--resume``). Every model must have a price."""
     grace_period: float = Field(default=5.0, ge=0)
     """Seconds in-flight conversations get to finish after a stop."""
     preflight: bool = True

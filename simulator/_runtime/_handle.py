@@ -16,6 +16,7 @@ from convsim.scenarios import Pack
 from .._gauges import InFlight
 from .._records import Status
 from ..results._sinks import RunManifest
+from ._cost import CostMeter
 from ._result_stream import ResultStream
 
 __all__ = ["RunHandle", "RunStatistics"]
@@ -61,6 +62,14 @@ class RunStatistics:
     """The longest a completed turn of this run took (seconds); None before one did."""
     clipped_turns: int = 0
     """Turns whose pack max_tokens the user's cap (``max_tokens``) clipped."""
+    stopped: str | None = None
+    """What stopped the run before its last conversation: ``max_cost`` (the cost cap)
+    or ``circuit_breaker``; None when nothing did."""
+    cost_usd: float | None = None
+    """What this run's recorded conversations cost (model, simulated user and judge),
+    counted when the run has a cost cap; None otherwise."""
+    cost_stop: str | None = None
+    """Why the cost cap stopped the run (one line); None when it did not."""
 
     @property
     def finished(self) -> int:
@@ -133,6 +142,8 @@ class RunHandle(ResultStream):
         self._stopping = _Stopping(grace_period)
         self._budgets = budgets
         self._stopped_early: str | None = None
+        self._cost: CostMeter | None = None
+        """The run's cost cap, when it has one."""
         self.manifest: RunManifest | None = None
 
     async def wait(self) -> None:
@@ -152,7 +163,7 @@ class RunHandle(ResultStream):
         self._stopping.begin(grace_period)
 
     def statistics(self) -> RunStatistics:
-        c = self._counters
+        c, cost = self._counters, self._cost
         by = c.by_status
         finished = sum(by.values())
         return RunStatistics(
@@ -176,4 +187,14 @@ class RunHandle(ResultStream):
             timeouts_s=tuple(sorted(c.timeouts_s)),
             slowest_turn_s=c.slowest_turn_s,
             clipped_turns=c.clipped_turns,
+            stopped=_stopped(self._stopped_early, cost),
+            cost_usd=None if cost is None else cost.spent,
+            cost_stop=None if cost is None else cost.stopped,
         )
+
+
+def _stopped(breaker: str | None, cost: CostMeter | None) -> str | None:
+    """What stopped the run early, by name."""
+    if cost is not None and cost.stopped is not None:
+        return "max_cost"
+    return "circuit_breaker" if breaker is not None else None

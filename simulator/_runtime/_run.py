@@ -33,6 +33,8 @@ from ._actor import ActorSettings, ConversationActor
 from ._breaker import CircuitBreaker, is_infrastructure_failure
 from ._call_settings import CallSettings
 from ._config import SimulatorConfig
+from ._cost import CostMeter
+from ._estimate import estimator_for
 from ._handle import RunHandle
 
 __all__ = ["CLOSE_TIMEOUT_S", "Run", "RunContext", "RunPlan"]
@@ -171,6 +173,14 @@ class Run:
         the results file already holds (resume), then ``only`` and ``limit``."""
         plan, handle = self.plan, self.handle
         done = await plan.sink.open(self.manifest) if plan.sink is not None else set()
+        config, context = self.context.config, self.context
+        if config.max_cost is not None:
+            handle._cost = CostMeter(
+                config.max_cost,
+                estimator_for(
+                    config, plan.metrics, plan.turn_metrics, context.model, context.user_model
+                ),
+            )
         todo = [
             c
             for c in handle.pack.conversations
@@ -226,6 +236,13 @@ class Run:
         except BaseException:  # stopped before it started: the slot is the simulator's
             self.context.slots.release()
             raise
+        cost = self.handle._cost
+        if cost is not None and not cost.admit(conv):
+            # the cap could be passed: start no more (they stay unrecorded, for --resume)
+            self.context.slots.release()
+            log.info("run_stopped_early", reason="max_cost", detail=cost.stopped)
+            self.handle._stopping.begin()
+            return
         counters.started += 1
         self.handle._alive.change(+1)
         conversations.start_soon(self.conversation, conv)
@@ -294,6 +311,8 @@ class Run:
             counters.clipped_turns += turn.max_tokens_clipped_from is not None
         if is_infrastructure_failure(result):
             counters.infrastructure_failures += 1
+        if handle._cost is not None:
+            handle._cost.record(result)
         sink = self.plan.sink
         if sink is not None and handle._error is None:
             try:
@@ -333,6 +352,7 @@ class Run:
         manifest = self.manifest
         manifest.finished_at = time.time()
         manifest.statistics = stats.as_dict()
+        manifest.stopped = stats.stopped
         if self.plan.sink is not None:
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 await self.plan.sink.close(manifest)

@@ -25,6 +25,7 @@ from ..plugins import PLUGINS, BasePlugin, PluginManager
 from ..results._sinks import JsonlSink, ResultSink, RunManifest
 from ._config import ModelChoice, ModelRef, SimulatorConfig
 from ._descriptors import DESCRIPTOR_HEADROOM, ensure_descriptors
+from ._estimate import RunEstimate, estimator_for
 from ._handle import RunHandle
 from ._packs import load_pack
 from ._run import CLOSE_TIMEOUT_S, Run, RunContext, RunPlan
@@ -80,6 +81,10 @@ class Simulator:
             max_tokens is clipped to it, a smaller one kept; a ``max_tokens`` model
             argument caps its own model the same way (the smaller cap wins). The
             manifest records the caps; each clipped turn records the pack's value.
+        max_cost: USD the run may spend (model, simulated user and judge calls): no
+            conversation starts that could take it past the cap (counting the ones in
+            flight); the run then stops as :meth:`RunHandle.stop` does, and the
+            manifest records ``stopped: max_cost``. Every model needs a price.
         grace_period: seconds in-flight conversations get to finish after a stop.
         preflight: check each model endpoint with one cheap call when the ``async
             with`` block starts (default on); EndpointError says what to fix.
@@ -270,6 +275,8 @@ class Simulator:
             raise ConfigError("Simulator.run() needs 'async with Simulator(...) as sim:' first")
         plan = self._plan(pack, sink, limit, only)
         pack = plan.pack
+        if self.config.max_cost is not None:
+            self._check_priced(plan, limit, only)
         handle = RunHandle(uuid.uuid4().hex[:12], pack, self.grace_period, self.budgets)
         judge = self.config.judge
         handle.manifest = RunManifest(
@@ -300,6 +307,7 @@ class Simulator:
                 "grace_period": self.grace_period,
                 "circuit_breaker": self.config.circuit_breaker,
                 **_cache_settings(self.config.cache),
+                "max_cost": self.config.max_cost,
             },
         )
         context = RunContext(
@@ -319,7 +327,44 @@ class Simulator:
 
         Returns the loaded pack. Raises ConfigError or PackError as :meth:`run` would.
         """
-        return self._plan(pack, None, None, None).pack
+        plan = self._plan(pack, None, None, None)
+        if self.config.max_cost is not None:
+            self._check_priced(plan, None, None)
+        return plan.pack
+
+    def estimate(
+        self,
+        pack: Pack | str | Path,
+        *,
+        limit: int | None = None,
+        only: Collection[str] | None = None,
+    ) -> RunEstimate:
+        """What a run of ``pack`` would take, without calling a model: conversations,
+        turns, calls by role (model, user, judge), prompt tokens and the cost range
+        (see :mod:`convsim._runtime._estimate`). Raises as :meth:`run` would."""
+        plan = self._plan(pack, None, limit, only)
+        todo = [c for c in plan.pack.conversations if only is None or c.conversation_id in only]
+        if limit is not None:
+            todo = todo[:limit]
+        return estimator_for(
+            self.config,
+            plan.metrics,
+            plan.turn_metrics,
+            self.model,
+            self.user_model,
+            self.model_name,
+            self.user_model_name,
+        ).run(todo)
+
+    def _check_priced(self, plan: RunPlan, limit: int | None, only: Collection[str] | None) -> None:
+        """A cost cap needs a price for every model the run calls."""
+        unpriced = self.estimate(plan.pack, limit=limit, only=only).unpriced
+        if unpriced:
+            raise ConfigError(
+                f"max_cost needs a price for every model; none for {', '.join(unpriced)}: "
+                "give input_price=... output_price=... (USD per million tokens) in its "
+                "arguments, or a price file (pricing_file=PATH, CONVSIM_PRICING_FILE)"
+            )
 
     def _plan(
         self,

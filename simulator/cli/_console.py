@@ -6,7 +6,8 @@ too low for the concurrency); 3 conversations failed for infrastructure reasons 
 ``--max-failure-rate``; 4 a model endpoint is unreachable, refused the key or has a
 wrong URL (found before the run), or went away during it (the circuit breaker stopped
 the run); 5 conversations hit their conversation timeout beyond ``--max-failure-rate``
-(the model is too slow for the timeout: a setting, not an outage); 130 interrupted.
+(the model is too slow for the timeout: a setting, not an outage); 6 ``--max-cost``
+stopped the run (``--resume`` runs the rest); 130 interrupted.
 When several apply, the first of 4, 3, 5 wins.
 """
 
@@ -31,6 +32,7 @@ __all__ = [
     "EXIT_INFRASTRUCTURE_FAILURES",
     "EXIT_ENDPOINT_UNREACHABLE",
     "EXIT_TIMEOUTS",
+    "EXIT_MAX_COST",
     "EXIT_INTERRUPTED",
     "RunVerdict",
     "clear_errors",
@@ -52,6 +54,9 @@ EXIT_TIMEOUTS = 5
 """More conversations hit their conversation timeout than ``--max-failure-rate``
 allows: the model answers too slowly for the timeout (raise ``--conversation-timeout``).
 Timeouts are counted apart from infrastructure failures, each against the rate."""
+EXIT_MAX_COST = 6
+"""``--max-cost`` stopped the run before its last conversation (``--resume`` runs the
+rest)."""
 EXIT_INTERRUPTED = 130
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,6 +119,8 @@ def run_verdict(
     """
     if interrupted:
         return RunVerdict(EXIT_INTERRUPTED, None)
+    if stats.stopped == "max_cost":
+        return RunVerdict(EXIT_MAX_COST, None)  # the run says so itself
     if stats.stopped_early is not None:
         left = stats.total - stats.started
         return RunVerdict(

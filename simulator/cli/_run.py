@@ -29,6 +29,7 @@ from ._console import (
 )
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
+from ._estimate import print_estimate
 from ._options import (
     cache_options,
     check_html_extra,
@@ -119,6 +120,12 @@ if TYPE_CHECKING:
     help="Run at most N conversations.",
 )
 @click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate, expand trials and print the conversations, turns, model calls by role, "
+    "estimated prompt tokens and the cost range; call no model, write no file.",
+)
+@click.option(
     "--backend",
     type=click.Choice(["local", "ray"]),
     default="local",
@@ -199,6 +206,14 @@ if TYPE_CHECKING:
     "reasons (0: never); --resume runs the rest.",
 )
 @click.option(
+    "--max-cost",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="USD",
+    help="Start no conversation that could take this run's spend (model, user and judge "
+    "calls) past USD, counting the ones in flight; --resume runs the rest.",
+)
+@click.option(
     "--max-failure-rate",
     type=click.FloatRange(0, 1),
     default=0.0,
@@ -227,6 +242,7 @@ def run(
     retry_failed: bool,
     seed: int,
     limit: int | None,
+    dry_run: bool,
     backend: str,
     actors: int,
     ray_address: str | None,
@@ -253,6 +269,7 @@ def run(
     cache_expiry: str | None,
     preflight: bool,
     circuit_breaker: int,
+    max_cost: float | None,
     max_failure_rate: float,
     progress: bool | None,
     html_out: str | None,
@@ -273,6 +290,8 @@ def run(
            run (the circuit breaker stopped it; --resume runs the rest)
       5    conversations hit their conversation timeout beyond --max-failure-rate
            (counted apart from infrastructure failures: raise --conversation-timeout)
+      6    --max-cost stopped the run before its last conversation (--resume runs
+           the rest)
       130  interrupted
     When several apply, the first of 4, 3, 5 wins.
     Once a run has started, its results and summaries are written before any exit.
@@ -306,6 +325,7 @@ def run(
         given = [
             flag
             for flag, value in (
+                ("--max-cost", max_cost),
                 ("--conversation-timeout", conversation_timeout),
                 ("--max-turns", max_turns),
                 ("--max-tokens", max_tokens),
@@ -348,6 +368,7 @@ def run(
         judge_combine=judge_combine,
         preflight=preflight,
         circuit_breaker=circuit_breaker,
+        max_cost=max_cost,
         allow_code=allow_code,
         plugins=plugin_names,
         plugin_config=plugin_settings(plugin_args),
@@ -355,6 +376,9 @@ def run(
     )
     simulator = Simulator(config)
     simulator.check(loaded)
+    if dry_run:
+        print_estimate(loaded.name, simulator.estimate(loaded, limit=limit), _stdout())
+        return
     if out is None:
         out = (
             Path("runs") / f"{loaded.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
@@ -401,6 +425,13 @@ def run(
     timeouts = timeout_line(stats, users_timeout=users_timeout)
     if timeouts is not None and verdict.code != EXIT_TIMEOUTS and not outcome.interrupted:
         _stderr().print(f"warning: {timeouts}", highlight=False)  # within the rate
+    if stats.cost_stop is not None and not outcome.interrupted:
+        left = stats.total - stats.started
+        _stderr().print(
+            f"stopped: max_cost — {stats.cost_stop}; {left} conversations not started: "
+            "run again with --resume (and a higher --max-cost) to run them",
+            highlight=False,
+        )
     if verdict.message is not None:
         print_error(verdict.message)
     if verdict.code:

@@ -84,6 +84,13 @@ class RunReport(BaseModel):
     ``estimate`` (neither: four characters a token); empty when no turn reported any."""
     cost_usd: float | None = None
     """Summed over conversations with a price (the model under test)."""
+    user_cost_usd: float | None = None
+    """The simulated user's calls, summed where priced; None without any."""
+    judge_cost_usd: float | None = None
+    """The judge's calls, summed where priced; None without any."""
+    unpriced: list[str] = Field(default_factory=list)
+    """The models whose calls had no price (``NAME (role)``): their cost is unknown and
+    not in the sums, never counted as 0."""
     errors: dict[str, int]
     """Failure causes by error type."""
     duration_s: float | None = None
@@ -116,6 +123,10 @@ class RunReport(BaseModel):
             data.pop("clipped_turns", None)
         if not self.cache and isinstance(data, dict):  # a run without cache hits, as before
             data.pop("cache", None)
+        if isinstance(data, dict):  # no simulated user, no judge, every model priced
+            for key in ("user_cost_usd", "judge_cost_usd", "unpriced"):
+                if not data.get(key):
+                    data.pop(key, None)
         return data
 
     def token_sources_line(self) -> str | None:
@@ -134,6 +145,25 @@ class RunReport(BaseModel):
         noun = "turn" if total == 1 else "turns"
         return f"token counts of {total} {noun}: " + ", ".join(parts)
 
+    def cost_text(self) -> str:
+        """What the run cost, by role where more than the model was priced, and which
+        models had no price (their cost unknown, not 0)."""
+        parts = [
+            f"{role} ${value:.4f}"
+            for role, value in (
+                ("model", self.cost_usd),
+                ("user", self.user_cost_usd),
+                ("judge", self.judge_cost_usd),
+            )
+            if value is not None
+        ]
+        total = sum(v for v in (self.cost_usd, self.user_cost_usd, self.judge_cost_usd) if v)
+        known = f"${total:.4f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else "")
+        if not self.unpriced:
+            return known if parts else "-"
+        unknown = f"unknown for {', '.join(self.unpriced)} (no price)"
+        return f"{known} + {unknown}" if parts else unknown
+
     def to_markdown(self) -> str:
         lines = ["# convsim run summary", ""]
         lines.append(f"- packs: {', '.join(self.packs)}; models: {', '.join(self.models)}")
@@ -150,6 +180,8 @@ class RunReport(BaseModel):
         said = self.token_sources_line()
         if said:
             lines.append(f"- {said}")
+
+        lines.append(f"- cost: {self.cost_text()}")
         if self.trials is not None:
             lines.append(f"- trials per scenario: {self.trials}")
             if self.pass_hat_k:
@@ -370,6 +402,9 @@ class Summarizer:
         self._sources: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._costs: list[float] = []
+        self._user_costs: list[float] = []
+        self._judge_costs: list[float] = []
+        self._unpriced: set[str] = set()
         self._runs: set[str] = set()
         self._packs: set[str] = set()
         self._models: set[str] = set()
@@ -423,6 +458,13 @@ class Summarizer:
                 self._latencies.append(t.timings.latency_s)
         if r.cost_usd is not None:
             self._costs.append(r.cost_usd)
+        elif r.usage.total_tokens:
+            self._unpriced.add(f"{r.model} (model)")
+        if r.user_cost_usd is not None:
+            self._user_costs.append(r.user_cost_usd)
+        elif r.user_usage is not None and r.user_usage.total_tokens:
+            self._unpriced.add("the simulated user (user)")
+        self._add_judge_costs(r)
         self._runs.add(r.run_id)
         self._packs.add(r.pack)
         self._models.add(r.model)
@@ -446,6 +488,19 @@ class Summarizer:
                 self._goals[r.scenario_id].append(goal.value >= 1.0 - 1e-9)
             elif r.status is not Status.DONE:  # a trial that failed did not reach the goal
                 self._goals[r.scenario_id].append(False)
+
+    def _add_judge_costs(self, r: ConversationResult) -> None:
+        """Each judged score's cost, or its judge as one without a price."""
+        scores = [*r.scores.values(), *(s for t in r.turn_scores.values() for s in t.values())]
+        for score in scores:
+            details = score.details
+            if not details.get("judge_calls"):
+                continue
+            cost = details.get("judge_cost_usd")
+            if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+                self._judge_costs.append(float(cost))
+            else:
+                self._unpriced.add(f"{details.get('judge', 'the judge')} (judge)")
 
     def _add_retention(self, r: ConversationResult) -> None:
         """Pooled over conversations: per distance, the share of checks recalled."""
@@ -499,6 +554,9 @@ class Summarizer:
             usage=dict(self._usage),
             token_sources={s: self._sources[s] for s in USAGE_SOURCES} if self._sources else {},
             cost_usd=sum(self._costs) if self._costs else None,
+            user_cost_usd=sum(self._user_costs) if self._user_costs else None,
+            judge_cost_usd=sum(self._judge_costs) if self._judge_costs else None,
+            unpriced=sorted(self._unpriced),
             errors=dict(self._errors.most_common()),
             duration_s=duration,
             clipped_turns=self._clipped,

@@ -115,6 +115,9 @@ class RunManifest(BaseModel):
     """Runs that wrote earlier lines of a resumed file."""
     plugins: list[dict[str, str]] = Field(default_factory=list)
     """The plugins that ran: name and version."""
+    stopped: str | None = None
+    """What stopped the run before its last conversation (``max_cost``,
+    ``circuit_breaker``); None when it ran to its end. ``--resume`` runs the rest."""
 
 
 @runtime_checkable

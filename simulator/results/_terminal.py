@@ -114,7 +114,7 @@ def print_report(report: RunReport, out: Console) -> None:
             f"tokens {usage.get('total_tokens', 0):,} ({usage.get('prompt_tokens', 0):,} in, "
             f"{usage.get('completion_tokens', 0):,} out)"
         )
-    figures.append("cost " + ("-" if report.cost_usd is None else f"${report.cost_usd:.4f}"))
+    figures.append("cost " + report.cost_text())
     if report.clipped_turns:
         figures.append(f"{report.clipped_turns} turns clipped to the max_tokens cap")
     out.print("; ".join(figures), highlight=False)

@@ -191,7 +191,11 @@ class ResponseCache:
             )
             try:
                 db.execute("PRAGMA journal_mode=WAL")
+                # the write lock first: two processes creating the file at once would
+                # otherwise both read, then both ask to write, and one be refused at once
+                db.execute("BEGIN IMMEDIATE")
                 db.execute(_SCHEMA)
+                db.execute("COMMIT")
             except BaseException:
                 db.close()
                 raise

@@ -21,11 +21,13 @@ import anyio
 from convsim._errors import (
     AdapterError,
     ConfigError,
+    EndpointError,
     MalformedResponse,
     ServerError,
     Timeout,
 )
 from convsim._extras import needs_extra
+from convsim._secrets import redact_url
 from convsim._types import Cost, GenerationParams, Message, ModelInfo, Usage
 
 from ._budget import Budgets
@@ -40,6 +42,7 @@ from ._http_adapter import (
     ParsedAnswer,
     _Answer,
     _finish_reason,
+    _unreachable,
     _valid_usage,
 )
 from ._pricing import price_of
@@ -81,6 +84,8 @@ class LitellmConfig(HttpAdapterConfig):
     vertex_location: str | None = None
     """The Google Cloud region (Vertex AI); else LiteLLM reads VERTEXAI_LOCATION."""
 
+
+_ONE_TOKEN = GenerationParams(max_tokens=1)
 
 _PASSED_THROUGH = ("api_version", "aws_region_name", "vertex_project", "vertex_location")
 
@@ -175,9 +180,29 @@ class LitellmAdapter(HttpModelAdapter):
         return float(prompt), float(completion)
 
     async def preflight(self) -> None:
-        """Nothing to check cheaply: each provider is reached its own way, and the run's
-        first calls and circuit breaker judge the endpoint."""
-        return None
+        """One generation of one token, not retried (the providers LiteLLM reaches list
+        their models each their own way, if at all). Raises EndpointError on a refused
+        connection, an unknown host, a refused key (401/403) or an unknown model or path
+        (404); any other answer passes (the run's retries and circuit breaker handle
+        those)."""
+        kwargs = self.arguments([Message(role="user", content="Hi")], _ONE_TOKEN, stream=False)
+        try:
+            await self._litellm.acompletion(**kwargs)
+        except Exception as exc:
+            where = f"litellm:{self.config.model}"
+            if self.config.base_url is not None:
+                self._raise_unreachable(exc)
+            elif _unreachable(exc, self.base_url) is not None:
+                raise EndpointError(f"{where}: the provider cannot be reached", url=None) from exc
+            status = getattr(exc, "status_code", None)
+            if status in (401, 403, 404):
+                said = " ".join(self._scrub(str(exc)).split())[:200]
+                advice = "check the provider's credentials" if status != 404 else "check the model"
+                raise EndpointError(
+                    f"{status} from {where}: {advice} ({said})",
+                    url=redact_url(self.base_url),
+                    status_code=status,
+                ) from exc
 
     async def aclose(self) -> None:
         return None  # LiteLLM holds its own clients

@@ -20,11 +20,12 @@ from aiohttp import web
 from conftest import write_pack
 
 import convsim
-from convsim import ConfigError, MissingExtra, Status
+from convsim import ConfigError, EndpointError, MissingExtra, Status
 from convsim._errors import AuthError, RateLimited
 from convsim._types import GenerationParams, Message, Usage
 from convsim.adapters import create_adapter
 from convsim.adapters._budget import Budgets
+from convsim.adapters._egress import EgressPolicy
 from convsim.adapters._litellm import LitellmAdapter
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 
@@ -87,7 +88,8 @@ async def test_a_run_end_to_end_records_server_usage_and_streamed_ttft(
 
     assert [r.status for r in results] == [Status.DONE] * 4
     turns = [t for r in results for t in r.turns]
-    assert len(turns) == 8 == served.by_endpoint["/v1/chat/completions"]
+    # every turn one call, and one for the check before the run
+    assert len(turns) == 8 == served.by_endpoint["/v1/chat/completions"] - 1
     for turn in turns:
         assert turn.usage is not None and turn.usage.completion_tokens > 0
         assert not turn.usage.estimated  # the mock's own counts, passed on by LiteLLM
@@ -159,7 +161,8 @@ async def test_a_flaky_server_is_survived_through_retries(tmp_path: Path) -> Non
     assert [r.status for r in results] == [Status.DONE] * 5
     attempts = sum(t.attempts for r in results for t in r.turns)
     assert served.faults_injected["429"] + served.faults_injected["500"] > 0
-    assert attempts == served.by_endpoint["/v1/chat/completions"] > 10
+    assert attempts > 10  # 10 turns, some retried
+    assert attempts + 1 == served.by_endpoint["/v1/chat/completions"]  # + the check
 
 
 async def test_a_refused_key_is_an_auth_error_with_the_key_blanked() -> None:
@@ -181,6 +184,18 @@ async def test_an_unreachable_server_is_a_retryable_server_error() -> None:
     with pytest.raises(ServerError) as caught:
         await model.generate(HI, GenerationParams(max_tokens=4))
     assert caught.value.retryable and caught.value.attempts == 2
+
+
+async def test_the_check_before_a_run_tells_a_down_endpoint_apart() -> None:
+    with pytest.raises(EndpointError, match="connection refused"):
+        await adapter("http://127.0.0.1:9/v1").preflight()
+    async with MockModelServer(MockServerConfig(api_key="the-right-key")) as server:
+        with pytest.raises(EndpointError, match=r"^401 from litellm:openai/mock-model") as caught:
+            await adapter(server.base_url).preflight()
+        assert KEY not in str(caught.value)
+        await adapter(server.base_url, api_key="the-right-key").preflight()  # passes
+        served = server.statistics()
+    assert served.by_endpoint["/v1/chat/completions"] == 2  # one call each, no retry
 
 
 # -- budgets, cost, configuration ----------------------------------------------------------
@@ -235,6 +250,14 @@ def test_litellm_is_asked_not_to_retry_nor_cache() -> None:
     assert kwargs["stream_options"] == {"include_usage": True}
     assert (kwargs["max_tokens"], kwargs["temperature"], kwargs["seed"]) == (5, 0.2, 1)
     assert kwargs["api_version"] == "2024-06-01"
+
+
+def test_a_tenant_of_the_service_cannot_use_litellm() -> None:
+    # LiteLLM makes its own connections and reads this process's credentials (AWS, Google
+    # Cloud): an egress policy could not hold it, so a model under one is refused
+    policy = EgressPolicy(["https://"])
+    with pytest.raises(ConfigError, match="cannot be held to an egress policy"):
+        LitellmAdapter({"model": "bedrock/anthropic.claude-3-haiku"}, env={}, egress=policy)
 
 
 # -- a recorded answer in another wire format: Anthropic's Messages API -------------------

@@ -20,6 +20,7 @@ import anyio
 
 from convsim._errors import (
     AdapterError,
+    AuthError,
     ConfigError,
     EndpointError,
     MalformedResponse,
@@ -41,6 +42,7 @@ from ._http_adapter import (
     HttpRequest,
     ParsedAnswer,
     _Answer,
+    _causes,
     _finish_reason,
     _unreachable,
     _valid_usage,
@@ -194,6 +196,12 @@ class LitellmAdapter(HttpModelAdapter):
                 self._raise_unreachable(exc)
             elif _unreachable(exc, self.base_url) is not None:
                 raise EndpointError(f"{where}: the provider cannot be reached", url=None) from exc
+            refused = _refused_before_sending(exc)
+            if refused is not None:
+                raise EndpointError(
+                    f"{where}: nothing was sent: {refused} (give api_key or api_key_env)",
+                    url=redact_url(self.base_url),
+                ) from exc
             status = getattr(exc, "status_code", None)
             if status in (401, 403, 404):
                 said = " ".join(self._scrub(str(exc)).split())[:200]
@@ -358,6 +366,9 @@ class LitellmAdapter(HttpModelAdapter):
         litellm = self._litellm
         model = self.config.model
         where = f"litellm:{model}"
+        refused = _refused_before_sending(exc)
+        if refused is not None:  # a missing key, say: the SDK sent nothing, and never will
+            raise AuthError(f"not sent: {where}: {refused}", model=model) from exc
         if isinstance(exc, litellm.Timeout):
             raise Timeout(f"request timed out: {where}: {exc}", model=model) from exc
         if isinstance(exc, litellm.APIConnectionError):
@@ -387,6 +398,17 @@ class LitellmAdapter(HttpModelAdapter):
 
     def parse_event(self, event: SSEEvent) -> Delta:
         raise NotImplementedError("LiteLLM reads the stream")
+
+
+def _refused_before_sending(exc: BaseException) -> BaseException | None:
+    """The OpenAI SDK's own refusal to send a call (no API key, most often), which
+    LiteLLM reports as a 500; None when the call went out."""
+    from openai import OpenAIError  # LiteLLM's dependency, imported with it
+
+    for cause in _causes(exc):
+        if type(cause) is OpenAIError:  # its subclasses are the API's answers
+            return cause
+    return None
 
 
 def _headers(exc: Exception) -> Mapping[str, str]:

@@ -198,6 +198,24 @@ async def test_the_check_before_a_run_tells_a_down_endpoint_apart() -> None:
     assert served.by_endpoint["/v1/chat/completions"] == 2  # one call each, no retry
 
 
+async def test_a_missing_key_is_not_retried_and_fails_the_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    async with MockModelServer(MockServerConfig()) as server:
+        keyless = LitellmAdapter(
+            {"model": "openai/mock-model", "base_url": server.base_url, "max_retries": 3},
+            sleep=no_wait,
+        )
+        with pytest.raises(AuthError, match="not sent") as caught:
+            await keyless.generate(HI, GenerationParams(max_tokens=4))
+        with pytest.raises(EndpointError, match="nothing was sent"):
+            await keyless.preflight()
+        served = server.statistics()
+    assert caught.value.attempts == 1 and not caught.value.retryable
+    assert served.requests == 0
+
+
 # -- budgets, cost, configuration ----------------------------------------------------------
 
 

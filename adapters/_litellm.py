@@ -335,6 +335,8 @@ class LitellmAdapter(HttpModelAdapter):
         tail = repair.flush()
         if tail:
             hand_on(tail)
+        if not _server_counted(chunks):
+            usage = None  # LiteLLM's own count of the text, not the provider's
         text = "".join(pieces)
         return _Answer(
             text,
@@ -398,6 +400,19 @@ class LitellmAdapter(HttpModelAdapter):
 
     def parse_event(self, event: SSEEvent) -> Delta:
         raise NotImplementedError("LiteLLM reads the stream")
+
+
+def _server_counted(stream: Any) -> bool:
+    """Whether the provider sent usage in a stream LiteLLM read.
+
+    Asked for usage (``include_usage``), LiteLLM ends every stream with a usage chunk,
+    counting the text itself when the provider sent none; the chunks it kept as received
+    tell the two apart. A stream without them counts as not the provider's.
+    """
+    received = getattr(stream, "chunks", None)
+    if not isinstance(received, list):
+        return False
+    return any(getattr(chunk, "usage", None) is not None for chunk in received)
 
 
 def _refused_before_sending(exc: BaseException) -> BaseException | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +218,62 @@ async def test_a_missing_key_is_not_retried_and_fails_the_check(
     assert served.requests == 0
 
 
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+async def test_a_stream_the_server_sent_no_usage_for_is_estimated() -> None:
+    # a server that ignores stream_options: LiteLLM must not pass off a count as its own
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(_chunk({"role": "assistant", "content": "Fine"}))
+        await response.write(_chunk({"content": ", thanks."}))
+        await response.write(_chunk({}, "stop"))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async with _loopback(answer) as base_url:
+        model = adapter(f"{base_url}/v1", stream=True)
+        completion = await model.generate(HI, GenerationParams(max_tokens=8))
+
+    assert completion.text == "Fine, thanks."
+    assert completion.usage.estimated
+    assert completion.timings.ttft_s is not None
+
+
+async def test_an_answer_the_server_sent_no_usage_for_is_estimated() -> None:
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "Fine, thanks."},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+        )
+
+    async with _loopback(answer) as base_url:
+        completion = await adapter(f"{base_url}/v1").generate(HI, GenerationParams(max_tokens=8))
+
+    assert completion.text == "Fine, thanks."
+    assert completion.usage.estimated
+
+
 # -- budgets, cost, configuration ----------------------------------------------------------
 
 
@@ -278,6 +336,23 @@ def test_a_tenant_of_the_service_cannot_use_litellm() -> None:
         LitellmAdapter({"model": "bedrock/anthropic.claude-3-haiku"}, env={}, egress=policy)
 
 
+@asynccontextmanager
+async def _loopback(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A server on 127.0.0.1 answering every POST with ``handler``; yields its URL."""
+    app = web.Application()
+    app.router.add_route("POST", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
 # -- a recorded answer in another wire format: Anthropic's Messages API -------------------
 
 RECORDED = {
@@ -299,23 +374,13 @@ async def test_a_recorded_anthropic_answer_reads_through_litellm() -> None:
         seen.append((request.path, await request.json(), dict(request.headers)))
         return web.json_response(RECORDED)
 
-    app = web.Application()
-    app.router.add_route("POST", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with _loopback(answer) as base_url:
         model = create_adapter(
-            "litellm:anthropic/claude-3-haiku-20240307",
-            {"base_url": f"http://127.0.0.1:{port}", "api_key": KEY},
+            "litellm:anthropic/claude-3-haiku-20240307", {"base_url": base_url, "api_key": KEY}
         )
         completion = await model.generate(
             [Message(role="system", content="Be brief."), *HI], GenerationParams(max_tokens=20)
         )
-    finally:
-        await runner.cleanup()
 
     assert completion.text == "Hello! I'm doing well, thank you."
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (14, 11)

@@ -29,6 +29,7 @@ from convsim.adapters import create_adapter
 from convsim.adapters._budget import Budgets
 from convsim.adapters._egress import EgressPolicy
 from convsim.adapters._litellm import LitellmAdapter
+from convsim.adapters._pricing import price_of
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 
 pytestmark = [
@@ -391,7 +392,11 @@ async def test_a_recorded_anthropic_answer_reads_through_litellm() -> None:
     assert body["max_tokens"] == 20
     assert headers["x-api-key"] == KEY
     cost = model.estimate_cost(completion.usage)
-    assert cost is not None and cost.total_cost > 0  # convsim's pricing file
+    listed = price_of("anthropic", "claude-3-haiku-20240307")  # convsim's pricing file first
+    assert cost is not None and listed is not None
+    assert cost.total_cost == pytest.approx(
+        (14 * listed.input_per_mtok + 11 * listed.output_per_mtok) / 1e6
+    )
 
 
 # -- the extra, and the import it costs ----------------------------------------------------

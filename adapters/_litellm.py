@@ -250,7 +250,7 @@ class LitellmAdapter(HttpModelAdapter):
             kwargs["stream_options"] = {"include_usage": True}
         return kwargs
 
-    async def _attempt(
+    async def _send(
         self,
         messages: Sequence[Message],
         params: GenerationParams,
@@ -266,14 +266,14 @@ class LitellmAdapter(HttpModelAdapter):
         try:
             response = await self._litellm.acompletion(**kwargs)
             if stream:
-                return await self._read_chunks(response, messages, t0, on_text)
-            return self._read_answer(response, messages, t0)
+                return await self._read_chunks(response, t0, on_text)
+            return self._read_answer(response, t0)
         except AdapterError:
             raise
         except Exception as exc:
             self._raise_mapped(exc)
 
-    def _read_answer(self, response: Any, messages: Sequence[Message], t0: float) -> _Answer:
+    def _read_answer(self, response: Any, t0: float) -> _Answer:
         try:
             choice = response.choices[0]
             text = repair_text(choice.message.content or "")
@@ -288,7 +288,7 @@ class LitellmAdapter(HttpModelAdapter):
         return _Answer(
             text.text,
             _finish_reason(finish),
-            usage or self._estimated(messages, text.text),
+            usage,  # None: the base counts or estimates it once the call is over
             time.perf_counter() - t0,
             replaced_chars=text.replaced,
         )
@@ -296,7 +296,6 @@ class LitellmAdapter(HttpModelAdapter):
     async def _read_chunks(
         self,
         chunks: Any,
-        messages: Sequence[Message],
         t0: float,
         on_text: Callable[[str], None] | None,
     ) -> _Answer:
@@ -341,7 +340,7 @@ class LitellmAdapter(HttpModelAdapter):
         return _Answer(
             text,
             _finish_reason(finish_reason),
-            _valid_usage(usage) or self._estimated(messages, text),
+            _valid_usage(usage),  # None: the base estimates it from the chunks
             time.perf_counter() - t0,
             (first - t0) if first is not None else None,
             tuple(gaps),

@@ -96,7 +96,7 @@ async def test_a_run_end_to_end_records_server_usage_and_streamed_ttft(
     for turn in turns:
         assert turn.usage is not None and turn.usage.completion_tokens > 0
         assert not turn.usage.estimated  # the mock's own counts, passed on by LiteLLM
-        assert getattr(turn.usage, "source", "server") == "server"
+        assert turn.usage.source == "server"
         assert turn.attempts == 1
         timings = turn.timings
         assert timings is not None and timings.latency_s is not None
@@ -133,7 +133,7 @@ async def test_an_answer_without_usage_is_marked_estimated(monkeypatch: pytest.M
         completion = await model.generate(HI, GenerationParams(max_tokens=4))
 
     assert completion.usage.estimated
-    assert getattr(completion.usage, "source", "estimate") == "estimate"
+    assert completion.usage.source == "estimate"
 
 
 async def test_a_429_is_retried_by_convsim_not_by_litellm() -> None:

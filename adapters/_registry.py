@@ -28,6 +28,7 @@ ADAPTERS.register("openai", "convsim.adapters._openai:OpenAIAdapter")
 ADAPTERS.register("openai-compatible", "convsim.adapters._openai:OpenAICompatibleAdapter")
 ADAPTERS.register("anthropic", "convsim.adapters._anthropic:AnthropicAdapter")
 ADAPTERS.register("http", "convsim.adapters._custom_http:CustomHttpAdapter")
+ADAPTERS.register("litellm", "convsim.adapters._litellm:LitellmAdapter")
 
 _SPEC = re.compile(r"^(?P<type>[A-Za-z][A-Za-z0-9_\-]*)(?::(?P<model>.+))?$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -20,6 +20,7 @@ from convsim.load import (
     LoadShape,
     Schedule,
     SyntheticSessions,
+    Thresholds,
     Window,
     drive,
     merged_result,
@@ -194,9 +195,31 @@ async def test_a_client_that_blocks_its_loop_marks_the_run_invalid() -> None:
     assert point.schedule_delay_ms.p99 is not None and point.schedule_delay_ms.p99 > 10
     assert any("lagged its schedule" in r for r in point.invalid_reasons)
     assert any("event loop lagged" in r for r in point.invalid_reasons)
-    # a calm run of the same shape is valid
-    calm = merged_result([await drive(FakeModel(), _synthetic(), shape)], target_rate=500.0)
-    assert calm.valid, calm.invalid_reasons
+
+
+def test_send_delay_and_loop_lag_invalidate_only_above_their_thresholds() -> None:
+    """What a blocked loop leads to, on hand-built measurements (a measured calm run
+    lags too on a busy machine): a delay or lag at its threshold is fine, above it the
+    point is invalid and says which."""
+    late = 2**-7  # 7.8125 ms, exact in binary
+
+    def judged(delay_s: float, lag_s: float, limit_ms: float) -> list[str]:
+        records = [_record(i, i * 0.25, 0.01, 0.02, delay=delay_s) for i in range(40)]
+        outcome = _outcome(records, [lag_s] * 100, cpu=1.0)
+        thresholds = Thresholds(max_schedule_delay_ms=limit_ms, max_loop_lag_ms=limit_ms)
+        point = merged_result([outcome], target_rate=4.0, thresholds=thresholds)
+        assert point.valid == (not point.invalid_reasons)
+        return point.invalid_reasons
+
+    assert judged(0.0, 0.0, 7.8125) == []
+    assert judged(late, late, 7.8125) == []
+    assert judged(late, 0.0, 7.5) == [
+        "the client lagged its schedule: send delay p99 7.8 ms is above 7.5 ms"
+    ]
+    assert judged(0.0, late, 7.5) == [
+        "the load generator's event loop lagged: p99 7.8 ms above 7.5 ms, so latencies "
+        "include the client's own delay"
+    ]
 
 
 async def test_max_errors_stops_the_run_and_invalidates_it() -> None:
@@ -407,9 +430,13 @@ def test_a_saturated_cpu_invalidates_unless_it_was_spent_spinning() -> None:
     assert not any("spinning" in n for n in calm.notes)
 
 
-def _record(i: int, sent: float, ttft: float, e2e: float, out: int = 11) -> RequestRecord:
+def _record(
+    i: int, at: float, ttft: float, e2e: float, out: int = 11, delay: float = 0.0
+) -> RequestRecord:
+    """Session ``w{i}``'s one request, due at ``at`` and sent ``delay`` later."""
+    sent = at + delay
     return RequestRecord(
-        f"w{i}", 0, 1, sent, sent, ttft, ttft, (0.001,) * (out - 1), sent + e2e, 10, out
+        f"w{i}", 0, 1, at, sent, ttft, ttft, (0.001,) * (out - 1), sent + e2e, 10, out
     )
 
 

@@ -4,11 +4,11 @@ the invalid-run flag, and the exact merge of workers' measurements."""
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -309,32 +309,60 @@ def test_overlapping_pauses_count_once_and_only_inside_the_window() -> None:
     assert point.valid
 
 
+class ManualClock:
+    """A run clock that moves only when told: the driver and the model read the same
+    time, however late a busy machine lets either run. Steps are powers of two, exact
+    in binary."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class TimedModel(FakeModel):
-    """A fake model whose timings say how long each call took (as a server's would)."""
+    """A fake model on ``clock`` whose timings say how long each call took (as a
+    server's would): about a millisecond each, plus what ``hook`` lets pass."""
+
+    def __init__(self, clock: ManualClock, hook: Callable[[int], object]) -> None:
+        super().__init__(hook)
+        self.clock = clock
 
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
-        started = time.perf_counter()
+        started = self.clock()
         completion = await super().generate(messages, params)
-        took = time.perf_counter() - started
+        self.clock.now += 2**-10
+        took = self.clock() - started
         return completion.model_copy(update={"timings": CallTimings(ttft_s=took, total_s=took)})
 
 
 async def test_a_stop_ends_sending_and_the_window_and_lets_in_flight_requests_finish() -> None:
     stop = StopRequest()
+    clock = ManualClock()
     done_at_stop = 0
+
+    async def answer_later() -> None:
+        await anyio.lowlevel.checkpoint()
+        clock.now += 2**-7
 
     def hook(number: int) -> object:
         nonlocal done_at_stop
         if number == 5:  # the sixth request is in flight when the run is stopped
             done_at_stop = number
+            clock.now += 2**-11
             stop.ask()
-            return anyio.sleep(0.01)  # it ends within the grace
+            return answer_later()  # it ends within the grace
         return None
 
     shape = LoadShape(concurrency=2, duration=600, interrupt_grace=60)
     with anyio.fail_after(10):
         outcome = await drive(
-            TimedModel(hook), _synthetic("turns=3,input_tokens=8,output_tokens=4"), shape, stop=stop
+            TimedModel(clock, hook),
+            _synthetic("turns=3,input_tokens=8,output_tokens=4"),
+            shape,
+            clock=clock,
+            stop=stop,
         )
     assert outcome.interrupted and outcome.stopped_by == "interrupted"
     assert 0 < outcome.window.end_s < 1  # where sending stopped, not the 600 s asked for

@@ -90,6 +90,7 @@ def test_closed_loop_writes_the_result_with_its_contract(server: Any, tmp_path: 
     assert "Load test" in stdout and "TTFT p99" in stdout
 
 
+@pytest.mark.slow
 def test_open_loop_sweep_with_slos_reports_the_best_rate(server: Any, tmp_path: Path) -> None:
     """End to end, with room for a busy machine: the client's send delay and loop lag may
     reach a second before a point is invalid. What the sweep decides, at the thresholds
@@ -122,6 +123,7 @@ def test_open_loop_sweep_with_slos_reports_the_best_rate(server: Any, tmp_path: 
     assert "highest rate meeting every SLO: 40" in stdout
 
 
+@pytest.mark.slow
 def test_a_sweep_writes_its_html_page(server: Any, tmp_path: Path) -> None:
     page = tmp_path / "sweep.html"
     code, _, stderr = invoke(

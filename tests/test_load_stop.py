@@ -234,6 +234,7 @@ def test_a_killed_command_takes_its_workers_along(
     wait_until(lambda: gone(children), "end of every worker process", timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_stop_before_the_window_writes_no_result(
     server: Any, tmp_path: Path, workers: int, leftovers: list[Any]
@@ -348,6 +349,7 @@ def _wait_for_ever(started: Path, stop: ThreadedStop) -> None:
     threading.Event().wait()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_cancelled_worker_processes_are_killed(tmp_path: Path, leftovers: list[Any]) -> None:
     me = psutil.Process()

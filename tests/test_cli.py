@@ -195,6 +195,7 @@ def stop_pack(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigint_stops_gracefully_and_keeps_results(tmp_path: Path) -> None:
     """Ctrl-C: no new conversations, in-flight ones CANCELLED after the grace period,
@@ -232,6 +233,7 @@ def test_sigint_stops_gracefully_and_keeps_results(tmp_path: Path) -> None:
             assert any(t.error is not None and t.error.type == "Cancelled" for t in result.turns)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_second_sigint_stops_at_once(tmp_path: Path) -> None:
     """With an hour of grace and hour-long calls, only the second signal can end the run."""

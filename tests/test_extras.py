@@ -105,6 +105,7 @@ def test_other_errors_pass_through() -> None:
 # -- the command line ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocked", [("fastapi",), ("uvicorn",), ("cryptography",), SERVICE])
 def test_serve_without_the_service_extra(tmp_path: Path, blocked: tuple[str, ...]) -> None:
     done = _convsim(tmp_path, "serve", "--db", "s.db", blocked=blocked)
@@ -112,11 +113,13 @@ def test_serve_without_the_service_extra(tmp_path: Path, blocked: tuple[str, ...
     assert list(tmp_path.iterdir()) == []  # no database, no results folder
 
 
+@pytest.mark.slow
 def test_serve_offering_lm_eval_packs_without_the_lm_eval_extra(tmp_path: Path) -> None:
     done = _convsim(tmp_path, "serve", "--pack-source", "lm-eval", blocked=LM_EVAL)
     _one_line(done, "--pack-source lm-eval", "lm-eval")
 
 
+@pytest.mark.slow
 def test_run_html_without_the_html_extra_stops_before_the_run(tmp_path: Path) -> None:
     for blocked in (("jinja2",), ("matplotlib",)):
         done = _convsim(
@@ -127,6 +130,7 @@ def test_run_html_without_the_html_extra_stops_before_the_run(tmp_path: Path) ->
         assert not (tmp_path / "r.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_report_html_without_the_html_extra(tmp_path: Path) -> None:
     convsim.run_sync("customer_support", "scripted", out=tmp_path / "r.jsonl", limit=2)
     done = _convsim(tmp_path, "report", "r.jsonl", "--html", blocked=HTML)
@@ -134,6 +138,7 @@ def test_report_html_without_the_html_extra(tmp_path: Path) -> None:
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.slow
 def test_load_html_without_the_html_extra_stops_before_the_load(tmp_path: Path) -> None:
     done = _convsim(
         tmp_path, "load", "--model", "scripted", "--max-requests", "5", "--out", "l.json",
@@ -143,6 +148,7 @@ def test_load_html_without_the_html_extra_stops_before_the_load(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_code_analysis_plugin_without_the_code_extra(tmp_path: Path) -> None:
     done = _convsim(
         tmp_path, "run", "coding_help", "--model", "scripted", "--out", "r.jsonl",
@@ -152,6 +158,7 @@ def test_the_code_analysis_plugin_without_the_code_extra(tmp_path: Path) -> None
     assert not (tmp_path / "r.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "feature"),
     [
@@ -171,6 +178,7 @@ def test_lm_eval_features_without_the_lm_eval_extra(
     assert list(tmp_path.iterdir()) == []  # no run began: no runs/ folder
 
 
+@pytest.mark.slow
 def test_the_ray_backend_without_the_ray_extra(tmp_path: Path) -> None:
     done = _convsim(
         tmp_path, "run", "customer_support", "--model", "scripted", "--backend", "ray",
@@ -180,6 +188,7 @@ def test_the_ray_backend_without_the_ray_extra(tmp_path: Path) -> None:
     assert not (tmp_path / "r.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_load_on_uvloop_without_the_uvloop_extra(tmp_path: Path) -> None:
     done = _convsim(
         tmp_path, "load", "--model", "scripted", "--max-requests", "5", "--loop", "uvloop",
@@ -188,6 +197,7 @@ def test_load_on_uvloop_without_the_uvloop_extra(tmp_path: Path) -> None:
     _one_line(done, "--loop uvloop", "uvloop")
 
 
+@pytest.mark.slow
 def test_without_any_extra_the_core_commands_work(tmp_path: Path) -> None:
     help_ = _convsim(tmp_path, "--help", blocked=EVERY_EXTRA)
     assert help_.returncode == 0, help_.stderr
@@ -213,6 +223,7 @@ def test_without_any_extra_the_core_commands_work(tmp_path: Path) -> None:
 # -- the library ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_library_names_of_an_extra_raise_the_hint_and_an_import_error() -> None:
     code = (
         "import sys\n"

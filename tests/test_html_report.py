@@ -42,6 +42,7 @@ def _data(page: str) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow
 def test_the_page_holds_every_conversation_and_asks_for_nothing(run_file: Path) -> None:
     page = write_html(run_file).read_text()
     results = convsim.read_results(run_file)
@@ -56,6 +57,7 @@ def test_the_page_holds_every_conversation_and_asks_for_nothing(run_file: Path) 
     assert "By scenario type" in page and "By difficulty" in page
 
 
+@pytest.mark.slow
 def test_model_answers_are_shown_as_text_never_as_markup(tmp_path: Path) -> None:
     fake = FakeAdapter(lambda messages, params: HOSTILE)
     results = convsim.run_sync("customer_support", fake, limit=2, metrics=["response_length"])
@@ -82,6 +84,7 @@ def test_beyond_the_limit_transcripts_are_a_sample_and_failures_are_kept(
     assert failed <= set(data["details"]) and len(data["details"]) == len(failed) + 1
 
 
+@pytest.mark.slow
 def test_run_and_report_write_it(run_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
     result = CliRunner().invoke(
@@ -100,6 +103,7 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed")
 def test_chromium_renders_the_page_and_a_deep_link_opens_the_transcript(
     run_file: Path, tmp_path: Path

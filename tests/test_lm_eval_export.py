@@ -146,6 +146,7 @@ def test_cli_exports_a_multi_turn_pack_as_a_conversation_task(tmp_path: Path) ->
     assert "task: multi_turn_scenarios_customer_support" in config
 
 
+@pytest.mark.slow
 def test_an_exported_task_runs_back_in_convsim(tmp_path: Path, offline: None) -> None:
     export_lm_eval_tasks(out=tmp_path)
     pack = load_pack(f"lm-eval:{TASK}", include_path=tmp_path, allow_code=True)

@@ -218,6 +218,7 @@ def _cache_files(folder: Path) -> set[Path]:
     return set(folder.glob("*")) if folder.exists() else set()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)  # a fresh lm-eval indexes all its built-in tasks: 15-30 s
 def test_cli_runs_a_local_task_end_to_end(tmp_path: Path) -> None:
     """The one ``convsim lm-eval`` run in a process of its own, as a user runs it: lm-eval
@@ -250,6 +251,7 @@ def test_cli_runs_a_local_task_end_to_end(tmp_path: Path) -> None:
     assert _cache_files(installed) == before
 
 
+@pytest.mark.slow
 def test_cli_keeps_lm_evals_request_cache_out_of_site_packages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -306,6 +308,7 @@ def test_import_convsim_does_not_import_lm_eval() -> None:
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_cli_against_the_mock_server_with_chat_template(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -329,6 +332,7 @@ def test_cli_against_the_mock_server_with_chat_template(
     assert "requests failed" not in result.output  # injected 500s were retried
 
 
+@pytest.mark.slow
 def test_cli_keeps_secrets_in_model_args_out_of_lm_eval_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

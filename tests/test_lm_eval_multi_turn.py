@@ -63,6 +63,7 @@ def test_a_pack_folder_is_exported_by_its_path(tmp_path: Path) -> None:
     assert doc["pack"] == PACK  # a bundled folder keeps its name
 
 
+@pytest.mark.slow
 def test_convsim_model_runs_the_conversations_as_convsim_does(
     tmp_path: Path, offline: None
 ) -> None:
@@ -98,6 +99,7 @@ def test_another_model_fails_at_once_with_a_clear_message(
     assert asked == []  # refused before lm-eval sent the model anything
 
 
+@pytest.mark.slow
 def test_the_cli_says_so_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     export_lm_eval_tasks(out=tmp_path)
     args = ["--model", "dummy", "--tasks", TASK, "--include_path", str(tmp_path)]
@@ -117,6 +119,7 @@ def test_the_late_check_still_names_the_model_it_needs() -> None:
     }
 
 
+@pytest.mark.slow
 def test_a_pack_with_code_is_exported_and_run_only_when_allowed(
     tmp_path: Path, offline: None
 ) -> None:

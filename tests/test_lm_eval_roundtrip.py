@@ -15,6 +15,8 @@ import convsim
 from convsim.cli import main
 from convsim.lm_eval import export_lm_eval_tasks
 
+pytestmark = pytest.mark.slow  # lm-eval runs its tasks end to end
+
 PACK = "single_turn_qa"
 TASK = f"single_turn_scenarios_{PACK}"
 

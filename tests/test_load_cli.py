@@ -75,8 +75,9 @@ def test_closed_loop_writes_the_result_with_its_contract(server: Any, tmp_path: 
     for metric in ("ttft", "tpot", "itl", "e2e"):
         assert result["latency_ms"][metric].keys() >= PERCENTILES
         assert result["latency_ms"][metric]["p50"] is not None
-    # streamed: the mock's 5 ms to the first token is what is measured, give or take
-    assert 4.0 <= result["latency_ms"]["ttft"]["p50"] < 50
+    # streamed: the first token, after the mock's 5 ms, and before the last of eight
+    latency = result["latency_ms"]
+    assert 4.0 <= latency["ttft"]["p50"] < latency["e2e"]["p50"]
     assert [t["turn_index"] for t in result["by_turn"]] == [0, 1]
     assert set(result["by_turn"][0]) >= {"turn_index", "count", "ttft_ms", "e2e_ms"}
     assert result["client"]["max_sessions"] <= 4
@@ -89,7 +90,11 @@ def test_closed_loop_writes_the_result_with_its_contract(server: Any, tmp_path: 
     assert "Load test" in stdout and "TTFT p99" in stdout
 
 
+@pytest.mark.slow
 def test_open_loop_sweep_with_slos_reports_the_best_rate(server: Any, tmp_path: Path) -> None:
+    """End to end, with room for a busy machine: the client's send delay and loop lag may
+    reach a second before a point is invalid. What the sweep decides, at the thresholds
+    that count, is checked on hand-built records in test_load_result.py."""
     out, reqs = tmp_path / "sweep.json", tmp_path / "sweep.jsonl"
     code, stdout, stderr = invoke(
         *target(server),
@@ -99,6 +104,8 @@ def test_open_loop_sweep_with_slos_reports_the_best_rate(server: Any, tmp_path: 
         "--arrival", "constant",
         "--synthetic", "turns=1,input_tokens=16,output_tokens=4",
         "--slo", "ttft_p99<=2s,e2e_p99<=5s",
+        "--max-schedule-delay-ms", "1000",
+        "--max-loop-lag-ms", "1000",
         "--out", str(out),
         "--requests", str(reqs),
     )  # fmt: skip
@@ -107,6 +114,7 @@ def test_open_loop_sweep_with_slos_reports_the_best_rate(server: Any, tmp_path: 
     assert [p["target_rate"] for p in result["points"]] == [10, 20, 40]
     for point in result["points"]:
         assert point.keys() >= POINT_KEYS
+        assert point["valid"], point["invalid_reasons"]
         assert point["goodput"]["requests_per_s"] > 0
         assert point["goodput"]["conversations_per_s"] > 0
     assert result["max_rate_meeting_slo"] == 40
@@ -115,6 +123,7 @@ def test_open_loop_sweep_with_slos_reports_the_best_rate(server: Any, tmp_path: 
     assert "highest rate meeting every SLO: 40" in stdout
 
 
+@pytest.mark.slow
 def test_a_sweep_writes_its_html_page(server: Any, tmp_path: Path) -> None:
     page = tmp_path / "sweep.html"
     code, _, stderr = invoke(

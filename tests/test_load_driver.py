@@ -4,11 +4,11 @@ the invalid-run flag, and the exact merge of workers' measurements."""
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -20,6 +20,7 @@ from convsim.load import (
     LoadShape,
     Schedule,
     SyntheticSessions,
+    Thresholds,
     Window,
     drive,
     merged_result,
@@ -194,9 +195,31 @@ async def test_a_client_that_blocks_its_loop_marks_the_run_invalid() -> None:
     assert point.schedule_delay_ms.p99 is not None and point.schedule_delay_ms.p99 > 10
     assert any("lagged its schedule" in r for r in point.invalid_reasons)
     assert any("event loop lagged" in r for r in point.invalid_reasons)
-    # a calm run of the same shape is valid
-    calm = merged_result([await drive(FakeModel(), _synthetic(), shape)], target_rate=500.0)
-    assert calm.valid, calm.invalid_reasons
+
+
+def test_send_delay_and_loop_lag_invalidate_only_above_their_thresholds() -> None:
+    """What a blocked loop leads to, on hand-built measurements (a measured calm run
+    lags too on a busy machine): a delay or lag at its threshold is fine, above it the
+    point is invalid and says which."""
+    late = 2**-7  # 7.8125 ms, exact in binary
+
+    def judged(delay_s: float, lag_s: float, limit_ms: float) -> list[str]:
+        records = [_record(i, i * 0.25, 0.01, 0.02, delay=delay_s) for i in range(40)]
+        outcome = _outcome(records, [lag_s] * 100, cpu=1.0)
+        thresholds = Thresholds(max_schedule_delay_ms=limit_ms, max_loop_lag_ms=limit_ms)
+        point = merged_result([outcome], target_rate=4.0, thresholds=thresholds)
+        assert point.valid == (not point.invalid_reasons)
+        return point.invalid_reasons
+
+    assert judged(0.0, 0.0, 7.8125) == []
+    assert judged(late, late, 7.8125) == []
+    assert judged(late, 0.0, 7.5) == [
+        "the client lagged its schedule: send delay p99 7.8 ms is above 7.5 ms"
+    ]
+    assert judged(0.0, late, 7.5) == [
+        "the load generator's event loop lagged: p99 7.8 ms above 7.5 ms, so latencies "
+        "include the client's own delay"
+    ]
 
 
 async def test_max_errors_stops_the_run_and_invalidates_it() -> None:
@@ -219,7 +242,11 @@ async def test_warmup_is_left_out_of_the_window() -> None:
     outcome = await drive(FakeModel(), _synthetic(), shape)
     point = merged_result([outcome])
     assert outcome.window.start_s == pytest.approx(0.03)
-    assert point.requests.completed == 2
+    # the two due after the warm-up count; one due in it counts only if a busy machine
+    # sent it late, after the warm-up ended
+    after = [r for r in outcome.records if r.sent_s >= 0.03]
+    assert {0.05, 0.06} <= {r.scheduled_s for r in after} and len(outcome.records) == 4
+    assert point.requests.completed == len(after)
 
 
 async def test_a_used_up_quota_stops_the_run_and_invalidates_it() -> None:
@@ -286,32 +313,60 @@ def test_overlapping_pauses_count_once_and_only_inside_the_window() -> None:
     assert point.valid
 
 
+class ManualClock:
+    """A run clock that moves only when told: the driver and the model read the same
+    time, however late a busy machine lets either run. Steps are powers of two, exact
+    in binary."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class TimedModel(FakeModel):
-    """A fake model whose timings say how long each call took (as a server's would)."""
+    """A fake model on ``clock`` whose timings say how long each call took (as a
+    server's would): about a millisecond each, plus what ``hook`` lets pass."""
+
+    def __init__(self, clock: ManualClock, hook: Callable[[int], object]) -> None:
+        super().__init__(hook)
+        self.clock = clock
 
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
-        started = time.perf_counter()
+        started = self.clock()
         completion = await super().generate(messages, params)
-        took = time.perf_counter() - started
+        self.clock.now += 2**-10
+        took = self.clock() - started
         return completion.model_copy(update={"timings": CallTimings(ttft_s=took, total_s=took)})
 
 
 async def test_a_stop_ends_sending_and_the_window_and_lets_in_flight_requests_finish() -> None:
     stop = StopRequest()
+    clock = ManualClock()
     done_at_stop = 0
+
+    async def answer_later() -> None:
+        await anyio.lowlevel.checkpoint()
+        clock.now += 2**-7
 
     def hook(number: int) -> object:
         nonlocal done_at_stop
         if number == 5:  # the sixth request is in flight when the run is stopped
             done_at_stop = number
+            clock.now += 2**-11
             stop.ask()
-            return anyio.sleep(0.01)  # it ends within the grace
+            return answer_later()  # it ends within the grace
         return None
 
     shape = LoadShape(concurrency=2, duration=600, interrupt_grace=60)
     with anyio.fail_after(10):
         outcome = await drive(
-            TimedModel(hook), _synthetic("turns=3,input_tokens=8,output_tokens=4"), shape, stop=stop
+            TimedModel(clock, hook),
+            _synthetic("turns=3,input_tokens=8,output_tokens=4"),
+            shape,
+            clock=clock,
+            stop=stop,
         )
     assert outcome.interrupted and outcome.stopped_by == "interrupted"
     assert 0 < outcome.window.end_s < 1  # where sending stopped, not the 600 s asked for
@@ -407,9 +462,13 @@ def test_a_saturated_cpu_invalidates_unless_it_was_spent_spinning() -> None:
     assert not any("spinning" in n for n in calm.notes)
 
 
-def _record(i: int, sent: float, ttft: float, e2e: float, out: int = 11) -> RequestRecord:
+def _record(
+    i: int, at: float, ttft: float, e2e: float, out: int = 11, delay: float = 0.0
+) -> RequestRecord:
+    """Session ``w{i}``'s one request, due at ``at`` and sent ``delay`` later."""
+    sent = at + delay
     return RequestRecord(
-        f"w{i}", 0, 1, sent, sent, ttft, ttft, (0.001,) * (out - 1), sent + e2e, 10, out
+        f"w{i}", 0, 1, at, sent, ttft, ttft, (0.001,) * (out - 1), sent + e2e, 10, out
     )
 
 

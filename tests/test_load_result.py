@@ -1,22 +1,30 @@
-"""SLOs, goodput and the JSON result, checked figure by figure on hand-built records."""
+"""SLOs, goodput, the JSON result and the sweep's choices, checked figure by figure on
+hand-built records."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import pytest
 
 from convsim import ConfigError
 from convsim.load import (
     SLO,
+    LoadPlan,
     LoadResult,
     RequestRecord,
+    StopRequest,
+    SweepResult,
     Window,
     goodput,
     parse_slos,
     point_result,
     sweep_result,
 )
+from convsim.load._plan import _Point, _Runner
 
 
 def record(
@@ -215,3 +223,126 @@ def test_json_names_are_the_documented_ones() -> None:
     sweep = json.loads(sweep_result([result]).model_dump_json())
     assert {"schema_version", "points", "max_rate_meeting_slo"} <= sweep.keys()
     assert LoadResult.model_validate(data) == result
+
+
+# -- the sweep, on points measured from hand-built records ------------------------------
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How a server (and the client) fare at one rate, in seconds: every request of the
+    point has these figures; ``failed`` of the sessions fail."""
+
+    ttft: float = 0.125
+    e2e: float = 0.25
+    send_delay: float = 0.0
+    failed: int = 0
+
+
+def measured_from(behaviours: dict[float, Behaviour], asked: list[float]) -> Callable[..., Any]:
+    """A point measure (as ``_run_point`` is called) that writes one second of one-turn
+    sessions at each rate asked, arriving every ``1 / rate`` s, instead of sending any."""
+
+    async def measure(plan: LoadPlan, *, rate: float | None, **_: Any) -> _Point:
+        assert rate is not None
+        asked.append(rate)
+        how = behaviours[rate]
+        records = []
+        for k in range(int(rate)):
+            at = k / rate
+            sent = at + how.send_delay
+            if k < how.failed:
+                records.append(record(f"s{k}", 0, sent, sent + how.e2e, scheduled=at, error="X"))
+            else:
+                records.append(
+                    record(f"s{k}", 0, sent, sent + how.e2e, scheduled=at, ttft=how.ttft)
+                )
+        slos = parse_slos(plan.slo) if plan.slo else None
+        result = point_result(records, Window(0.0, 1.0), slos=slos, target_rate=rate)
+        return _Point(result, records)
+
+    return measure
+
+
+class Swept(NamedTuple):
+    """A sweep, the rates it measured, the lines it reported and the requests it kept."""
+
+    sweep: SweepResult
+    asked: list[float]
+    lines: list[str]
+    records: list[tuple[int, RequestRecord]]
+
+
+async def run_sweep(behaviours: dict[float, Behaviour], slo: str = "ttft_p99<=300ms") -> Swept:
+    """The sweep over ``behaviours``' rates (``--sweep``), with ``slo``."""
+    asked: list[float] = []
+    lines: list[str] = []
+    rates = ",".join(f"{r:g}" for r in behaviours)
+    plan = LoadPlan(rate=10, sweep=rates, slo=slo, duration=1, calibrate=False)
+    runner = _Runner(
+        plan, None, lines.append, None, [], StopRequest(), measure=measured_from(behaviours, asked)
+    )
+    sweep = await runner.sweep()
+    assert sweep is not None
+    return Swept(sweep, asked, lines, runner.records)
+
+
+FINE = Behaviour()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("at_40", "best", "reasons"),
+    [
+        (FINE, 40, []),
+        (Behaviour(ttft=0.5), 20, []),  # too slow for the SLO, but a valid point
+        (
+            Behaviour(send_delay=0.015625),
+            20,
+            [
+                "point 2 (40/s): the client lagged its schedule: "
+                "send delay p99 15.6 ms is above 10 ms"
+            ],
+        ),
+    ],
+    ids=["all-meet", "40-too-slow", "40-client-lagged"],
+)
+async def test_a_sweep_runs_each_rate_and_names_the_highest_valid_one_meeting_the_slos(
+    at_40: Behaviour, best: float, reasons: list[str]
+) -> None:
+    sweep, asked, lines, records = await run_sweep({10: FINE, 20: FINE, 40: at_40})
+    assert asked == [10, 20, 40]
+    assert lines == ["sweep: rate 10/s", "sweep: rate 20/s", "sweep: rate 40/s"]
+    assert [p.target_rate for p in sweep.points] == [10, 20, 40]
+    assert sweep.max_rate_meeting_slo == best
+    assert sweep.invalid_reasons == reasons and sweep.valid == (not reasons)
+    assert not sweep.partial
+    # every session of 10 and 20 met the SLO: goodput is the whole rate
+    assert [p.goodput and p.goodput.requests_per_s for p in sweep.points] == [
+        10,
+        20,
+        0 if at_40.ttft > 0.3 else 40,
+    ]
+    # each request is kept with the index of its point, for the per-request file
+    assert [i for i, _ in records] == [0] * 10 + [1] * 20 + [2] * 40
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("at_20", "saturated"),
+    [
+        (Behaviour(e2e=0.75), False),  # three times the lightest point's median: not yet
+        (Behaviour(e2e=0.75 + 2**-10), True),
+        (Behaviour(failed=2), False),  # a tenth of the requests failed: not yet
+        (Behaviour(failed=3), True),
+    ],
+    ids=["e2e-x3", "e2e-above-x3", "tenth-failed", "above-a-tenth-failed"],
+)
+async def test_a_sweep_stops_once_the_server_saturates(at_20: Behaviour, saturated: bool) -> None:
+    sweep, asked, lines, _ = await run_sweep({10: FINE, 20: at_20, 40: FINE}, slo="e2e_p99<=2s")
+    if saturated:
+        assert asked == [10, 20] and lines[-1] == "sweep: the server saturated; stopping"
+        assert sweep.max_rate_meeting_slo == 20 and not sweep.partial
+    else:
+        assert asked == [10, 20, 40] and not any("saturated" in line for line in lines)
+        assert sweep.max_rate_meeting_slo == 40

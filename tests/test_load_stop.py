@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -154,6 +155,24 @@ def started_workers(run: Convsim, count: int, leftovers: list[Any]) -> list[Any]
     return processes_under(run.proc.pid)
 
 
+def workers_in(processes: list[Any]) -> list[Any]:
+    """The load's worker processes among ``processes`` (not multiprocessing's resource
+    tracker)."""
+    return [p for p in processes if "spawn_main" in " ".join(p.cmdline())]
+
+
+def sending(worker: Any, base_url: str) -> bool:
+    """``worker`` has two requests open to the server at once (its two sessions): its
+    run has begun, past the single request of its preflight."""
+    port = urlsplit(base_url).port
+    open_to_server = [
+        c
+        for c in worker.net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    ]
+    return len(open_to_server) >= 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("workers", "signum"), [(2, signal.SIGTERM), (1, signal.SIGINT)], ids=["2-SIGTERM", "1-SIGINT"]
@@ -164,6 +183,10 @@ def test_a_signal_writes_what_was_measured_and_leaves_no_worker(
     out = tmp_path / "load.json"
     with load(server.base_url, out, "--concurrency", "4", "--workers", str(workers)) as run:
         children = started_workers(run, workers, leftovers) if workers > 1 else []
+        # a worker still starting on a busy machine would be stopped before it measured
+        run.wait_for(
+            lambda: all(sending(p, server.base_url) for p in workers_in(children)), "sends"
+        )
         sent = server.statistics().by_endpoint[CHAT]
         run.wait_for(lambda: server.statistics().by_endpoint[CHAT] >= sent + 40, "load sent")
         run.interrupt(signum)
@@ -211,6 +234,7 @@ def test_a_killed_command_takes_its_workers_along(
     wait_until(lambda: gone(children), "end of every worker process", timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_stop_before_the_window_writes_no_result(
     server: Any, tmp_path: Path, workers: int, leftovers: list[Any]
@@ -325,6 +349,7 @@ def _wait_for_ever(started: Path, stop: ThreadedStop) -> None:
     threading.Event().wait()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_cancelled_worker_processes_are_killed(tmp_path: Path, leftovers: list[Any]) -> None:
     me = psutil.Process()

@@ -967,6 +967,7 @@ def test_cli_port_in_use_exits_2() -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_serves_until_sigint() -> None:
     command = [sys.executable, "-m", "convsim", "--log-format", "json", "--log-level", "info"]
     command += ["mock-server", "--port", "0", "--api-key", "sk-very-secret", "--ttft-ms", "exp:1"]

@@ -5,8 +5,11 @@ A longer run, with counts by outcome: tests/bench/bench_pack_fuzz.py."""
 
 from __future__ import annotations
 
+import pytest
 from _pack_fuzz import Case, Outcome, RunOutcome, cases, run, validate
 from hypothesis import HealthCheck, given, settings
+
+pytestmark = pytest.mark.slow  # hundreds of packs written, validated and run
 
 FUZZ = settings(
     deadline=None,

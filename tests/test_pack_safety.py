@@ -498,6 +498,7 @@ def test_a_line_over_the_limit_is_refused_without_being_parsed(
         load_pack(pack, max_line_bytes=3_000_000)  # a higher limit parses it
 
 
+@pytest.mark.slow
 def test_convsim_validate_refuses_a_long_line_in_one_line(tmp_path: Path) -> None:
     pack = raw_scenarios(
         tmp_path / "pack", "{" + ",".join(f'"k{i}":1' for i in range(200_000)) + "}\n"
@@ -534,6 +535,7 @@ def test_refusing_a_long_line_takes_memory_of_the_limit_not_of_the_line(tmp_path
     assert peak < 5_000_000, peak  # reading the file whole took 40 MB, parsing it 1 GB
 
 
+@pytest.mark.slow
 def test_loading_keeps_the_scenarios_not_the_text_they_came_from(tmp_path: Path) -> None:
     pack = realistic_pack(tmp_path / "pack", 1000)  # 2.4 MB
     tracemalloc.start()
@@ -548,6 +550,7 @@ def test_loading_keeps_the_scenarios_not_the_text_they_came_from(tmp_path: Path)
     assert peak - held < 1_000_000, (peak, held)
 
 
+@pytest.mark.slow
 def test_a_single_turn_pack_keeps_its_scenarios_not_its_problems(tmp_path: Path) -> None:
     pack = write_single(tmp_path / "pack")
     config = (pack / "config.yml").read_text() + '  with_examples: "{examples} Q: {question}"\n'
@@ -635,6 +638,7 @@ def test_values_that_look_unfit_but_are_not_load(tmp_path: Path) -> None:
     assert loaded.conversations[0].scenario.tags == ["\U0001f600", "\\ud800"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_few_shot_examples_take_linear_time(tmp_path: Path) -> None:
     pack = write_single(tmp_path / "pack")

@@ -164,6 +164,7 @@ def test_bad_plugin_names_and_settings_are_refused_before_running() -> None:
         Simulator("scripted", plugin_config={"code_analysis": {}})
 
 
+@pytest.mark.slow
 def test_a_third_party_plugin_is_found_through_its_entry_point(tmp_path: Path) -> None:
     """A package of its own, 'installed' on a path with its dist-info and entry point,
     is discovered by name and run by the command line."""
@@ -513,6 +514,7 @@ def install_plugins(site: Path, module: str, source: str, entry_points: dict[str
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 @pytest.mark.parametrize("plugin", ["hangs_in_score", "hangs_at_end"])
 def test_two_ctrl_c_end_a_run_whose_hook_hangs(

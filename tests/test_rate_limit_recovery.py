@@ -93,6 +93,7 @@ async def calls_per_second(rejected: float, *, callers: int = 32, calls: int = 4
     return callers * calls / (loop.time() - started)
 
 
+@pytest.mark.slow
 def test_random_429s_with_retry_after_zero_keep_the_throughput() -> None:
     clean = on_virtual_time(lambda: calls_per_second(0.0))
     with_429s = on_virtual_time(lambda: calls_per_second(0.037))

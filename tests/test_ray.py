@@ -14,6 +14,8 @@ import pytest
 import convsim
 from convsim.distributed import run_on_ray, shard_of
 
+pytestmark = pytest.mark.slow  # a local Ray starts for the module
+
 ray = pytest.importorskip("ray")
 
 

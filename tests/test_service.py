@@ -28,6 +28,7 @@ def _key(server: Server, name: str) -> str:
     return server.key(name)
 
 
+@pytest.mark.slow
 def test_an_evaluation_runs_streams_and_summarises(server: Server) -> None:
     key = _key(server, "alice")
     with EvaluationClient(server.url, key) as client:
@@ -48,6 +49,7 @@ def test_an_evaluation_runs_streams_and_summarises(server: Server) -> None:
         assert [e.id for e in client.list_evaluations()] == [evaluation.id]
 
 
+@pytest.mark.slow
 def test_refusals_no_key_a_revoked_key_and_another_keys_job(server: Server) -> None:
     alice, bob = _key(server, "alice"), _key(server, "bob")
     with EvaluationClient(server.url, alice) as client:
@@ -66,6 +68,7 @@ def test_refusals_no_key_a_revoked_key_and_another_keys_job(server: Server) -> N
         client.list_evaluations()
 
 
+@pytest.mark.slow
 def test_secrets_given_to_a_job_are_never_stored_or_shown(tmp_path: Path) -> None:
     secret = "sk-live-THIS-MUST-NOT-LEAK-0123456789"
     with Listener() as model:
@@ -87,6 +90,7 @@ def test_secrets_given_to_a_job_are_never_stored_or_shown(tmp_path: Path) -> Non
     assert secret.encode() not in server.everything_written()
 
 
+@pytest.mark.slow
 def test_a_killed_server_finishes_its_job_after_a_restart(server: Server, tmp_path: Path) -> None:
     key = _key(server, "alice")
     with EvaluationClient(server.url, key) as client:
@@ -111,6 +115,7 @@ def test_a_killed_server_finishes_its_job_after_a_restart(server: Server, tmp_pa
     assert len(ids) == 12 == len(set(ids))  # none lost, none twice
 
 
+@pytest.mark.slow
 def test_an_uploaded_pack_is_validated_before_the_job_is_accepted(server: Server) -> None:
     from convsim.client import Invalid
 
@@ -132,6 +137,7 @@ def test_an_uploaded_pack_is_validated_before_the_job_is_accepted(server: Server
             client.create_evaluation(model="scripted", pack_files={"../evil.yml": "x"})
 
 
+@pytest.mark.slow
 def test_the_guides_integration_test_with_convsims_names(server: Server) -> None:
     client = EvaluationClient(base_url=server.url, api_key=_key(server, "guide"))
     evaluation = client.create_evaluation(
@@ -142,6 +148,7 @@ def test_the_guides_integration_test_with_convsims_names(server: Server) -> None
     client.close()
 
 
+@pytest.mark.slow
 def test_request_size_and_jobs_per_key_are_limited(server: Server) -> None:
     key = _key(server, "busy")
     headers = {"Authorization": f"Bearer {key}"}

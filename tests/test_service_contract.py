@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from test_service import Server, _key
+
+pytestmark = pytest.mark.slow  # convsim serve runs in a subprocess
 
 
 def test_no_server_error_and_responses_match_the_schema(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from _service import Server, cli
 
 from convsim.client import EvaluationClient, Invalid
 
+pytestmark = pytest.mark.slow  # convsim serve runs in a subprocess
+
 PLANTED = {
     "OPENAI_API_KEY": "sk-planted-openai-0000000000000001",
     "ANTHROPIC_API_KEY": "sk-ant-planted-0000000000000002",

@@ -69,6 +69,7 @@ def test_the_stop_words_are_scikit_learns() -> None:
     assert ENGLISH_STOP_WORDS == SKLEARN_STOP_WORDS
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ANY_TEXT, min_size=1, max_size=8))
 def test_tfidf_vectors_are_scikit_learns(texts: list[str]) -> None:
@@ -81,6 +82,7 @@ def test_tfidf_vectors_are_scikit_learns(texts: list[str]) -> None:
     np.testing.assert_allclose(ours, theirs.toarray(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ANY_TEXT, min_size=1, max_size=8))
 def test_tfidf_similarities_are_scikit_learns(texts: list[str]) -> None:

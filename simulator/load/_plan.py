@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -602,9 +602,17 @@ def _saturated(point: PointResult, first: PointResult) -> bool:
     return now is not None and base is not None and now > 3 * base
 
 
+_Measure = Callable[..., Awaitable[_Point | None]]
+"""Measures one point: called as :func:`_run_point` is."""
+
+
 @dataclass
 class _Runner:
-    """Runs the points of one plan, keeping every request for the per-request file."""
+    """Runs the points of one plan, keeping every request for the per-request file.
+
+    ``measure`` is :func:`_run_point`; a test passes points built from records it wrote,
+    so that what the sweep decides does not hang on a busy machine's timings.
+    """
 
     plan: LoadPlan
     calibration: Calibration | None
@@ -613,6 +621,7 @@ class _Runner:
     records: list[tuple[int, RequestRecord]]
     stop: StopRequest
     points: list[PointResult] = field(default_factory=list)
+    measure: _Measure = _run_point
 
     async def point(self, *, concurrency: int | None, rate: float | None) -> PointResult | None:
         """The next point, kept in :attr:`points`; None when a stop came before it
@@ -623,7 +632,7 @@ class _Runner:
         label = f"concurrency {concurrency}" if concurrency is not None else f"rate {rate:.3g}/s"
         if rate is None and concurrency is None:
             label = "trace"
-        done = await _run_point(
+        done = await self.measure(
             self.plan,
             concurrency=concurrency,
             rate=rate,

@@ -676,7 +676,7 @@ class HttpModelAdapter(ModelAdapter):
             if first is None:
                 first = now
             else:
-                gaps.append(now - last)  # type: ignore[operator]
+                gaps.append(now - last)
             last = now
             pieces.append(text)
             if on_text is not None:

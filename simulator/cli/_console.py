@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, ParamSpec, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -45,7 +45,8 @@ allows."""
 EXIT_ENDPOINT_UNREACHABLE = 4
 """A model endpoint cannot be used: found before the run, or by the circuit breaker."""
 EXIT_INTERRUPTED = 130
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def stdout() -> Console:
@@ -62,12 +63,12 @@ def print_error(message: str) -> None:
     stderr().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
 
 
-def clear_errors(func: F) -> F:
+def clear_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn convsim's own errors into one message on stderr and exit code 2 (4 for an
     endpoint that cannot be used)."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except EndpointError as exc:
@@ -77,7 +78,7 @@ def clear_errors(func: F) -> F:
             print_error(str(exc))
             sys.exit(EXIT_BAD_INPUT)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 class RunVerdict(NamedTuple):

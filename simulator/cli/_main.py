@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import click
 
 from .._registry import Registry
@@ -55,6 +57,6 @@ class _Commands(click.Group):
     default="warning",
     show_default=True,
 )
-def main(log_format: str, log_level: str) -> None:
+def main(log_format: Literal["console", "json"], log_level: str) -> None:
     """Simulate and evaluate multi-turn conversations with language models."""
-    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    configure_logging(log_format, log_level)

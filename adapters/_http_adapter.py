@@ -394,7 +394,7 @@ class HttpModelAdapter(ModelAdapter):
         an answer; never the key, limits, timeouts or prices."""
         shaping = {
             name: value
-            for name, value in self.config.model_dump(exclude=_NOT_SHAPING_ANSWERS).items()
+            for name, value in self.config.model_dump(exclude=set(_NOT_SHAPING_ANSWERS)).items()
             if not isinstance(value, SecretStr)
         }
         return {
@@ -804,7 +804,7 @@ class HttpModelAdapter(ModelAdapter):
             if first is None:
                 first = now
             else:
-                gaps.append(now - last)  # type: ignore[operator]
+                gaps.append(now - last)
             last = now
             pieces.append(text)
             if on_text is not None:

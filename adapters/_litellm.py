@@ -314,7 +314,7 @@ class LitellmAdapter(HttpModelAdapter):
             if first is None:
                 first = now
             else:
-                gaps.append(now - last)  # type: ignore[operator]
+                gaps.append(now - last)
             last = now
             pieces.append(text)
             if on_text is not None:

@@ -308,7 +308,7 @@ def _frozen(value: Any) -> Hashable:
         hash(value)
     except TypeError:
         return repr(value)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def split_limits(args: Mapping[str, Any], workers: int) -> list[dict[str, Any]]:

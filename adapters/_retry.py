@@ -156,6 +156,7 @@ class RetryPolicy:
                 await wait_and_report(exc, state.attempt_number + 1, state.upcoming_sleep)
 
         retrying = AsyncRetrying(
+            # tenacity types `|` for its stop classes only, though every StopBaseT works
             stop=stop_after_attempt(self.max_retries) | stop_in_time,  # type: ignore[operator]
             wait=wait,
             retry=retry_if_exception(retry_this),

@@ -160,7 +160,7 @@ def _local_registry() -> Any:
     import referencing
     from jsonschema_specifications import REGISTRY
 
-    registry: Any = referencing.Registry(retrieve=_no_retrieval)  # type: ignore[call-arg]
+    registry: Any = referencing.Registry(retrieve=_no_retrieval)  # type: ignore[call-arg]  # attrs
     return registry.combine(REGISTRY)
 
 

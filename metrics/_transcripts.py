@@ -400,8 +400,8 @@ def _read_transcript(
         problems.add(PackProblem(name, lineno, exc.field, exc.message))
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(map(str, err["loc"])) or None
-        problems.add(PackProblem(name, lineno, field, err["msg"]))
+        field_path = ".".join(map(str, err["loc"])) or None
+        problems.add(PackProblem(name, lineno, field_path, err["msg"]))
     except _FieldError as exc:
         problems.add(PackProblem(name, lineno, exc.field, exc.message))
     except (TypeError, ValueError) as exc:

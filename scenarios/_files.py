@@ -320,7 +320,7 @@ def parse_yaml(text: str) -> ParsedYaml:
         if node is None:
             return ParsedYaml(None, None)
         _check_expansion(node)
-        data = _StrictConstructor().construct_document(node)  # type: ignore[no-untyped-call]
+        data = _StrictConstructor().construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         reason = exc.problem or exc.context or str(exc)
@@ -433,7 +433,7 @@ class _StrictConstructor(yaml.constructor.SafeConstructor):
                 raise yaml.constructor.ConstructorError(
                     None, None, f"a {kind} cannot be a key", key_node.start_mark
                 )
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None,
@@ -442,11 +442,11 @@ class _StrictConstructor(yaml.constructor.SafeConstructor):
                     key_node.start_mark,
                 )
             seen[key] = _line(key_node)
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call,no-any-return]
+        return super().construct_mapping(node, deep=deep)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
-            return super().construct_object(node, deep=deep)  # type: ignore[no-untyped-call]
+            return super().construct_object(node, deep=deep)
         except yaml.YAMLError:
             raise
         except Exception as exc:  # a scalar its tag's constructor cannot read, whatever it raises
@@ -461,12 +461,12 @@ class _StrictConstructor(yaml.constructor.SafeConstructor):
             raise yaml.constructor.ConstructorError(
                 None, None, f"a number with {len(digits)} digits is too large", node.start_mark
             )
-        return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+        return super().construct_yaml_int(node)
 
 
 _StrictConstructor.add_constructor(
     "tag:yaml.org,2002:int",
-    _StrictConstructor.construct_yaml_int,  # type: ignore[arg-type]
+    _StrictConstructor.construct_yaml_int,
 )
 
 

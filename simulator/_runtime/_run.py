@@ -371,5 +371,5 @@ class Run:
 def _single(exc: Exception) -> Exception:
     """The one error inside nested exception groups, if there is exactly one."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]  # type: ignore[assignment]
+        exc = exc.exceptions[0]
     return exc

@@ -140,7 +140,7 @@ def _model(params: Mapping[str, click.Parameter]) -> type[BaseModel]:
         f"p{i}": (_field(param), Field(default=None, alias=name))
         for i, (name, param) in enumerate(params.items())
     }
-    return create_model(  # type: ignore[call-overload,no-any-return]
+    return create_model(
         "ConfigFile",
         __config__=ConfigDict(extra="forbid", hide_input_in_errors=True),
         **fields,

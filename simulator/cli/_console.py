@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, ParamSpec, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -58,7 +58,8 @@ EXIT_MAX_COST = 6
 """``--max-cost`` stopped the run before its last conversation (``--resume`` runs the
 rest)."""
 EXIT_INTERRUPTED = 130
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def stdout() -> Console:
@@ -75,12 +76,12 @@ def print_error(message: str) -> None:
     stderr().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
 
 
-def clear_errors(func: F) -> F:
+def clear_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn convsim's own errors into one message on stderr and exit code 2 (4 for an
     endpoint that cannot be used)."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except EndpointError as exc:
@@ -90,7 +91,7 @@ def clear_errors(func: F) -> F:
             print_error(str(exc))
             sys.exit(EXIT_BAD_INPUT)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 class RunVerdict(NamedTuple):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import click
 
 from .._registry import Registry
@@ -66,11 +68,11 @@ option). A flag on the command line wins over it; it wins over a ``--config`` fi
     default="warning",
     show_default=True,
 )
-def main(log_format: str, log_level: str) -> None:
+def main(log_format: Literal["console", "json"], log_level: str) -> None:
     """Simulate and evaluate multi-turn conversations with language models.
 
     Every option can also come from an environment variable CONVSIM_<COMMAND>_<NAME>,
     NAME being the option's value name in capitals, such as CONVSIM_RUN_CONCURRENCY=8
     or CONVSIM_LOG_LEVEL=info; a flag on the command line wins over it.
     """
-    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    configure_logging(log_format, log_level)

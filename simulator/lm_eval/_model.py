@@ -125,7 +125,7 @@ class Outcomes(NamedTuple):
     failures: list[FailedRequest]
 
 
-class ConvsimLM(LM):  # type: ignore[misc]  # lm_eval is untyped
+class ConvsimLM(LM):
     """An lm-eval ``LM`` that sends its requests through a convsim adapter:
     ``generate_until`` with any adapter, ``loglikelihood`` and ``loglikelihood_rolling``
     with one that scores prompts (``supports_prompt_logprobs``)."""

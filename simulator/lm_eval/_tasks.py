@@ -322,7 +322,7 @@ def _lm_eval_task_for(task: AdvancedTask) -> Any:
     def wants_std(how: Any) -> bool:
         return "std" in ([how] if isinstance(how, str) else list(how))
 
-    class ConvsimTask(Task):  # type: ignore[misc]
+    class ConvsimTask(Task):
         VERSION = task.VERSION
         DATASET_PATH = str(task.dataset_file())
         DATASET_NAME = task.DATASET_NAME

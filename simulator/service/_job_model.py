@@ -232,7 +232,7 @@ def build_adapter(
         raise Refused([Problem(_arg("api_key"), "this model needs an API key: give "
                                "model_args.api_key, or use an operator's endpoint")])  # fmt: skip
     try:
-        return factory(_limited(args, limits, concurrency), env={}, egress=egress)  # type: ignore[call-arg]
+        return factory(_limited(args, limits, concurrency), env={}, egress=egress)
     except EgressRefused as exc:
         field_name = next((n for n in URL_ARGS if n in job.secret), "base_url")
         raise Refused([Problem(_arg(field_name), exc.reason)]) from None

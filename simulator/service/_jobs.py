@@ -150,8 +150,8 @@ class JobRunner:
         now = time.time() if now is None else now
         removed = []
         for job in self.store.uploads():
-            ended = job.state in FINISHED and job.finished is not None
-            if ended and job.finished + self.settings.upload_retention_s <= now:  # type: ignore[operator]
+            ended = job.finished if job.state in FINISHED else None
+            if ended is not None and ended + self.settings.upload_retention_s <= now:
                 folder = job.request.get("pack_dir")
                 if folder:
                     shutil.rmtree(folder, ignore_errors=True)

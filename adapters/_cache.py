@@ -70,6 +70,8 @@ KEY_VERSION = 1
 """Part of every key: raised when what a key covers changes, so old rows go unused."""
 
 BUSY_TIMEOUT_S = 30.0
+BUSY_TRIES = 20
+BUSY_PAUSE_S = 0.01  # then 0.02, 0.03, ...: about 2 s in all
 """How long a write waits for another process's write to finish."""
 
 _SCHEMA = (
@@ -190,12 +192,7 @@ class ResponseCache:
                 self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
             try:
-                db.execute("PRAGMA journal_mode=WAL")
-                # the write lock first: two processes creating the file at once would
-                # otherwise both read, then both ask to write, and one be refused at once
-                db.execute("BEGIN IMMEDIATE")
-                db.execute(_SCHEMA)
-                db.execute("COMMIT")
+                _while_busy(lambda: _prepare(db))
             except BaseException:
                 db.close()
                 raise
@@ -285,10 +282,22 @@ class ResponseCache:
         created = self._clock()
 
         def write(db: sqlite3.Connection) -> None:
-            db.execute(
-                "INSERT OR REPLACE INTO responses (key, created, completion) VALUES (?, ?, ?)",
-                (key, created, stored),
-            )
+            def once() -> None:
+                # the write lock before anything is read: a write that read first may be
+                # refused at once, without waiting, when another process wrote meanwhile
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.execute(
+                        "INSERT OR REPLACE INTO responses (key, created, completion) "
+                        "VALUES (?, ?, ?)",
+                        (key, created, stored),
+                    )
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+
+            _while_busy(once)
 
         try:
             self._with_db(write)
@@ -317,6 +326,33 @@ class ResponseCache:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    """WAL mode and the table, the table under the write lock (two processes creating
+    the file at once would otherwise both read, then both ask to write)."""
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(_SCHEMA)
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _while_busy(work: Callable[[], None], *, tries: int = BUSY_TRIES) -> None:
+    """``work``, again while SQLite says the file is locked by another connection in a
+    way its own busy wait does not cover (changing the journal mode, a stale read)."""
+    for attempt in range(tries):
+        try:
+            work()
+            return
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            if attempt == tries - 1 or not ("locked" in text or "busy" in text):
+                raise
+            time.sleep(BUSY_PAUSE_S * (attempt + 1))
 
 
 def _corrupt_file(exc: sqlite3.DatabaseError) -> bool:

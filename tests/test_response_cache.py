@@ -245,14 +245,21 @@ def test_two_processes_write_one_cache_at_once(tmp_path: Path) -> None:
         )
         for name in ("a", "b")
     ]
-    for writer in writers:
-        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
-    for writer in writers:
-        assert writer.stdin is not None
-        writer.stdin.write("go\n")
-        writer.stdin.flush()
-    for writer in writers:
-        out, err = writer.communicate(timeout=120)
+    results = []
+    try:
+        for writer in writers:
+            assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        for writer in writers:
+            assert writer.stdin is not None
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+        results = [writer.communicate(timeout=120) for writer in writers]
+    finally:
+        for writer in writers:  # pipes closed, processes gone, whatever happened
+            if writer.poll() is None:
+                writer.kill()
+            writer.communicate()
+    for writer, (out, err) in zip(writers, results, strict=True):
         assert writer.returncode == 0, err
         assert out.strip() == "400", err  # no write was dropped
     cache = ResponseCache(folder)

@@ -121,6 +121,10 @@ class CodeAnalysisPlugin(BasePlugin):
     name: ClassVar[str] = "code_analysis"
     version: ClassVar[str] = "1.0"
     Config: ClassVar[type[BaseModel]] = CodeAnalysisConfig
+    hook_timeout: ClassVar[float] = 60.0
+    """Scoring a conversation runs radon and bandit over every answer with code: on a
+    busy machine, with many conversations scored at once, that can pass the default 10 s
+    without anything being wrong."""
 
     def initialize(self, config: BaseModel) -> None:
         super().initialize(config)

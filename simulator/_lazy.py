@@ -20,13 +20,12 @@ still gets every name it used to; it is worked out on first use.
 
 from __future__ import annotations
 
-import ast
 import importlib
-import inspect
 import sys
 from collections.abc import Callable, Iterable
 from functools import cache
 from importlib.metadata import entry_points
+from types import FunctionType
 from typing import Any, NamedTuple
 
 __all__ = ["LazyModule", "PublicName", "lazy_module", "public_names", "publish"]
@@ -64,6 +63,8 @@ def _aliases() -> dict[str, str]:
 
 def public_names(source: str) -> list[PublicName]:
     """The names imported under the top-level ``if TYPE_CHECKING:`` of ``source``."""
+    import ast  # on first use only: ``import convsim`` stays as light as it was
+
     names: list[PublicName] = []
     for node in ast.parse(source).body:
         if not (isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"):
@@ -123,7 +124,7 @@ def publish(value: object, name: str, package: str) -> None:
     """Give ``value``, handed out by ``package`` as ``name``, its public path as
     ``__module__``: the nearest public package above its defining module that exports
     it under that name, else ``package``. Values defined in public modules keep theirs."""
-    if not (isinstance(value, type) or inspect.isfunction(value)):
+    if not isinstance(value, (type, FunctionType)):
         return
     module: str = getattr(value, "__module__", "") or ""
     parts = module.split(".")

@@ -34,7 +34,6 @@ from pydantic import (
 
 from .._log import get_logger
 from .._secrets import MASK, is_secret_key, looks_like_url, redact_url
-from ..scenarios._files import FileProblem, line_of, parse_yaml, read_pack_file
 from ._console import stderr
 
 __all__ = ["MAX_CONFIG_BYTES", "ConfigFileCommand", "config_file_option", "read_config_file"]
@@ -158,6 +157,10 @@ def read_config_file(ctx: click.Context, command: click.Command, path: Path) -> 
     Raises:
         click.BadParameter: naming the file, line and option of every problem.
     """
+    # read as packs are (YAML with line numbers); imported here so that `convsim --help`
+    # does not load a YAML parser
+    from ..scenarios._files import FileProblem, line_of, parse_yaml, read_pack_file
+
     try:
         parsed = parse_yaml(read_pack_file(path.parent, path.name, MAX_CONFIG_BYTES).decode())
     except FileProblem as exc:

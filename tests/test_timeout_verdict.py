@@ -7,6 +7,7 @@ raise it) and its own exit code (5), so that CI can tell "endpoint down" (4),
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -225,3 +226,25 @@ def test_timeouts_within_the_failure_rate_exit_0_and_still_say_so(tmp_path: Path
     assert code == _console.EXIT_OK
     assert "warning: 2 of 2 conversations hit the 1 s conversation timeout (yours)" in err
     assert "error:" not in err
+
+
+def test_a_resume_with_a_longer_timeout_retries_the_timed_out_conversations(
+    tmp_path: Path,
+) -> None:
+    """The timeout decides whether a conversation finishes, not what its answers are: the
+    hint's own advice (raise --conversation-timeout) works on the same results file."""
+    out = tmp_path / "r.jsonl"
+    args = ["run", str(pack(tmp_path)), "--model-arg", "latency=0.4", "--out", str(out),
+            "--no-progress"]  # fmt: skip
+    code, _, err = invoke(*args, "--conversation-timeout", "1")
+    assert code == _console.EXIT_TIMEOUTS
+    assert "--resume --retry-failed and a longer --conversation-timeout" in err
+    code, _, err = invoke(*args, "--conversation-timeout", "60", "--resume", "--retry-failed")
+    assert code == _console.EXIT_OK, err
+    assert {r.status for r in read_results(out)} == {Status.DONE}
+    assert len(read_results(out)) == 2
+    manifest = json.loads((tmp_path / "r.manifest.json").read_text())
+    assert manifest["settings"]["conversation_timeout"] == 60
+    # what a conversation says still has to match
+    code, _, err = invoke(*args, "--conversation-timeout", "60", "--resume", "--max-turns", "1")
+    assert code == 2 and "max_turns" in err

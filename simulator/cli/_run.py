@@ -434,6 +434,12 @@ def run(
         )
     if verdict.message is not None:
         print_error(verdict.message)
+    if verdict.code == EXIT_TIMEOUTS:
+        _stderr().print(
+            f"to run only those again: the same command with --resume --retry-failed "
+            f"and a longer --conversation-timeout (results: {out})",
+            highlight=False,
+        )
     if verdict.code:
         sys.exit(verdict.code)
     check_gates(report, fail_under)

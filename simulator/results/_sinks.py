@@ -42,7 +42,6 @@ RESULT_SETTINGS = (
     "max_turns",
     "max_tokens",
     "user_max_tokens",
-    "conversation_timeout",
     "model_args",
     "user_model_args",
     "judge",
@@ -51,7 +50,10 @@ RESULT_SETTINGS = (
     "judge_combine",
 )
 """Settings that change what results say: resuming with others would mix results. A
-setting a file's manifest does not record (an older version wrote it) is not compared."""
+setting a file's manifest does not record (an older version wrote it) is not compared.
+``conversation_timeout`` is not one: it decides whether a conversation finishes, not what
+it says, so a resume may raise it for the conversations that timed out (the manifest
+records the latest value; each result keeps its own ending)."""
 
 #: Adapter arguments that change how fast or how politely calls go, not what comes back.
 OPERATIONAL_ARGS = frozenset(

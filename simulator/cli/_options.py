@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -12,6 +14,7 @@ from .._errors import ConfigError
 
 if TYPE_CHECKING:
     from ..adapters import ResponseCache
+    from ..scenarios import Pack
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,6 +86,47 @@ def pack_input_options(func: F) -> F:
         help="Run code the pack names (python goal criteria, lm-eval !function tags). "
         "Packs with code are code: use only for packs you trust.",
     )(func)
+
+
+@dataclass(frozen=True)
+class PackReading:
+    """How a command reads its pack, from the options of :func:`pack_reading_options`."""
+
+    num_fewshot: int
+    context_mode: str | None
+    include_path: Path | None
+    allow_code: bool
+    max_file_bytes: int
+    max_line_bytes: int
+
+    def load(self, pack: str) -> Pack:
+        """The pack, loaded and validated (file, line and field on bad input)."""
+        from .._runtime._packs import load_pack
+
+        return load_pack(
+            pack,
+            num_fewshot=self.num_fewshot,
+            context_mode=self.context_mode,
+            include_path=self.include_path,
+            allow_code=self.allow_code,
+            max_file_bytes=self.max_file_bytes,
+            max_line_bytes=self.max_line_bytes,
+        )
+
+
+_READING_OPTIONS = tuple(PackReading.__dataclass_fields__)
+
+
+def pack_reading_options(func: F) -> F:
+    """The options of :func:`single_turn_options` and :func:`pack_input_options`, given
+    to the command as one ``reading`` argument (a :class:`PackReading`)."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        reading = PackReading(**{name: kwargs.pop(name) for name in _READING_OPTIONS})
+        return func(*args, reading=reading, **kwargs)
+
+    return single_turn_options(pack_input_options(command))  # type: ignore[return-value]
 
 
 def judge_options(func: F) -> F:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
-
 import click
 from rich.table import Table
 
@@ -13,10 +10,7 @@ from ._console import (
     clear_errors,
 )
 from ._console import stdout as _stdout
-from ._options import pack_input_options, single_turn_options
-
-if TYPE_CHECKING:
-    pass
+from ._options import PackReading, pack_reading_options
 
 
 @click.command("list")
@@ -35,31 +29,12 @@ def list_command() -> None:
 
 @click.command()
 @click.argument("pack")
-@single_turn_options
-@pack_input_options
+@pack_reading_options
 @clear_errors
-def validate(
-    pack: str,
-    num_fewshot: int,
-    context_mode: str | None,
-    include_path: Path | None,
-    allow_code: bool,
-    max_file_bytes: int,
-    max_line_bytes: int,
-) -> None:
+def validate(pack: str, reading: PackReading) -> None:
     """Validate PACK (a bundled pack's name or a folder) without running it."""
-    from .._runtime._packs import load_pack
-
     tune_gc_for_throughput()  # a big pack is millions of objects that live on
-    loaded = load_pack(
-        pack,
-        num_fewshot=num_fewshot,
-        context_mode=context_mode,
-        include_path=include_path,
-        allow_code=allow_code,
-        max_file_bytes=max_file_bytes,
-        max_line_bytes=max_line_bytes,
-    )
+    loaded = reading.load(pack)
     flows = sorted({c.flow.scenario_type for c in loaded.conversations})
     out = _stdout()
     out.print(

@@ -31,16 +31,16 @@ from ._console import stderr as _stderr
 from ._console import stdout as _stdout
 from ._estimate import print_estimate
 from ._options import (
+    PackReading,
     cache_options,
     check_html_extra,
     fail_under_option,
     html_option,
     judge_options,
-    pack_input_options,
+    pack_reading_options,
     parse_metrics,
     plugin_settings,
     response_cache,
-    single_turn_options,
     with_base_url,
 )
 from ._outputs import check_gates, print_cache_line, write_report_html, write_summaries
@@ -179,8 +179,7 @@ if TYPE_CHECKING:
     help="Cap every turn's model calls at N tokens: a pack's larger per-turn max_tokens "
     "is clipped to N, a smaller one kept (a max_tokens --model-arg caps the same way).",
 )
-@single_turn_options
-@pack_input_options
+@pack_reading_options
 @click.option(
     "--grace-period",
     type=click.FloatRange(min=0),
@@ -253,12 +252,7 @@ def run(
     conversation_timeout: float | None,
     max_turns: int | None,
     max_tokens: int | None,
-    num_fewshot: int,
-    context_mode: str | None,
-    include_path: Path | None,
-    allow_code: bool,
-    max_file_bytes: int,
-    max_line_bytes: int,
+    reading: PackReading,
     grace_period: float,
     judge_spec: str | None,
     judge_args: tuple[str, ...],
@@ -297,7 +291,6 @@ def run(
     Once a run has started, its results and summaries are written before any exit.
     """
     from .._runtime._config import SimulatorConfig
-    from .._runtime._packs import load_pack
     from .._runtime._simulator import Simulator
     from ..adapters import parse_model_args
     from ..results._sinks import JsonlSink
@@ -341,15 +334,7 @@ def run(
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
     tune_gc_for_throughput()  # a big pack is millions of objects that live on
-    loaded = load_pack(
-        pack,
-        num_fewshot=num_fewshot,
-        context_mode=context_mode,
-        include_path=include_path,
-        allow_code=allow_code,
-        max_file_bytes=max_file_bytes,
-        max_line_bytes=max_line_bytes,
-    ).with_trials(trials)
+    loaded = reading.load(pack).with_trials(trials)
     config = SimulatorConfig.from_arguments(
         model_spec,
         model_args=parse_model_args(model_args),
@@ -369,7 +354,7 @@ def run(
         preflight=preflight,
         circuit_breaker=circuit_breaker,
         max_cost=max_cost,
-        allow_code=allow_code,
+        allow_code=reading.allow_code,
         plugins=plugin_names,
         plugin_config=plugin_settings(plugin_args),
         cache=responses,

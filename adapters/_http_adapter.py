@@ -68,7 +68,8 @@ from ._inflight import BytesInFlight, InflightStatistics
 from ._pricing import PRICING_ENV, Price, PriceTable, price_table
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status, quota_exhausted, refused_call
-from ._text import StreamedText, repair_text
+from ._streamed_answer import StreamedAnswer
+from ._text import repair_text
 from ._tokenizer import MESSAGE_OVERHEAD_TOKENS, ServerTokenizer
 
 __all__ = [
@@ -787,28 +788,13 @@ class HttpModelAdapter(ModelAdapter):
         decoder = SSEDecoder(max_event_bytes=self.config.max_event_bytes)
         limit = self.config.max_body_bytes
         received = 0
-        repair = StreamedText()
-        pieces: list[str] = []
-        gaps: list[float] = []
-        first = last = None
+        answer = StreamedAnswer(t0, on_text)
         finish_reason: str | None = None
         usage: Usage | None = None
         done = False
         events = 0
         opening = b""
         """The stream's first bytes, shown should no event ever come."""
-
-        def hand_on(text: str) -> None:
-            nonlocal first, last
-            now = time.perf_counter()
-            if first is None:
-                first = now
-            else:
-                gaps.append(now - last)
-            last = now
-            pieces.append(text)
-            if on_text is not None:
-                on_text(text)
 
         def take(event: SSEEvent) -> None:
             nonlocal finish_reason, usage, done, events
@@ -827,9 +813,7 @@ class HttpModelAdapter(ModelAdapter):
                     model=self.config.model,
                 ) from exc
             if piece:
-                text = repair.feed(piece)  # may hold back half an emoji for the next event
-                if text:
-                    hand_on(text)
+                answer.feed(piece)  # may hold back half an emoji for the next event
             finish_reason = finish or finish_reason
             usage = _merge_usage(usage, reported)
             done = done or delta.done
@@ -845,9 +829,7 @@ class HttpModelAdapter(ModelAdapter):
                 take(event)
         for event in decoder.flush():
             take(event)
-        tail = repair.flush()
-        if tail:
-            hand_on(tail)
+        answer.close()
         if not done:
             if not events:  # not a stream cut short: no stream at all (a proxy's page?)
                 raise MalformedResponse(
@@ -858,15 +840,14 @@ class HttpModelAdapter(ModelAdapter):
             raise ServerError(
                 f"the stream from {url} ended before it was complete", model=self.config.model
             )
-        text = "".join(pieces)
         return _Answer(
-            text,
+            answer.text,
             _finish_reason(finish_reason),
             usage,
             time.perf_counter() - t0,
-            (first - t0) if first is not None else None,
-            tuple(gaps),
-            repair.replaced,
+            answer.ttft_s,
+            tuple(answer.gaps),
+            answer.replaced_chars,
         )
 
     def _scrub_error(self, exc: AdapterError) -> None:

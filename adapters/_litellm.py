@@ -50,7 +50,8 @@ from ._http_adapter import (
 from ._pricing import price_of
 from ._protocol import LogprobsUnsupported
 from ._retry import error_for_status
-from ._text import StreamedText, repair_text
+from ._streamed_answer import StreamedAnswer
+from ._text import repair_text
 
 __all__ = ["LitellmConfig", "LitellmAdapter", "import_litellm"]
 
@@ -301,24 +302,9 @@ class LitellmAdapter(HttpModelAdapter):
     ) -> _Answer:
         """Read a stream: the time to the first piece of text, the gaps between pieces,
         and the usage the provider sent with the last chunk."""
-        repair = StreamedText()
-        pieces: list[str] = []
-        gaps: list[float] = []
-        first = last = None
+        answer = StreamedAnswer(t0, on_text)
         finish_reason: str | None = None
         usage: Usage | None = None
-
-        def hand_on(text: str) -> None:
-            nonlocal first, last
-            now = time.perf_counter()
-            if first is None:
-                first = now
-            else:
-                gaps.append(now - last)
-            last = now
-            pieces.append(text)
-            if on_text is not None:
-                on_text(text)
 
         async for chunk in chunks:
             usage = self._server_usage(getattr(chunk, "usage", None)) or usage
@@ -328,23 +314,18 @@ class LitellmAdapter(HttpModelAdapter):
             finish_reason = choice.finish_reason or finish_reason
             piece = getattr(choice.delta, "content", None)
             if piece:
-                text = repair.feed(piece)
-                if text:
-                    hand_on(text)
-        tail = repair.flush()
-        if tail:
-            hand_on(tail)
+                answer.feed(piece)
+        answer.close()
         if not _server_counted(chunks):
             usage = None  # LiteLLM's own count of the text, not the provider's
-        text = "".join(pieces)
         return _Answer(
-            text,
+            answer.text,
             _finish_reason(finish_reason),
             _valid_usage(usage),  # None: the base estimates it from the chunks
             time.perf_counter() - t0,
-            (first - t0) if first is not None else None,
-            tuple(gaps),
-            repair.replaced,
+            answer.ttft_s,
+            tuple(answer.gaps),
+            answer.replaced_chars,
         )
 
     @staticmethod

@@ -10,7 +10,11 @@ process:
 3. streaming, 20 chunks, 50 ms server TTFT, concurrency 64: median TTFT as the adapter
    measures it and as a bare aiohttp loop does;
 4. an RPM budget of 600 against a server enforcing 600/min, for 60 s: rejected calls
-   and the share of 600 achieved.
+   and the share of 600 achieved;
+5. streaming, 200 chunks and no server latency, concurrency 64: requests/s of the
+   adapter reading streams, against a bare aiohttp loop (what each chunk costs).
+
+``--stream-only`` runs part 5 alone, ``--repeat N`` N times (median and range).
 """
 
 from __future__ import annotations
@@ -100,10 +104,10 @@ def mock_server(*args: str) -> Iterator[str]:
 
 
 async def bare_loop(
-    base_url: str, requests: int, concurrency: int, stream: bool = False
+    base_url: str, requests: int, concurrency: int, stream: bool = False, max_tokens: int = 32
 ) -> tuple[float, list[float]]:
     """Wall time for ``requests`` chat completions; TTFTs when streaming."""
-    body = dict(BODY, stream=True) if stream else BODY
+    body = dict(BODY, stream=True, max_tokens=max_tokens) if stream else BODY
     data = json.dumps(body).encode()
     ttfts: list[float] = []
     left = requests
@@ -143,11 +147,17 @@ async def through_convsim(
     *,
     stream: bool = False,
     measure_lag: bool = False,
+    max_tokens: int = 32,
 ) -> tuple[float, int, list[float], list[float]]:
     """Wall time, model calls, adapter TTFTs, event-loop lags."""
     adapter = create_adapter(
         "openai-compatible:mock-model",
-        {"base_url": base_url, "concurrency": concurrency, "stream": stream, "max_tokens": 32},
+        {
+            "base_url": base_url,
+            "concurrency": concurrency,
+            "stream": stream,
+            "max_tokens": max_tokens,
+        },
     )
     lags: list[float] = []
     ttfts: list[float] = []
@@ -200,13 +210,46 @@ async def rpm_run(base_url: str, seconds: float) -> tuple[int, int]:
     return done, budget_stats.rate_limited
 
 
+def stream_throughput(requests: int, repeat: int) -> None:
+    """Part 5: the cost of reading a long stream, chunk by chunk, beside a bare loop."""
+    chunks = 200
+    ratios: list[float] = []
+    rates: list[float] = []
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        mock_server("--output-tokens", str(chunks)) as url,
+    ):
+        pack = convsim.load_pack(write_one_turn_pack(Path(tmp), requests))
+        for _ in range(repeat):
+            bare_s, _ = anyio.run(bare_loop, url, requests, 64, True, chunks)
+            run_s, calls, _, _ = anyio.run(
+                lambda: through_convsim(pack, url, 64, stream=True, max_tokens=chunks)
+            )
+            rates.append(calls / run_s)
+            ratios.append((calls / run_s) / (requests / bare_s))
+    print(f"[5] streaming, {chunks} chunks, no server latency, concurrency 64, {repeat} runs")
+    print(
+        f"  convsim adapter: median {statistics.median(rates):,.0f} requests/s "
+        f"(range {min(rates):,.0f}-{max(rates):,.0f})"
+    )
+    print(
+        f"  against the bare aiohttp loop: median {statistics.median(ratios):.2f}x "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f}x)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--skip-rpm", action="store_true", help="skip the 60 s RPM run")
+    parser.add_argument("--stream-only", action="store_true", help="run part 5 alone")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of part 5")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     tune_gc_for_throughput()
+    if args.stream_only:
+        stream_throughput(min(args.requests, 2_000), args.repeat)
+        return
     turns = 10
     tmp = Path(tempfile.mkdtemp())
     (tmp / "one").mkdir()
@@ -270,6 +313,7 @@ def main() -> None:
             done, rejected = anyio.run(rpm_run, url, 60.0)
         print("[4] RPM budget 600 against a server enforcing 600/min, 60 s")
         print(f"  completed {done} calls ({done / 600:.1%} of 600), rejected (429) {rejected}")
+    stream_throughput(min(args.requests, 2_000), args.repeat)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def test_the_gate_fails_with_one_line_and_the_json_is_written(
         "compare", str(runs["full"]), str(runs["forgetful"]),
         "--fail-if-worse", "context_retention", "--json", str(out),
     )  # fmt: skip
-    assert code == 1
+    assert code == 100
     failed = [line for line in output.splitlines() if "gate failed" in line]
     assert len(failed) == 1 and "context_retention" in failed[0]
     data = json.loads(out.read_text())
@@ -82,14 +82,14 @@ def test_unpaired_conversations_are_reported_not_dropped(runs: dict[str, Path]) 
 
 def test_fail_under_on_report_and_compare(runs: dict[str, Path]) -> None:
     code, output = invoke("report", str(runs["forgetful"]), "--fail-under", "context_retention=0.9")
-    assert code == 1 and "gate failed: context_retention mean" in output
+    assert code == 100 and "gate failed: context_retention mean" in output
     code, _ = invoke("report", str(runs["full"]), "--fail-under", "context_retention=0.9")
     assert code == 0
     code, output = invoke(
         "compare", str(runs["full"]), str(runs["forgetful"]),
         "--fail-under", "context_retention=0.9",
     )  # fmt: skip
-    assert code == 1 and "candidate mean" in output
+    assert code == 100 and "candidate mean" in output
 
 
 @pytest.mark.parametrize("gate", ["context_retention", "=0.5", "context_retention=high"])
@@ -98,11 +98,11 @@ def test_a_malformed_gate_exits_2(runs: dict[str, Path], gate: str) -> None:
     assert code == 2 and "METRIC=VALUE" in output
 
 
-def test_fail_under_on_run_exits_1_after_writing_the_results(tmp_path: Path) -> None:
+def test_fail_under_on_run_exits_100_after_writing_the_results(tmp_path: Path) -> None:
     out = tmp_path / "gated.jsonl"
     code, output = invoke(
         "run", "multi_session_memory", "--model", "scripted", "--model-arg", "memory_turns=1",
         "--limit", "4", "--out", str(out), "--fail-under", "context_retention=0.99",
     )  # fmt: skip
-    assert code == 1 and "gate failed: context_retention" in output
+    assert code == 100 and "gate failed: context_retention" in output
     assert len(out.read_text().splitlines()) == 4  # the results are written before the exit

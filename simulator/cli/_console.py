@@ -7,8 +7,15 @@ too low for the concurrency); 3 conversations failed for infrastructure reasons 
 wrong URL (found before the run), or went away during it (the circuit breaker stopped
 the run); 5 conversations hit their conversation timeout beyond ``--max-failure-rate``
 (the model is too slow for the timeout: a setting, not an outage); 6 ``--max-cost``
-stopped the run (``--resume`` runs the rest); 130 interrupted.
-When several apply, the first of 4, 3, 5 wins.
+stopped the run (``--resume`` runs the rest); 70 convsim crashed (an unexpected
+exception: a bug; the traceback is printed); 100 a gate failed (``--fail-under``,
+``--fail-if-worse``); 130 interrupted.
+When several apply, the first of 4, 3, 5 wins, and each of them comes before 100: a
+gate is judged only on a run that finished.
+
+Gate failures and crashes have codes of their own so that CI can tell "the model
+regressed" (100, as promptfoo) from "convsim broke" (70, sysexits' ``EX_SOFTWARE``);
+neither is 1, which Python gives any uncaught exception.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ __all__ = [
     "EXIT_ENDPOINT_UNREACHABLE",
     "EXIT_TIMEOUTS",
     "EXIT_MAX_COST",
+    "EXIT_CRASHED",
+    "EXIT_GATE_FAILED",
     "EXIT_INTERRUPTED",
     "RunVerdict",
     "clear_errors",
@@ -57,6 +66,13 @@ Timeouts are counted apart from infrastructure failures, each against the rate."
 EXIT_MAX_COST = 6
 """``--max-cost`` stopped the run before its last conversation (``--resume`` runs the
 rest)."""
+EXIT_CRASHED = 70
+"""An unexpected exception ended the command (a bug in convsim or a plugin): its
+traceback is printed. sysexits' ``EX_SOFTWARE``."""
+EXIT_GATE_FAILED = 100
+"""A CI gate failed: the run finished and was judged, and the figures are below what
+was asked (``--fail-under``, ``--fail-if-worse``). The code promptfoo gives its failed
+assertions."""
 EXIT_INTERRUPTED = 130
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import errno
+from typing import Any, Literal, NoReturn
 
 import click
 
@@ -41,6 +42,38 @@ class _Commands(click.Group):
             command = loaded
         return command
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; an unexpected exception is a crash: its traceback is printed
+        and the exit code is 70 (``EXIT_CRASHED``), never 1, so CI can tell a crash from
+        a failed gate (100). click's own exits and usage errors pass through."""
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # stdout closed by a pager or `head`: click's case
+                raise
+            _crash()
+        except Exception:
+            _crash()
+
+
+def _crash() -> NoReturn:
+    """Print the exception being handled, with its traceback, and exit 70."""
+    import sys
+    import traceback
+
+    from ._console import EXIT_CRASHED, print_error
+
+    traceback.print_exc()
+    kind = sys.exc_info()[0]
+    name = "an exception" if kind is None else kind.__name__
+    print_error(
+        f"convsim crashed ({name}, exit {EXIT_CRASHED}): a bug, not a verdict on the "
+        "model; the traceback above says where"
+    )
+    sys.exit(EXIT_CRASHED)
+
 
 ENV_PREFIX = "CONVSIM"
 """Every option can come from the environment (click's ``auto_envvar_prefix``):
@@ -70,6 +103,15 @@ option). A flag on the command line wins over it; it wins over a ``--config`` fi
 )
 def main(log_format: Literal["console", "json"], log_level: str) -> None:
     """Simulate and evaluate multi-turn conversations with language models.
+
+    \b
+    Exit codes shared by every command:
+      0    the work finished
+      2    bad input (files, options, settings), with one line saying where
+      70   convsim crashed: an unexpected exception, its traceback printed
+      100  a CI gate failed (--fail-under, --fail-if-worse)
+      130  interrupted
+    `convsim run --help` lists the codes a run adds (3, 4, 5, 6).
 
     Every option can also come from an environment variable CONVSIM_<COMMAND>_<NAME>,
     NAME being the option's value name in capitals, such as CONVSIM_RUN_CONCURRENCY=8

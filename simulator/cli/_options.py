@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import click
 
 from .._errors import ConfigError
+from ._gates import DEFAULT_MIN_SCORED
 
 if TYPE_CHECKING:
     from ..adapters import ResponseCache
@@ -277,14 +278,25 @@ def check_html_extra(html_out: str | None) -> None:
 
 
 def fail_under_option(f: Any) -> Any:
+    """--fail-under METRIC=VALUE and --min-scored N, the metric gates."""
+    f = click.option(
+        "--min-scored",
+        type=click.IntRange(min=1),
+        default=DEFAULT_MIN_SCORED,
+        show_default=True,
+        metavar="N",
+        help="A metric gate fails when fewer than N conversations have a value for its "
+        "metric (not applicable and failed scores have none; compare counts the pairs "
+        "scored in both runs); with fewer conversations than N, all of them.",
+    )(f)
     return click.option(
         "--fail-under",
         "fail_under",
         multiple=True,
         callback=parse_gates,
         metavar="METRIC=VALUE",
-        help="Exit 1 when the run's mean of METRIC is below VALUE (or it has no value); "
-        "repeatable.",
+        help="Exit 100 when the run's mean of METRIC is below VALUE, it has no value, or "
+        "fewer than --min-scored conversations were scored; repeatable.",
     )(f)
 
 

@@ -1,16 +1,12 @@
-"""What several commands write or check after the work: summaries, HTML, gates."""
+"""What several commands write after the work: summaries, HTML, the cache line."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import click
 
-from ._console import (
-    print_error,
-)
 from ._console import stdout as _stdout
 
 if TYPE_CHECKING:
@@ -18,9 +14,6 @@ if TYPE_CHECKING:
 
     from ..adapters import ResponseCache
     from ..results._report import RunReport
-
-
-EXIT_GATE_FAILED = 1
 
 
 def print_cache_line(cache: ResponseCache, console: Console) -> None:
@@ -72,19 +65,3 @@ def lock_results(results: Path) -> None:
     if not results.is_file():
         raise ResultsError(f"{results}: no such results file")
     click.get_current_context().with_resource(ResultsLock(results, required=False))
-
-
-def check_gates(report: RunReport, gates: dict[str, float]) -> None:
-    """Exit 1 with one line per failed gate."""
-    failed = []
-    for metric, bound in gates.items():
-        summary = report.metrics.get(metric) or report.turn_metrics.get(metric)
-        mean = summary.mean if summary is not None else None
-        if mean is None:
-            failed.append(f"gate failed: {metric} has no value in this run (needs >= {bound:g})")
-        elif mean < bound:
-            failed.append(f"gate failed: {metric} mean {mean:.4g} < {bound:g}")
-    for line in failed:
-        print_error(line)
-    if failed:
-        sys.exit(EXIT_GATE_FAILED)

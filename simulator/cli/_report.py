@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from .._errors import ConfigError
 from ..results._terminal import print_comparison, print_report
-from ._console import (
-    clear_errors,
-    print_error,
-)
+from ._console import clear_errors
 from ._console import stdout as _stdout
+from ._gates import compare_gates, exit_on_failed_gates, fail_under_gates
 from ._options import check_html_extra, fail_under_option, html_option, parse_metrics
 from ._outputs import (
-    EXIT_GATE_FAILED,
-    check_gates,
     lock_results,
     write_report_html,
     write_summaries,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.command()
@@ -43,11 +34,18 @@ if TYPE_CHECKING:
 @fail_under_option
 @clear_errors
 def report(
-    results: Path, csv_out: Path | None, html_out: str | None, fail_under: dict[str, float]
+    results: Path,
+    csv_out: Path | None,
+    html_out: str | None,
+    fail_under: dict[str, float],
+    min_scored: int,
 ) -> None:
     """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it.
 
-    Exits 1 when a --fail-under gate fails (one line per gate), 2 on bad input."""
+    \b
+    Exit codes: 0 no gate failed; 2 bad input; 70 crashed; 100 a gate failed (one line
+    per gate).
+    """
     from ..results._report import summarize_file
 
     check_html_extra(html_out)
@@ -61,7 +59,7 @@ def report(
         _stdout().print(f"csv: {csv_out} ({count} conversations)", highlight=False)
     if html_out is not None:
         write_report_html(results, html_out)
-    check_gates(summary, fail_under)
+    exit_on_failed_gates(fail_under_gates(summary, fail_under, min_scored=min_scored))
 
 
 def _write_csv(results: Path, out: Path) -> int:
@@ -94,7 +92,7 @@ def _write_csv(results: Path, out: Path) -> int:
     "--fail-if-worse",
     default=None,
     metavar="METRIC,...",
-    help="Exit 1 when CANDIDATE is significantly worse than BASE on one of these metrics "
+    help="Exit 100 when CANDIDATE is significantly worse than BASE on one of these metrics "
     "(the 95% interval of the paired difference lies wholly on the worse side).",
 )
 @fail_under_option
@@ -112,12 +110,14 @@ def compare(
     metrics: list[str] | None,
     fail_if_worse: str | None,
     fail_under: dict[str, float],
+    min_scored: int,
     json_out: Path | None,
 ) -> None:
     """Compare CANDIDATE's results with BASE's, paired by conversation.
 
     \b
-    Exit codes: 0 no gate failed; 1 a gate failed (one line per gate); 2 bad input.
+    Exit codes: 0 no gate failed; 2 bad input; 70 crashed; 100 a gate failed (one line
+    per gate).
     """
     from ..results._compare import as_json, compare_files
 
@@ -132,26 +132,6 @@ def compare(
             raise ConfigError(f"{json_out}: its folder does not exist")
         json_out.write_text(json.dumps(as_json(result), indent=2) + "\n")
         _stdout().print(f"comparison: {json_out}", highlight=False)
-    by_metric = {m.metric: m for m in result.metrics}
-    failed = []
-    for metric in worse_gates:
-        found = by_metric.get(metric)
-        if found is None or found.pairs == 0:
-            failed.append(f"gate failed: {metric} has no paired values to compare")
-        elif found.significantly_worse:
-            low, high = found.ci95 or (0.0, 0.0)
-            failed.append(
-                f"gate failed: {metric} is significantly worse in the candidate: "
-                f"difference {found.mean_difference:+.4g} (95% CI {low:+.4g} to {high:+.4g})"
-            )
-    for metric, bound in fail_under.items():
-        found = by_metric.get(metric)
-        mean = found.candidate_mean if found is not None else None
-        if mean is None:
-            failed.append(f"gate failed: {metric} has no value in the candidate")
-        elif mean < bound:
-            failed.append(f"gate failed: {metric} candidate mean {mean:.4g} < {bound:g}")
-    for line in failed:
-        print_error(line)
-    if failed:
-        sys.exit(EXIT_GATE_FAILED)
+    exit_on_failed_gates(
+        compare_gates(result, worse=worse_gates, fail_under=fail_under, min_scored=min_scored)
+    )

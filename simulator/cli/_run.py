@@ -30,6 +30,7 @@ from ._console import (
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
 from ._estimate import print_estimate
+from ._gates import exit_on_failed_gates, fail_under_gates
 from ._options import (
     PackReading,
     cache_options,
@@ -43,7 +44,7 @@ from ._options import (
     response_cache,
     with_base_url,
 )
-from ._outputs import check_gates, print_cache_line, write_report_html, write_summaries
+from ._outputs import print_cache_line, write_report_html, write_summaries
 
 if TYPE_CHECKING:
     from .._runtime._handle import RunHandle, RunStatistics
@@ -268,6 +269,7 @@ def run(
     progress: bool | None,
     html_out: str | None,
     fail_under: dict[str, float],
+    min_scored: int,
 ) -> None:
     """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model.
 
@@ -275,7 +277,6 @@ def run(
     Exit codes:
       0    the run finished (conversations that failed for the model's own
            reasons, such as model_error, included)
-      1    a --fail-under gate failed (one line per gate)
       2    bad input: files, options, settings, too few open files for --concurrency
       3    conversations failed for infrastructure reasons (infrastructure_error)
            beyond --max-failure-rate
@@ -286,8 +287,12 @@ def run(
            (counted apart from infrastructure failures: raise --conversation-timeout)
       6    --max-cost stopped the run before its last conversation (--resume runs
            the rest)
+      70   convsim crashed: an unexpected exception (its traceback is printed)
+      100  a --fail-under gate failed (one line per gate): its mean is below the
+           bound, or fewer than --min-scored conversations were scored
       130  interrupted
-    When several apply, the first of 4, 3, 5 wins.
+    When several apply, the first of 4, 3, 5 wins; gates are judged only when none
+    does.
     Once a run has started, its results and summaries are written before any exit.
     """
     from .._runtime._config import SimulatorConfig
@@ -375,7 +380,7 @@ def run(
             sys.exit(EXIT_INTERRUPTED)
         _run_on_ray(
             pack, model_spec, model_args, out, actors, ray_address, metrics, seed,
-            concurrency, limit, resume, fail_under, html_out, max_failure_rate,
+            concurrency, limit, resume, fail_under, min_scored, html_out, max_failure_rate,
             overwrite, retry_failed,
         )  # fmt: skip
         return
@@ -427,7 +432,7 @@ def run(
         )
     if verdict.code:
         sys.exit(verdict.code)
-    check_gates(report, fail_under)
+    exit_on_failed_gates(fail_under_gates(report, fail_under, min_scored=min_scored))
 
 
 def _run_on_ray(
@@ -443,6 +448,7 @@ def _run_on_ray(
     limit: int | None,
     resume: bool,
     fail_under: dict[str, float],
+    min_scored: int,
     html_out: str | None,
     max_failure_rate: float,
     overwrite: bool,
@@ -515,7 +521,7 @@ def _run_on_ray(
             "(the pack's)"
         )
         sys.exit(EXIT_TIMEOUTS)
-    check_gates(report, fail_under)
+    exit_on_failed_gates(fail_under_gates(report, fail_under, min_scored=min_scored))
 
 
 async def _check_endpoints(simulator: Simulator) -> None:

@@ -1,0 +1,183 @@
+"""CI gates: what each gate found, whether it passed, and the exit that follows.
+
+Every gate is judged into a :class:`GateOutcome` with one line saying what it found, pass
+or fail, so that the same verdicts are printed, written to ``--junit`` and turned into
+the exit code (:data:`~convsim.cli._console.EXIT_GATE_FAILED`, 100). A gate passes only
+on evidence: a metric gate whose metric has fewer scored conversations than
+``--min-scored`` fails and says how many were scored, instead of passing on a mean of
+next to nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._console import EXIT_GATE_FAILED, print_error
+
+if TYPE_CHECKING:
+    from ..results._compare import Comparison
+    from ..results._report import MetricSummary, RunReport
+
+__all__ = [
+    "DEFAULT_MIN_SCORED",
+    "GateOutcome",
+    "compare_gates",
+    "exit_on_failed_gates",
+    "fail_under_gates",
+]
+
+DEFAULT_MIN_SCORED = 10
+"""Scored conversations a metric gate needs by default; a run of fewer conversations
+needs every one of them scored."""
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """One gate, judged."""
+
+    gate: str
+    """The gate as asked for: ``fail-under context_retention>=0.9``."""
+    passed: bool
+    line: str
+    """What the gate found, in one line: the figure and the bound, or why it failed."""
+
+
+def needed(min_scored: int, total: int) -> int:
+    """Scored items a gate needs: ``min_scored``, or all of them when there are fewer."""
+    return min(min_scored, total)
+
+
+def _too_few(metric: str, scored: int, total: int, unit: str, need: int) -> str | None:
+    """The line of a gate with fewer than ``need`` scored; None when it has enough."""
+    if scored >= need:
+        return None
+    return f"{metric}: only {scored} of {total} {unit} scored (needs at least {need})"
+
+
+def fail_under_gates(
+    report: RunReport, gates: Mapping[str, float], *, min_scored: int
+) -> list[GateOutcome]:
+    """``--fail-under METRIC=VALUE`` gates on a run's summary.
+
+    A gate fails when its metric has no value, when fewer than ``min_scored`` of the
+    run's conversations (of the turns that asked for it, for a turn metric) were scored,
+    or when the mean is below the bound.
+    """
+    outcomes = []
+    for metric, bound in gates.items():
+        gate = f"fail-under {metric}>={bound:g}"
+        summary: MetricSummary | None = report.metrics.get(metric)
+        total, unit = report.conversations, "conversations"
+        if summary is None:
+            summary = report.turn_metrics.get(metric)
+            if summary is not None:
+                total = summary.n + summary.not_applicable + summary.failed
+                unit = "turns"
+        no_value = f"{metric} has no value in this run (needs >= {bound:g})"
+        if summary is None:
+            outcomes.append(GateOutcome(gate, False, no_value))
+            continue
+        scored = f"{summary.n} of {total} {unit} scored"
+        too_few = _too_few(metric, summary.n, total, unit, needed(min_scored, total))
+        if too_few is not None:
+            outcomes.append(GateOutcome(gate, False, too_few))
+        elif summary.mean is None:
+            outcomes.append(GateOutcome(gate, False, no_value))
+        elif summary.mean < bound:
+            outcomes.append(
+                GateOutcome(gate, False, f"{metric} mean {summary.mean:.4g} < {bound:g} ({scored})")
+            )
+        else:
+            outcomes.append(
+                GateOutcome(gate, True, f"{metric} mean {summary.mean:.4g} >= {bound:g} ({scored})")
+            )
+    return outcomes
+
+
+def compare_gates(
+    comparison: Comparison,
+    *,
+    worse: Sequence[str],
+    fail_under: Mapping[str, float],
+    min_scored: int,
+) -> list[GateOutcome]:
+    """``--fail-if-worse`` and ``--fail-under`` gates on a comparison, over the
+    conversations scored in both runs.
+
+    Either fails when fewer than ``min_scored`` of the paired conversations were scored
+    in both runs: with a handful of pairs the interval is too wide to call anything
+    worse, and a gate that cannot fail is no gate.
+    """
+    by_metric = {m.metric: m for m in comparison.metrics}
+    need = needed(min_scored, comparison.paired)
+    unit = "paired conversations"
+    outcomes = []
+    for metric in worse:
+        gate = f"fail-if-worse {metric}"
+        found = by_metric.get(metric)
+        if found is None or found.pairs == 0:
+            outcomes.append(GateOutcome(gate, False, f"{metric} has no paired values to compare"))
+            continue
+        too_few = _too_few(metric, found.pairs, comparison.paired, unit, need)
+        low, high = found.ci95 or (0.0, 0.0)
+        difference = (
+            f"difference {found.mean_difference:+.4g} (95% CI {low:+.4g} to {high:+.4g})"
+            if found.ci95 is not None and found.mean_difference is not None
+            else "no interval"
+        )
+        if too_few is not None:
+            outcomes.append(GateOutcome(gate, False, too_few))
+        elif found.significantly_worse:
+            outcomes.append(
+                GateOutcome(
+                    gate,
+                    False,
+                    f"{metric} is significantly worse in the candidate: {difference}",
+                )
+            )
+        else:
+            outcomes.append(
+                GateOutcome(
+                    gate,
+                    True,
+                    f"{metric} is not significantly worse in the candidate: {difference}, "
+                    f"{found.pairs} pairs",
+                )
+            )
+    for metric, bound in fail_under.items():
+        gate = f"fail-under {metric}>={bound:g}"
+        found = by_metric.get(metric)
+        mean = found.candidate_mean if found is not None else None
+        if found is None or mean is None:
+            outcomes.append(GateOutcome(gate, False, f"{metric} has no value in the candidate"))
+            continue
+        too_few = _too_few(metric, found.pairs, comparison.paired, unit, need)
+        scored = f"{found.pairs} of {comparison.paired} {unit} scored"
+        if too_few is not None:
+            outcomes.append(GateOutcome(gate, False, too_few))
+        elif mean < bound:
+            outcomes.append(
+                GateOutcome(
+                    gate, False, f"{metric} candidate mean {mean:.4g} < {bound:g} ({scored})"
+                )
+            )
+        else:
+            outcomes.append(
+                GateOutcome(
+                    gate, True, f"{metric} candidate mean {mean:.4g} >= {bound:g} ({scored})"
+                )
+            )
+    return outcomes
+
+
+def exit_on_failed_gates(outcomes: Sequence[GateOutcome]) -> None:
+    """One ``gate failed:`` line per failed gate on stderr, then exit 100; nothing when
+    every gate passed."""
+    failed = [o for o in outcomes if not o.passed]
+    for outcome in failed:
+        print_error(f"gate failed: {outcome.line}")
+    if failed:
+        sys.exit(EXIT_GATE_FAILED)

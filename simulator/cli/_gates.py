@@ -13,20 +13,24 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ._console import EXIT_GATE_FAILED, print_error
 
 if TYPE_CHECKING:
+    from ..load._result import LoadResult, SweepResult
+    from ..load._slo import SLOs
     from ..results._compare import Comparison
     from ..results._report import MetricSummary, RunReport
 
 __all__ = [
     "DEFAULT_MIN_SCORED",
     "GateOutcome",
+    "LoadChecks",
     "compare_gates",
     "exit_on_failed_gates",
     "fail_under_gates",
+    "load_checks",
 ]
 
 DEFAULT_MIN_SCORED = 10
@@ -171,6 +175,69 @@ def compare_gates(
                 )
             )
     return outcomes
+
+
+class LoadChecks(NamedTuple):
+    """What a load run is judged on, as k6 thresholds judge a test: its validity
+    (``--fail-on-invalid``) and its SLOs (``--fail-on-slo``)."""
+
+    valid: GateOutcome
+    slo: GateOutcome | None
+    """None without ``--slo``."""
+
+    def gates(self, *, fail_on_invalid: bool, fail_on_slo: bool) -> list[GateOutcome]:
+        """The checks asked to decide the exit code."""
+        asked = [self.valid] if fail_on_invalid else []
+        if fail_on_slo and self.slo is not None:
+            asked.append(self.slo)
+        return asked
+
+
+def load_checks(result: LoadResult | SweepResult, slos: SLOs | None) -> LoadChecks:
+    """Judge a load run or sweep: valid (every point, for a sweep), and meeting the SLOs.
+
+    A run meets the SLOs when its ``meets_slo`` is true; a sweep when one of its points
+    does (``max_rate_meeting_slo``). An invalid point is not judged
+    (:meth:`~convsim.load.SLOs.judge`), so it never passes the SLO gate.
+    """
+    from ..load._result import SweepResult
+
+    if result.valid:
+        valid = GateOutcome("fail-on-invalid", True, "the run is valid")
+    else:
+        reasons = "; ".join(result.invalid_reasons)
+        valid = GateOutcome("fail-on-invalid", False, f"the run is invalid: {reasons}")
+    if slos is None:
+        return LoadChecks(valid, None)
+    gate = f"fail-on-slo {slos}"
+    if isinstance(result, SweepResult):
+        best = result.max_rate_meeting_slo
+        if best is not None:
+            return LoadChecks(
+                valid,
+                GateOutcome(
+                    gate, True, f"{best:.3g} sessions/s is the highest rate meeting every SLO"
+                ),
+            )
+        unjudged = sum(p.meets_slo is None for p in result.points)
+        return LoadChecks(
+            valid,
+            GateOutcome(
+                gate,
+                False,
+                f"none of the points meets every SLO ({slos})"
+                + (f"; {unjudged} invalid, not judged" if unjudged else ""),
+            ),
+        )
+    if result.meets_slo is None:
+        line = f"the SLO ({slos}) is not judged: the run is invalid"
+        return LoadChecks(valid, GateOutcome(gate, False, line))
+    missed = slos.missed_by(dict(result.latency_ms))
+    if result.meets_slo:
+        return LoadChecks(valid, GateOutcome(gate, True, f"the run meets every SLO ({slos})"))
+    return LoadChecks(
+        valid, GateOutcome(gate, False, f"the run misses the SLO: {', '.join(missed)}")
+    )
 
 
 def exit_on_failed_gates(outcomes: Sequence[GateOutcome]) -> None:

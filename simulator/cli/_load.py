@@ -20,6 +20,7 @@ from convsim._errors import ConfigError, parse_config
 from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
+from convsim.cli._gates import exit_on_failed_gates, load_checks
 
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
 
@@ -47,6 +48,14 @@ def _label(point: PointResult) -> str:
     if point.target_rate is not None:
         return f"{point.target_rate:.3g}/s"
     return "trace"
+
+
+def _slo_cell(meets_slo: bool | None) -> str:
+    """A point's ``meets_slo`` in the table, when SLOs were given: None is an invalid
+    point, which is not judged (:meth:`~convsim.load.SLOs.judge`)."""
+    if meets_slo is None:
+        return "[red]invalid[/]"
+    return "yes" if meets_slo else "no"
 
 
 def _points_table(points: list[PointResult], slo: bool) -> Table:
@@ -83,12 +92,7 @@ def _points_table(points: list[PointResult], slo: bool) -> Table:
                 [_fmt(p.goodput.requests_per_s if p.goodput else None, 1) for p in points],
             )
         )
-        rows.append(
-            (
-                "meets SLO",
-                ["-" if p.meets_slo is None else ("yes" if p.meets_slo else "no") for p in points],
-            )
-        )
+        rows.append(("meets SLO", [_slo_cell(p.meets_slo) for p in points]))
     metrics = dict.fromkeys(name for p in points for name in (p.quality or {}))
     for metric in metrics:
         rows.append(
@@ -173,9 +177,11 @@ def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
         )
     if isinstance(result, SweepResult) and slo:
         best = result.max_rate_meeting_slo
+        unjudged = sum(p.meets_slo is None for p in points)
         out.print(
             "highest rate meeting every SLO: "
-            + ("none of the points" if best is None else f"{best:.3g} sessions/s"),
+            + ("none of the points" if best is None else f"{best:.3g} sessions/s")
+            + (f" ({unjudged} invalid, not judged)" if unjudged else ""),
             highlight=False,
         )
 
@@ -464,6 +470,18 @@ _Option = Callable[[Any], Any]
     show_default=True,
     help="Event-loop lag p99 above which the run is invalid.",
 )
+@click.option(
+    "--fail-on-slo",
+    is_flag=True,
+    help="Exit 100 when the run misses the --slo objectives (a sweep: when no point meets "
+    "them), or is invalid and so cannot show it meets them.",
+)
+@click.option(
+    "--fail-on-invalid",
+    is_flag=True,
+    help="Exit 100 when the run is marked invalid (a sweep: any point): the client, not "
+    "the server, set the pace, or the run measured a rate limit.",
+)
 @clear_errors
 def load_command(
     model_spec: str,
@@ -472,6 +490,8 @@ def load_command(
     html_out: Path | None,
     out: Path | None,
     actors: int | None,
+    fail_on_slo: bool,
+    fail_on_invalid: bool,
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark.
@@ -479,10 +499,22 @@ def load_command(
     SIGINT or SIGTERM stops the run: no new requests, those in flight get a few seconds
     (a second signal cancels them), and what was measured is written, marked partial;
     the exit code is then 130.
+
+    \b
+    Exit codes:
+      0    the run finished (and passed the gates asked for)
+      2    bad input: options, files, settings
+      4    the server is unreachable, refused the key or has a wrong URL
+      70   convsim crashed: an unexpected exception (its traceback is printed)
+      100  a gate failed (one line per gate): --fail-on-slo, --fail-on-invalid
+      130  interrupted (what was measured is written first)
     """
     from ..load._plan import LoadPlan, event_loop_options
+    from ..load._slo import parse_slos
     from ..load._stop import StopRequest
 
+    if fail_on_slo and not options.get("slo"):
+        raise ConfigError("--fail-on-slo needs --slo: the objectives to judge the run on")
     if actors is not None:
         if options.get("backend") != "ray":
             raise ConfigError("--actors goes with --backend ray (locally: --workers)")
@@ -520,6 +552,8 @@ def load_command(
     if heard:
         _stderr().print("interrupted after the run: its result was written first", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
+    checks = load_checks(run.result, parse_slos(plan.slo) if plan.slo else None)
+    exit_on_failed_gates(checks.gates(fail_on_invalid=fail_on_invalid, fail_on_slo=fail_on_slo))
 
 
 def _write_outputs(

@@ -213,7 +213,8 @@ class PointResult(_Model):
     goodput: Goodput | None
     """Null when no SLOs were given."""
     meets_slo: bool | None
-    """Whether the window's latency figures meet every SLO; null without SLOs."""
+    """Whether the point meets every SLO (:meth:`~convsim.load.SLOs.judge`): null
+    without SLOs, and for an invalid point, whose figures judge nothing."""
     by_turn: list[TurnFigures]
     conversations: ConversationFigures | None = None
     client: ClientFigures | None = None
@@ -256,8 +257,9 @@ class SweepResult(_Model):
     invalid_reasons: list[str]
     points: list[PointResult]
     max_rate_meeting_slo: float | None
-    """The highest rate (target, or achieved in closed loop) of a valid point meeting
-    every SLO; null without SLOs or when no point met them."""
+    """The highest rate (target, or achieved in closed loop) of a point whose
+    ``meets_slo`` is true (valid, and meeting every SLO); null without SLOs or when no
+    point met them."""
     partial: bool = False
     """The sweep was stopped before its end: ``points`` holds what was measured."""
     partial_reason: str | None = None
@@ -355,7 +357,7 @@ def point_result(
         latency_ms=latency,
         schedule_delay_ms=delays,
         goodput=None if slos is None else goodput(measured, slos, seconds),
-        meets_slo=None if slos is None else slos.met_by_summaries(dict(latency)),
+        meets_slo=None if slos is None else slos.judge(dict(latency), valid=not reasons),
         by_turn=_by_turn(done),
         token_sources=dict(Counter(r.token_source for r in done if r.token_source is not None)),
     )
@@ -375,7 +377,7 @@ def sweep_result(
     meeting = [
         p.target_rate if p.target_rate is not None else p.achieved_rate
         for p in points
-        if p.valid and p.meets_slo
+        if p.meets_slo  # True only for a valid point (SLOs.judge)
     ]
     return SweepResult(
         valid=not reasons,

@@ -100,11 +100,34 @@ class SLOs(BaseModel):
     def met_by_summaries(self, latency_ms: Mapping[str, LatencySummary]) -> bool:
         """True when a run's latency summaries (ms, keyed by metric) meet every objective;
         a statistic with no samples fails its objective."""
+        return not self.missed_by(latency_ms)
+
+    def missed_by(self, latency_ms: Mapping[str, LatencySummary]) -> list[str]:
+        """Each objective a run's latency summaries miss, in words
+        (``ttft_p99 612 ms > 500 ms``); empty when they meet every one."""
+        missed = []
         for slo in self.items:
             value = getattr(latency_ms[slo.metric], slo.statistic)
-            if value is None or not slo.allows(value):
-                return False
-        return True
+            name = f"{slo.metric}_{slo.statistic}"
+            if value is None:
+                missed.append(f"{name} has no samples")
+            elif not slo.allows(value):
+                op = ">" if slo.inclusive else ">="
+                missed.append(f"{name} {value:.4g} ms {op} {slo.threshold_ms:g} ms")
+        return missed
+
+    def judge(self, latency_ms: Mapping[str, LatencySummary], *, valid: bool) -> bool | None:
+        """Whether a point meets every objective: the one answer that the result's
+        ``meets_slo``, the sweep's highest rate meeting them, its tables and its gates
+        all give.
+
+        None for an invalid point: its figures were set by the client as much as by
+        the server (it lagged its schedule, fell behind it, or was throttled), so they
+        neither show nor refute that the server meets the objectives.
+        """
+        if not valid:
+            return None
+        return self.met_by_summaries(latency_ms)
 
     def __str__(self) -> str:
         return ",".join(str(s) for s in self.items)

@@ -141,6 +141,7 @@ def render_load_html(
             title=title,
             points=points,
             sweep=result if len(points) > 1 else None,
+            judged=any(p.goodput is not None for p in points),  # goodput: SLOs were given
             plots=[p for p in made if p is not None],
             version=__version__,
             generated=time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -108,7 +108,8 @@ def test_load_checks_say_what_they_found() -> None:
     valid, behind = points()
     ok = load_checks(LoadResult.of(valid), parse_slos(MET))
     assert ok.valid.passed and ok.slo is not None and ok.slo.passed
-    assert ok.slo.gate == "fail-on-slo ttft_p99<=1000ms,e2e_p99<=2000ms"
+    assert ok.slo.gate == "meets SLO ttft_p99<=1000ms,e2e_p99<=2000ms"
+    assert ok.valid.gate == "valid"
     strict = parse_slos("ttft_p99<=500ms,e2e_p99<=2s")
     missed = load_checks(
         LoadResult.of(point_result(RECORDS, Window(1.0, 5.0), slos=strict)), strict

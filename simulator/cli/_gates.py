@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..load._result import LoadResult, SweepResult
     from ..load._slo import SLOs
     from ..results._compare import Comparison
+    from ..results._junit import JUnitSuite
     from ..results._report import MetricSummary, RunReport
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "compare_gates",
     "exit_on_failed_gates",
     "fail_under_gates",
+    "gate_suite",
     "load_checks",
 ]
 
@@ -43,7 +45,7 @@ class GateOutcome:
     """One gate, judged."""
 
     gate: str
-    """The gate as asked for: ``fail-under context_retention>=0.9``."""
+    """The gate's name, as test reports show it: ``fail-under context_retention>=0.9``."""
     passed: bool
     line: str
     """What the gate found, in one line: the figure and the bound, or why it failed."""
@@ -185,6 +187,10 @@ class LoadChecks(NamedTuple):
     slo: GateOutcome | None
     """None without ``--slo``."""
 
+    def made(self) -> list[GateOutcome]:
+        """Every check made, gate or not: what ``--junit`` reports."""
+        return [self.valid] if self.slo is None else [self.valid, self.slo]
+
     def gates(self, *, fail_on_invalid: bool, fail_on_slo: bool) -> list[GateOutcome]:
         """The checks asked to decide the exit code."""
         asked = [self.valid] if fail_on_invalid else []
@@ -203,13 +209,13 @@ def load_checks(result: LoadResult | SweepResult, slos: SLOs | None) -> LoadChec
     from ..load._result import SweepResult
 
     if result.valid:
-        valid = GateOutcome("fail-on-invalid", True, "the run is valid")
+        valid = GateOutcome("valid", True, "the run is valid")
     else:
         reasons = "; ".join(result.invalid_reasons)
-        valid = GateOutcome("fail-on-invalid", False, f"the run is invalid: {reasons}")
+        valid = GateOutcome("valid", False, f"the run is invalid: {reasons}")
     if slos is None:
         return LoadChecks(valid, None)
-    gate = f"fail-on-slo {slos}"
+    gate = f"meets SLO {slos}"
     if isinstance(result, SweepResult):
         best = result.max_rate_meeting_slo
         if best is not None:
@@ -248,3 +254,27 @@ def exit_on_failed_gates(outcomes: Sequence[GateOutcome]) -> None:
         print_error(f"gate failed: {outcome.line}")
     if failed:
         sys.exit(EXIT_GATE_FAILED)
+
+
+def gate_suite(
+    outcomes: Sequence[GateOutcome],
+    *,
+    name: str = "gates",
+    properties: Mapping[str, str] | None = None,
+) -> JUnitSuite:
+    """The gates as a JUnit suite: one test case each, failed with its line; every
+    line, passed ones too, in the suite's output."""
+    from ..results._junit import JUnitCase, JUnitFailure, JUnitSuite
+
+    cases = [
+        JUnitCase(
+            o.gate,
+            "convsim.gates",
+            failure=None if o.passed else JUnitFailure("gate failed", o.line, o.line),
+        )
+        for o in outcomes
+    ]
+    output = "\n".join(
+        f"{'passed' if o.passed else 'FAILED'}: {o.gate}: {o.line}" for o in outcomes
+    )
+    return JUnitSuite(name, cases, properties=dict(properties or {}), output=output)

@@ -20,7 +20,9 @@ from convsim._errors import ConfigError, parse_config
 from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
-from convsim.cli._gates import exit_on_failed_gates, load_checks
+from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
+from convsim.cli._options import junit_option
+from convsim.cli._outputs import write_junit_report
 
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
 
@@ -470,6 +472,7 @@ _Option = Callable[[Any], Any]
     show_default=True,
     help="Event-loop lag p99 above which the run is invalid.",
 )
+@junit_option("one test case for the run's validity and, with --slo, one for its SLOs")
 @click.option(
     "--fail-on-slo",
     is_flag=True,
@@ -492,6 +495,7 @@ def load_command(
     actors: int | None,
     fail_on_slo: bool,
     fail_on_invalid: bool,
+    junit_out: Path | None,
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark.
@@ -541,8 +545,12 @@ def load_command(
     if run.result is None:
         _stderr().print("interrupted before anything was measured: no result", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
+    checks = load_checks(run.result, parse_slos(plan.slo) if plan.slo else None)
     with _signals_held() as heard:
         _write_outputs(plan, run, out, requests_out, html_out)
+        if junit_out is not None:
+            suite = gate_suite(checks.made(), name="load", properties={"model": plan.model})
+            write_junit_report(junit_out, [suite])
     if stop.asked:
         _stderr().print(
             "interrupted: the result holds what was measured before the stop (partial)",
@@ -552,7 +560,6 @@ def load_command(
     if heard:
         _stderr().print("interrupted after the run: its result was written first", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
-    checks = load_checks(run.result, parse_slos(plan.slo) if plan.slo else None)
     exit_on_failed_gates(checks.gates(fail_on_invalid=fail_on_invalid, fail_on_slo=fail_on_slo))
 
 

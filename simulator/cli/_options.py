@@ -300,6 +300,23 @@ def fail_under_option(f: Any) -> Any:
     )(f)
 
 
+def junit_option(what: str) -> Callable[[F], F]:
+    """--junit FILE: a JUnit XML report of ``what`` (test cases named in the help)."""
+
+    def decorate(func: F) -> F:
+        return click.option(
+            "--junit",
+            "junit_out",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            metavar="FILE",
+            help=f"Also write a JUnit XML report for GitLab or Jenkins: {what}; a missing "
+            "folder is created.",
+        )(func)
+
+    return decorate
+
+
 def parse_metrics(_ctx: Any, _param: Any, value: str | None) -> list[str] | None:
     if value is None:
         return None

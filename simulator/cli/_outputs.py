@@ -1,4 +1,4 @@
-"""What several commands write after the work: summaries, HTML, the cache line."""
+"""What several commands write after the work: summaries, HTML, JUnit, the cache line."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ import click
 from ._console import stdout as _stdout
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
 
     from ..adapters import ResponseCache
+    from ..results._junit import JUnitSuite
     from ..results._report import RunReport
+    from ._gates import GateOutcome
 
 
 def print_cache_line(cache: ResponseCache, console: Console) -> None:
@@ -65,3 +69,25 @@ def lock_results(results: Path) -> None:
     if not results.is_file():
         raise ResultsError(f"{results}: no such results file")
     click.get_current_context().with_resource(ResultsLock(results, required=False))
+
+
+def write_junit_report(path: Path, suites: Sequence[JUnitSuite]) -> None:
+    """Write ``suites`` as a JUnit XML file and say so in one line."""
+    from ..results._junit import write_junit
+
+    written = write_junit(path, suites)
+    cases = sum(len(s.cases) for s in suites)
+    failed = sum(c.failure is not None for s in suites for c in s.cases)
+    _stdout().print(f"junit: {written} ({cases} test cases, {failed} failed)", highlight=False)
+
+
+def write_results_junit(path: Path, results: Path, gates: Sequence[GateOutcome]) -> None:
+    """The JUnit report of a results file: its gates, then one test case per
+    conversation."""
+    from ..results._junit import conversation_suite
+    from ..results._sinks import iter_results
+    from ._gates import gate_suite
+
+    suites = [gate_suite(gates)] if gates else []
+    suites.append(conversation_suite(iter_results(results), properties={"results": str(results)}))
+    write_junit_report(path, suites)

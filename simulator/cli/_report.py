@@ -11,11 +11,19 @@ from .._errors import ConfigError
 from ..results._terminal import print_comparison, print_report
 from ._console import clear_errors
 from ._console import stdout as _stdout
-from ._gates import compare_gates, exit_on_failed_gates, fail_under_gates
-from ._options import check_html_extra, fail_under_option, html_option, parse_metrics
+from ._gates import compare_gates, exit_on_failed_gates, fail_under_gates, gate_suite
+from ._options import (
+    check_html_extra,
+    fail_under_option,
+    html_option,
+    junit_option,
+    parse_metrics,
+)
 from ._outputs import (
     lock_results,
+    write_junit_report,
     write_report_html,
+    write_results_junit,
     write_summaries,
 )
 
@@ -32,6 +40,10 @@ from ._outputs import (
 )
 @html_option
 @fail_under_option
+@junit_option(
+    "one test case per --fail-under gate and one per conversation (failed when it "
+    "FAILED or TIMED_OUT, with its error)"
+)
 @clear_errors
 def report(
     results: Path,
@@ -39,6 +51,7 @@ def report(
     html_out: str | None,
     fail_under: dict[str, float],
     min_scored: int,
+    junit_out: Path | None,
 ) -> None:
     """Summarise a results file; writes RESULTS.summary.json and .summary.md beside it.
 
@@ -59,7 +72,10 @@ def report(
         _stdout().print(f"csv: {csv_out} ({count} conversations)", highlight=False)
     if html_out is not None:
         write_report_html(results, html_out)
-    exit_on_failed_gates(fail_under_gates(summary, fail_under, min_scored=min_scored))
+    gates = fail_under_gates(summary, fail_under, min_scored=min_scored)
+    if junit_out is not None:
+        write_results_junit(junit_out, results, gates)
+    exit_on_failed_gates(gates)
 
 
 def _write_csv(results: Path, out: Path) -> int:
@@ -96,6 +112,7 @@ def _write_csv(results: Path, out: Path) -> int:
     "(the 95% interval of the paired difference lies wholly on the worse side).",
 )
 @fail_under_option
+@junit_option("one test case per --fail-if-worse and --fail-under gate")
 @click.option(
     "--json",
     "json_out",
@@ -111,6 +128,7 @@ def compare(
     fail_if_worse: str | None,
     fail_under: dict[str, float],
     min_scored: int,
+    junit_out: Path | None,
     json_out: Path | None,
 ) -> None:
     """Compare CANDIDATE's results with BASE's, paired by conversation.
@@ -132,6 +150,7 @@ def compare(
             raise ConfigError(f"{json_out}: its folder does not exist")
         json_out.write_text(json.dumps(as_json(result), indent=2) + "\n")
         _stdout().print(f"comparison: {json_out}", highlight=False)
-    exit_on_failed_gates(
-        compare_gates(result, worse=worse_gates, fail_under=fail_under, min_scored=min_scored)
-    )
+    gates = compare_gates(result, worse=worse_gates, fail_under=fail_under, min_scored=min_scored)
+    if junit_out is not None:
+        write_junit_report(junit_out, [gate_suite(gates)])
+    exit_on_failed_gates(gates)

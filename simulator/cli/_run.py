@@ -38,13 +38,19 @@ from ._options import (
     fail_under_option,
     html_option,
     judge_options,
+    junit_option,
     pack_reading_options,
     parse_metrics,
     plugin_settings,
     response_cache,
     with_base_url,
 )
-from ._outputs import print_cache_line, write_report_html, write_summaries
+from ._outputs import (
+    print_cache_line,
+    write_report_html,
+    write_results_junit,
+    write_summaries,
+)
 
 if TYPE_CHECKING:
     from .._runtime._handle import RunHandle, RunStatistics
@@ -226,6 +232,10 @@ if TYPE_CHECKING:
 )
 @html_option
 @fail_under_option
+@junit_option(
+    "one test case per --fail-under gate and one per conversation (failed when it "
+    "FAILED or TIMED_OUT, with its error)"
+)
 @clear_errors
 def run(
     pack: str,
@@ -270,6 +280,7 @@ def run(
     html_out: str | None,
     fail_under: dict[str, float],
     min_scored: int,
+    junit_out: Path | None,
 ) -> None:
     """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model.
 
@@ -380,8 +391,8 @@ def run(
             sys.exit(EXIT_INTERRUPTED)
         _run_on_ray(
             pack, model_spec, model_args, out, actors, ray_address, metrics, seed,
-            concurrency, limit, resume, fail_under, min_scored, html_out, max_failure_rate,
-            overwrite, retry_failed,
+            concurrency, limit, resume, fail_under, min_scored, junit_out, html_out,
+            max_failure_rate, overwrite, retry_failed,
         )  # fmt: skip
         return
     sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
@@ -404,6 +415,9 @@ def run(
     )
     if html_out is not None:
         write_report_html(out, html_out)
+    gates = fail_under_gates(report, fail_under, min_scored=min_scored)
+    if junit_out is not None:
+        write_results_junit(junit_out, out, gates)
     stats = outcome.statistics
     users_timeout = config.conversation_timeout is not None
     verdict = run_verdict(
@@ -432,7 +446,7 @@ def run(
         )
     if verdict.code:
         sys.exit(verdict.code)
-    exit_on_failed_gates(fail_under_gates(report, fail_under, min_scored=min_scored))
+    exit_on_failed_gates(gates)
 
 
 def _run_on_ray(
@@ -449,6 +463,7 @@ def _run_on_ray(
     resume: bool,
     fail_under: dict[str, float],
     min_scored: int,
+    junit_out: Path | None,
     html_out: str | None,
     max_failure_rate: float,
     overwrite: bool,
@@ -495,6 +510,9 @@ def _run_on_ray(
     )
     if html_out is not None:
         write_report_html(out, html_out)
+    gates = fail_under_gates(report, fail_under, min_scored=min_scored)
+    if junit_out is not None:
+        write_results_junit(junit_out, out, gates)
     if outcome.interrupted:
         print_error(
             f"interrupted: {outcome.results} conversations recorded; run again with "
@@ -521,7 +539,7 @@ def _run_on_ray(
             "(the pack's)"
         )
         sys.exit(EXIT_TIMEOUTS)
-    exit_on_failed_gates(fail_under_gates(report, fail_under, min_scored=min_scored))
+    exit_on_failed_gates(gates)
 
 
 async def _check_endpoints(simulator: Simulator) -> None:

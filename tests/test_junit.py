@@ -16,7 +16,7 @@ import xmlschema
 from anyio.from_thread import start_blocking_portal
 from click.testing import CliRunner
 
-from convsim import Status, TerminationReason, read_results
+from convsim import ResultsError, Status, TerminationReason, read_results
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.cli import main
 from convsim.results._junit import (
@@ -230,13 +230,26 @@ def test_text_xml_cannot_carry_is_replaced(tmp_path: Path, schema: Any) -> None:
     )
 
 
-def test_a_path_that_cannot_be_written_exits_2(results: Path) -> None:
+def test_a_path_that_cannot_be_written_exits_2_before_the_work(results: Path) -> None:
     blocker = results.parent / "a-file"
     blocker.write_text("not a folder")
-    code, _, err = invoke("report", str(results), "--junit", str(blocker / "junit.xml"))
-    assert code == 2 and "cannot write the JUnit file" in err and "Traceback" not in err
-    code, _, err = invoke("report", str(results), "--junit", str(results.parent))
-    assert code == 2 and "--junit" in err
+    for path, why in (
+        (blocker / "junit.xml", f"{blocker} is not a folder"),
+        (blocker / "deeper" / "junit.xml", f"{blocker} is not a folder"),
+        (results.parent, "is a directory"),
+    ):
+        code, stdout, err = invoke("report", str(results), "--junit", str(path))
+        assert code == 2 and "--junit" in err and "Traceback" not in err, err
+        assert why in " ".join(err.split())
+        assert stdout == ""  # refused before the summary
+
+
+def test_a_file_that_cannot_be_written_is_a_located_error(tmp_path: Path) -> None:
+    folder = tmp_path / "taken"
+    (folder / "junit.xml.tmp").mkdir(parents=True)  # where the file is first written
+    with pytest.raises(ResultsError, match=r"junit\.xml: cannot write the JUnit file"):
+        write_junit(folder / "junit.xml", [])
+    assert not (folder / "junit.xml").exists()
 
 
 def test_every_command_offers_junit() -> None:

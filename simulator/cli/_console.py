@@ -8,8 +8,9 @@ wrong URL (found before the run), or went away during it (the circuit breaker st
 the run); 5 conversations hit their conversation timeout beyond ``--max-failure-rate``
 (the model is too slow for the timeout: a setting, not an outage); 6 ``--max-cost``
 stopped the run (``--resume`` runs the rest); 70 convsim crashed (an unexpected
-exception: a bug; the traceback is printed); 100 a gate failed (``--fail-under``,
-``--fail-if-worse``); 130 interrupted.
+exception: a bug; the traceback is printed); 100 a gate failed (``--fail-under`` or
+``--fail-if-worse``, their metric scored on fewer than ``--min-scored`` conversations
+included; ``load --fail-on-slo`` or ``--fail-on-invalid``); 130 interrupted.
 When several apply, the first of 4, 3, 5 wins, and each of them comes before 100: a
 gate is judged only on a run that finished.
 
@@ -71,8 +72,9 @@ EXIT_CRASHED = 70
 traceback is printed. sysexits' ``EX_SOFTWARE``."""
 EXIT_GATE_FAILED = 100
 """A CI gate failed: the run finished and was judged, and the figures are below what
-was asked (``--fail-under``, ``--fail-if-worse``). The code promptfoo gives its failed
-assertions."""
+was asked (``--fail-under``, ``--fail-if-worse``, ``--min-scored``, ``--fail-on-slo``,
+``--fail-on-invalid``); one ``gate failed:`` line each. The code promptfoo gives its
+failed assertions."""
 EXIT_INTERRUPTED = 130
 P = ParamSpec("P")
 R = TypeVar("R")

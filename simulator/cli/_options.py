@@ -300,6 +300,19 @@ def fail_under_option(f: Any) -> Any:
     )(f)
 
 
+def _junit_path(_ctx: Any, _param: Any, value: Path | None) -> Path | None:
+    """Before the work: a --junit path whose folder could never be made is bad input
+    (the folders missing are created when the file is written)."""
+    if value is None:
+        return None
+    existing = value.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.BadParameter(f"{existing} is not a folder", param_hint="--junit")
+    return value
+
+
 def junit_option(what: str) -> Callable[[F], F]:
     """--junit FILE: a JUnit XML report of ``what`` (test cases named in the help)."""
 
@@ -308,6 +321,7 @@ def junit_option(what: str) -> Callable[[F], F]:
             "--junit",
             "junit_out",
             type=click.Path(dir_okay=False, path_type=Path),
+            callback=_junit_path,
             default=None,
             metavar="FILE",
             help=f"Also write a JUnit XML report for GitLab or Jenkins: {what}; a missing "

@@ -51,7 +51,7 @@ class GateOutcome:
     """What the gate found, in one line: the figure and the bound, or why it failed."""
 
 
-def needed(min_scored: int, total: int) -> int:
+def _needed(min_scored: int, total: int) -> int:
     """Scored items a gate needs: ``min_scored``, or all of them when there are fewer."""
     return min(min_scored, total)
 
@@ -87,7 +87,7 @@ def fail_under_gates(
             outcomes.append(GateOutcome(gate, False, no_value))
             continue
         scored = f"{summary.n} of {total} {unit} scored"
-        too_few = _too_few(metric, summary.n, total, unit, needed(min_scored, total))
+        too_few = _too_few(metric, summary.n, total, unit, _needed(min_scored, total))
         if too_few is not None:
             outcomes.append(GateOutcome(gate, False, too_few))
         elif summary.mean is None:
@@ -118,7 +118,7 @@ def compare_gates(
     worse, and a gate that cannot fail is no gate.
     """
     by_metric = {m.metric: m for m in comparison.metrics}
-    need = needed(min_scored, comparison.paired)
+    need = _needed(min_scored, comparison.paired)
     unit = "paired conversations"
     outcomes = []
     for metric in worse:
@@ -238,12 +238,10 @@ def load_checks(result: LoadResult | SweepResult, slos: SLOs | None) -> LoadChec
     if result.meets_slo is None:
         line = f"the SLO ({slos}) is not judged: the run is invalid"
         return LoadChecks(valid, GateOutcome(gate, False, line))
-    missed = slos.missed_by(dict(result.latency_ms))
     if result.meets_slo:
         return LoadChecks(valid, GateOutcome(gate, True, f"the run meets every SLO ({slos})"))
-    return LoadChecks(
-        valid, GateOutcome(gate, False, f"the run misses the SLO: {', '.join(missed)}")
-    )
+    missed = ", ".join(slos.missed_by(dict(result.latency_ms)))
+    return LoadChecks(valid, GateOutcome(gate, False, f"the run misses the SLO: {missed}"))
 
 
 def exit_on_failed_gates(outcomes: Sequence[GateOutcome]) -> None:

@@ -5,6 +5,21 @@ is called directly; an :class:`AsyncConversationScorer` (one that calls a model,
 a judge) is awaited. A metric whose scorers are expensive to compute declares
 ``cpu_heavy = True`` and the scoring session computes them in a worker thread. Nothing is
 inferred from how a method happens to be written.
+
+A score's value exists only when the metric measured something. Every scorer keeps
+this convention, so that a value never stands for "nothing was checked":
+
+- nothing to check (no completed turn, no facts or goal or reference, no code, nothing
+  financial said, a single turn where memory needs two):
+  ``Score.not_applicable(reason)``, the reason saying what was missing;
+- something checked but no evidence either way (what the user said was never recalled
+  nor forgotten, statements never restated): ``Score.not_applicable("no evidence:
+  ...")``, with details saying what was checked (``checks``, ``evidence``, ...);
+- the scorer or its judge broke: ``Score.failed(reason)``;
+- otherwise a value, with details saying what it rests on.
+
+Summaries count the three apart: a mean and its interval are over the scored
+conversations only, beside how many were not applicable and how many failed.
 """
 
 from __future__ import annotations
@@ -35,7 +50,8 @@ class ConversationScorer(Protocol):
         ...
 
     def result(self) -> Score:
-        """The score so far; ``Score.not_applicable(reason)`` when it cannot apply."""
+        """The score so far; ``Score.not_applicable(reason)`` when it measured nothing
+        (nothing to check, or no evidence either way: see the module docstring)."""
         ...
 
 
@@ -49,7 +65,7 @@ class AsyncConversationScorer(ABC):
 
     @abstractmethod
     async def result(self) -> Score:
-        """The score; ``Score.not_applicable(reason)`` when it cannot apply."""
+        """The score; ``Score.not_applicable(reason)`` when it measured nothing."""
 
 
 @runtime_checkable

@@ -125,7 +125,14 @@ list), which a report read back from a file prefers to the registry's."""
 
 
 class Score(BaseModel):
-    """A metric's value, or why it does not apply (never a fake 0)."""
+    """A metric's value, or why there is none (never a fake 0 or 1).
+
+    A value exists only when the metric measured something. With nothing to check, or
+    with something checked but no evidence either way, the score is
+    ``not_applicable`` (the reason of the latter starts "not applicable: no evidence:"
+    and its details say what was checked); a scorer or judge that broke gives
+    ``failed``. Summaries average values only and count the other two beside them.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -134,7 +141,7 @@ class Score(BaseModel):
     """Why there is no value: not applicable, or the metric failed."""
     details: dict[str, Any] = Field(default_factory=dict)
     status: Literal["ok", "not_applicable", "failed"] = "ok"
-    """``ok`` (a value), ``not_applicable`` (nothing to check) or ``failed`` (the
+    """``ok`` (a value), ``not_applicable`` (nothing measured) or ``failed`` (the
     scorer or its judge broke). Inferred when not given, e.g. in results written
     before it existed: a reason starting "metric failed" means ``failed``."""
 
@@ -159,6 +166,8 @@ class Score(BaseModel):
 
     @classmethod
     def not_applicable(cls, reason: str, **details: Any) -> Score:
+        """The metric measured nothing: ``reason`` says why (``"no evidence: ..."``
+        where it checked something and found nothing either way)."""
         return cls(
             value=None, reason=f"not applicable: {reason}", details=details, status="not_applicable"
         )

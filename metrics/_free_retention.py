@@ -23,9 +23,11 @@ The answer just before a user's "I already told you" forgot something too. An an
 
 The score is the share of stated things no answer forgot. Details count how many were
 recalled, how many forgotten (with the turn and the reason) and how many no answer
-touched: ``evidence`` is recalled plus forgotten. Blind spots: silence counts as kept,
-so a model that ignores what it is told keeps its score; forgetting is seen only in the
-forms the patterns read, and in English.
+touched: ``evidence`` is recalled plus forgotten. Without evidence (no answer recalled or
+forgot anything) there is no score: it is not applicable ("no evidence"), with the same
+counts in its details, since silence says nothing about memory. Blind spots: once there
+is evidence, what no answer touched counts as kept; forgetting is seen only in the forms
+the patterns read, and in English.
 """
 
 from __future__ import annotations
@@ -342,6 +344,20 @@ class FreeRetention:
                 events.setdefault(distance, []).append(1.0)
             for f in s.forgotten:
                 events.setdefault(f["distance"], []).append(0.0)
+        counts = {
+            "mode": "reference-free",
+            "checks": len(self.stated),
+            "recalled": len(recalled),
+            "forgotten": len(forgotten),
+            "untouched": len(self.stated) - len(recalled) - len(forgotten),
+            "evidence": len(recalled) + len(forgotten),
+        }
+        if not counts["evidence"]:
+            return Score.not_applicable(
+                f"no evidence: no answer recalled or forgot any of the {len(self.stated)} "
+                "things the user stated",
+                **counts,
+            )
         missed = [
             {"what": s.key or s.sentence, "kind": s.kind, "stated_in": s.turn_id, **f}
             for s in forgotten
@@ -350,12 +366,7 @@ class FreeRetention:
         return Score(
             value=1.0 - len(forgotten) / len(self.stated),
             details={
-                "mode": "reference-free",
-                "checks": len(self.stated),
-                "recalled": len(recalled),
-                "forgotten": len(forgotten),
-                "untouched": len(self.stated) - len(recalled) - len(forgotten),
-                "evidence": len(recalled) + len(forgotten),
+                **counts,
                 "curve": {str(d): sum(v) / len(v) for d, v in sorted(events.items())},
                 "curve_n": {str(d): len(v) for d, v in sorted(events.items())},
                 "contradictions": [m for m in missed if m["reason"].startswith("stated ")],

@@ -19,9 +19,14 @@ what the user stated (about themself, numbers, names, IDs, answers to the assist
 questions) and which later answer forgot it (asked again, stated otherwise, could not
 say it when asked back). Details say which mode was used.
 
+Retention needs two completed turns (one to say something, a later one to keep it):
+with fewer the score is not applicable. Without facts, a conversation where no answer
+recalled or forgot anything the user stated is not applicable either ("no evidence"):
+silence is not taken for memory.
+
 Blind spots: a paraphrase that names no value ("your usual order") counts as not
-recalled; a value echoed without understanding counts as recalled; without facts,
-silence counts as kept.
+recalled; a value echoed without understanding counts as recalled; without facts, what
+no answer touched counts as kept once some answer did recall or forget something.
 """
 
 from __future__ import annotations
@@ -183,7 +188,9 @@ class ContextRetentionMetric:
         "(text, aliases, numbers within tolerance, dates) without contradicting it; "
         "with a curve by turn distance. Without scenario facts and probes: the share of "
         "what the user stated (about themself, numbers, names, IDs, answers) that no "
-        "later answer forgot (asked again, stated otherwise, could not say when asked)."
+        "later answer forgot (asked again, stated otherwise, could not say when asked), "
+        "not applicable where no answer recalled or forgot any of it; not applicable "
+        "with fewer than two completed turns."
     )
 
     def __init__(self, embedder: Any = None, semantic_threshold: float = 0.6) -> None:
@@ -269,6 +276,13 @@ class _RetentionScorer:
         for check, fact, text in self.semantic_pending:
             check["recalled"] = check["semantic"] = self.semantic(fact, text)
         self.semantic_pending.clear()
+        turns = len(self.completed)
+        if turns < 2:
+            return Score.not_applicable(
+                f"{'one completed turn' if turns else 'no completed turns'}: retention needs "
+                "a later turn to keep what an earlier one said",
+                completed_turns=turns,
+            )
         if not (self.facts and self.probes):
             return self.free.result()
         if not self.checks:

@@ -267,8 +267,33 @@ def test_reference_free_retention_follows_back_references() -> None:
     (missed,) = forgotten.details["missed"]
     assert missed["what"] == "Rex" and missed["reason"] == "not stated when asked back"
     silent = score_transcript(said[:4], ["context_retention"])["context_retention"]
-    assert silent.value == 1.0 and silent.details["evidence"] == 0  # silence is kept
-    assert silent.details["untouched"] == 2
+    # no answer recalled or forgot anything: silence is not memory, so there is no value
+    assert silent.value is None and silent.status == "not_applicable"
+    assert (silent.reason or "").startswith("not applicable: no evidence:")
+    assert silent.details["evidence"] == 0 and silent.details["untouched"] == 2
+    assert silent.details["checks"] == 2 and silent.details["mode"] == "reference-free"
+
+
+def test_single_turn_retention_is_not_applicable(tmp_path: Path) -> None:
+    from convsim.metrics import score_transcript
+
+    stated = [
+        {"role": "user", "content": "My order A-1042 was due on March 3 and I'm 34."},
+        {"role": "assistant", "content": "Sorry about order A-1042, let me check."},
+    ]
+    free = score_transcript(stated, ["context_retention"])["context_retention"]
+    assert free.value is None and free.status == "not_applicable"
+    assert "one completed turn" in (free.reason or "") and free.details["completed_turns"] == 1
+    # with facts too: one turn cannot both give a fact and probe it
+    conv = conversation_with(
+        tmp_path,
+        facts=[{"key": "order", "value": "A-1042", "introduced_in": "t0"}],
+        probes=[{"turn_id": "t1", "facts": ["order"]}],
+    )
+    facts = retention_of(conv, ["Your order A-1042."])
+    assert facts.value is None and "one completed turn" in (facts.reason or "")
+    none = retention_of(conv, [])
+    assert none.value is None and "no completed turns" in (none.reason or "")
 
 
 def _chat(*pairs: tuple[str, str]) -> list[dict[str, str]]:
@@ -343,7 +368,9 @@ def test_ordinary_chat_is_not_taken_for_forgetting() -> None:
         ("That's all.", "Great. Is there anything else I can help you with?"),
     )
     assert support.details["forgotten"] == 0  # a closing formula, asked every time
-    followed_up = _free(("I'm a student.", "Are you a student in engineering or arts?"))
+    followed_up = _free(
+        ("I'm a student.", "Are you a student in engineering or arts?"), ("Arts.", "Lovely.")
+    )
     assert followed_up.details["forgotten"] == 0  # asks for more, not again
     from convsim.metrics._free_retention import _TOLD_ALREADY
 
@@ -376,8 +403,9 @@ def test_reference_free_retention_needs_something_stated() -> None:
     nothing = _free(("hello", "hi"), ("how is it going", "fine"))
     assert nothing.value is None and "stated nothing checkable" in (nothing.reason or "")
     # an echo of the message just answered is not memory
-    echo = _free(("My order is A-1042.", "Order A-1042, noted."))
+    echo = _free(("My order is A-1042.", "Order A-1042, noted."), ("Thanks.", "Welcome."))
     assert echo.details["recalled"] == 0 and echo.details["untouched"] == 1
+    assert echo.value is None and "no evidence" in (echo.reason or "")
 
 
 def test_an_embedder_lets_a_paraphrase_count_as_recalled(tmp_path: Path) -> None:

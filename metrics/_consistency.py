@@ -11,9 +11,12 @@ itself (or by its persona, given as ``persona`` in the scenario's or transcript'
 metadata, as PersonaChat gives it), or by the user about themself when the assistant
 speaks about the user. It is a contradiction when the value differs (another name,
 another number, the opposite polarity; a description such as "a big city" is not another
-value). The score is the share of checks that do not contradict; with no check it is
-not applicable. The user contradicting themself is not the assistant's doing and is not
-counted (the user's later statement simply replaces the earlier one).
+value). The score is the share of checks that do not contradict. With no check there is
+no score, never a "consistent" 1.0: not applicable, with nothing to check when no
+statement was read at all, and "no evidence" (details counting the statements read) when
+statements were read but the assistant never restated one. The user contradicting
+themself is not the assistant's doing and is not counted (the user's later statement
+simply replaces the earlier one).
 
 Blind spots: only what the patterns read is seen ("I'm 30" is, "I turned thirty last
 spring" is not); a paraphrased value ("NYC" against "New York") reads as different; and
@@ -223,6 +226,8 @@ class _ConsistencyScorer:
     """What the user said about themself: slot -> (value, turn_id)."""
     checks: int = 0
     contradictions: list[dict[str, Any]] = field(default_factory=list)
+    statements: int = 0
+    """Statements read in the assistant's turns (about itself or the user)."""
 
     def update(self, turn: TurnRecord) -> None:
         if turn.status is not TurnStatus.COMPLETED or turn.response is None:
@@ -230,6 +235,7 @@ class _ConsistencyScorer:
         for s in statements(turn.user_message or ""):
             self.user[s.slot] = (s.value, turn.turn_id)  # the user may change their mind
         for s in statements(turn.response, addressee=True):
+            self.statements += 1
             known = self.assistant if s.about == "speaker" else self.user
             earlier = known.get(s.slot)
             if earlier is not None:
@@ -250,12 +256,25 @@ class _ConsistencyScorer:
                 self.assistant.setdefault(s.slot, (s.value, turn.turn_id))
 
     def result(self) -> Score:
+        read = {
+            "checks": self.checks,
+            "statements": self.statements,
+            "user_statements": len(self.user),
+            "persona_statements": sum(1 for _, t in self.assistant.values() if t == "persona"),
+        }
         if not self.checks:
+            if not (self.statements or read["user_statements"] or read["persona_statements"]):
+                return Score.not_applicable(
+                    "nothing to check: no statement about the assistant or the user (name, "
+                    "age, home, work, favourites, counts, likes) was read",
+                    **read,
+                )
             return Score.not_applicable(
-                "the assistant never restated something already stated (name, age, home, "
-                "work, favourites, counts, likes)"
+                "no evidence: the assistant never restated something already stated (name, "
+                "age, home, work, favourites, counts, likes)",
+                **read,
             )
         return Score(
             value=1.0 - len(self.contradictions) / self.checks,
-            details={"checks": self.checks, "contradictions": self.contradictions},
+            details={**read, "contradictions": self.contradictions},
         )

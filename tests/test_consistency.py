@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from convsim.metrics import score_transcript
@@ -62,8 +64,29 @@ def test_the_user_changing_their_mind_is_not_held_against_the_assistant() -> Non
 
 
 def test_nothing_stated_twice_is_not_applicable() -> None:
-    result = score(("What's the weather?", "Sunny and warm today."))
-    assert result.value is None and result.status == "not_applicable"  # type: ignore[attr-defined]
+    result: Any = score(("What's the weather?", "Sunny and warm today."))
+    assert result.value is None and result.status == "not_applicable"
+    assert result.reason.startswith("not applicable: nothing to check:")
+    assert result.details["statements"] == 0 and result.details["checks"] == 0
+
+
+def test_statements_never_restated_are_no_evidence_not_a_consistent_one() -> None:
+    # the assistant and the user say things of themselves, but nothing is said twice:
+    # nothing was verified, so there is no "consistent" 1.0
+    result: Any = score(
+        ("I'm 30. I live in Lisbon.", "I'm a chatbot and I love jazz."),
+        ("Cool. Any plans?", "I work as a guide, so I'll be busy."),
+    )
+    assert result.value is None and result.status == "not_applicable"
+    assert result.reason.startswith("not applicable: no evidence:")
+    assert result.details["checks"] == 0
+    assert result.details["statements"] == 3 and result.details["user_statements"] == 2
+    # one restatement that agrees is a check, and it gives a value
+    checked: Any = score(
+        ("I'm 30. I live in Lisbon.", "I'm a chatbot and I love jazz."),
+        ("Cool. Any plans?", "Since you live in Lisbon, a walk by the river."),
+    )
+    assert checked.value == 1.0 and checked.details["checks"] == 1
 
 
 @pytest.mark.parametrize(

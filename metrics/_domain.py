@@ -10,7 +10,12 @@ Blind spot: it rewards vocabulary, not correctness.
 financial_reasoning (the guide's signals): 0.3 x coverage of financial concepts (of ten,
 five earn full marks) + 0.3 for quantitative analysis (a percentage or amount together
 with a computation or comparison) + 0.2 for risk considerations + 0.2 for practical
-implementation steps. Blind spot: a confident wrong calculation scores like a right one.
+implementation steps, averaged over the turns that talk finance: the scenario's domain is
+finance (every turn then counts, and an answer that ignores finance scores 0), or the
+user's message or the answer names an amount of money or a financial term (invest,
+portfolio, stocks, interest rate, ...). Where nothing financial was said the metric is
+not applicable: chit-chat is not bad financial reasoning. Blind spot: a confident wrong
+calculation scores like a right one.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ._stats import mean
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
 
-__all__ = ["DomainExpertiseMetric", "FinancialReasoningMetric", "domain_terms"]
+__all__ = ["DomainExpertiseMetric", "FinancialReasoningMetric", "domain_terms", "talks_finance"]
 
 TERMS_FILE = Path(__file__).parent / "domain_terms.json"
 _SENTENCES = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -79,12 +84,8 @@ class DomainExpertiseMetric:
     )
 
     def scorer(self, conversation: Conversation) -> _DomainScorer:
-        scenario = conversation.scenario
-        known = domain_terms()
-        domain = scenario.metadata.get("domain") if isinstance(scenario.metadata, dict) else None
-        if domain not in known:
-            domain = next((t for t in scenario.tags if t in known), None)
-        return _DomainScorer(domain, known.get(domain, ()) if domain else ())
+        domain = _scenario_domain(conversation)
+        return _DomainScorer(domain, domain_terms().get(domain, ()) if domain else ())
 
 
 @dataclass
@@ -145,6 +146,25 @@ _STEPS = re.compile(
 )
 
 
+# as _QUANTITY, a number is tried from its first digit only
+_MONEY = re.compile(r"[$€£]\s?\d|(?<![\d.,])\d[\d.,]*\s?(?:usd|eur|gbp|dollars?|euros?)\b", re.I)
+_FINANCE_TOPIC = re.compile(
+    r"\b(?:invest\w*|financ\w*|money|budget\w*|income|salary|salaries|expenses|savings|"
+    r"funds?|portfolios?|stocks|stock market|etfs?|dividends?|interest rates?|inflation|"
+    r"mortgages?|loans?|credit cards?|retirement|pensions?|401\(?k\)?|debts?|"
+    r"equit(?:y|ies)|volatility|diversification|hedging|liquidity|drawdowns?|sharpe ratio|"
+    r"asset allocation|rebalanc\w*|compound interest|expense ratio|capital gains?|"
+    r"brokerage|tax(?:es)?)\b",
+    re.I,
+)
+
+
+def talks_finance(text: str) -> bool:
+    """Whether ``text`` names an amount of money or a financial term: what makes a turn
+    one that financial reasoning applies to ("return" or "risk" alone do not)."""
+    return _MONEY.search(text) is not None or _FINANCE_TOPIC.search(text) is not None
+
+
 def financial_signals(text: str) -> dict[str, float]:
     lower = text.lower()
     coverage = sum(1 for c in _CONCEPTS if _term_pattern(c).search(lower))
@@ -162,20 +182,42 @@ class FinancialReasoningMetric:
     description = (
         "0.3 x financial concept coverage + 0.3 quantitative analysis + 0.2 risk "
         "considerations + 0.2 implementation steps (the guide's signals), mean "
-        "over responses."
+        "over the responses of turns that talk finance (all of them in a finance "
+        "scenario); not applicable where nothing financial was said."
     )
 
     def scorer(self, conversation: Conversation) -> _FinanceScorer:
-        return _FinanceScorer()
+        return _FinanceScorer(_scenario_domain(conversation) == "finance")
+
+
+def _scenario_domain(conversation: Conversation) -> str | None:
+    """The scenario's domain: ``metadata.domain``, else a tag naming a known domain."""
+    scenario = conversation.scenario
+    known = domain_terms()
+    domain = scenario.metadata.get("domain") if isinstance(scenario.metadata, dict) else None
+    if domain not in known:
+        domain = next((t for t in scenario.tags if t in known), None)
+    return domain
 
 
 @dataclass
 class _FinanceScorer:
+    finance_scenario: bool
+    """Every turn asks for financial reasoning (the scenario's domain is finance)."""
     values: list[float] = field(default_factory=list)
     parts: list[dict[str, float]] = field(default_factory=list)
+    turns: int = 0
+    """Completed turns read."""
 
     def update(self, turn: TurnRecord) -> None:
-        if turn.status is not TurnStatus.COMPLETED or not turn.response:
+        if turn.status is not TurnStatus.COMPLETED or turn.response is None:
+            return
+        self.turns += 1
+        if not (
+            self.finance_scenario
+            or talks_finance(turn.user_message or "")
+            or talks_finance(turn.response)
+        ):
             return
         s = financial_signals(turn.response)
         self.parts.append(s)
@@ -187,9 +229,18 @@ class _FinanceScorer:
         )
 
     def result(self) -> Score:
-        if not self.values:
+        if not self.turns:
             return Score.not_applicable("no completed turns")
+        if not self.values:
+            return Score.not_applicable(
+                "nothing financial was said (no amount of money, no financial term) and "
+                "the scenario's domain is not finance",
+                turns=self.turns,
+            )
         return Score(
             value=mean(self.values),
-            details={k: mean([p[k] for p in self.parts]) for k in self.parts[0]},
+            details={
+                **{k: mean([p[k] for p in self.parts]) for k in self.parts[0]},
+                "turns": len(self.values),
+            },
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -223,7 +224,18 @@ def test_financial_reasoning_signals(conversation) -> None:
     )
     vague = "You should think about it carefully."
     assert score("financial_reasoning", conversation, [turn(thorough)]).value == pytest.approx(1.0)
-    assert score("financial_reasoning", conversation, [turn(vague)]).value == 0.0
+    # a vague answer to a financial question measures as no financial reasoning at all
+    asked = dataclasses.replace(turn(vague), user_message="How should I invest my savings?")
+    assert score("financial_reasoning", conversation, [asked]).value == 0.0
+    finance = with_scenario(conversation, tags=["finance"])  # every turn asks for it
+    assert score("financial_reasoning", finance, [turn(vague)]).value == 0.0
+    # with nothing financial said, a vague answer is not bad financial reasoning
+    chat = score("financial_reasoning", conversation, [turn(vague), turn("Nice weather today.")])
+    assert chat.value is None and chat.status == "not_applicable"
+    assert "nothing financial was said" in (chat.reason or "") and chat.details["turns"] == 2
+    # a finance turn among chit-chat is scored alone, not diluted by the chat
+    mixed = score("financial_reasoning", conversation, [turn(thorough), turn(vague)])
+    assert mixed.value == pytest.approx(1.0) and mixed.details["turns"] == 1
     from convsim.metrics._domain import financial_signals
 
     for amount in ("1.000.000 EUR", "1.250,00 EUR", "7,5%", "$1,250.50", "400 usd"):

@@ -20,8 +20,10 @@ texts, a weighted mean of per-turn components:
 - relevance (0.4): the response against the user message it answers;
 - context (0.2): the response against everything said before it;
 - continuity (0.2): the response against the previous response (1 - topic drift);
-- consistency (0.2): the share of responses that state no value contradicting a tracked
-  fact (only when the scenario declares facts; the other weights are scaled up if not).
+- consistency (0.2): of the responses that state a tracked fact (its value, or another
+  value for it), the share that do not contradict it (only when the scenario declares
+  facts and some response states one: a response silent on the facts checks nothing;
+  the other weights are scaled up if not).
 
 Blind spots: TF-IDF sees shared words, not meaning (a fitting paraphrase scores zero, an
 echo scores high); static embeddings see topic, not logic (a fluent non sequitur on the
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._embedding import NO_WORDS, Embedder, TfidfEmbedder, cosine, default_embedder
-from ._retention import stated_values
+from ._retention import fact_recalled, stated_values
 from ._stats import mean
 from ._stop_words import ENGLISH_STOP_WORDS
 
@@ -229,9 +231,16 @@ class _CoherenceScorer:
         parts = {"relevance": mean(relevance), "context": mean(context)}
         if continuity:
             parts["continuity"] = mean(continuity)
+        checked = 0
         if self.facts:
             contradicted = [any(stated_values(f, r) for f in self.facts) for r in responses]
-            parts["consistency"] = 1.0 - sum(contradicted) / n
+            stating = [
+                bad or any(fact_recalled(f, r) for f in self.facts)
+                for bad, r in zip(contradicted, responses, strict=True)
+            ]
+            checked = sum(stating)
+            if checked:
+                parts["consistency"] = 1.0 - sum(contradicted) / checked
         weight = sum(COHERENCE_WEIGHTS[k] for k in parts)
         value = sum(COHERENCE_WEIGHTS[k] * v for k, v in parts.items()) / weight
         details: dict[str, Any] = {
@@ -242,6 +251,8 @@ class _CoherenceScorer:
         }
         if continuity:
             details["topic_drift"] = 1.0 - parts["continuity"]
+        if self.facts:
+            details["consistency_checks"] = checked
         return Score(value=value, details=details)
 
 

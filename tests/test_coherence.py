@@ -87,7 +87,7 @@ def test_lexical_coherence_components_and_facts() -> None:
         "consistency",
         "topic_drift",
     }
-    assert score.details["consistency"] == 1.0
+    assert score.details["consistency"] == 1.0 and score.details["consistency_checks"] == 1
     contradicted = [
         *SUPPORT[:3],
         ("When will it arrive?", "Tracking number TRK-11111 says Friday."),
@@ -97,7 +97,15 @@ def test_lexical_coherence_components_and_facts() -> None:
         ["lexical_coherence"],
         facts=[{"key": "tracking_number", "value": "TRK-99812", "introduced_in": 2}],
     )["lexical_coherence"]
-    assert bad.details["consistency"] == 0.75
+    # of the two responses that state the tracking number, one contradicts it; the two
+    # that say nothing of it check nothing
+    assert bad.details["consistency"] == 0.5 and bad.details["consistency_checks"] == 2
+    silent = score_transcript(
+        messages([SUPPORT[0], SUPPORT[2], SUPPORT[3]]),
+        ["lexical_coherence"],
+        facts=[{"key": "tracking_number", "value": "TRK-99812", "introduced_in": 1}],
+    )["lexical_coherence"]
+    assert "consistency" not in silent.details and silent.details["consistency_checks"] == 0
 
 
 def test_conversation_flow_rewards_progress_and_punishes_repetition() -> None:

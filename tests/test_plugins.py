@@ -43,6 +43,26 @@ def test_code_analysis_measures_the_python_of_each_answer(tmp_path: Path) -> Non
     assert manifest["plugins"] == [{"name": "code_analysis", "version": "1.0"}]
 
 
+def test_code_bandit_could_not_analyse_gives_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    from convsim.metrics._builtin import python_blocks
+    from convsim.plugins import _code_analysis
+
+    results = convsim.run_sync("coding_help", "scripted", limit=3)
+    with_code = next(r for r in results if any(python_blocks(t.response or "") for t in r.turns))
+    plugin = PLUGINS.get("code_analysis")()
+    plugin.initialize(plugin.Config())
+    judged = plugin.score(with_code)
+    assert judged is not None and judged.scores["code_analysis:summary"].value is not None
+    # bandit skips the code: its security is unknown, so no answer reads as sound
+    monkeypatch.setattr(_code_analysis, "analyse_code", lambda code: None)
+    unknown = plugin.score(with_code)
+    assert unknown is not None
+    summary = unknown.scores["code_analysis:summary"]
+    assert summary.value is None and summary.status == "not_applicable"
+    assert (summary.reason or "").startswith("not applicable: no evidence:")
+    assert summary.details["unchecked"] == summary.details["answers_with_code"] >= 1
+
+
 def test_the_analyzer_finds_complexity_and_insecure_code() -> None:
     analyzer = PythonComplexityAnalyzer()
     branchy = "def f(x):\n" + "".join(f"    if x == {i}:\n        return {i}\n" for i in range(12))

@@ -116,7 +116,9 @@ _FIGURES = (
 class CodeAnalysisPlugin(BasePlugin):
     """Turn scores ``code_analysis:<figure>`` for every answer with Python in it, and a
     conversation summary ``code_analysis:summary`` (the share of answers whose code
-    parses, stays within ``max_complexity`` and has no security finding)."""
+    parses, stays within ``max_complexity`` and has no security finding). An answer whose
+    code parses but that bandit could not analyse has no verdict: it is left out of the
+    share (counted as ``unchecked``), never taken for one without findings."""
 
     name: ClassVar[str] = "code_analysis"
     version: ClassVar[str] = "1.0"
@@ -175,6 +177,7 @@ class CodeAnalysisPlugin(BasePlugin):
         cfg: Any = self.config
         turn_scores: dict[str, dict[str, Score]] = {}
         sound: list[float] = []
+        unchecked = 0
         for turn in result.turns:
             if turn.status is not TurnStatus.COMPLETED or not turn.response:
                 continue
@@ -185,25 +188,29 @@ class CodeAnalysisPlugin(BasePlugin):
             turn_scores[turn.turn_id] = {
                 f"code_analysis:{name}": Score(value=value) for name, value in figures.items()
             }
+            if figures["syntax_ok"] == 1.0 and "security_findings" not in figures:
+                unchecked += 1  # parses, but its security is unknown: no verdict
+                continue
             sound.append(
                 float(
                     figures["syntax_ok"] == 1.0
                     and figures.get("cyclomatic_complexity", 0.0) <= cfg.max_complexity
-                    and figures.get("security_findings", 0.0) == 0.0
+                    and figures["security_findings"] == 0.0
                 )
             )
+        details = {
+            "answers_with_code": len(sound) + unchecked,
+            "unchecked": unchecked,
+            "max_complexity": cfg.max_complexity,
+        }
         if not sound:
-            return PluginScores(
-                scores={
-                    "code_analysis:summary": Score.not_applicable("no answer holds Python code")
-                }
-            )
-        return PluginScores(
-            scores={
-                "code_analysis:summary": Score(
-                    value=sum(sound) / len(sound),
-                    details={"answers_with_code": len(sound), "max_complexity": cfg.max_complexity},
+            summary = (
+                Score.not_applicable(
+                    "no evidence: bandit could not analyse the Python of any answer", **details
                 )
-            },
-            turn_scores=turn_scores,
-        )
+                if unchecked
+                else Score.not_applicable("no answer holds Python code")
+            )
+        else:
+            summary = Score(value=sum(sound) / len(sound), details=details)
+        return PluginScores(scores={"code_analysis:summary": summary}, turn_scores=turn_scores)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import convsim
 from convsim import summarize
 
@@ -51,3 +53,55 @@ def test_turn_metrics_are_summarised_over_the_turns_that_ask_for_them() -> None:
     assert summary.n == sum(s.value is not None for s in asked)
     assert "## Turn metrics" in report.to_markdown()
     assert "technical_accuracy" not in report.metrics  # a turn metric, not a conversation one
+
+
+def test_every_summary_shows_applicable_scored_and_not_applicable() -> None:
+    """Means and intervals are over the scored conversations only; every output counts
+    the scored, not applicable and failed ones (applicable: scored plus failed)."""
+    import re
+
+    from rich.console import Console
+
+    from convsim import Score
+    from convsim.results._html import render_html
+    from convsim.results._terminal import print_report
+
+    results = convsim.run_sync("single_turn_qa", "scripted", limit=5, metrics=["latency"])
+    scores = [
+        Score(value=0.2),
+        Score(value=0.4),
+        Score.not_applicable("no evidence: nothing recalled or forgotten", checks=2),
+        Score.not_applicable("no completed turns"),
+        Score.failed("RuntimeError: kaput"),
+    ]
+    results = [
+        r.model_copy(update={"scores": {**r.scores, "probe": s}})
+        for r, s in zip(results, scores, strict=True)
+    ]
+    report = summarize(results)
+    m = report.metrics["probe"]
+    assert (m.n, m.not_applicable, m.failed, m.applicable) == (2, 2, 1, 3)
+    assert m.mean is not None and abs(m.mean - 0.3) < 1e-12  # the scored two alone
+    assert m.ci_low is not None and m.ci_high is not None
+    assert 0.2 <= m.ci_low <= m.ci_high <= 0.4
+    # JSON (also what the service's summary returns)
+    data = json.loads(report.model_dump_json())
+    assert data["metrics"]["probe"]["applicable"] == 3 and data["metrics"]["probe"]["n"] == 2
+    # Markdown
+    md = report.to_markdown()
+    assert "| applicable | scored | not applicable | failed |" in md
+    assert re.search(r"\| probe \| 0\.3 \| [^|]+ \| [^|]+ \| 3 \| 2 \| 2 \| 1 \|", md), md
+    # the terminal, at 80 columns
+    console = Console(width=80, record=True, force_terminal=False)
+    print_report(report, console)
+    text = console.export_text()
+    assert "scored" in text and "applicable: scored + failed" in text
+    row = next(line for line in text.splitlines() if "│ probe" in line)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[0] == "probe" and cells[1] == "0.3" and cells[3:6] == ["2", "2", "1"]
+    assert all(len(line) <= 80 for line in text.splitlines())
+    # HTML
+    page = render_html(results, title="t", report=report)
+    assert '<th class="num">applicable</th><th class="num">scored</th>' in page
+    cell = '<td class="num">{}</td>'
+    assert "".join(cell.format(v) for v in (3, 2, 2, 1)) in page

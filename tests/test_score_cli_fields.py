@@ -79,7 +79,7 @@ def test_report_counts_failed_metrics_apart(boom: None) -> None:
     assert report.metrics["latency"].failed == 0
     md = report.to_markdown()
     assert "| not applicable | failed |" in md
-    assert "| boom | n/a |  | n/a | 0 | 0 | 3 |" in md
+    assert "| boom | n/a |  | n/a | 3 | 0 | 0 | 3 |" in md  # applicable, scored, n/a, failed
     # results written before Score.status existed: still counted as failed
     old = []
     for r in results:

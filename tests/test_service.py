@@ -44,6 +44,10 @@ def test_an_evaluation_runs_streams_and_summarises(server: Server) -> None:
         # where the token counts came from: the scripted model counts its own
         assert summary["token_sources"]["server"] > 0
         assert summary["token_sources"]["estimate"] == summary["token_sources"]["tokenizer"] == 0
+        # per metric: applicable (scored + failed), scored and not applicable
+        for name, m in summary["metrics"].items():
+            assert m["applicable"] == m["n"] + m["failed"], name
+            assert m["applicable"] + m["not_applicable"] == 5, name
         usages = [t["usage"] for r in streamed for t in r["turns"] if t["usage"]]
         assert usages and {u["source"] for u in usages} == {"server"}
         assert [e.id for e in client.list_evaluations()] == [evaluation.id]

@@ -127,8 +127,8 @@ def score(
     for row in scored:
         table.add_row(row.conversation_id, *[score_cell(row.scores[n]) for n in metric_names])
     out_console.print(table)
-    summary = Table(title="aggregate")
-    for col in ("metric", "mean", "95% CI", "n", "n/a", "failed"):
+    summary = Table(title="aggregate: mean over scored (applicable: scored + failed)")
+    for col in ("metric", "mean", "95% CI", "scored", "n/a", "failed"):
         summary.add_column(col, justify="left" if col == "metric" else "right")
     summaries = _summarise([row.scores for row in scored], {})
     for name in metric_names:

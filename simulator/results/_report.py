@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, Field, computed_field, model_serializer
 
 from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_value, mean, percentile
 from convsim.metrics._aggregate import aggregate
@@ -29,11 +29,15 @@ __all__ = [
 
 
 class MetricSummary(BaseModel):
+    """One metric over a run's conversations (or turns): the mean and its interval over
+    the scored ones only, beside how many were scored, not applicable and failed."""
+
     mean: float | None
     n: int
-    """Conversations with a value."""
+    """Conversations scored: with a value, the only ones the mean and CI are over."""
     not_applicable: int
-    """Conversations where the metric did not apply (nothing to check)."""
+    """Conversations where the metric measured nothing (nothing to check, or no
+    evidence either way)."""
     failed: int = 0
     """Conversations where the metric failed: a crashing scorer, a judge outage."""
     higher_is_better: bool | None = None
@@ -45,6 +49,12 @@ class MetricSummary(BaseModel):
     corpus: float | None = None
     """The metric's own reduction of the whole run, for corpus-level metrics (an lm-eval
     task's bleu, chrf or ter): what lm-eval reports for the same answers."""
+
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented use
+    @property
+    def applicable(self) -> int:
+        """Conversations the metric applied to: scored, or failed while scoring."""
+        return self.n + self.failed
 
 
 class GroupSummary(BaseModel):
@@ -194,14 +204,17 @@ class RunReport(BaseModel):
             "",
             "## Metrics",
             "",
-            "| metric | mean | 95% CI | std | n | not applicable | failed |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "Means and intervals are over the scored conversations only; applicable is "
+            "scored plus failed.",
+            "",
+            "| metric | mean | 95% CI | std | applicable | scored | not applicable | failed |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, m in self.metrics.items():
             ci = "" if m.ci_low is None else f"{_fmt(m.ci_low)} - {_fmt(m.ci_high)}"
             lines.append(
-                f"| {name} | {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.n} | {m.not_applicable} "
-                f"| {m.failed} |"
+                f"| {name} | {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.applicable} | {m.n} "
+                f"| {m.not_applicable} | {m.failed} |"
             )
         corpus = {n: m.corpus for n, m in self.metrics.items() if m.corpus is not None}
         if corpus:
@@ -212,12 +225,15 @@ class RunReport(BaseModel):
                 "",
                 "## Turn metrics",
                 "",
-                "| metric | mean | turns | not applicable | failed |",
-                "|---|---:|---:|---:|---:|",
+                "Over the turns that ask for them: counts are of turns.",
+                "",
+                "| metric | mean | applicable | scored | not applicable | failed |",
+                "|---|---:|---:|---:|---:|---:|",
             ]
             for name, m in self.turn_metrics.items():
                 lines.append(
-                    f"| {name} | {_fmt(m.mean)} | {m.n} | {m.not_applicable} | {m.failed} |"
+                    f"| {name} | {_fmt(m.mean)} | {m.applicable} | {m.n} | {m.not_applicable} "
+                    f"| {m.failed} |"
                 )
         lines += ["", "## By scenario type", ""]
         names = list(self.metrics)

@@ -24,10 +24,15 @@ def mean_cell(summary: MetricSummary | None) -> str:
 
 
 def _metric_table(title: str, unit: str, summaries: dict[str, MetricSummary]) -> Table:
-    table = Table(title=f"{title}; n: {unit} with a value; \u2191 higher is better")
+    """Mean and CI over the scored ``unit`` only, beside the scored, n/a and failed
+    counts (applicable is scored plus failed: said in the title, a column is too wide)."""
+    table = Table(
+        title=f"{title}; scored: {unit} with a value (applicable: scored + failed); "
+        "\u2191 higher is better"
+    )
     table.add_column("metric", no_wrap=True)
     corpus = any(m.corpus is not None for m in summaries.values())
-    for col in ("mean", "95% CI", *(["corpus"] if corpus else []), "n", "n/a", "failed"):
+    for col in ("mean", "95% CI", *(["corpus"] if corpus else []), "scored", "n/a", "failed"):
         table.add_column(col, justify="right", no_wrap=True)  # numbers are never cut
     table.add_column("", no_wrap=True)
     for name, m in summaries.items():
@@ -101,9 +106,11 @@ def print_report(report: RunReport, out: Console) -> None:
     for status, count in report.statuses.items():
         head.add_row(status, str(count))
     out.print(head)
-    out.print(_metric_table("metrics (mean over conversations)", "conversations", report.metrics))
+    out.print(
+        _metric_table("metrics (mean over scored conversations)", "conversations", report.metrics)
+    )
     if report.turn_metrics:
-        title = "turn metrics (mean over the turns that ask for them)"
+        title = "turn metrics (mean over the scored turns that ask for them)"
         out.print(_metric_table(title, "turns", report.turn_metrics))
     figures = [f"{report.conversations} conversations"]
     if report.duration_s is not None:

@@ -26,7 +26,10 @@ SCORES``. Scorer
 variants read from the scores are correlated (Spearman and Pearson, scipy) with the mean
 human rating, and printed beside the published figures
 copied from the data folders' READMEs (Yeh et al. 2021 via exe1023/DialEvalMetrics,
-UniEval, DEAM, a FED replication). The script ends with a summary paragraph.
+UniEval, DEAM, a FED replication). A scorer is correlated over the transcripts it
+scored; a table gives, per metric and data set, the share of transcripts scored (the
+others are not applicable: nothing to check, or no evidence either way). The script
+ends with a summary paragraph.
 
 This is a benchmark script, not a test: it defines no test functions and importing it
 does nothing.
@@ -897,38 +900,66 @@ def summary(comparisons: list[Comparison], retention_note: str) -> str:
     return " ".join(parts)
 
 
+def applicability(all_scores: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Per metric and data set, the share of transcripts scored (with a value): the
+    correlations above are over those alone; the others are not applicable or failed."""
+    names = METRICS.split(",")
+    print("\n== Applicability: share of transcripts scored, per metric and data set ==")
+    print(f"     {'set':<18} {'transcripts':>11}" + "".join(f" {n:>17}" for n in names))
+    for key, scores in all_scores.items():
+        rows = list(scores.values())
+        cells = []
+        for name in names:
+            statuses = Counter((row.get(name) or {}).get("status") for row in rows)
+            cell = f"{statuses['ok'] / max(1, len(rows)):.0%}"
+            if statuses["failed"]:
+                cell += f" ({statuses['failed']} failed)"
+            cells.append(f" {cell:>17}")
+        print(f"     {key:<18} {len(rows):>11}" + "".join(cells))
+    print(
+        "   scored: the metric measured something (a value); the rest are not applicable "
+        "(nothing to check, or no evidence either way) unless counted as failed"
+    )
+
+
 def retention_status(all_scores: dict[str, dict[str, dict[str, Any]]]) -> str:
-    """How often reference-free context_retention applies to the free, human-rated
-    conversations, and how often it finds evidence (a recall or a forgetting)."""
+    """How often the user states something reference-free context_retention can check in
+    the free, human-rated conversations, and how often a later answer gives evidence
+    (a recall or a forgetting): only those are scored."""
     print("\n== context_retention without facts (reference-free) ==")
     print(
-        f"     {'set':<18} {'transcripts':>11} {'applicable':>11} {'evidence':>9} {'forgotten':>9}"
+        f"     {'set':<18} {'transcripts':>11} {'stated':>8} {'evidence':>9} {'scored':>8} "
+        f"{'forgotten':>9}"
     )
-    total = applicable = evidence = 0
+    total = stated_total = evidence = 0
     for key, scores in all_scores.items():
         rows = [row.get("context_retention") or {} for row in scores.values()]
-        valued = [s for s in rows if s.get("value") is not None]
-        seen = [s for s in valued if s["details"].get("evidence", 0) > 0]
-        forgot = [s for s in valued if s["details"].get("forgotten", 0) > 0]
-        total, applicable, evidence = (
+        stated = [s for s in rows if (s.get("details") or {}).get("checks", 0) > 0]
+        seen = [s for s in stated if s["details"].get("evidence", 0) > 0]
+        scored = [s for s in rows if s.get("value") is not None]
+        forgot = [s for s in stated if s["details"].get("forgotten", 0) > 0]
+        total, stated_total, evidence = (
             total + len(rows),
-            applicable + len(valued),
+            stated_total + len(stated),
             evidence + len(seen),
         )
         print(
-            f"     {key:<18} {len(rows):>11} {len(valued) / max(1, len(rows)):>11.0%} "
-            f"{len(seen) / max(1, len(valued)):>9.0%} {len(forgot):>9}"
+            f"     {key:<18} {len(rows):>11} {len(stated) / max(1, len(rows)):>8.0%} "
+            f"{len(seen) / max(1, len(stated)):>9.0%} {len(scored) / max(1, len(rows)):>8.0%} "
+            f"{len(forgot):>9}"
         )
     print(
-        "   applicable: the user stated something checkable (about themself, a number, name "
-        "or ID, an answer to the assistant's question); evidence: of those, a later answer "
-        "recalled or forgot one of them"
+        "   stated: in a transcript of two turns or more (one turn has nothing earlier to "
+        "keep), the user stated something checkable (about themself, a number, name or ID, "
+        "an answer to the assistant's question); evidence: of those, a later answer "
+        "recalled or forgot one of them; scored: of all, the transcripts with a value "
+        "(the others are not applicable: one turn, nothing stated, or no evidence)"
     )
     return (
-        f"context_retention without facts applied to {applicable} of {total} transcripts "
-        f"({applicable / max(1, total):.0%}), but found evidence (a recall or a forgetting) in "
-        f"only {evidence} of them: silence counts as kept, so its agreement with people cannot "
-        "be measured on this data."
+        f"context_retention without facts found something stated in {stated_total} of "
+        f"{total} transcripts ({stated_total / max(1, total):.0%}) and evidence (a recall or "
+        f"a forgetting) in only {evidence} of them: only those are scored, the rest are not "
+        "applicable, so its agreement with people rests on few transcripts here."
     )
 
 
@@ -1100,6 +1131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for d in datasets:
         if d.key == "fed-dialog":
             contradiction_auroc(d, all_scores[d.key])
+    applicability(all_scores)
     text = summary(comparisons, retention_status(all_scores))
     if args.limit is not None:
         text += f" (Run with --limit {args.limit}: small samples, indicative only.)"

@@ -274,6 +274,14 @@ def test_reference_free_retention_follows_back_references() -> None:
     assert silent.details["checks"] == 2 and silent.details["mode"] == "reference-free"
 
 
+def test_a_single_turn_run_reports_no_retention() -> None:
+    results = convsim.run_sync("single_turn_qa", "scripted", limit=4)
+    scores = [r.scores["context_retention"] for r in results]
+    assert scores and all(s.status == "not_applicable" for s in scores)  # it was 1.0
+    report = convsim.summarize(results).metrics["context_retention"]
+    assert report.mean is None and report.n == 0 and report.not_applicable == len(results)
+
+
 def test_single_turn_retention_is_not_applicable(tmp_path: Path) -> None:
     from convsim.metrics import score_transcript
 

@@ -235,12 +235,13 @@ class _FinanceScorer:
             return Score.not_applicable(
                 "nothing financial was said (no amount of money, no financial term) and "
                 "the scenario's domain is not finance",
-                turns=self.turns,
+                turns_read=self.turns,
             )
         return Score(
             value=mean(self.values),
             details={
                 **{k: mean([p[k] for p in self.parts]) for k in self.parts[0]},
                 "turns": len(self.values),
+                "turns_read": self.turns,
             },
         )

@@ -1,9 +1,11 @@
-"""The HTTP seam: post JSON, stream server-sent events; aiohttp by default, httpx on request.
+"""The HTTP seam: post JSON, stream server-sent events; aiohttp under asyncio, httpx under trio.
 
 Adapters never touch an HTTP library directly. Two implementations of the same small
-protocol exist: :class:`AiohttpTransport` (the default: measured several times faster
-than httpx's default transport at high concurrency) and :class:`HttpxTransport` (for
-httpx transports, proxies and auth, and for tests with ``httpx.MockTransport``). Both
+protocol exist: :class:`AiohttpTransport` (the default under asyncio: measured several
+times faster than httpx's default transport at high concurrency; asyncio only) and
+:class:`HttpxTransport` (the default under trio, and for httpx transports, proxies and
+auth, and for tests with ``httpx.MockTransport``); :func:`default_http_library` picks
+one for the running event loop. Both
 translate their library's failures into convsim's errors at this boundary: a timeout
 becomes :class:`~convsim.Timeout`, a refused or dropped connection a
 :class:`~convsim.ServerError` without a status code, and a connection that cannot be
@@ -25,9 +27,10 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
+import sniffio
 
 from convsim._errors import (
     EgressRefused,
@@ -52,8 +55,22 @@ __all__ = [
     "HttpTransport",
     "AiohttpTransport",
     "HttpxTransport",
+    "HttpLibrary",
+    "default_http_library",
     "JSON_HEADERS",
 ]
+
+HttpLibrary = Literal["aiohttp", "httpx"]
+
+
+def default_http_library() -> HttpLibrary:
+    """The seam for the running event loop: aiohttp under asyncio (the fastest there),
+    httpx under trio (aiohttp runs on asyncio only). Outside a loop: aiohttp."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return "aiohttp"
+    return "httpx" if library == "trio" else "aiohttp"
 
 
 @dataclass(frozen=True)

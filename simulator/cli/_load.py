@@ -20,6 +20,7 @@ from convsim._errors import ConfigError, parse_config
 from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
+from convsim.cli._spelling import respell_distribution, respell_synthetic
 
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
 
@@ -286,6 +287,9 @@ _Option = Callable[[Any], Any]
     "--synthetic",
     default=None,
     metavar="SPEC",
+    callback=lambda _ctx, param, value: (
+        None if value is None else respell_synthetic(value, param.opts[0])
+    ),
     help=f"Synthetic sessions (default {DEFAULT_SYNTHETIC}); values may be distributions, "
     "e.g. input_tokens=uniform:128,512; prefix_tokens=N adds a shared system prompt.",
 )
@@ -382,6 +386,7 @@ _Option = Callable[[Any], Any]
     "--think-time",
     default="0",
     show_default=True,
+    callback=lambda _ctx, param, value: respell_distribution(value, param.opts[0]),
     help="Between a session's turns: seconds or a distribution (exp:2, uniform:1,3).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -31,10 +31,11 @@ must not sleep again for a rounding error."""
 
 
 class _Waiter:
-    __slots__ = ("amount", "woken")
+    """One caller waiting for room: woken to look again (a new event each time)."""
 
-    def __init__(self, amount: float) -> None:
-        self.amount = amount
+    __slots__ = ("woken",)
+
+    def __init__(self) -> None:
         self.woken = anyio.Event()
 
 
@@ -90,7 +91,7 @@ class LeakyBucket:
             if self._fits(amount):  # the hot path: no wait, no checkpoint
                 self._level += amount
                 return
-        waiter = _Waiter(amount)
+        waiter = _Waiter()
         self._waiters.append(waiter)
         try:
             while True:

@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
-from aiolimiter import AsyncLimiter
+
+from ._bucket import LeakyBucket
 
 __all__ = [
     "BudgetLimits",
@@ -40,22 +41,13 @@ __all__ = [
 ]
 
 
-class _RefundableLimiter(AsyncLimiter):
-    """aiolimiter's leaky bucket, plus giving back what an estimate over-claimed."""
-
-    def refund(self, amount: float) -> None:
-        self._leak()
-        self._level = max(0.0, self._level - amount)
-        self._wake_next()
-
-
-def _pacer(per_minute: float, capacity: float) -> _RefundableLimiter:
+def _pacer(per_minute: float, capacity: float) -> LeakyBucket:
     """A leaky bucket of ``capacity`` draining at 99% of ``per_minute``.
 
     Any 60 s window then admits at most capacity + 0.99 x per_minute, which stays
     within a server's sliding-window limit when capacity <= 1% of it.
     """
-    return _RefundableLimiter(capacity, capacity * 60.0 / (0.99 * per_minute))
+    return LeakyBucket(capacity, capacity * 60.0 / (0.99 * per_minute))
 
 
 @dataclass(frozen=True)
@@ -108,8 +100,8 @@ class ProviderBudget:
     limits: BudgetLimits
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = anyio.sleep
-    _requests: _RefundableLimiter | None = None
-    _tokens: _RefundableLimiter | None = None
+    _requests: LeakyBucket | None = None
+    _tokens: LeakyBucket | None = None
     _paused_until: float = 0.0
     _cap: float | None = None
     """Calls the key may have in flight since a 429 (None: no cap); see rate_limited."""
@@ -175,7 +167,7 @@ class ProviderBudget:
             if self._requests is not None:
                 await self._requests.acquire()
             if self._tokens is not None:
-                tokens = min(tokens, self._tokens.max_rate)
+                tokens = min(tokens, self._tokens.capacity)
                 await self._tokens.acquire(tokens)
         finally:
             self._stats["waiting"] -= 1
@@ -196,7 +188,7 @@ class ProviderBudget:
                 self._tokens.refund(difference)
             elif difference < 0:
                 # over budget: claim the rest now, without waiting (the tokens are spent)
-                self._tokens._level += -difference
+                self._tokens.charge(-difference)
         if ok and self._cap is not None:
             # quick recovery: one more call in flight per success (the cap doubles per
             # round of calls), and no cap once back where the cut started

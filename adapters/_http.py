@@ -1,9 +1,11 @@
-"""The HTTP seam: post JSON, stream server-sent events; aiohttp by default, httpx on request.
+"""The HTTP seam: post JSON, stream server-sent events; aiohttp under asyncio, httpx under trio.
 
 Adapters never touch an HTTP library directly. Two implementations of the same small
-protocol exist: :class:`AiohttpTransport` (the default: measured several times faster
-than httpx's default transport at high concurrency) and :class:`HttpxTransport` (for
-httpx transports, proxies and auth, and for tests with ``httpx.MockTransport``). Both
+protocol exist: :class:`AiohttpTransport` (the default under asyncio: measured several
+times faster than httpx's default transport at high concurrency; asyncio only) and
+:class:`HttpxTransport` (the default under trio, and for httpx transports, proxies and
+auth, and for tests with ``httpx.MockTransport``); :func:`default_http_library` picks
+one for the running event loop. Both
 translate their library's failures into convsim's errors at this boundary: a timeout
 becomes :class:`~convsim.Timeout`, a refused or dropped connection a
 :class:`~convsim.ServerError` without a status code, and a connection that cannot be
@@ -25,10 +27,12 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
+import sniffio
 
+from convsim import _sse as sse
 from convsim._errors import (
     EgressRefused,
     LocalResourceError,
@@ -36,6 +40,7 @@ from convsim._errors import (
     ServerError,
     Timeout,
 )
+from convsim._sse import SSEEvent
 
 from ._egress import EgressBlocked, EgressPolicy
 
@@ -52,8 +57,22 @@ __all__ = [
     "HttpTransport",
     "AiohttpTransport",
     "HttpxTransport",
+    "HttpLibrary",
+    "default_http_library",
     "JSON_HEADERS",
 ]
+
+HttpLibrary = Literal["aiohttp", "httpx"]
+
+
+def default_http_library() -> HttpLibrary:
+    """The seam for the running event loop: aiohttp under asyncio (the fastest there),
+    httpx under trio (aiohttp runs on asyncio only). Outside a loop: aiohttp."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return "aiohttp"
+    return "httpx" if library == "trio" else "aiohttp"
 
 
 @dataclass(frozen=True)
@@ -77,12 +96,6 @@ class HttpResponse:
         return json.loads(self.body)
 
 
-@dataclass(frozen=True)
-class SSEEvent:
-    event: str | None
-    data: str
-
-
 def _size(n: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -101,84 +114,15 @@ def too_large(what: str, setting: str, limit: int) -> ResponseTooLarge:
     )
 
 
-_BOM = b"\xef\xbb\xbf"
+class SSEDecoder(sse.SSEDecoder):
+    """convsim's one server-sent-events decoder (:mod:`convsim._sse`), its size limit
+    named as the adapter argument that sets it."""
 
-
-class SSEDecoder:
-    """Incremental server-sent-events parser (the ``event:`` and ``data:`` fields).
-
-    With ``max_event_bytes``, a line or an event (its data lines together) longer than
-    that raises :class:`~convsim.ResponseTooLarge` instead of growing without end.
-    """
-
-    def __init__(self, max_event_bytes: int | None = None) -> None:
-        self._buffer = bytearray()
-        """An unfinished line (whole lines are taken at each feed)."""
-        self._event: str | None = None
-        self._data: list[str] = []
-        self._data_bytes = 0
-        self._started = False
-        self._limit = max_event_bytes
+    __slots__ = ()
 
     def _too_large(self) -> ResponseTooLarge:
-        assert self._limit is not None
-        return too_large("a server-sent event", "max_event_bytes", self._limit)
-
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
-        buffer = self._buffer
-        held = len(buffer)  # no newline in it: the last feed consumed every whole line
-        buffer += chunk
-        if not self._started:  # a byte-order mark may open the stream, in any pieces
-            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
-                return []
-            self._started = True
-            if buffer.startswith(_BOM):
-                del buffer[: len(_BOM)]
-                held = max(0, held - len(_BOM))
-        last = buffer.rfind(b"\n", held)
-        if last < 0:
-            if self._limit is not None and len(buffer) > self._limit:
-                raise self._too_large()  # a line that never ends
-            return []
-        # whole lines only: a newline is ASCII, so no character is cut in two
-        text = buffer[:last].decode("utf-8", errors="replace")
-        del buffer[: last + 1]
-        events: list[SSEEvent] = []
-        data = self._data
-        for line in text.split("\n"):
-            if line.endswith("\r"):
-                line = line[:-1]
-            if not line:
-                if data:
-                    events.append(SSEEvent(self._event, "\n".join(data)))
-                    data = self._data = []
-                self._event, self._data_bytes = None, 0
-            elif line.startswith("data:"):
-                value = line[6:] if line.startswith("data: ") else line[5:]
-                data.append(value)
-                self._data_bytes += len(line)
-                # characters undercount bytes by up to four times: count exactly only
-                # when that could matter
-                if self._limit is not None and self._data_bytes * 4 > self._limit:
-                    self._data_bytes = sum(len(v.encode()) + 6 for v in data)
-                    if self._data_bytes > self._limit:
-                        raise self._too_large()
-            elif line.startswith(":"):
-                continue  # a comment (keep-alive)
-            else:
-                name, _, value = line.partition(":")
-                if name == "event":
-                    self._event = value[1:] if value.startswith(" ") else value
-        if self._limit is not None and len(buffer) > self._limit:
-            raise self._too_large()  # a line that never ends
-        return events
-
-    def flush(self) -> list[SSEEvent]:
-        """At the end of the stream: an unfinished event is discarded, as the SSE
-        specification says (a stream cut mid-event then reads as incomplete)."""
-        self._buffer = bytearray()
-        self._event, self._data, self._data_bytes = None, [], 0
-        return []
+        assert self.max_event_bytes is not None
+        return too_large("a server-sent event", "max_event_bytes", self.max_event_bytes)
 
 
 async def read_limited(

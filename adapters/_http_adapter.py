@@ -16,7 +16,7 @@ import socket
 import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal, NamedTuple, NoReturn, Protocol
+from typing import Any, ClassVar, NamedTuple, NoReturn, Protocol
 from urllib.parse import urlsplit
 
 import anyio
@@ -55,12 +55,14 @@ from ._http import (
     JSON_HEADERS,
     PROBE_BODY_LIMIT,
     AiohttpTransport,
+    HttpLibrary,
     HttpTimeouts,
     HttpTransport,
     HttpxTransport,
     SSEDecoder,
     SSEEvent,
     StreamResponse,
+    default_http_library,
     read_limited,
     too_large,
 )
@@ -119,7 +121,9 @@ class HttpAdapterConfig(BaseModel):
     """The longest Retry-After (seconds) a 429 is waited for. A longer one (a daily
     quota used up) fails the call with QuotaExhausted, and the key then refuses calls
     for this long instead of pausing them for as long as the server asked."""
-    http: Literal["aiohttp", "httpx"] = "aiohttp"
+    http: HttpLibrary | None = None
+    """The HTTP library: ``aiohttp`` or ``httpx``; by default aiohttp under asyncio and
+    httpx under trio (aiohttp runs on asyncio only)."""
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
     """The largest answer read, in bytes after decompression (a whole stream counts);
     beyond it the call fails with ResponseTooLarge rather than filling memory."""
@@ -326,7 +330,7 @@ class HttpModelAdapter(ModelAdapter):
         """Where this adapter's calls may go (None: anywhere); checked at every
         connection. A policy needs convsim's aiohttp transport."""
         if egress is not None:
-            if cfg.http != "aiohttp" or transport is not None:
+            if cfg.http == "httpx" or transport is not None:
                 raise ConfigError("an egress policy needs the aiohttp transport (drop http=httpx)")
             egress.check_url(self.base_url)
         self._api_key = self._resolve_key(env)
@@ -513,10 +517,22 @@ class HttpModelAdapter(ModelAdapter):
             await self._transport.aclose()
 
     def _http(self) -> HttpTransport:
+        """The transport, built at the first call (in the event loop it will run on)."""
         if self._transport is None:
+            running = default_http_library()
+            # an egress policy is checked by convsim's aiohttp resolver: never dropped
+            library = self.config.http or ("aiohttp" if self.egress is not None else running)
+            if library == "aiohttp" and running != "aiohttp":
+                raise ConfigError(
+                    "an egress policy needs aiohttp, which runs under asyncio only: run "
+                    "under asyncio"
+                    if self.egress is not None
+                    else "http=aiohttp runs under asyncio only; under trio drop it "
+                    "(httpx is the default there)"
+                )
             self._transport = (
                 AiohttpTransport(pool_size=self._concurrency, egress=self.egress)
-                if self.config.http == "aiohttp"
+                if library == "aiohttp"
                 else HttpxTransport(pool_size=self._concurrency)
             )
         return self._transport

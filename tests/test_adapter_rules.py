@@ -8,8 +8,6 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import write_pack
-from hypothesis import given
-from hypothesis import strategies as st
 
 import convsim
 from convsim import ConfigError, ProtocolError, RateLimited
@@ -324,61 +322,3 @@ async def test_model_info_says_whether_stream_works(
     if not streams:  # the base's refusal, before any request
         with pytest.raises(ConfigError, match=r"^http models do not stream$"):
             await adapter.stream([Message(role="user", content="hi")], GenerationParams(), print)
-
-
-def _events_by_the_spec(stream: bytes) -> list[tuple[str | None, str]]:
-    """Server-sent events of a whole stream, read line by line as the SSE specification
-    says (LF or CRLF line ends, a leading BOM dropped, an unfinished event discarded)."""
-    text = stream.decode("utf-8", errors="replace")
-    text = text.removeprefix("\ufeff")
-    events: list[tuple[str | None, str]] = []
-    name: str | None = None
-    data: list[str] = []
-    lines = text.split("\n")
-    for line in lines[:-1]:  # the last piece has no line end: unfinished
-        line = line.removesuffix("\r")
-        if line == "":
-            if data:
-                events.append((name, "\n".join(data)))
-            name, data = None, []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "data":
-            data.append(value)
-        elif field == "event":
-            name = value
-    return events
-
-
-_SSE_LINES = st.sampled_from(
-    [
-        b"data: x", b"data:y", b'data: {"a": 1}', b"data: \xc3\xa9t\xc3\xa9",
-        b"data: \xf0\x9f\x98\x80", b"event: delta", b"event:done", b": keep-alive",
-        b"id: 7", b"", b"data:", b"retry: 10", b"data: [DONE]", b"data: \xff\xfe broken",
-    ]
-)  # fmt: skip
-
-
-@given(
-    lines=st.lists(_SSE_LINES, max_size=30),
-    ends=st.lists(st.sampled_from([b"\n", b"\r\n"]), min_size=30, max_size=30),
-    bom=st.booleans(),
-    cuts=st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=40),
-)
-def test_sse_decoder_reads_any_split_as_the_spec_reads_the_whole(
-    lines: list[bytes], ends: list[bytes], bom: bool, cuts: list[int]
-) -> None:
-    stream = (b"\xef\xbb\xbf" if bom else b"") + b"".join(
-        line + end for line, end in zip(lines, ends, strict=False)
-    )
-    decoder = SSEDecoder(max_event_bytes=1 << 20)
-    got: list[tuple[str | None, str]] = []
-    position, k = 0, 0
-    while position < len(stream):
-        size = cuts[k % len(cuts)]
-        got += [(e.event, e.data) for e in decoder.feed(stream[position : position + size])]
-        position, k = position + size, k + 1
-    assert got == _events_by_the_spec(stream)

@@ -501,14 +501,14 @@ async def test_simulator_binds_one_budget_to_model_and_user_model(tmp_path: Path
 
 async def test_rpm_is_smoothed_to_evenly_spaced_requests() -> None:
     budget = ProviderBudget("k", BudgetLimits(rpm=600))
-    assert budget._requests is not None and budget._requests.max_rate == 1
+    assert budget._requests is not None and budget._requests.capacity == 1
     await budget.acquire(1)
     assert not budget._requests.has_capacity()  # not 600 at once: one at a time
     # drained at 99% of the rate, so no 60 s window of a server sees more than 600
-    assert budget._requests.time_period == pytest.approx(60 / (0.99 * 600))
+    assert budget._requests.period == pytest.approx(60 / (0.99 * 600))
 
     slow = ProviderBudget("k", BudgetLimits(rpm=30))
-    assert slow._requests is not None and slow._requests.max_rate == 1
+    assert slow._requests is not None and slow._requests.capacity == 1
     await slow.acquire(1)
     assert not slow._requests.has_capacity()
 
@@ -524,7 +524,7 @@ TPM = 1_000_000  # the token bucket holds 1% of the minute's budget: 10,000 toke
 async def test_tokens_over_claimed_are_given_back() -> None:
     budget = ProviderBudget("k", BudgetLimits(tpm=TPM))
     tokens = budget._tokens
-    assert tokens is not None and tokens.max_rate == 10_000
+    assert tokens is not None and tokens.capacity == 10_000
     permit = await budget.acquire(9000)
     assert permit.tokens == 9000
     assert not tokens.has_capacity(5000)
@@ -535,7 +535,7 @@ async def test_tokens_over_claimed_are_given_back() -> None:
 
 async def test_a_small_token_budget_caps_a_long_claim_to_its_bucket() -> None:
     budget = ProviderBudget("k", BudgetLimits(tpm=6000))  # 1%: 60 tokens at once
-    assert budget._tokens is not None and budget._tokens.max_rate == 60
+    assert budget._tokens is not None and budget._tokens.capacity == 60
     permit = await budget.acquire(5000)  # admitted, paced as one full bucket
     assert permit.tokens == 60
 

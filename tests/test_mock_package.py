@@ -33,8 +33,8 @@ def test_all_is_complete() -> None:
 
 def test_config_statistics_and_delays_pickle_by_their_public_path() -> None:
     config = MockServerConfig(
-        ttft_ms="uniform:20:80",
-        itl_ms="normal:5:1",
+        ttft_ms="uniform:20,80",
+        itl_ms="normal:5,1",
         faults={"429": 1.0, "stream_drop": 2.0},
         fault_rate=0.1,
         api_key="sk-test",

@@ -522,7 +522,7 @@ async def test_zero_delays_never_sleep() -> None:
         await client.post("/generate", json={"prompt": USER})
     assert sleeps.calls == []
     sleeps = Sleeps()
-    async with serve(sleep=sleeps, ttft_ms="uniform:0:0", itl_ms="normal:-5:0") as (_, client):
+    async with serve(sleep=sleeps, ttft_ms="uniform:0,0", itl_ms="normal:0,0") as (_, client):
         await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert sleeps.calls == []
 
@@ -821,10 +821,11 @@ async def test_statistics_count_requests_by_endpoint() -> None:
         (12.5, "fixed", (12.5,)),
         ("50", "fixed", (50.0,)),
         ("fixed:7", "fixed", (7.0,)),
-        ("uniform:20:80", "uniform", (20.0, 80.0)),
+        ("uniform:20,80", "uniform", (20.0, 80.0)),
         (" exp:30 ", "exp", (30.0,)),
-        ("normal:50:10", "normal", (50.0, 10.0)),
-        ("normal:-5:1", "normal", (-5.0, 1.0)),
+        ("normal:50,10", "normal", (50.0, 10.0)),
+        ("normal:50,10,20,60", "normal", (50.0, 10.0, 20.0, 60.0)),
+        ("lognormal:50,10", "lognormal", (50.0, 10.0)),
     ],
 )
 def test_delay_parses_numbers_and_forms(value: Any, kind: str, params: tuple[float, ...]) -> None:
@@ -850,6 +851,11 @@ def test_delay_parses_numbers_and_forms(value: Any, kind: str, params: tuple[flo
         "exp:x",
         "normal:5",
         "normal:5:-1",
+        "normal:-5,1",
+        "normal:5,1,9,2",
+        "lognormal:0,1",
+        "exp:0",
+        "uniform:1,2:3,4",
         "gamma:1:2",
         "nan",
         float("inf"),
@@ -866,7 +872,7 @@ def test_delay_rejects_bad_forms(value: Any) -> None:
 
 
 def test_delay_samples_are_seeded_and_never_negative() -> None:
-    for spec in ("uniform:20:80", "exp:30", "normal:5:50"):
+    for spec in ("uniform:20,80", "exp:30", "normal:5,50", "lognormal:20,10,5,40"):
         delay = Delay.parse(spec)
         a = [delay.sample(random.Random(1)) for _ in range(3)]
         draws = [delay.sample(random.Random(1)) for _ in range(3)]
@@ -874,13 +880,15 @@ def test_delay_samples_are_seeded_and_never_negative() -> None:
         rng = random.Random(2)
         samples = [delay.sample(rng) for _ in range(500)]
         assert min(samples) >= 0
-    assert min(Delay.parse("uniform:20:80").sample(random.Random(i)) for i in range(50)) >= 20
-    assert any(Delay.parse("normal:5:50").sample(random.Random(i)) == 0 for i in range(50))
+    assert min(Delay.parse("uniform:20,80").sample(random.Random(i)) for i in range(50)) >= 20
+    assert any(Delay.parse("normal:5,50").sample(random.Random(i)) == 0 for i in range(50))
+    bounded = [Delay.parse("lognormal:20,10,5,40").sample(random.Random(i)) for i in range(200)]
+    assert min(bounded) >= 5 and max(bounded) <= 40 and len(set(bounded)) > 100
     assert Delay.parse("fixed:0").is_zero and not Delay.parse("exp:1").is_zero
 
 
 def test_config_defaults_and_validation() -> None:
-    config = MockServerConfig(ttft_ms=50, itl_ms="uniform:1:3")
+    config = MockServerConfig(ttft_ms=50, itl_ms="uniform:1,3")
     assert config.ttft_ms == Delay("fixed", (50.0,))
     assert config.itl_ms.kind == "uniform"
     assert config.faults == dict.fromkeys(FAULT_KINDS, 1)
@@ -897,7 +905,7 @@ def test_config_defaults_and_validation() -> None:
         "split_surrogate",
     )
     assert MockServerConfig().ttft_ms.is_zero and MockServerConfig().port == 0
-    assert config.model_dump()["itl_ms"] == "uniform:1:3"
+    assert config.model_dump()["itl_ms"] == "uniform:1,3"
     for bad in (
         {"output_tokens": 0},
         {"fault_rate": 1.5},

@@ -88,7 +88,7 @@ def test_published_values_pickle_by_their_public_path() -> None:
     score = convsim.Score.not_applicable("nothing to measure")
     assert b"convsim\n" in pickle.dumps(score, protocol=0) or b"convsim" in pickle.dumps(score)
     assert pickle.loads(pickle.dumps(score)) == score
-    config = MockServerConfig(ttft_ms="uniform:20:80", fault_rate=0.05)
+    config = MockServerConfig(ttft_ms="uniform:20,80", fault_rate=0.05)
     assert pickle.loads(pickle.dumps(config)) == config
 
 

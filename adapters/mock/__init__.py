@@ -3,7 +3,7 @@
 ```python
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 
-async with MockModelServer(MockServerConfig(ttft_ms="uniform:20:80", fault_rate=0.05)) as server:
+async with MockModelServer(MockServerConfig(ttft_ms="uniform:20,80", fault_rate=0.05)) as server:
     ...  # point an OpenAI client at server.base_url
 ```
 

@@ -24,7 +24,7 @@ class MockServerConfig(BaseModel):
     port: int = Field(default=0, ge=0, le=65535)
     """TCP port; 0 picks a free one (read it from ``MockModelServer.url``)."""
     ttft_ms: Delay = Delay()
-    """Time to the first token: a number of ms or a Delay form such as ``"uniform:20:80"``."""
+    """Time to the first token: a number of ms or a Delay form such as ``"uniform:20,80"``."""
     itl_ms: Delay = Delay()
     """Inter-token latency: the gap between streamed tokens (same forms as ``ttft_ms``)."""
     output_tokens: int | None = Field(default=None, gt=0)

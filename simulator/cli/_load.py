@@ -23,6 +23,7 @@ from convsim.cli._console import stdout as _stdout
 from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
 from convsim.cli._options import junit_option
 from convsim.cli._outputs import write_junit_report
+from convsim.cli._spelling import respell_distribution, respell_synthetic
 
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
 
@@ -294,6 +295,9 @@ _Option = Callable[[Any], Any]
     "--synthetic",
     default=None,
     metavar="SPEC",
+    callback=lambda _ctx, param, value: (
+        None if value is None else respell_synthetic(value, param.opts[0])
+    ),
     help=f"Synthetic sessions (default {DEFAULT_SYNTHETIC}); values may be distributions, "
     "e.g. input_tokens=uniform:128,512; prefix_tokens=N adds a shared system prompt.",
 )
@@ -390,6 +394,7 @@ _Option = Callable[[Any], Any]
     "--think-time",
     default="0",
     show_default=True,
+    callback=lambda _ctx, param, value: respell_distribution(value, param.opts[0]),
     help="Between a session's turns: seconds or a distribution (exp:2, uniform:1,3).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)

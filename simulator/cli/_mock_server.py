@@ -15,19 +15,23 @@ from ._console import (
     EXIT_BAD_INPUT,
 )
 from ._console import stderr as _stderr
+from ._spelling import respell_distribution
 
 if TYPE_CHECKING:
     pass
 
 
 class _DelayType(click.ParamType):
-    """Milliseconds, or a Delay form: fixed:MS, uniform:LO:HI, exp:MEAN, normal:MEAN:SD."""
+    """Milliseconds, or a distribution of them: fixed:MS, uniform:MIN,MAX,
+    normal:MEAN,STD[,MIN,MAX], lognormal:MEAN,STD[,MIN,MAX], exp:MEAN."""
 
     name = "DELAY"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
         from ..adapters.mock import Delay
 
+        if isinstance(value, str):
+            value = respell_distribution(value, param.opts[0] if param else "delay")
         try:
             return Delay.parse(value)
         except ValueError as exc:
@@ -143,7 +147,8 @@ def mock_server(
 
     Endpoints: /v1/models, /v1/chat/completions, /v1/completions, /generate and
     /tokenize; min_tokens and ignore_eos are honoured as vLLM does.
-    Delays take milliseconds or fixed:MS, uniform:LO:HI, exp:MEAN, normal:MEAN:SD.
+    Delays take milliseconds or a distribution of them: fixed:MS, uniform:MIN,MAX,
+    normal:MEAN,STD[,MIN,MAX], lognormal:MEAN,STD[,MIN,MAX], exp:MEAN.
     """
     from pydantic import ValidationError
 

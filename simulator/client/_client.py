@@ -17,6 +17,8 @@ from tenacity import (
     wait_exponential,
 )
 
+from convsim._sse import SSEDecoder
+
 __all__ = [
     "EvaluationClient",
     "AsyncEvaluationClient",
@@ -138,31 +140,6 @@ def _body(
     return body
 
 
-class _Events:
-    """Server-sent events from lines, as they arrive: ``feed`` gives an event when a
-    blank line ends one."""
-
-    def __init__(self) -> None:
-        self.event: str | None = None
-        self.ident: str | None = None
-        self.data: list[str] = []
-
-    def feed(self, line: str) -> tuple[str | None, str | None, str] | None:
-        if not line:
-            done = (self.event, self.ident, "\n".join(self.data)) if self.data else None
-            self.event, self.ident, self.data = None, None, []
-            return done
-        field_name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field_name == "event":
-            self.event = value
-        elif field_name == "id":
-            self.ident = value
-        elif field_name == "data":
-            self.data.append(value)
-        return None
-
-
 class EvaluationClient:
     """The evaluation service from synchronous code."""
 
@@ -256,16 +233,13 @@ class EvaluationClient:
                     if response.status_code >= 400:
                         response.read()
                         _raise_for(response)
-                    parser = _Events()
-                    for line in response.iter_lines():
-                        found = parser.feed(line)
-                        if found is None:
-                            continue
-                        event, ident, data = found
-                        if event == "end":
-                            return
-                        last = ident or last
-                        yield json.loads(data)
+                    decoder = SSEDecoder()
+                    for chunk in response.iter_bytes():
+                        for event in decoder.feed(chunk):
+                            if event.event == "end":
+                                return
+                            last = event.id or last
+                            yield json.loads(event.data)
                 return
             except httpx.TransportError:
                 time.sleep(0.5)  # the server went away: reconnect from the last id
@@ -361,12 +335,9 @@ class AsyncEvaluationClient:
             if response.status_code >= 400:
                 await response.aread()
                 _raise_for(response)
-            parser = _Events()
-            async for line in response.aiter_lines():
-                found = parser.feed(line)
-                if found is None:
-                    continue
-                event, _, data = found
-                if event == "end":
-                    return
-                yield json.loads(data)
+            decoder = SSEDecoder()
+            async for chunk in response.aiter_bytes():
+                for event in decoder.feed(chunk):
+                    if event.event == "end":
+                        return
+                    yield json.loads(event.data)

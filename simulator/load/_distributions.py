@@ -1,10 +1,12 @@
 """Distributions of token counts and think times, written as short text on the command line.
 
-Forms: ``64`` (fixed), ``uniform:MIN,MAX``, ``normal:MEAN,STD[,MIN,MAX]``,
+Forms (:mod:`convsim._distribution_text`, the mock server's delays read the same):
+``64`` or ``fixed:64``, ``uniform:MIN,MAX``, ``normal:MEAN,STD[,MIN,MAX]``,
 ``lognormal:MEAN,STD[,MIN,MAX]`` (MEAN and STD of the values themselves, not of their
 logarithm) and ``exp:MEAN``. Every quantity here is a count or a duration, so samples
 are clipped to ``[MIN, MAX]`` with MIN 0 by default. Token counts are sampled as
-integers (rounded to the nearest).
+integers (rounded to the nearest). The old spelling with colons (``uniform:1:3``) is
+read with a :class:`DeprecationWarning`.
 
 :func:`parse_synthetic` reads ``--synthetic turns=3,input_tokens=256,output_tokens=64``.
 """
@@ -12,6 +14,7 @@ integers (rounded to the nearest).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Annotated, Literal, Protocol, runtime_checkable
 
@@ -19,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from convsim._distribution_text import FORMS, DeprecatedSpelling, read_distribution
 from convsim._errors import ConfigError
 
 __all__ = [
@@ -33,8 +37,6 @@ __all__ = [
     "SyntheticWorkload",
     "parse_synthetic",
 ]
-
-FORMS = "N, uniform:MIN,MAX, normal:MEAN,STD[,MIN,MAX], lognormal:MEAN,STD[,MIN,MAX], exp:MEAN"
 
 
 @runtime_checkable
@@ -158,16 +160,6 @@ AnyDistribution = Annotated[
 ]
 
 
-def _numbers(text: str, args: str, what: str) -> list[float]:
-    try:
-        values = [float(a) for a in args.split(",")]
-    except ValueError:
-        raise _error(text, what, "not a number") from None
-    if not all(math.isfinite(v) and v >= 0 for v in values):
-        raise _error(text, what, "every number must be finite and 0 or more")
-    return values
-
-
 def _error(text: str, what: str, reason: str) -> ConfigError:
     return ConfigError(f"invalid {what} {text!r}: {reason}; expected one of: {FORMS}")
 
@@ -175,18 +167,6 @@ def _error(text: str, what: str, reason: str) -> ConfigError:
 def _whole(text: str, what: str, integer: bool, *values: float) -> None:
     if integer and not all(v == int(v) for v in values if math.isfinite(v)):
         raise _error(text, what, "token counts and their bounds must be whole numbers")
-
-
-def _with_bounds(
-    text: str, what: str, name: str, values: list[float]
-) -> tuple[float, float, float, float]:
-    if len(values) not in (2, 4):
-        raise _error(text, what, f"{name} takes MEAN,STD or MEAN,STD,MIN,MAX")
-    mean, std = values[0], values[1]
-    low, high = (values[2], values[3]) if len(values) == 4 else (0.0, math.inf)
-    if low > high:
-        raise _error(text, what, "MIN is above MAX")
-    return mean, std, low, high
 
 
 def parse_distribution(
@@ -203,31 +183,30 @@ def parse_distribution(
         ConfigError: naming ``text`` and the forms expected.
     """
     text = text.strip()
-    name, sep, args = text.partition(":")
-    if not sep:
-        [value] = _numbers(text, text, what)
-        _whole(text, what, integer, value)
-        return Fixed(value, integer)
-    name = name.strip().lower()
-    values = _numbers(text, args, what)
-    if name == "uniform":
-        if len(values) != 2 or values[0] > values[1]:
-            raise _error(text, what, "uniform takes MIN,MAX with MIN <= MAX")
-        _whole(text, what, integer, *values)
-        return Uniform(values[0], values[1], integer)
-    if name in ("normal", "lognormal"):
-        mean, std, low, high = _with_bounds(text, what, name, values)
-        _whole(text, what, integer, low, high)
-        if name == "normal":
-            return Normal(mean, std, low, high, integer)
-        if mean <= 0:
-            raise _error(text, what, "lognormal needs a MEAN above 0")
-        return LogNormal(mean, std, low, high, integer)
-    if name == "exp":
-        if len(values) != 1 or values[0] <= 0:
-            raise _error(text, what, "exp takes one MEAN above 0")
-        return Exponential(values[0], integer)
-    raise _error(text, what, f"unknown distribution {name!r}")
+    try:
+        read = read_distribution(text)
+    except ValueError as exc:
+        raise _error(text, what, str(exc)) from None
+    if read.respelled is not None:
+        warnings.warn(
+            f"{what} {text!r}: numbers apart with ':' are deprecated; write {read.respelled!r}",
+            DeprecatedSpelling,
+            stacklevel=2,
+        )
+    n = read.numbers
+    if read.kind == "fixed":
+        _whole(text, what, integer, n[0])
+        return Fixed(n[0], integer)
+    if read.kind == "uniform":
+        _whole(text, what, integer, *n)
+        return Uniform(n[0], n[1], integer)
+    if read.kind == "exp":
+        return Exponential(n[0], integer)
+    low, high = (n[2], n[3]) if len(n) == 4 else (0.0, math.inf)
+    _whole(text, what, integer, low, high)
+    if read.kind == "normal":
+        return Normal(n[0], n[1], low, high, integer)
+    return LogNormal(n[0], n[1], low, high, integer)
 
 
 class SyntheticWorkload(BaseModel):

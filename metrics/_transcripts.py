@@ -14,7 +14,6 @@ scenario format; a turn is named ``t3`` or given by its number, 3 (or "3" as a k
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import anyio
+import sniffio
 from pydantic import ValidationError
 
 from convsim._errors import ConfigError, PackError, PackProblem, ProblemLog
@@ -309,9 +309,10 @@ async def _ascore(session: ScoringSession, turns: Iterable[TurnRecord]) -> dict[
 
 
 def _loop_running() -> bool:
+    """Whether an event loop (asyncio's or trio's) runs in this thread."""
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
         return False
     return True
 

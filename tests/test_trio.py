@@ -130,3 +130,13 @@ async def test_aiohttp_asked_for_under_trio_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="asyncio only; under trio drop it"):
         await model.generate([Message(role="user", content="hi")], GenerationParams())
     await model.aclose()
+
+
+async def test_run_sync_under_trio_is_refused_with_convsims_message(tmp_path: Path) -> None:
+    """Under trio too, run_sync says to use the async API (not trio's own error)."""
+    from convsim import run_sync
+
+    pack = two_turn_pack(tmp_path, 1)
+    with pytest.raises(ConfigError, match="async with Simulator"):
+        run_sync(pack, "scripted", out=tmp_path / "never.jsonl")
+    assert not (tmp_path / "never.jsonl").exists()

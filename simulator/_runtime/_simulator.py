@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
@@ -12,6 +11,7 @@ from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
+import sniffio
 
 from convsim.adapters import ADAPTERS, Budgets, ModelAdapter, ModelPool, ResponseCache
 from convsim.metrics import DEFAULT_METRICS, METRICS, JudgeSettings, Metric, judged
@@ -455,8 +455,8 @@ def run_sync(
     Refuses to run inside a running event loop: use ``async with Simulator(...)`` there.
     """
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+        sniffio.current_async_library()  # asyncio's or trio's loop alike
+    except sniffio.AsyncLibraryNotFoundError:
         pass
     else:
         raise ConfigError(

@@ -13,15 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
+from rich.text import Text
 
 from convsim._errors import ConfigError, parse_config
 from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
 
+from .._plural import counted
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
+from ..results._fit import Cell, across_tables, print_all, row_table, wrapped
 
 if TYPE_CHECKING:
     from ..load._monitor import Progress
@@ -49,14 +52,11 @@ def _label(point: PointResult) -> str:
     return "trace"
 
 
-def _points_table(points: list[PointResult], slo: bool) -> Table:
-    """Figures down, points across: fits a narrow terminal even for a sweep."""
-    table = Table(title="Load test (latencies in ms)", title_justify="left")
-    table.add_column("")
-    for p in points:
-        table.add_column(_label(p), justify="right")
-    rows: list[tuple[str, list[str]]] = [
-        ("valid", ["yes" if p.valid else "[red]NO[/]" for p in points]),
+def _points_tables(points: list[PointResult], slo: bool, console: Console) -> list[Any]:
+    """Figures down, points across: split into as many tables as it takes for a sweep
+    to fit the console, no figure cut."""
+    rows: list[tuple[str, list[Cell]]] = [
+        ("valid", ["yes" if p.valid else Text("NO", style="red") for p in points]),
         ("sessions/s", [_fmt(p.achieved_rate, 2) for p in points]),
         ("requests/s", [_fmt(p.throughput.requests_per_s, 1) for p in points]),
         ("output tokens/s", [_fmt(p.throughput.output_tokens_per_s, 0) for p in points]),
@@ -100,24 +100,43 @@ def _points_table(points: list[PointResult], slo: bool) -> Table:
                 ],
             )
         )
-    for name, cells in rows:
-        table.add_row(name, *cells)
-    return table
+    labels = _labels(points)
+    items = {label: [cells[i] for _, cells in rows] for i, label in enumerate(labels)}
+    heads = [name for name, _ in rows]
+    return across_tables(console, "Load test (latencies in ms)", "", items, heads)
 
 
-def _turn_table(point: PointResult) -> Table:
-    table = Table(title="By turn depth (ms: p50 / p99)", title_justify="left")
-    for name in ("turn", "requests", "messages sent", "TTFT", "E2E"):
-        table.add_column(name, justify="right")
-    for t in point.by_turn:
-        table.add_row(
+def _labels(points: list[PointResult]) -> list[str]:
+    """Each point's label, made unique (two points at the same rate get #2, #3...)."""
+    seen: dict[str, int] = {}
+    labels = []
+    for p in points:
+        label = _label(p)
+        seen[label] = seen.get(label, 0) + 1
+        labels.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return labels
+
+
+def _turn_tables(point: PointResult, console: Console) -> list[Any]:
+    rows: list[list[Cell]] = [
+        [
             str(t.turn_index),
             str(t.count),
             f"{t.mean_history_messages:.1f}",
             f"{_fmt(t.ttft_ms.p50)} / {_fmt(t.ttft_ms.p99)}",
             f"{_fmt(t.e2e_ms.p50)} / {_fmt(t.e2e_ms.p99)}",
-        )
-    return table
+        ]
+        for t in point.by_turn
+    ]
+    heads = ["turn", "requests", "messages sent", "TTFT", "E2E"]
+    return row_table(console, "By turn depth (ms: p50 / p99)", heads, rows)
+
+
+def _say(out: Console, text: str, label: tuple[str, str] | None = None) -> None:
+    """A line of the summary, word-wrapped to the console; ``label`` (its text and
+    style) before it."""
+    line = Text(text) if label is None else Text.assemble(label, " ", text)
+    out.print(wrapped(out, line), highlight=False)
 
 
 def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
@@ -125,28 +144,30 @@ def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
 
     out = _stdout()
     points: list[PointResult] = list(result.points) if isinstance(result, SweepResult) else [result]
-    out.print(_points_table(points, slo))
+    print_all(out, _points_tables(points, slo, out))
     main = (
         points[-1]
         if not isinstance(result, SweepResult)
         else max(points, key=lambda p: p.throughput.requests_per_s)
     )
     if main.by_turn:
-        out.print(_turn_table(main))
+        print_all(out, _turn_tables(main, out))
     for p in points:
         c, conv = p.client, p.conversations
-        line = f"{_label(p)}: {p.requests.completed} requests completed, {p.requests.failed} failed"
+        completed = counted(p.requests.completed, "request", grouped=True)
+        line = f"{_label(p)}: {completed} completed, {p.requests.failed:,} failed"
         if p.requests.errors_by_class:
             line += (
                 " (" + ", ".join(f"{k} {v}" for k, v in p.requests.errors_by_class.items()) + ")"
             )
         if conv is not None:
-            line += f"; {conv.completed} conversations completed ({conv.per_s:.2f}/s)"
+            done = counted(conv.completed, "conversation", grouped=True)
+            line += f"; {done} completed ({conv.per_s:.2f}/s)"
             if conv.meeting_slo_share is not None:
                 line += f", {conv.meeting_slo_share:.0%} meeting every SLO"
         if c is not None:
             line += (
-                f"; client CPU {c.cpu_cores:.2f} cores over {c.workers} worker(s), "
+                f"; client CPU {c.cpu_cores:.2f} cores over {counted(c.workers, 'worker')}, "
                 f"loop lag p99 {_fmt(c.event_loop_lag_ms.p99, 2)} ms, "
                 f"in flight mean {c.mean_in_flight:.1f} max {c.max_in_flight}"
             )
@@ -155,21 +176,22 @@ def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
                 f"; input length error {p.input_tokens.error_pct_p50:+.1f}% median, "
                 f"{p.input_tokens.error_pct_max:.1f}% at most ({p.input_tokens.method})"
             )
-        out.print(line, highlight=False)
+        _say(out, line)
         for reason in p.invalid_reasons:
-            out.print(f"[bold red]invalid:[/] {reason}", highlight=False)
+            _say(out, reason, ("invalid:", "bold red"))
     for note in dict.fromkeys(n for p in points for n in p.notes):
-        out.print(f"note: {note}", highlight=False)
+        _say(out, note, ("note:", ""))
     if result.partial:
         measured = (
-            f"{len(points)} point(s) measured"
+            f"{counted(len(points), 'point')} measured"
             if isinstance(result, SweepResult)
             else f"{points[0].duration_s:.1f} s measured"
         )
-        out.print(
-            f"[bold yellow]partial:[/] {result.partial_reason}; the figures cover what was "
-            f"measured before the stop ({measured})",
-            highlight=False,
+        _say(
+            out,
+            f"{result.partial_reason}; the figures cover what was measured before the stop "
+            f"({measured})",
+            ("partial:", "bold yellow"),
         )
     if isinstance(result, SweepResult) and slo:
         best = result.max_rate_meeting_slo

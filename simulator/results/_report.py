@@ -23,9 +23,17 @@ __all__ = [
     "MetricSummary",
     "GroupSummary",
     "Summarizer",
+    "shown_ks",
     "summarize",
     "summarize_file",
 ]
+
+
+def shown_ks(most: int) -> list[int]:
+    """The k of pass@k and pass^k a person reads: 1, 2, 4, 8, ... up to ``most``, and
+    ``most`` itself (300 trials: ten figures, not 300; the JSON keeps every k)."""
+    ks = [1 << i for i in range(most.bit_length()) if 1 << i <= most]
+    return ks if not ks or ks[-1] == most else [*ks, most]
 
 
 class MetricSummary(BaseModel):
@@ -184,10 +192,11 @@ class RunReport(BaseModel):
         lines.append(f"- cost: {self.cost_text()}")
         if self.trials is not None:
             lines.append(f"- trials per scenario: {self.trials}")
-            if self.pass_hat_k:
-                hat = ", ".join(f"pass^{k} {v:.3f}" for k, v in self.pass_hat_k.items())
-                at = ", ".join(f"pass@{k} {v:.3f}" for k, v in self.pass_at_k.items())
-                lines.append(f"- goal achieved: {hat}; {at}")
+        if self.pass_hat_k:
+            lines += ["", "## Trials: goal achieved", ""]
+            lines += ["| k | pass@k | pass^k |", "|---:|---:|---:|"]
+            for k in shown_ks(max(self.pass_hat_k)):
+                lines.append(f"| {k} | {self.pass_at_k[k]:.3f} | {self.pass_hat_k[k]:.3f} |")
         lines += ["", "## Status", "", "| status | conversations |", "|---|---:|"]
         lines += [f"| {k} | {v} |" for k, v in self.statuses.items()]
         lines += [

@@ -139,10 +139,10 @@ def _say(out: Console, text: str, label: tuple[str, str] | None = None) -> None:
     out.print(wrapped(out, line), highlight=False)
 
 
-def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
+def _print_result(result: LoadResult | SweepResult, slo: bool, out: Console) -> None:
+    """The figures of a run or sweep, its lines, invalid reasons and notes, on ``out``."""
     from ..load._result import SweepResult
 
-    out = _stdout()
     points: list[PointResult] = list(result.points) if isinstance(result, SweepResult) else [result]
     print_all(out, _points_tables(points, slo, out))
     main = (
@@ -551,7 +551,7 @@ def _write_outputs(
     from ..load._requests_file import write_requests
 
     assert run.result is not None
-    _print_result(run.result, slo=plan.slo is not None)
+    _print_result(run.result, plan.slo is not None, _stdout())
     if out is not None:
         out.write_text(json.dumps(run.result.model_dump(mode="json"), indent=2) + "\n")
         _stdout().print(f"result: {out}", highlight=False)

@@ -41,7 +41,8 @@ _INDENT = 2
 
 def wrapped(console: Console, text: Cell, *, style: str = "") -> Text:
     """``text`` word-wrapped to the console's width (a soft-wrapping console prints it
-    as it is: the line breaks are in it)."""
+    as it is: the line breaks are in it); a word longer than the width goes on over the
+    next line. Lines that name files are printed as they are instead."""
     whole = Text(text, style=style) if isinstance(text, str) else text
     lines = whole.wrap(console, console.width, overflow="fold")
     return Text("\n").join(lines)

@@ -173,9 +173,10 @@ def print_comparison(result: Comparison, out: Console) -> None:
                 "-" if m.wilcoxon_p is None else f"{m.wilcoxon_p:.2g}",
             ]
         )
-    title = f"{result.candidate} vs {result.base} ({result.paired} paired)"
+    # the files' paths, never broken across lines
+    out.print(Text(f"{result.candidate} vs {result.base} ({result.paired} paired)", "table.title"))
     heads = ["metric", "n", "base", "cand.", "diff.", "95% CI", "W/T/L", "p"]
-    print_all(out, row_table(out, title, heads, rows))
+    print_all(out, row_table(out, "", heads, rows))
     for m in result.metrics:
         if m.most_changed:
             changes = ", ".join(

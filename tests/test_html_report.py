@@ -94,7 +94,7 @@ def test_run_and_report_write_it(run_file: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert out.with_suffix(".html").exists() and "html:" in result.output
     named = tmp_path / "named.html"
-    result = CliRunner().invoke(main, ["report", str(run_file), "--html", str(named)])
+    result = CliRunner().invoke(main, ["report", str(run_file), f"--html={named}"])
     assert result.exit_code == 0, result.output
     assert _data(named.read_text())["rows"]
 

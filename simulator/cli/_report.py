@@ -16,7 +16,13 @@ from ._console import (
     print_error,
 )
 from ._console import stdout as _stdout
-from ._options import check_html_extra, fail_under_option, html_option, parse_metrics
+from ._options import (
+    OptionalValueCommand,
+    check_html_extra,
+    fail_under_option,
+    html_option,
+    parse_metrics,
+)
 from ._outputs import (
     EXIT_GATE_FAILED,
     check_gates,
@@ -29,7 +35,7 @@ if TYPE_CHECKING:
     pass
 
 
-@click.command()
+@click.command(cls=OptionalValueCommand)
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option(
     "--csv",

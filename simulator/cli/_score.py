@@ -17,6 +17,7 @@ from ._console import (
 )
 from ._console import stdout as _stdout
 from ._options import (
+    OptionalValueCommand,
     cache_options,
     judge_options,
     pack_input_options,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .._records import Score
 
 
-@click.command()
+@click.command(cls=OptionalValueCommand)
 @click.argument("recorded", metavar="FILE", type=click.Path(path_type=Path))
 @click.option(
     "--metrics",

@@ -21,6 +21,7 @@ from convsim._errors import ConfigError, parse_config
 from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
+from convsim.cli._outputs import make_folder
 
 from .._plural import counted
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
@@ -513,8 +514,8 @@ def load_command(
         LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
     )
     for path in (out, requests_out, html_out):
-        if path is not None and not path.parent.exists():
-            raise ConfigError(f"{path}: its folder does not exist")
+        if path is not None:
+            make_folder(path)  # before the run: a folder that cannot be made stops it
     if html_out is not None:
         from convsim.results._html import check_html_extra
 

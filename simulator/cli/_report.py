@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .._errors import ConfigError
 from ..results._terminal import print_comparison, print_report
 from ._console import (
     clear_errors,
@@ -27,6 +26,7 @@ from ._outputs import (
     EXIT_GATE_FAILED,
     check_gates,
     lock_results,
+    make_folder,
     write_report_html,
     write_summaries,
 )
@@ -77,8 +77,7 @@ def _write_csv(results: Path, out: Path) -> int:
     from ..results import conversation_columns, conversation_row
     from ..results._sinks import read_results
 
-    if not out.parent.exists():
-        raise ConfigError(f"{out}: its folder does not exist")
+    make_folder(out)
     rows = [conversation_row(r, str(results)) for r in read_results(results)]
     with out.open("w", encoding="utf-8", newline="") as fh:
         writer = csv.DictWriter(fh, conversation_columns(rows))
@@ -134,8 +133,7 @@ def compare(
     result = compare_files(base, candidate, metrics=wanted)
     print_comparison(result, _stdout())
     if json_out is not None:
-        if not json_out.parent.exists():
-            raise ConfigError(f"{json_out}: its folder does not exist")
+        make_folder(json_out)
         json_out.write_text(json.dumps(as_json(result), indent=2) + "\n")
         _stdout().print(f"comparison: {json_out}", highlight=False)
     by_metric = {m.metric: m for m in result.metrics}

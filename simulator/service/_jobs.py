@@ -251,7 +251,13 @@ class JobRunner:
                 self.handles[job.id] = handle
                 if job.id in self.cancelled:
                     handle.stop(grace_period=0)
-                await handle.wait()
+                try:
+                    await handle.wait()
+                finally:
+                    stats = handle.statistics()
+                    if stats.total or stats.resumed:  # the run counted its conversations
+                        total = stats.total + stats.resumed
+                        await anyio.to_thread.run_sync(self.store.set_total, job.id, total)
         finally:
             with anyio.CancelScope(shield=True):
                 await adapter.aclose()

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._errors import ConvsimError, EndpointError
+from .._plural import counted
 
 if TYPE_CHECKING:
     from .._runtime._handle import RunStatistics
@@ -126,7 +127,8 @@ def run_verdict(
         left = stats.total - stats.started
         return RunVerdict(
             EXIT_ENDPOINT_UNREACHABLE,
-            f"stopped early: {stats.stopped_early}; {left} conversations not started — "
+            f"stopped early: {stats.stopped_early}; {counted(left, 'conversation')} not "
+            "started — "
             "run again with --resume --retry-failed once the endpoint is back",
         )
     attempted = stats.done + stats.failed + stats.timed_out
@@ -134,7 +136,8 @@ def run_verdict(
     if attempted and failures / attempted > max_failure_rate:
         return RunVerdict(
             EXIT_INFRASTRUCTURE_FAILURES,
-            f"{failures} of {attempted} conversations failed for infrastructure reasons "
+            f"{failures} of {counted(attempted, 'conversation')} failed for infrastructure "
+            "reasons "
             f"({failures / attempted:.0%}), above --max-failure-rate {max_failure_rate:g}",
         )
     if attempted and stats.timed_out / attempted > max_failure_rate:
@@ -163,7 +166,8 @@ def timeout_line(stats: RunStatistics, *, users_timeout: bool) -> str | None:
         else f"the slowest turn took {_seconds(stats.slowest_turn_s)} s"
     )
     return (
-        f"{stats.timed_out} of {attempted} conversations hit {limit or 'the '}conversation "
+        f"{stats.timed_out} of {counted(attempted, 'conversation')} hit "
+        f"{limit or 'the '}conversation "
         f"timeout ({whose}); {slowest} — raise it with --conversation-timeout"
     )
 

@@ -227,8 +227,8 @@ class _Display:
     def progress(self, p: Progress) -> None:
         phase = "measuring" if p.measuring else "warming up"
         text = (
-            f"{p.label} {phase} {p.elapsed_s:6.1f}s  done {p.completed:,}  failed {p.failed:,}  "
-            f"in flight {p.in_flight}  sessions {p.sessions}  "
+            f"{p.label} {phase} {p.elapsed_s:6.1f}s  sessions {p.sessions}  "
+            f"done {p.completed:,}  failed {p.failed:,}  in flight {p.in_flight}  "
             f"TTFT p50 {_fmt(p.recent_ttft_ms)} ms  E2E p50 {_fmt(p.recent_e2e_ms)} ms"
         )
         if self.live is not None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import click
 
+from .._plural import counted
 from ._console import (
     print_error,
 )
@@ -28,7 +29,8 @@ def print_cache_line(cache: ResponseCache, console: Console) -> None:
     stats = cache.statistics()
     corrupt = f", {stats.corrupt} unreadable (asked again)" if stats.corrupt else ""
     console.print(
-        f"cache: {stats.hits} hits, {stats.misses} misses, {stats.writes} answers kept"
+        f"cache: {counted(stats.hits, 'hit')}, {counted(stats.misses, 'miss', 'misses')}, "
+        f"{counted(stats.writes, 'answer')} kept"
         f"{corrupt} ({cache.directory})",
         highlight=False,
     )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .._plural import counted
 from ..results._terminal import print_comparison, print_report
 from ._console import (
     clear_errors,
@@ -64,7 +65,7 @@ def report(
     _stdout().print(f"summary: {written.json_path}, {written.markdown_path}", highlight=False)
     if csv_out is not None:
         count = _write_csv(results, csv_out)
-        _stdout().print(f"csv: {csv_out} ({count} conversations)", highlight=False)
+        _stdout().print(f"csv: {csv_out} ({counted(count, 'conversation')})", highlight=False)
     if html_out is not None:
         write_report_html(results, html_out)
     check_gates(summary, fail_under)

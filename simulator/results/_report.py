@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, model_serializer
 from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_value, mean, percentile
 from convsim.metrics._aggregate import aggregate
 
+from .._plural import counted
 from .._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
 from .._types import USAGE_SOURCES
 from ._sinks import iter_results, scan_lines, validate_line
@@ -150,8 +151,7 @@ class RunReport(BaseModel):
             "estimate": "estimated (no usage, no tokenizer)",
         }
         parts = [f"{sources[s]} {words[s]}" for s in USAGE_SOURCES if sources.get(s)]
-        noun = "turn" if total == 1 else "turns"
-        return f"token counts of {total} {noun}: " + ", ".join(parts)
+        return f"token counts of {counted(total, 'turn')}: " + ", ".join(parts)
 
     def cost_text(self) -> str:
         """What the run cost, by role where more than the model was priced, and which
@@ -182,7 +182,7 @@ class RunReport(BaseModel):
             lines.append(f"- turns clipped to the max_tokens cap: {self.clipped_turns}")
         if self.cache:
             lines.append(
-                f"- response cache: {self.cache['hits']} answers from the cache "
+                f"- response cache: {counted(self.cache['hits'], 'answer')} from the cache "
                 f"(no call, no latency), {self.cache['misses']} asked of the models"
             )
         said = self.token_sources_line()

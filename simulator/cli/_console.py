@@ -18,11 +18,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, ParamSpec, TypeVar
 
+import click
 from rich.console import Console
 from rich.markup import escape
 
 from .._errors import ConvsimError, EndpointError
 from .._plural import counted
+from ._logging import JsonLines
 
 if TYPE_CHECKING:
     from .._runtime._handle import RunStatistics
@@ -36,7 +38,9 @@ __all__ = [
     "EXIT_MAX_COST",
     "EXIT_INTERRUPTED",
     "RunVerdict",
+    "LOG_FORMAT",
     "clear_errors",
+    "json_logs",
     "print_error",
     "run_verdict",
     "timeout_line",
@@ -63,12 +67,26 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+LOG_FORMAT = "convsim.log_format"
+"""Where the context keeps ``--log-format`` (its ``meta``, shared by every command)."""
+
+
 def stdout() -> Console:
     # emoji=False: "scenarios.jsonl:100:" would otherwise print as "scenarios.jsonl💯"
     return Console(soft_wrap=True, emoji=False)
 
 
+def json_logs() -> bool:
+    """Whether the command runs with ``--log-format json``."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.meta.get(LOG_FORMAT) == "json"
+
+
 def stderr() -> Console:
+    """The console for messages: on stderr, as JSON events with ``--log-format json``
+    (every line of stderr is then JSON), as text otherwise."""
+    if json_logs():
+        return Console(file=JsonLines(), soft_wrap=True, emoji=False, no_color=True)
     return Console(stderr=True, soft_wrap=True, emoji=False)
 
 

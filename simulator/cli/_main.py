@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import click
 
 from .._registry import Registry
+from ._console import LOG_FORMAT, print_error
 from ._logging import configure_logging
 
 __all__ = ["COMMANDS", "ENV_PREFIX", "main"]
@@ -31,6 +32,17 @@ class _Commands(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *COMMANDS.names()})
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """With --log-format json, a usage error is a JSON event too."""
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            if ctx.meta.get(LOG_FORMAT) != "json":
+                raise
+            where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
+            print_error(f"{where}{exc.format_message()}")
+            raise click.exceptions.Exit(exc.exit_code) from None
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
@@ -68,11 +80,16 @@ option). A flag on the command line wins over it; it wins over a ``--config`` fi
     default="warning",
     show_default=True,
 )
-def main(log_format: Literal["console", "json"], log_level: str) -> None:
+@click.pass_context
+def main(ctx: click.Context, log_format: Literal["console", "json"], log_level: str) -> None:
     """Simulate and evaluate multi-turn conversations with language models.
 
     Every option can also come from an environment variable CONVSIM_<COMMAND>_<NAME>,
     NAME being the option's value name in capitals, such as CONVSIM_RUN_CONCURRENCY=8
     or CONVSIM_LOG_LEVEL=info; a flag on the command line wins over it.
+
+    With --log-format json every line on stderr is a JSON event: the logs, and what
+    the command says there (progress, warnings, errors) as "cli_message" events.
     """
+    ctx.meta[LOG_FORMAT] = log_format
     configure_logging(log_format, log_level)

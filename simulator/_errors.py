@@ -146,8 +146,8 @@ class PackError(ConvsimError):
         lines = "".join(f"\n  {p}" for p in self.problems)
         listed = f", the first {len(self.problems):,} listed" if more else ""
         tail = f"\n  ... and {more:,} more" if more else ""
-        problems = counted(total, "problem", grouped=True)
-        super().__init__(f"invalid scenario pack ({problems}{listed}):{lines}{tail}")
+        count = counted(total, "problem", grouped=True)
+        super().__init__(f"invalid scenario pack ({count}{listed}):{lines}{tail}")
 
 
 MAX_LISTED_PROBLEMS = 1000

@@ -54,7 +54,7 @@ _LEVELS = {"error:": "error", "warning:": "warning"}
 """A line that starts so is said at that level; any other at info."""
 
 
-class JsonLines(io.TextIOBase):
+class JsonLines(io.StringIO):
     """What a console writes, as JSON events on stderr (``--log-format json``): each
     message one line, beside structlog's own, so that every line there is JSON.
 
@@ -68,9 +68,6 @@ class JsonLines(io.TextIOBase):
         super().__init__()
         self._pending = ""
         self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
-
-    def writable(self) -> bool:
-        return True
 
     def write(self, text: str) -> int:
         self._pending += text

@@ -23,6 +23,7 @@ COMMANDS.register("score", "convsim.cli._score:score")
 COMMANDS.register("report", "convsim.cli._report:report")
 COMMANDS.register("compare", "convsim.cli._report:compare")
 COMMANDS.register("load", "convsim.cli._load:load_command")
+COMMANDS.register("metrics", "convsim.cli._metrics:metrics_command")
 COMMANDS.register("serve", "convsim.cli._serve:serve")
 COMMANDS.register("mock-server", "convsim.cli._mock_server:mock_server")
 

@@ -190,7 +190,8 @@ class OptionalValue(click.Option):
     Commands with such options are :class:`OptionalValueCommand`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, is_flag=False, **kwargs)
+        kwargs["is_flag"] = False  # a value it may go without: not a flag
+        super().__init__(*args, **kwargs)
         if self.flag_value is None:
             raise TypeError(f"{self.name}: an optional value needs flag_value")
 
@@ -234,10 +235,13 @@ class OptionalValueCommand(click.Command):
         try:
             return super().parse_args(ctx, given)
         except click.UsageError as exc:
-            if followed and "unexpected extra argument" in exc.message:
-                hints = ", ".join(f"{name}={word}" for name, word in followed)
-                exc.message += f" (to give an option its value, join them with '=': {hints})"
-            raise
+            if not followed or "unexpected extra argument" not in exc.message:
+                raise
+            hints = ", ".join(f"{name}={word}" for name, word in followed)
+            raise click.UsageError(
+                f"{exc.message} (to give an option its value, join them with '=': {hints})",
+                exc.ctx,
+            ) from None
 
 
 DEFAULT_CACHE = ":default:"

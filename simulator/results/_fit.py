@@ -18,7 +18,6 @@ metric named ``judge:[x]`` prints as it is named).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -30,8 +29,6 @@ __all__ = ["Cell", "across_tables", "column_tables", "fits", "print_all", "row_t
 
 Cell = str | Text
 """A cell: plain text (never read as markup), or a styled Text."""
-
-Justify = Literal["left", "right"]
 
 _GAP = 2
 """Spaces between the columns of a layout without a box."""
@@ -76,20 +73,22 @@ def fits(
 
 
 def _filled(heads: Sequence[str], rows: Sequence[Sequence[Cell]], *, boxed: bool) -> Table:
-    table = _table(heads, ["left", *(["right"] * (len(heads) - 1))], boxed=boxed)
+    table = _table(heads, boxed=boxed)
     for row in rows:
         table.add_row(*(_text(c) for c in row))
     return table
 
 
-def _table(heads: Sequence[str], justify: Sequence[Justify], *, boxed: bool) -> Table:
+def _table(heads: Sequence[str], *, boxed: bool) -> Table:
+    """A table of ``heads``: the first column (names) on the left, the others (figures)
+    on the right, none of them ever wrapped or cut."""
     table = (
         Table()
         if boxed
         else Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
     )
-    for head, side in zip(heads, justify, strict=True):
-        table.add_column(Text(head), justify=side, no_wrap=True)
+    for i, head in enumerate(heads):
+        table.add_column(Text(head), justify="left" if i == 0 else "right", no_wrap=True)
     return table
 
 
@@ -173,7 +172,7 @@ def across_tables(
 def _across(
     corner: str, names: Sequence[str], items: Mapping[str, Sequence[Cell]], heads: Sequence[str]
 ) -> Table:
-    table = _table([corner, *names], ["left", *(["right"] * len(names))], boxed=True)
+    table = _table([corner, *names], boxed=True)
     for i, head in enumerate(heads):
         table.add_row(Text(head), *(_text(items[name][i]) for name in names))
     return table

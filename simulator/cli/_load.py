@@ -25,7 +25,7 @@ from convsim.cli._outputs import make_folder
 
 from .._plural import counted
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
-from ..results._fit import Cell, across_tables, print_all, row_table, wrapped
+from ..results._fit import Cell, across_tables, print_all, row_table
 
 if TYPE_CHECKING:
     from ..load._monitor import Progress
@@ -134,10 +134,9 @@ def _turn_tables(point: PointResult, console: Console) -> list[Any]:
 
 
 def _say(out: Console, text: str, label: tuple[str, str] | None = None) -> None:
-    """A line of the summary, word-wrapped to the console; ``label`` (its text and
-    style) before it."""
-    line = Text(text) if label is None else Text.assemble(label, " ", text)
-    out.print(wrapped(out, line), highlight=False)
+    """A line of the summary, whole on one line; ``label`` (its text and style) before
+    it."""
+    out.print(Text(text) if label is None else Text.assemble(label, " ", text))
 
 
 def _print_result(result: LoadResult | SweepResult, slo: bool, out: Console) -> None:

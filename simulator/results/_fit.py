@@ -11,8 +11,9 @@ instead, in the first layout that fits:
 - many columns (a conversation and a column per metric): the columns split across as
   many tables as it takes, the first repeated in each.
 
-Titles and prose are word-wrapped to the width; cells are plain text, never markup (a
-metric named ``judge:[x]`` prints as it is named).
+Titles are word-wrapped to the width (lines of prose around the tables stay whole, as a
+log keeps them); cells are plain text, never markup (a metric named ``judge:[x]``
+prints as it is named).
 """
 
 from __future__ import annotations

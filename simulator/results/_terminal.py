@@ -8,7 +8,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from .._plural import counted
-from ._fit import Cell, across_tables, fits, print_all, row_table, wrapped
+from ._fit import Cell, across_tables, fits, print_all, row_table
 
 if TYPE_CHECKING:
     from convsim._records import Score
@@ -66,8 +66,8 @@ def _group_tables(
 
 
 def _prose(out: Console, line: str) -> None:
-    """A line of figures, word-wrapped to the console (its words never cut)."""
-    out.print(wrapped(out, line), highlight=False)
+    """A line of figures, whole on one line (a terminal wraps it; a log keeps it)."""
+    out.print(Text(line), highlight=False)
 
 
 def print_report(report: RunReport, out: Console) -> None:
@@ -139,11 +139,9 @@ def _print_trials(report: RunReport, out: Console) -> None:
     else:
         _prose(out, title)
     if report.trial_spread:
-        _prose(
-            out,
-            "spread across trials: "
-            + ", ".join(f"{name} {v:.3g}" for name, v in report.trial_spread.items()),
-        )
+        title = "spread across trials (a scenario's standard deviation, mean over scenarios)"
+        spread = [[name, f"{v:.3g}"] for name, v in report.trial_spread.items()]
+        print_all(out, row_table(out, title, ["metric", "spread"], spread))
 
 
 def score_cell(score: Score) -> str:

@@ -40,6 +40,7 @@ from convsim._errors import (
     ServerError,
     Timeout,
 )
+from convsim._plural import counted
 from convsim._sse import SSEEvent
 
 from ._egress import EgressBlocked, EgressPolicy
@@ -100,7 +101,7 @@ def _size(n: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:g} {unit}"
-    return f"{n} bytes"
+    return counted(n, "byte")
 
 
 def too_large(what: str, setting: str, limit: int) -> ResponseTooLarge:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal
 import anyio.to_thread
 
 from convsim._errors import BadRequest, ProtocolError, ServerError
+from convsim._plural import counted
 from convsim._types import GenerationParams, Message, Usage
 
 from ._http import SSEEvent
@@ -89,7 +90,7 @@ def _usage(data: Any) -> Usage | None:
 def _sequence(logprobs: Mapping[str, Any], name: str, count: int) -> list[Any]:
     values = logprobs.get(name)
     if not isinstance(values, list) or len(values) != count:
-        raise ValueError(f"logprobs.{name} is not a list of {count} entries")
+        raise ValueError(f"logprobs.{name} is not a list of {counted(count, 'entry', 'entries')}")
     return values
 
 

@@ -22,6 +22,7 @@ import anyio
 
 from convsim._errors import ConfigError, EndpointError
 from convsim._log import get_logger
+from convsim._plural import counted
 from convsim._registry import Registry
 
 from ._budget import Budgets
@@ -324,7 +325,7 @@ def split_limits(args: Mapping[str, Any], workers: int) -> list[dict[str, Any]]:
         ConfigError: ``workers`` is below 1, or an rpm or tpm is not a number above 0.
     """
     if workers < 1:
-        raise ConfigError(f"cannot split model limits among {workers} workers")
+        raise ConfigError(f"cannot split model limits among {counted(workers, 'worker')}")
     shares = [dict(args) for _ in range(workers)]
     for name in SPLIT_LIMITS:
         if name not in args:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from ._builtin import ResponseLengthMetric as ResponseLengthMetric
     from ._builtin import TechnicalAccuracyMetric as TechnicalAccuracyMetric
     from ._builtin import normalize_answer as normalize_answer
+    from ._catalog import MetricInfo as MetricInfo
+    from ._catalog import registered_metrics as registered_metrics
     from ._corpus import AGGREGATIONS as AGGREGATIONS
     from ._corpus import CORPUS_AGGREGATION as CORPUS_AGGREGATION
     from ._corpus import CORPUS_ITEM as CORPUS_ITEM
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from ._protocol import AsyncConversationScorer as AsyncConversationScorer
     from ._protocol import ConversationScorer as ConversationScorer
     from ._protocol import Metric as Metric
+    from ._protocol import MetricTraits as MetricTraits
     from ._registry import DEFAULT_METRICS as DEFAULT_METRICS
     from ._registry import METRICS as METRICS
     from ._registry import register_metric as register_metric

@@ -7,10 +7,11 @@ import ast
 import re
 import string
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
+from ._protocol import MetricTraits
 from ._stats import mean, percentile
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class LatencyMetric:
     """Mean model-call latency in seconds over completed turns (p50/p95/max, TTFT)."""
 
     name = "latency"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn")
     higher_is_better = False
     description = "Seconds per model call: mean, with p50, p95, max and mean TTFT in details."
 
@@ -76,6 +78,7 @@ class ResponseLengthMetric:
     """Mean words per response over completed turns."""
 
     name = "response_length"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn")
     higher_is_better = None
     description = "Mean words per response (whitespace-separated), with min, max and total."
 
@@ -121,6 +124,7 @@ class ExactMatchMetric:
     """1 when the normalised response equals the turn's reference response."""
 
     name = "exact_match"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn", needs=frozenset({"reference"}))
     higher_is_better = True
     description = (
         "Share of turns whose response equals the reference after SQuAD-style "
@@ -158,6 +162,7 @@ class CustomScoreMetric:
     of the scenario's required_keywords it contains (the guide gave 0.3 for any one)."""
 
     name = "custom_score"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn", needs=frozenset({"keywords"}))
     higher_is_better = True
     description = (
         "0.2 for a non-empty response + 0.8 x share of required_keywords present "
@@ -238,6 +243,7 @@ class TechnicalAccuracyMetric:
     """Python code in the responses: does it compile, and does it follow good practice?"""
 
     name = "technical_accuracy"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn")
     higher_is_better = True
     cpu_heavy = True
     description = (

@@ -36,11 +36,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._embedding import NO_WORDS, Embedder, TfidfEmbedder, cosine, default_embedder
+from ._protocol import MetricTraits
 from ._retention import fact_recalled, stated_values
 from ._stats import mean
 from ._stop_words import ENGLISH_STOP_WORDS
@@ -91,6 +92,7 @@ class CoherenceMetric:
     scaled down for echoes; the conversation's 25th percentile."""
 
     name = "coherence"
+    traits: ClassVar[MetricTraits] = MetricTraits("conversation")
     higher_is_better = True
     cpu_heavy = True
     description = (
@@ -182,6 +184,7 @@ class LexicalCoherenceMetric:
     """The earlier coherence: TF-IDF relevance, context fit, continuity and consistency."""
 
     name = "lexical_coherence"
+    traits: ClassVar[MetricTraits] = MetricTraits("conversation")
     higher_is_better = True
     cpu_heavy = True
     description = (
@@ -261,6 +264,7 @@ class ConversationFlowMetric:
     and progression (0.3: responses that do not repeat earlier ones)."""
 
     name = "conversation_flow"
+    traits: ClassVar[MetricTraits] = MetricTraits("conversation")
     higher_is_better = True
     cpu_heavy = True
     description = (
@@ -322,6 +326,7 @@ class SemanticSimilarityMetric:
     """Similarity of each response to the turn's reference response."""
 
     name = "semantic_similarity"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn", needs=frozenset({"reference"}))
     higher_is_better = True
     cpu_heavy = True
     description = (

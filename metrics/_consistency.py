@@ -28,10 +28,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
+from ._protocol import MetricTraits
 from ._words import normal_words
 
 if TYPE_CHECKING:
@@ -201,6 +202,7 @@ class ConsistencyMetric:
     contradict them (itself, or what the user said about themself)."""
 
     name = "consistency"
+    traits: ClassVar[MetricTraits] = MetricTraits("conversation")
     higher_is_better = True
     description = (
         "Share of the assistant's statements (name, age, home, work, favourites, counts, "

@@ -25,11 +25,12 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._once import LoadedOnce
+from ._protocol import MetricTraits
 from ._stats import mean
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def meaningful_terms(text: str, terms: tuple[str, ...]) -> set[str]:
 
 class DomainExpertiseMetric:
     name = "domain_expertise"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn", needs=frozenset({"domain"}))
     higher_is_better = True
     description = (
         "Domain terms used in meaningful context (sentences of 8+ words): five "
@@ -178,6 +180,7 @@ def financial_signals(text: str) -> dict[str, float]:
 
 class FinancialReasoningMetric:
     name = "financial_reasoning"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn")
     higher_is_better = True
     description = (
         "0.3 x financial concept coverage + 0.3 quantitative analysis + 0.2 risk "

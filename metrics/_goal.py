@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from convsim._records import Score
 from convsim._registry import import_object
@@ -17,7 +17,7 @@ from convsim.scenarios._schema import Criterion, Goal
 
 from ._judge import ask_judge, judge_details
 from ._once import LoadedOnce
-from ._protocol import AsyncConversationScorer
+from ._protocol import AsyncConversationScorer, MetricTraits
 
 __all__ = [
     "check_criterion",
@@ -189,6 +189,9 @@ Answer with a JSON object only, for example {{"score": 4, "reason": "one short s
 class GoalAchievementMetric:
     """How much of the scenario goal the conversation achieved, and when."""
 
+    traits: ClassVar[MetricTraits] = MetricTraits(
+        "conversation", needs=frozenset({"goal"}), uses=frozenset({"judge"})
+    )
     judge: Any = None
     name: str = "goal_achievement"
     higher_is_better: bool = True

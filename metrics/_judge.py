@@ -21,14 +21,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 import anyio
 
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._types import GenerationParams, Message, Usage
 
-from ._protocol import AsyncConversationScorer, JudgedMetric, Metric
+from ._protocol import AsyncConversationScorer, JudgedMetric, Metric, MetricTraits
 from ._stats import mean
 
 if TYPE_CHECKING:
@@ -195,6 +195,7 @@ class RubricJudgeMetric:
     """A metric graded by a judge model against a rubric (``judge:<rubric>`` or a guide
     rubric name). Without a judge it reports "not applicable: needs a judge"."""
 
+    traits: ClassVar[MetricTraits] = MetricTraits("turn", needs=frozenset({"judge"}))
     name: str
     rubric: str
     judge: JudgeSettings | None = None

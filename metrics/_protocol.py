@@ -3,8 +3,9 @@
 A scorer says what it is by the protocol it implements: a :class:`ConversationScorer`
 is called directly; an :class:`AsyncConversationScorer` (one that calls a model, such as
 a judge) is awaited. A metric whose scorers are expensive to compute declares
-``cpu_heavy = True`` and the scoring session computes them in a worker thread. Nothing is
-inferred from how a method happens to be written.
+``cpu_heavy = True`` and the scoring session computes them in a worker thread. A metric
+says what it scores and what it reads with ``traits`` (:class:`MetricTraits`), which
+``convsim metrics`` lists. Nothing is inferred from how a method happens to be written.
 
 A score's value exists only when the metric measured something. Every scorer keeps
 this convention, so that a value never stands for "nothing was checked":
@@ -25,13 +26,19 @@ conversations only, beside how many were not applicable and how many failed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
 
 if TYPE_CHECKING:
     from convsim._records import Score, TurnRecord
     from convsim.scenarios import Conversation
 
 __all__ = [
+    "INPUTS",
+    "MetricInput",
+    "MetricKind",
+    "MetricTraits",
+    "DescribedMetric",
     "Metric",
     "ConversationScorer",
     "AsyncConversationScorer",
@@ -39,6 +46,38 @@ __all__ = [
     "JudgedMetric",
     "is_cpu_heavy",
 ]
+
+
+MetricKind = Literal["turn", "conversation"]
+"""``turn``: each answer on its own (a turn may name it in ``evaluation_metrics``; for
+a conversation, it scores over the answers); ``conversation``: the conversation as a
+whole, what was said before counting."""
+
+MetricInput = Literal["judge", "reference", "facts", "goal", "keywords", "domain", "task"]
+"""What a metric may read besides the answers: a judge model (``--judge``), the
+scenario's reference responses, its facts and probes, its goal, its required keywords,
+its domain (``metadata.domain`` or a tag), or the task of an lm-eval or task-API pack."""
+
+INPUTS: tuple[MetricInput, ...] = get_args(MetricInput)
+
+
+@dataclass(frozen=True)
+class MetricTraits:
+    """What a metric scores and what it reads (``convsim metrics`` lists them)."""
+
+    kind: MetricKind
+    needs: frozenset[MetricInput] = frozenset()
+    """What it cannot score without: given none, its score is not applicable."""
+    uses: frozenset[MetricInput] = frozenset()
+    """What it reads when given, and scores without (context_retention reads facts,
+    else judges what the user said; goal_achievement grades judge criteria)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(MetricKind):
+            raise ValueError(f"kind must be turn or conversation, not {self.kind!r}")
+        unknown = sorted(set(self.needs | self.uses) - set(INPUTS))
+        if unknown:
+            raise ValueError(f"unknown inputs {unknown}: expected some of {list(INPUTS)}")
 
 
 @runtime_checkable
@@ -101,6 +140,13 @@ class CpuHeavyMetric(Protocol):
     """A metric that declares whether its scorers are CPU-heavy."""
 
     cpu_heavy: bool
+
+
+@runtime_checkable
+class DescribedMetric(Protocol):
+    """A metric that declares its :class:`MetricTraits`."""
+
+    traits: MetricTraits
 
 
 @runtime_checkable

@@ -36,11 +36,12 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._free_retention import FreeRetention
+from ._protocol import MetricTraits
 from ._words import normal_words
 
 if TYPE_CHECKING:
@@ -182,6 +183,7 @@ class ContextRetentionMetric:
     """Share of probe checks whose response still states the fact introduced earlier."""
 
     name = "context_retention"
+    traits: ClassVar[MetricTraits] = MetricTraits("conversation", uses=frozenset({"facts"}))
     higher_is_better = True
     description = (
         "Share of (probe turn, fact) checks whose response states the fact's value "

@@ -17,11 +17,12 @@ import ast
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._builtin import python_blocks
+from ._protocol import MetricTraits
 
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
@@ -108,6 +109,7 @@ class CodeSecurityMetric:
     """1 minus the severity of security findings in the responses' Python code."""
 
     name = "code_security_score"
+    traits: ClassVar[MetricTraits] = MetricTraits("turn")
     higher_is_better = True
     cpu_heavy = True
     description = (

@@ -26,6 +26,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 import yaml
 
+from convsim._plural import counted
+
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_MAX_LINE_BYTES",
@@ -75,7 +77,7 @@ def format_size(size: int) -> str:
     for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if size >= scale:
             return f"{size / scale:.4g} {unit}"
-    return f"{size} bytes"
+    return counted(size, "byte")
 
 
 def open_pack_file(root: Path, name: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> BinaryIO:
@@ -355,7 +357,8 @@ def _check_events(text: str) -> None:
         values += 1
         if values > MAX_YAML_NODES:
             raise FileProblem(
-                f"holds more than {MAX_YAML_NODES:,} values", event.start_mark.line + 1
+                f"holds more than {counted(MAX_YAML_NODES, 'value', grouped=True)}",
+                event.start_mark.line + 1,
             )
 
 
@@ -373,7 +376,7 @@ def _check_expansion(root: yaml.Node) -> None:
             sizes[key] = 1 + sum(sizes[id(c)] for c in children)
             if sizes[key] > MAX_YAML_NODES:
                 raise FileProblem(
-                    f"aliases expand to more than {MAX_YAML_NODES:,} values",
+                    f"aliases expand to more than {counted(MAX_YAML_NODES, 'value', grouped=True)}",
                     node.start_mark.line + 1,
                 )
             continue

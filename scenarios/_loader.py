@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from convsim._errors import ConfigError, PackError, PackProblem, ProblemLog, TemplateError
+from convsim._plural import counted
 
 from ._criteria import goal_problems
 from ._files import (
@@ -686,7 +687,8 @@ class _MultiTurnLoader(_Loader):
             limit, count = prepared.flow.max_turns, len(prepared.turns)
             if limit is not None and limit < count:
                 yield (
-                    f"{self.CONFIG}: flow {name!r} has {count} turns but max_turns {limit}: "
+                    f"{self.CONFIG}: flow {name!r} has {counted(count, 'turn')} but max_turns "
+                    f"{limit}: "
                     f"the turns after the first {limit} that run are skipped"
                 )
 
@@ -881,7 +883,8 @@ class _SingleTurnLoader(_Loader):
                 self.CONFIG,
                 None,
                 None,
-                f"--num-fewshot {self.num_fewshot} needs more than {self.num_fewshot} problems",
+                f"--num-fewshot {self.num_fewshot} needs more than "
+                f"{counted(self.num_fewshot, 'problem')}",
             )
         return problems
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from convsim._errors import TemplateError, TranscriptTooLong
+from convsim._plural import counted
 
 __all__ = ["Template"]
 
@@ -73,7 +74,8 @@ class Template:
         if padding > MAX_PADDING:
             # each width is < 1000, but thousands of them would make every prompt huge
             raise TemplateError(
-                f"the format specs pad to {padding:,} characters in all, over {MAX_PADDING:,}"
+                f"the format specs pad to {counted(padding, 'character', grouped=True)} in all, "
+                f"over {MAX_PADDING:,}"
             )
         fields = frozenset(p.field for p in parts if p.field is not None)
         return cls(source, fields, tuple(parts))
@@ -99,8 +101,9 @@ class Template:
                 out.append(piece)
             if max_chars is not None and size > max_chars:
                 raise TranscriptTooLong(
-                    f"the rendered prompt passes the {max_chars:,} characters left in the "
-                    "conversation's transcript (max_transcript_chars)",
+                    f"the rendered prompt passes the "
+                    f"{counted(max_chars, 'character', grouped=True)} left in the conversation's "
+                    "transcript (max_transcript_chars)",
                     limit=max_chars,
                 )
         return "".join(out)

@@ -41,6 +41,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ._plural import counted
+
 M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
@@ -144,7 +146,8 @@ class PackError(ConvsimError):
         lines = "".join(f"\n  {p}" for p in self.problems)
         listed = f", the first {len(self.problems):,} listed" if more else ""
         tail = f"\n  ... and {more:,} more" if more else ""
-        super().__init__(f"invalid scenario pack ({total:,} problems{listed}):{lines}{tail}")
+        count = counted(total, "problem", grouped=True)
+        super().__init__(f"invalid scenario pack ({count}{listed}):{lines}{tail}")
 
 
 MAX_LISTED_PROBLEMS = 1000

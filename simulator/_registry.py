@@ -43,6 +43,8 @@ class Registry(Generic[T]):
         self.prefix_group = prefix_group
         self._factories: dict[str, Callable[..., T] | str] = {}
         self._prefixes: dict[str, Callable[[str], T] | str] = {}
+        self._origins: dict[str, str] = {}
+        """Names and prefixes an entry point registered: the distribution it is in."""
         self._entry_points_loaded = group is None and prefix_group is None
 
     def register(
@@ -85,6 +87,23 @@ class Registry(Generic[T]):
         self._load_entry_points()
         return sorted(self._prefixes)
 
+    def prefix_factory(self, prefix: str) -> Callable[[str], T]:
+        """The factory of a registered prefix (``judge:``), imported now.
+
+        Raises:
+            RegistryError: no such prefix.
+        """
+        self._load_entry_points()
+        if prefix not in self._prefixes:
+            raise RegistryError(self.kind, prefix, list(self._prefixes))
+        return self._resolved_prefix(prefix)
+
+    def origin(self, name: str) -> str | None:
+        """The distribution whose entry point registered ``name`` (a name, or a prefix
+        such as ``lm_eval:``); None for one registered in code."""
+        self._load_entry_points()
+        return self._origins.get(name)
+
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
@@ -101,6 +120,7 @@ class Registry(Generic[T]):
         clone: Registry[T] = Registry(self.kind, self.group, prefix_group=self.prefix_group)
         clone._factories = dict(self._factories)
         clone._prefixes = dict(self._prefixes)
+        clone._origins = dict(self._origins)
         clone._entry_points_loaded = self._entry_points_loaded
         return clone
 
@@ -122,10 +142,15 @@ class Registry(Generic[T]):
         self._entry_points_loaded = True
         if self.group is not None:
             for ep in entry_points(group=self.group):
-                self._factories.setdefault(ep.name, ep.value)
+                if ep.name not in self._factories:
+                    self._factories[ep.name] = ep.value
+                    self._origins[ep.name] = ep.dist.name if ep.dist else self.group
         if self.prefix_group is not None:
             for ep in entry_points(group=self.prefix_group):
-                self._prefixes.setdefault(ep.name + ":", ep.value)
+                prefix = ep.name + ":"
+                if prefix not in self._prefixes:
+                    self._prefixes[prefix] = ep.value
+                    self._origins[prefix] = ep.dist.name if ep.dist else self.prefix_group
 
 
 def _imported(reference: str) -> Callable[..., T]:

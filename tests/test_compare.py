@@ -106,3 +106,10 @@ def test_fail_under_on_run_exits_100_after_writing_the_results(tmp_path: Path) -
     )  # fmt: skip
     assert code == 100 and "gate failed: context_retention" in output
     assert len(out.read_text().splitlines()) == 4  # the results are written before the exit
+
+
+def test_the_json_goes_into_a_folder_made_for_it(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "new" / "cmp.json"
+    code, output = invoke("compare", str(runs["full"]), str(runs["full"]), "--json", str(out))
+    assert code == 0, output
+    assert json.loads(out.read_text())["paired"] > 0

@@ -337,7 +337,7 @@ def test_keys_stay_out_of_the_echo_results_and_logs(tmp_path: Path, mock: MockMo
     out = tmp_path / "r.jsonl"
     result = invoke(
         "--log-format", "json", "--log-level", "debug",
-        "run", "--config", str(config), "-o", str(out), "--html", str(tmp_path / "r.html"),
+        "run", "--config", str(config), "-o", str(out), f"--html={tmp_path / 'r.html'}",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert chat_calls(mock) > 0 and mock.statistics().unauthorized == 0

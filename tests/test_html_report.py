@@ -94,7 +94,7 @@ def test_run_and_report_write_it(run_file: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert out.with_suffix(".html").exists() and "html:" in result.output
     named = tmp_path / "named.html"
-    result = CliRunner().invoke(main, ["report", str(run_file), "--html", str(named)])
+    result = CliRunner().invoke(main, ["report", str(run_file), f"--html={named}"])
     assert result.exit_code == 0, result.output
     assert _data(named.read_text())["rows"]
 
@@ -135,3 +135,121 @@ def test_chromium_renders_the_page_and_a_deep_link_opens_the_transcript(
     pixels = Image.open(shot).convert("L")
     low, high = pixels.getextrema()
     assert high - low > 100  # not blank: the header, text and plots are drawn
+
+
+def _section(page: str, section: str) -> str:
+    found = re.search(rf'<section id="{section}">(.*?)</section>', page, re.S)
+    assert found is not None, section
+    return found.group(1)
+
+
+def _svg_texts(page: str, key: str) -> list[str]:
+    plot = re.search(rf'<div class="plot" id="plot-{key}">(.*?)</svg>', page, re.S)
+    assert plot is not None, key
+    return [t.strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", plot.group(1))]
+
+
+def _with_trials(trials: int) -> list[convsim.ConversationResult]:
+    """Two scenarios, ``trials`` trials each: a reaches its goal in even trials, b in all."""
+    (base,) = convsim.run_sync("customer_support", "scripted", limit=1)
+    return [
+        base.model_copy(
+            update={
+                "conversation_id": f"{scenario}#{k}",
+                "scenario_id": scenario,
+                "trial": k,
+                "scores": {
+                    "goal_achievement": convsim.Score(value=float(scenario == "b" or k % 2 == 0))
+                },
+            }
+        )
+        for scenario in ("a", "b")
+        for k in range(1, trials + 1)
+        for reached in [scenario == "b" or k % 2 == 0]
+    ]
+
+
+def test_a_run_with_trials_has_a_trials_section_and_one_without_none() -> None:
+    results = _with_trials(20)
+    report = convsim.summarize(results)
+    page = render_html(results, title="t", report=report)
+    trials = _section(page, "trials")
+    assert "Trials: 20 per scenario" in trials
+    cell = r'<td class="num">([\d.]+)</td>'
+    rows = re.findall(rf"<tr>{cell}{cell}{cell}</tr>", trials)
+    assert [int(k) for k, _, _ in rows] == [1, 2, 4, 8, 16, 20]
+    for k, at, hat in rows:
+        assert (at, hat) == (f"{report.pass_at_k[int(k)]:.3f}", f"{report.pass_hat_k[int(k)]:.3f}")
+    assert "goal_achievement" in trials  # its spread across trials
+    texts = _svg_texts(page, "trials")
+    assert "pass@k" in texts and "pass^k" in texts
+    plain = render_html(convsim.run_sync("customer_support", "scripted", limit=2), title="t")
+    assert 'id="trials"' not in plain
+
+
+def test_times_are_in_seconds_in_tables_plots_and_transcripts(run_file: Path) -> None:
+    page = write_html(run_file).read_text()
+    results = convsim.read_results(run_file)
+    assert "latency_s" in TURN_FIELDS and "latency_ms" not in TURN_FIELDS
+    for key in ("latency", "by_turn"):
+        texts = _svg_texts(page, key)
+        assert "s" in texts and "ms" not in texts and not any("ms" in t.split() for t in texts)
+    assert not re.search(r"\bms\b", re.sub(r"<script.*?</script>", "", page, flags=re.S))
+    assert 'bits.push(t.latency_s + " s")' in page
+    turn = results[0].turns[0]
+    shown = _data(page)["details"][results[0].conversation_id]["turns"][0]
+    assert turn.timings is not None and turn.timings.latency_s is not None
+    assert shown["latency_s"] == pytest.approx(turn.timings.latency_s, rel=1e-3)
+
+
+def test_failures_late_in_a_run_are_drawn_without_an_offset_axis(run_file: Path) -> None:
+    results = convsim.read_results(run_file)
+    start = min(r.timings.started_at for r in results)
+    error = convsim.ErrorInfo(type="ServerError", message="503")
+    late = [
+        r.model_copy(
+            update={
+                "status": convsim.Status.FAILED,
+                "error": error,
+                "timings": r.timings.model_copy(
+                    update={"finished_at": start + 5000.001 + i / 1000}
+                ),
+            }
+        )
+        for i, r in enumerate(results[1:4])
+    ]
+    page = render_html([results[0], *late], title="late failures")
+    texts = _svg_texts(page, "errors")
+    numbers = [t for t in texts if re.fullmatch(r"[-+\u2212]?[\d.e+\u2212]+", t)]
+    assert not [t for t in numbers if t.startswith("+") or "e" in t]  # no "+5e3" offset
+    ticks = [float(t.replace("\u2212", "-")) for t in numbers]
+    xs = [t for t in ticks if t > 100]
+    assert xs and all(4999 < x < 5001 for x in xs)  # the seconds themselves
+    counts = [t for t in ticks if t <= 100]
+    assert counts and all(c == int(c) for c in counts)  # whole conversations up the side
+
+
+def test_the_load_page_shows_the_notes_validity_reasons_and_a_partial_run() -> None:
+    from convsim.load import LoadResult
+    from convsim.load._result import Window, point_result, sweep_result
+    from convsim.results._load_html import render_load_html
+
+    empty = point_result([], Window(0.0, 1.0), target_rate=2.0)
+    note = "the server's prompt counts did not grow with the text: <ignored>"
+    run = LoadResult.of(empty).model_copy(
+        update={"notes": [note], "partial": True, "partial_reason": "interrupted"}
+    )
+    page = render_load_html(run, [], title="one run")
+    assert "This run is not valid" in page
+    assert "no request completed in the measured window" in page
+    assert "the server&#39;s prompt counts did not grow with the text: &lt;ignored&gt;" in page
+    assert 'id="partial"' in page and "partial: interrupted" in page
+    other = empty.model_copy(update={"target_rate": 4.0, "notes": [note, "a second note"]})
+    sweep = render_load_html(sweep_result([empty, other]), [], title="sweep")
+    assert "This sweep is not valid" in sweep
+    for label in ("point 0 (2/s)", "point 1 (4/s)"):
+        assert f"{label}: no request completed in the measured window" in sweep
+    notes = re.search(r'<div id="notes">(.*?)</div>', sweep, re.S)
+    assert notes is not None and notes.group(1).count("<li>") == 2  # each note once
+    clean = empty.model_copy(update={"valid": True, "invalid_reasons": []})
+    assert 'id="validity"' not in render_load_html(LoadResult.of(clean), [], title="ok")

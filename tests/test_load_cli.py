@@ -288,3 +288,30 @@ def test_a_used_up_quota_ends_the_run_and_marks_it_invalid() -> None:
         "asked to wait 86400 s (Retry-After), more than max_retry_after" in r
         for r in result.invalid_reasons
     )
+
+
+def test_the_folders_of_the_outputs_are_made_as_run_makes_its_own(
+    server: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "x" / "y.json"
+    reqs = tmp_path / "r" / "s" / "requests.csv"
+    page = tmp_path / "h" / "load.html"
+    code, stdout, stderr = invoke(
+        *target(server), "--concurrency", "1", "--max-requests", "2", "--no-calibrate",
+        "--synthetic", "turns=1,input_tokens=8,output_tokens=2",
+        "--out", str(out), "--requests", str(reqs), "--html", str(page),
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert json.loads(out.read_text())["requests"]["completed"] >= 2
+    assert reqs.exists() and page.exists() and f"result: {out}" in stdout
+
+
+def test_an_output_whose_folder_cannot_be_made_stops_before_the_load(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "y.json"
+    code, _, stderr = invoke(
+        "--model", "openai-compatible:m", "--model-arg", "base_url=http://127.0.0.1:9/v1",
+        "--concurrency", "1", "--max-requests", "1", "--out", str(out),
+    )  # fmt: skip
+    assert code == 2 and f"{out}: cannot create its folder" in stderr  # not 4: no request
+    assert "Traceback" not in stderr

@@ -401,7 +401,7 @@ async def test_a_second_stop_cancels_the_requests_in_flight_at_once() -> None:
             outcome = await drive(FakeModel(hook), _synthetic(), shape, stop=stop)
     assert stop.at_once and outcome.interrupted
     assert len(outcome.records) == 3  # the stuck ones are not counted as answered or failed
-    assert any("were cancelled" in n and "stopped early" in n for n in outcome.notes)
+    assert any("in flight, cancelled" in n and "stopped early" in n for n in outcome.notes)
     assert merged_result([outcome]).partial
 
 

@@ -168,7 +168,7 @@ def test_the_client_falling_behind_or_lagging_invalidates_the_point() -> None:
     behind = point_result(RECORDS, Window(1.0, 5.0), target_rate=1.0)
     assert not behind.valid and behind.goodput is None and behind.meets_slo is None
     assert behind.invalid_reasons == [
-        "the client fell behind: 3 sessions started in the window where 4 were scheduled "
+        "the client fell behind: 3 sessions started in the window, 4 scheduled "
         "(0.75/s against 1.00/s)"
     ]
     lagging = point_result(RECORDS, Window(1.0, 5.0), max_schedule_delay_ms=5.0)

@@ -217,7 +217,7 @@ def test_two_sigints_end_a_run_against_a_server_that_never_answers(
     result = json.loads(out.read_text())
     assert result["partial"] is True and result["requests"]["completed"] == 0
     assert not result["valid"] and "no request completed" in " ".join(result["invalid_reasons"])
-    assert any("were cancelled" in note for note in result["notes"])
+    assert any("in flight, cancelled" in note for note in result["notes"])
     wait_until(lambda: gone(children), "end of every worker process", timeout=10)
 
 

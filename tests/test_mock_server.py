@@ -994,8 +994,12 @@ def test_cli_serves_until_sigint() -> None:
                 line = proc.stderr.readline()
                 assert line, f"the server exited: {proc.wait()} {''.join(lines)}"
                 lines.append(line)
-                found = re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+)\n", line)
-                url = found.group(1) if found else None
+                event = json.loads(line)  # with --log-format json, every line is JSON
+                if event["event"] == "cli_message":
+                    found = re.fullmatch(
+                        r"listening on (http://127\.0\.0\.1:\d+)", event["message"]
+                    )
+                    url = found.group(1) if found else None
             response = httpx.post(
                 url + "/v1/chat/completions",
                 json=CHAT,
@@ -1013,6 +1017,6 @@ def test_cli_serves_until_sigint() -> None:
     err = "".join(lines) + rest
     assert "Traceback" not in err
     assert "sk-very-secret" not in err
-    events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    events = [json.loads(line) for line in err.splitlines()]
     listening = [e for e in events if e["event"] == "mock_server_listening"]
     assert listening and listening[0]["url"] == url, err

@@ -310,7 +310,7 @@ def test_a_second_identical_run_calls_no_model(server: Any, tmp_path: Path, stre
     ]  # fmt: skip
     before = chat_requests(server)
     first = invoke("run", "customer_support", *target, "--out", str(tmp_path / "1.jsonl"),
-                   "--cache", str(cache))  # fmt: skip
+                   f"--cache={cache}")  # fmt: skip
     assert first.exit_code == 0, first.stderr
     called = chat_requests(server) - before
     assert called > 0 and f"cache: 0 hits, {called} misses, {called} answers kept" in first.stdout
@@ -358,7 +358,7 @@ def test_judge_answers_are_reused_by_score(server: Any, tmp_path: Path) -> None:
         "--metrics", "judge:Is the reply polite?",
         "--judge", "openai-compatible:mock-model",
         "--judge-arg", f"base_url={server.base_url}",
-        "--cache", str(tmp_path / "cache"),
+        f"--cache={tmp_path / 'cache'}",
     ]  # fmt: skip
     before = chat_requests(server)
     first = invoke("score", str(results), *judge, "--out", str(tmp_path / "s1.jsonl"))
@@ -383,10 +383,10 @@ def test_judge_answers_are_reused_by_score(server: Any, tmp_path: Path) -> None:
 def test_cache_options_refuse_bad_input(tmp_path: Path) -> None:
     alone = invoke("run", "customer_support", "--cache-expiry", "7d", "--limit", "1")
     assert alone.exit_code == 2 and "--cache-expiry needs --cache" in alone.stderr
-    bad = invoke("run", "customer_support", "--cache", str(tmp_path), "--cache-expiry", "soon")
+    bad = invoke("run", "customer_support", f"--cache={tmp_path}", "--cache-expiry", "soon")
     assert bad.exit_code == 2 and "not a duration" in bad.stderr
     no_judge = invoke("score", str(tmp_path / "x.jsonl"), "--metrics", "response_length",
-                      "--cache", str(tmp_path))  # fmt: skip
+                      f"--cache={tmp_path}")  # fmt: skip
     assert no_judge.exit_code == 2 and "needs --judge" in no_judge.stderr
 
 

@@ -84,7 +84,36 @@ def test_report_writes_one_csv_row_per_conversation(two_runs: list[Path], tmp_pa
     assert [r["conversation_id"] for r in rows] == list(frame["conversation_id"])
 
 
-def test_report_csv_into_a_missing_folder_exits_2(two_runs: list[Path], tmp_path: Path) -> None:
-    out = tmp_path / "nowhere" / "runs.csv"
+def test_report_csv_where_no_folder_can_be_made_exits_2(
+    two_runs: list[Path], tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "runs.csv"
     result = CliRunner().invoke(main, ["report", str(two_runs[1]), "--csv", str(out)])
-    assert result.exit_code == 2 and "does not exist" in result.output
+    assert result.exit_code == 2 and f"{out}: cannot create its folder" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_the_trial_of_each_conversation_is_a_column(tmp_path: Path, two_runs: list[Path]) -> None:
+    path = tmp_path / "trials.jsonl"
+    convsim.run_sync(convsim.load_pack("customer_support").with_trials(3), "scripted",
+                     out=path, limit=6)  # fmt: skip
+    conversations = load(path).conversations
+    assert sorted(conversations["trial"]) == [1, 1, 2, 2, 3, 3]
+    suffix = "#" + conversations["trial"].astype(str)
+    ids = conversations["conversation_id"]
+    assert all(c.endswith(s) for c, s in zip(ids, suffix, strict=True))
+    assert load(two_runs[0]).conversations["trial"].isna().all()  # one trial: none said
+
+
+def test_the_csv_of_report_has_the_trial_and_its_folder_is_made(tmp_path: Path) -> None:
+    path = tmp_path / "trials.jsonl"
+    convsim.run_sync(convsim.load_pack("customer_support").with_trials(2), "scripted",
+                     out=path, limit=2)  # fmt: skip
+    out = tmp_path / "new" / "folder" / "rows.csv"
+    done = CliRunner().invoke(main, ["report", str(path), "--csv", str(out)])
+    assert done.exit_code == 0, done.output
+    with out.open(encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted(r["trial"] for r in rows) == ["1", "2"]
+    assert all(r["conversation_id"].endswith("#" + r["trial"]) for r in rows)

@@ -177,3 +177,39 @@ def test_a_database_from_a_newer_convsim_is_refused(tmp_path: Path) -> None:
         raw.execute("PRAGMA user_version = 99")
     with pytest.raises(convsim.ConfigError, match="newer convsim"):
         Store(db)
+
+
+@pytest.mark.slow
+def test_a_finished_job_says_how_many_conversations_it_ran(server: Server) -> None:
+    """Its run records the total: a job whose request names no conversations (as an
+    older convsim stored them) still has one once it ran."""
+    import sqlite3
+
+    with EvaluationClient(server.url, _key(server, "alice")) as client:
+        job = client.create_evaluation("customer_support", "scripted", limit=2, trials=2)
+        done = client.wait(job.id, timeout=60)
+        assert done.progress == {"total": 2, "done": 2, "failed": 0}
+        with sqlite3.connect(server.db) as raw:
+            raw.execute(
+                "UPDATE jobs SET request = json_remove(request, '$.conversations') WHERE id = ?",
+                (job.id,),
+            )
+        assert client.get_evaluation(job.id).progress["total"] == 2
+
+
+def test_an_older_database_gains_the_total_column(tmp_path: Path) -> None:
+    import sqlite3
+
+    from convsim.service import Store
+    from convsim.service._store import MIGRATIONS
+
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as raw:
+        for step, script in enumerate(MIGRATIONS[:2]):
+            raw.executescript(f"{script} PRAGMA user_version = {step + 1};")
+        raw.execute(
+            "INSERT INTO jobs (id, key_name, state, request, created, done) "
+            "VALUES ('j', 'k', 'done', '{\"pack\": \"p\", \"model\": \"m\"}', 0, 3)"
+        )
+    job = Store(db).job("j")
+    assert job is not None and job.total is None and job.done == 3

@@ -28,8 +28,11 @@ def _groups(count: int, metrics: list[str]) -> dict[str, object]:
     }
 
 
-def _render(tables: list[object], width: int) -> str:
-    console = Console(width=width, record=True, force_terminal=False)
+def _console(width: int) -> Console:
+    return Console(width=width, record=True, force_terminal=False, soft_wrap=True)
+
+
+def _render(tables: list[object], console: Console) -> str:
     for table in tables:
         console.print(table)
     return console.export_text()
@@ -38,10 +41,11 @@ def _render(tables: list[object], width: int) -> str:
 @pytest.mark.parametrize(("groups", "metrics"), [(2, 3), (3, 12), (12, 4)])
 def test_breakdowns_fit_the_width_without_cutting_a_number(groups: int, metrics: int) -> None:
     names = [f"metric_name_{k}" for k in range(metrics)]
+    console = _console(80)
     tables = _terminal._group_tables(
-        "by scenario_type", "scenario_type", _groups(groups, names), names, 80
-    )  # type: ignore[arg-type]
-    text = _render(tables, 80)
+        console, "by scenario_type", "scenario_type", _groups(groups, names), names
+    )
+    text = _render(tables, console)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "…" not in text
     for i in range(groups):

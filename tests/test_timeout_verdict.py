@@ -88,7 +88,7 @@ async def test_a_timed_out_conversation_is_counted_apart_from_infrastructure_fai
     assert s.slowest_turn_s is not None  # turn a completed
     line = _console.timeout_line(s, users_timeout=False)
     assert line is not None and line.startswith(
-        "1 of 1 conversations hit the 240 s conversation timeout (the pack's); the slowest turn"
+        "1 of 1 conversation hit the 240 s conversation timeout (the pack's); the slowest turn"
     )
 
 

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from convsim._errors import parse_config
 from convsim._log import get_logger
+from convsim._plural import counted
 
 from ._answer import answer, cut
 from ._config import MockServerConfig, MockServerStatistics
@@ -237,7 +238,7 @@ class MockModelServer:
         wait = max(1, math.ceil(window[0] + 60.0 - now))
         response = error(
             429,
-            f"Rate limit reached: {limit} requests per minute. Retry in {wait} s.",
+            f"Rate limit reached: {counted(limit, 'request')} per minute. Retry in {wait} s.",
             "requests",
             "rate_limit_exceeded",
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._plural import counted
 from .._records import ConversationResult, Status, TerminationReason, TurnStatus
 
 __all__ = ["CircuitBreaker", "is_infrastructure_failure"]
@@ -52,7 +53,7 @@ class CircuitBreaker:
         error = result.error
         last = f"{error.type}: {error.message}" if error else result.termination_reason.value
         self.reason = (
-            f"{self.streak} conversations in a row failed for infrastructure reasons "
+            f"{counted(self.streak, 'conversation')} in a row failed for infrastructure reasons "
             f"(last: {' '.join(last.split())[:200]})"
         )
         return True

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from convsim.scenarios import Conversation
 
+from .._plural import counted
 from .._records import ConversationResult
 from ._estimate import CostEstimator
 
@@ -81,8 +82,8 @@ class CostMeter:
         if self.spent + in_flight + reserve > self.limit:
             self.stopped = (
                 f"spent ${self.spent:.4f} of --max-cost ${self.limit:g}, "
-                f"{len(self.reserved)} conversations in flight may cost ${in_flight:.4f} "
-                f"more and the next up to ${reserve:.4f}"
+                f"{counted(len(self.reserved), 'conversation')} in flight may cost "
+                f"${in_flight:.4f} more and the next up to ${reserve:.4f}"
             )
             return False
         self.reserved[conv.conversation_id] = reserve

@@ -21,6 +21,7 @@ from convsim.scenarios import Pack, Scenario
 from convsim.scenarios._criteria import CODE_REFUSED
 
 from .._errors import ConvsimError, PackError, ResultsError
+from .._plural import counted
 from .._records import ConversationResult
 from ..results._sinks import MAX_LINE_BYTES, RunManifest, manifest_path, read_results
 from ._packs import load_pack
@@ -91,7 +92,9 @@ def read_recorded_run(path: Path, *, allow_code: bool = False) -> RecordedRun:
         transcripts.append(recorded_transcript(scenario, result.turns, source=str(path)))
     missing = len(latest.keys() - by_id.keys())
     if pack is not None and missing:
-        notes.append(f"{missing} conversations are not in {pack.name}: scored from their turns")
+        notes.append(
+            f"{counted(missing, 'conversation')} not in {pack.name}: scored from the turns recorded"
+        )
     return RecordedRun(transcripts, notes)
 
 

@@ -35,6 +35,7 @@ from pydantic import (
 from .._log import get_logger
 from .._secrets import MASK, is_secret_key, looks_like_url, redact_url
 from ._console import stderr
+from ._options import OptionalValueCommand
 
 __all__ = ["MAX_CONFIG_BYTES", "ConfigFileCommand", "config_file_option", "read_config_file"]
 
@@ -307,9 +308,10 @@ def _renamed_variables(ctx: click.Context, command: click.Command) -> list[str]:
     return renamed
 
 
-class ConfigFileCommand(click.Command):
+class ConfigFileCommand(OptionalValueCommand):
     """A command with ``--config``: its help names the environment variables, and it
-    echoes what the file set before it runs."""
+    echoes what the file set before it runs (its optional values as
+    :class:`OptionalValueCommand` reads them)."""
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         super().format_epilog(ctx, formatter)

@@ -26,10 +26,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, ParamSpec, TypeVar
 
+import click
 from rich.console import Console
 from rich.markup import escape
 
 from .._errors import ConvsimError, EndpointError
+from .._plural import counted
+from ._logging import JsonLines
 
 if TYPE_CHECKING:
     from .._runtime._handle import RunStatistics
@@ -45,7 +48,9 @@ __all__ = [
     "EXIT_GATE_FAILED",
     "EXIT_INTERRUPTED",
     "RunVerdict",
+    "LOG_FORMAT",
     "clear_errors",
+    "json_logs",
     "print_error",
     "run_verdict",
     "timeout_line",
@@ -80,12 +85,26 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+LOG_FORMAT = "convsim.log_format"
+"""Where the context keeps ``--log-format`` (its ``meta``, shared by every command)."""
+
+
 def stdout() -> Console:
     # emoji=False: "scenarios.jsonl:100:" would otherwise print as "scenarios.jsonl💯"
     return Console(soft_wrap=True, emoji=False)
 
 
+def json_logs() -> bool:
+    """Whether the command runs with ``--log-format json``."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.meta.get(LOG_FORMAT) == "json"
+
+
 def stderr() -> Console:
+    """The console for messages: on stderr, as JSON events with ``--log-format json``
+    (every line of stderr is then JSON), as text otherwise."""
+    if json_logs():
+        return Console(file=JsonLines(), soft_wrap=True, emoji=False, no_color=True)
     return Console(stderr=True, soft_wrap=True, emoji=False)
 
 
@@ -144,7 +163,8 @@ def run_verdict(
         left = stats.total - stats.started
         return RunVerdict(
             EXIT_ENDPOINT_UNREACHABLE,
-            f"stopped early: {stats.stopped_early}; {left} conversations not started — "
+            f"stopped early: {stats.stopped_early}; {counted(left, 'conversation')} not "
+            "started — "
             "run again with --resume --retry-failed once the endpoint is back",
         )
     attempted = stats.done + stats.failed + stats.timed_out
@@ -152,7 +172,8 @@ def run_verdict(
     if attempted and failures / attempted > max_failure_rate:
         return RunVerdict(
             EXIT_INFRASTRUCTURE_FAILURES,
-            f"{failures} of {attempted} conversations failed for infrastructure reasons "
+            f"{failures} of {counted(attempted, 'conversation')} failed for infrastructure "
+            "reasons "
             f"({failures / attempted:.0%}), above --max-failure-rate {max_failure_rate:g}",
         )
     if attempted and stats.timed_out / attempted > max_failure_rate:
@@ -181,7 +202,8 @@ def timeout_line(stats: RunStatistics, *, users_timeout: bool) -> str | None:
         else f"the slowest turn took {_seconds(stats.slowest_turn_s)} s"
     )
     return (
-        f"{stats.timed_out} of {attempted} conversations hit {limit or 'the '}conversation "
+        f"{stats.timed_out} of {counted(attempted, 'conversation')} hit "
+        f"{limit or 'the '}conversation "
         f"timeout ({whose}); {slowest} — raise it with --conversation-timeout"
     )
 

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
+from .._plural import counted
+
 if TYPE_CHECKING:
     from .._runtime._estimate import RunEstimate
 
@@ -28,8 +30,8 @@ def _range(low: float | None, high: float | None) -> str:
 def print_estimate(pack: str, estimate: RunEstimate, console: Console) -> None:
     """The estimate, a line per role, then the run's cost range and what it rests on."""
     console.print(
-        f"dry run of {escape(pack)}: {estimate.conversations} conversations, "
-        f"{estimate.turns} turns; no model was called",
+        f"dry run of {escape(pack)}: {counted(estimate.conversations, 'conversation')}, "
+        f"{counted(estimate.turns, 'turn')}; no model was called",
         highlight=False,
     )
     for role, r in estimate.roles.items():
@@ -41,7 +43,8 @@ def print_estimate(pack: str, estimate: RunEstimate, console: Console) -> None:
         )
         answers = "no cap" if unbounded else f"at most {r.completion_tokens_high:,}"
         console.print(
-            f"  {role} ({escape(r.model or '')}): {r.calls:,} calls, prompt tokens {prompts}, "
+            f"  {role} ({escape(r.model or '')}): {counted(r.calls, 'call', grouped=True)}, "
+            f"prompt tokens {prompts}, "
             f"answer tokens {answers}, cost {_range(r.cost_low, r.cost_high)}",
             highlight=False,
         )

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
+from rich.text import Text
 
 from convsim._errors import ConfigError, parse_config
 from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
@@ -22,10 +23,12 @@ from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
 from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
 from convsim.cli._options import junit_option
-from convsim.cli._outputs import write_junit_report
+from convsim.cli._outputs import make_folder, write_junit_report
 from convsim.cli._spelling import respell_distribution, respell_synthetic
 
+from .._plural import counted
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
+from ..results._fit import Cell, across_tables, print_all, row_table
 
 if TYPE_CHECKING:
     from ..load._monitor import Progress
@@ -53,22 +56,19 @@ def _label(point: PointResult) -> str:
     return "trace"
 
 
-def _slo_cell(meets_slo: bool | None) -> str:
+def _slo_cell(meets_slo: bool | None) -> Cell:
     """A point's ``meets_slo`` in the table, when SLOs were given: None is an invalid
     point, which is not judged (:meth:`~convsim.load.SLOs.judge`)."""
     if meets_slo is None:
-        return "[red]invalid[/]"
+        return Text("invalid", style="red")
     return "yes" if meets_slo else "no"
 
 
-def _points_table(points: list[PointResult], slo: bool) -> Table:
-    """Figures down, points across: fits a narrow terminal even for a sweep."""
-    table = Table(title="Load test (latencies in ms)", title_justify="left")
-    table.add_column("")
-    for p in points:
-        table.add_column(_label(p), justify="right")
-    rows: list[tuple[str, list[str]]] = [
-        ("valid", ["yes" if p.valid else "[red]NO[/]" for p in points]),
+def _points_tables(points: list[PointResult], slo: bool, console: Console) -> list[Any]:
+    """Figures down, points across: split into as many tables as it takes for a sweep
+    to fit the console, no figure cut."""
+    rows: list[tuple[str, list[Cell]]] = [
+        ("valid", ["yes" if p.valid else Text("NO", style="red") for p in points]),
         ("sessions/s", [_fmt(p.achieved_rate, 2) for p in points]),
         ("requests/s", [_fmt(p.throughput.requests_per_s, 1) for p in points]),
         ("output tokens/s", [_fmt(p.throughput.output_tokens_per_s, 0) for p in points]),
@@ -107,53 +107,73 @@ def _points_table(points: list[PointResult], slo: bool) -> Table:
                 ],
             )
         )
-    for name, cells in rows:
-        table.add_row(name, *cells)
-    return table
+    labels = _labels(points)
+    items = {label: [cells[i] for _, cells in rows] for i, label in enumerate(labels)}
+    heads = [name for name, _ in rows]
+    return across_tables(console, "Load test (latencies in ms)", "", items, heads)
 
 
-def _turn_table(point: PointResult) -> Table:
-    table = Table(title="By turn depth (ms: p50 / p99)", title_justify="left")
-    for name in ("turn", "requests", "messages sent", "TTFT", "E2E"):
-        table.add_column(name, justify="right")
-    for t in point.by_turn:
-        table.add_row(
+def _labels(points: list[PointResult]) -> list[str]:
+    """Each point's label, made unique (two points at the same rate get #2, #3...)."""
+    seen: dict[str, int] = {}
+    labels = []
+    for p in points:
+        label = _label(p)
+        seen[label] = seen.get(label, 0) + 1
+        labels.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return labels
+
+
+def _turn_tables(point: PointResult, console: Console) -> list[Any]:
+    rows: list[list[Cell]] = [
+        [
             str(t.turn_index),
             str(t.count),
             f"{t.mean_history_messages:.1f}",
             f"{_fmt(t.ttft_ms.p50)} / {_fmt(t.ttft_ms.p99)}",
             f"{_fmt(t.e2e_ms.p50)} / {_fmt(t.e2e_ms.p99)}",
-        )
-    return table
+        ]
+        for t in point.by_turn
+    ]
+    heads = ["turn", "requests", "messages sent", "TTFT", "E2E"]
+    return row_table(console, "By turn depth (ms: p50 / p99)", heads, rows)
 
 
-def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
+def _say(out: Console, text: str, label: tuple[str, str] | None = None) -> None:
+    """A line of the summary, whole on one line; ``label`` (its text and style) before
+    it."""
+    out.print(Text(text) if label is None else Text.assemble(label, " ", text))
+
+
+def _print_result(result: LoadResult | SweepResult, slo: bool, out: Console) -> None:
+    """The figures of a run or sweep, its lines, invalid reasons and notes, on ``out``."""
     from ..load._result import SweepResult
 
-    out = _stdout()
     points: list[PointResult] = list(result.points) if isinstance(result, SweepResult) else [result]
-    out.print(_points_table(points, slo))
+    print_all(out, _points_tables(points, slo, out))
     main = (
         points[-1]
         if not isinstance(result, SweepResult)
         else max(points, key=lambda p: p.throughput.requests_per_s)
     )
     if main.by_turn:
-        out.print(_turn_table(main))
+        print_all(out, _turn_tables(main, out))
     for p in points:
         c, conv = p.client, p.conversations
-        line = f"{_label(p)}: {p.requests.completed} requests completed, {p.requests.failed} failed"
+        completed = counted(p.requests.completed, "request", grouped=True)
+        line = f"{_label(p)}: {completed} completed, {p.requests.failed:,} failed"
         if p.requests.errors_by_class:
             line += (
                 " (" + ", ".join(f"{k} {v}" for k, v in p.requests.errors_by_class.items()) + ")"
             )
         if conv is not None:
-            line += f"; {conv.completed} conversations completed ({conv.per_s:.2f}/s)"
+            done = counted(conv.completed, "conversation", grouped=True)
+            line += f"; {done} completed ({conv.per_s:.2f}/s)"
             if conv.meeting_slo_share is not None:
                 line += f", {conv.meeting_slo_share:.0%} meeting every SLO"
         if c is not None:
             line += (
-                f"; client CPU {c.cpu_cores:.2f} cores over {c.workers} worker(s), "
+                f"; client CPU {c.cpu_cores:.2f} cores over {counted(c.workers, 'worker')}, "
                 f"loop lag p99 {_fmt(c.event_loop_lag_ms.p99, 2)} ms, "
                 f"in flight mean {c.mean_in_flight:.1f} max {c.max_in_flight}"
             )
@@ -162,21 +182,22 @@ def _print_result(result: LoadResult | SweepResult, slo: bool) -> None:
                 f"; input length error {p.input_tokens.error_pct_p50:+.1f}% median, "
                 f"{p.input_tokens.error_pct_max:.1f}% at most ({p.input_tokens.method})"
             )
-        out.print(line, highlight=False)
+        _say(out, line)
         for reason in p.invalid_reasons:
-            out.print(f"[bold red]invalid:[/] {reason}", highlight=False)
+            _say(out, reason, ("invalid:", "bold red"))
     for note in dict.fromkeys(n for p in points for n in p.notes):
-        out.print(f"note: {note}", highlight=False)
+        _say(out, note, ("note:", ""))
     if result.partial:
         measured = (
-            f"{len(points)} point(s) measured"
+            f"{counted(len(points), 'point')} measured"
             if isinstance(result, SweepResult)
             else f"{points[0].duration_s:.1f} s measured"
         )
-        out.print(
-            f"[bold yellow]partial:[/] {result.partial_reason}; the figures cover what was "
-            f"measured before the stop ({measured})",
-            highlight=False,
+        _say(
+            out,
+            f"{result.partial_reason}; the figures cover what was measured before the stop "
+            f"({measured})",
+            ("partial:", "bold yellow"),
         )
     if isinstance(result, SweepResult) and slo:
         best = result.max_rate_meeting_slo
@@ -213,8 +234,8 @@ class _Display:
     def progress(self, p: Progress) -> None:
         phase = "measuring" if p.measuring else "warming up"
         text = (
-            f"{p.label} {phase} {p.elapsed_s:6.1f}s  done {p.completed:,}  failed {p.failed:,}  "
-            f"in flight {p.in_flight}  sessions {p.sessions}  "
+            f"{p.label} {phase} {p.elapsed_s:6.1f}s  sessions {p.sessions}  "
+            f"done {p.completed:,}  failed {p.failed:,}  in flight {p.in_flight}  "
             f"TTFT p50 {_fmt(p.recent_ttft_ms)} ms  E2E p50 {_fmt(p.recent_e2e_ms)} ms"
         )
         if self.live is not None:
@@ -532,8 +553,8 @@ def load_command(
         LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
     )
     for path in (out, requests_out, html_out):
-        if path is not None and not path.parent.exists():
-            raise ConfigError(f"{path}: its folder does not exist")
+        if path is not None:
+            make_folder(path)  # before the run: a folder that cannot be made stops it
     if html_out is not None:
         from convsim.results._html import check_html_extra
 
@@ -575,7 +596,7 @@ def _write_outputs(
     from ..load._requests_file import write_requests
 
     assert run.result is not None
-    _print_result(run.result, slo=plan.slo is not None)
+    _print_result(run.result, plan.slo is not None, _stdout())
     if out is not None:
         out.write_text(json.dumps(run.result.model_dump(mode="json"), indent=2) + "\n")
         _stdout().print(f"result: {out}", highlight=False)

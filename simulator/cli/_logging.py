@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -11,7 +13,7 @@ import structlog
 
 from .._secrets import MASK, is_secret_key, looks_like_url, redact_url
 
-__all__ = ["configure_logging", "redact_secrets", "is_secret_key"]
+__all__ = ["JsonLines", "configure_logging", "redact_secrets", "is_secret_key"]
 
 
 def redact_secrets(
@@ -46,3 +48,43 @@ def configure_logging(fmt: Literal["console", "json"] = "console", level: str = 
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+_LEVELS = {"error:": "error", "warning:": "warning"}
+"""A line that starts so is said at that level; any other at info."""
+
+
+class JsonLines(io.StringIO):
+    """What a console writes, as JSON events on stderr (``--log-format json``): each
+    message one line, beside structlog's own, so that every line there is JSON.
+
+    An event is ``{"event": "cli_message", "message": ..., "level": ...,
+    "timestamp": ...}``; the level is the message's own ``error:`` or ``warning:``
+    (taken off the message), else info. Messages are never filtered by
+    ``--log-level``: they are what the command says, not debug detail.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending = ""
+        self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if self._pending.endswith("\n"):  # a console writes each message whole
+            message, self._pending = self._pending.rstrip("\n"), ""
+            if message.strip():
+                self._emit(message)
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def _emit(self, message: str) -> None:
+        level = "info"
+        for prefix, name in _LEVELS.items():
+            if message.startswith(prefix):
+                level, message = name, message[len(prefix) :].lstrip()
+        event: dict[str, Any] = {"event": "cli_message", "message": message, "level": level}
+        event = dict(self._stamp(None, "", event))
+        sys.stderr.write(json.dumps(event, ensure_ascii=False) + "\n")

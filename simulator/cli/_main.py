@@ -8,6 +8,7 @@ from typing import Any, Literal, NoReturn
 import click
 
 from .._registry import Registry
+from ._console import LOG_FORMAT, print_error
 from ._logging import configure_logging
 
 __all__ = ["COMMANDS", "ENV_PREFIX", "main"]
@@ -23,6 +24,7 @@ COMMANDS.register("score", "convsim.cli._score:score")
 COMMANDS.register("report", "convsim.cli._report:report")
 COMMANDS.register("compare", "convsim.cli._report:compare")
 COMMANDS.register("load", "convsim.cli._load:load_command")
+COMMANDS.register("metrics", "convsim.cli._metrics:metrics_command")
 COMMANDS.register("serve", "convsim.cli._serve:serve")
 COMMANDS.register("mock-server", "convsim.cli._mock_server:mock_server")
 
@@ -43,35 +45,44 @@ class _Commands(click.Group):
         return command
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the command; an unexpected exception is a crash: its traceback is printed
-        and the exit code is 70 (``EXIT_CRASHED``), never 1, so CI can tell a crash from
-        a failed gate (100). click's own exits and usage errors pass through."""
+        """Run the command. With --log-format json a usage error is a JSON event too. An
+        unexpected exception is a crash: its traceback is printed and the exit code is 70
+        (``EXIT_CRASHED``), never 1, so CI can tell a crash from a failed gate (100).
+        click's own exits and usage errors pass through."""
         try:
-            return super().invoke(ctx)
+            return super().invoke(ctx)  # runs main(), which sets the log format
+        except click.UsageError as exc:
+            if ctx.meta.get(LOG_FORMAT) != "json":
+                raise
+            where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
+            print_error(f"{where}{exc.format_message()}")
+            raise click.exceptions.Exit(exc.exit_code) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except OSError as exc:
             if exc.errno == errno.EPIPE:  # stdout closed by a pager or `head`: click's case
                 raise
-            _crash()
+            _crash(ctx.meta.get(LOG_FORMAT) == "json")
         except Exception:
-            _crash()
+            _crash(ctx.meta.get(LOG_FORMAT) == "json")
 
 
-def _crash() -> NoReturn:
-    """Print the exception being handled, with its traceback, and exit 70."""
+def _crash(json_log: bool) -> NoReturn:
+    """Print the exception being handled, with its traceback, and exit 70 (with
+    --log-format json, the traceback is inside the one JSON error event)."""
     import sys
     import traceback
 
-    from ._console import EXIT_CRASHED, print_error
+    from ._console import EXIT_CRASHED
 
-    traceback.print_exc()
     kind = sys.exc_info()[0]
     name = "an exception" if kind is None else kind.__name__
-    print_error(
-        f"convsim crashed ({name}, exit {EXIT_CRASHED}): a bug, not a verdict on the "
-        "model; the traceback above says where"
-    )
+    message = f"convsim crashed ({name}, exit {EXIT_CRASHED}): a bug, not a verdict on the model"
+    if json_log:
+        print_error(f"{message}\n{traceback.format_exc()}")
+    else:
+        traceback.print_exc()
+        print_error(f"{message}; the traceback above says where")
     sys.exit(EXIT_CRASHED)
 
 
@@ -101,7 +112,8 @@ option). A flag on the command line wins over it; it wins over a ``--config`` fi
     default="warning",
     show_default=True,
 )
-def main(log_format: Literal["console", "json"], log_level: str) -> None:
+@click.pass_context
+def main(ctx: click.Context, log_format: Literal["console", "json"], log_level: str) -> None:
     """Simulate and evaluate multi-turn conversations with language models.
 
     \b
@@ -117,5 +129,9 @@ def main(log_format: Literal["console", "json"], log_level: str) -> None:
     Every option can also come from an environment variable CONVSIM_<COMMAND>_<NAME>,
     NAME being the option's value name in capitals, such as CONVSIM_RUN_CONCURRENCY=8
     or CONVSIM_LOG_LEVEL=info; a flag on the command line wins over it.
+
+    With --log-format json every line on stderr is a JSON event: the logs, and what
+    the command says there (progress, warnings, errors) as "cli_message" events.
     """
+    ctx.meta[LOG_FORMAT] = log_format
     configure_logging(log_format, log_level)

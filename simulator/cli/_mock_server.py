@@ -197,7 +197,7 @@ async def _serve_mock(config: Any) -> None:
 
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with MockModelServer(config) as server:
-            click.echo(f"listening on {server.url}", err=True)
+            _stderr().print(f"listening on {server.url}", highlight=False)
             structlog.get_logger("convsim.cli").info(
                 "mock_server_listening", url=server.url, base_url=server.base_url
             )

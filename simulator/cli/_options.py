@@ -183,6 +183,68 @@ def with_base_url(
     return (*pairs, f"base_url={url}")
 
 
+class OptionalValue(click.Option):
+    """An option whose value may be left out: ``--html`` alone stands for its
+    ``flag_value`` (a default place), ``--html=FILE`` gives the value. The value is
+    joined to the option by ``=`` only: the word after a bare ``--html`` is never taken
+    as its value, so ``convsim report --html RESULTS`` leaves RESULTS to the command.
+    Commands with such options are :class:`OptionalValueCommand`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["is_flag"] = False  # a value it may go without: not a flag
+        super().__init__(*args, **kwargs)
+        if self.flag_value is None:
+            raise TypeError(f"{self.name}: an optional value needs flag_value")
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        """``--html[=FILE]``, the way it is written."""
+        record = super().get_help_record(ctx)
+        if record is None:
+            return None
+        names, text = record
+        return names.replace(" [=", "[="), text
+
+
+class OptionalValueCommand(click.Command):
+    """A command whose :class:`OptionalValue` options take a value by ``=`` only.
+
+    Before click parses the command line, a bare ``--html`` becomes
+    ``--html=<its flag_value>``; the word after it stays an argument. When the command
+    line then has an argument too many, the error says how to give the value.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        bare = {
+            name: str(param.flag_value)
+            for param in self.get_params(ctx)
+            if isinstance(param, OptionalValue)
+            for name in param.opts
+        }
+        given: list[str] = []
+        followed: list[tuple[str, str]] = []
+        for i, arg in enumerate(args):
+            if arg == "--":  # what follows is arguments only
+                given.extend(args[i:])
+                break
+            if arg in bare:
+                given.append(f"{arg}={bare[arg]}")
+                after = args[i + 1] if i + 1 < len(args) else None
+                if after is not None and not after.startswith("-"):
+                    followed.append((arg, after))
+            else:
+                given.append(arg)
+        try:
+            return super().parse_args(ctx, given)
+        except click.UsageError as exc:
+            if not followed or "unexpected extra argument" not in exc.message:
+                raise
+            hints = ", ".join(f"{name}={word}" for name, word in followed)
+            raise click.UsageError(
+                f"{exc.message} (to give an option its value, join them with '=': {hints})",
+                exc.ctx,
+            ) from None
+
+
 DEFAULT_CACHE = ":default:"
 """What ``--cache`` given without a folder stands for: the default cache folder."""
 
@@ -192,13 +254,13 @@ def cache_options(func: F) -> F:
     options = [
         click.option(
             "--cache",
-            is_flag=False,
+            cls=OptionalValue,
             flag_value=DEFAULT_CACHE,
             default=None,
-            metavar="[DIR]",
+            metavar="[=DIR]",
             help="Answer model, simulated-user and judge calls made before from a response "
-            "cache in DIR (without DIR: ~/.cache/convsim/responses, under $XDG_CACHE_HOME "
-            "when set); errors are never cached.",
+            "cache: --cache=DIR in DIR, --cache alone in ~/.cache/convsim/responses (under "
+            "$XDG_CACHE_HOME when set); errors are never cached.",
         ),
         click.option(
             "--cache-expiry",
@@ -260,12 +322,12 @@ def html_option(f: Any) -> Any:
     return click.option(
         "--html",
         "html_out",
-        is_flag=False,
+        cls=OptionalValue,
         flag_value="",
         default=None,
-        metavar="[FILE]",
-        help="Write a self-contained HTML report (default FILE: the results file with "
-        ".html): plots and every conversation, offline.",
+        metavar="[=FILE]",
+        help="Write a self-contained HTML report, plots and every conversation, offline: "
+        "--html=FILE to FILE, --html alone beside the results file (with .html).",
     )(f)
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import click
 
+from .._plural import counted
 from ._console import stdout as _stdout
 
 if TYPE_CHECKING:
@@ -25,15 +26,32 @@ def print_cache_line(cache: ResponseCache, console: Console) -> None:
     stats = cache.statistics()
     corrupt = f", {stats.corrupt} unreadable (asked again)" if stats.corrupt else ""
     console.print(
-        f"cache: {stats.hits} hits, {stats.misses} misses, {stats.writes} answers kept"
+        f"cache: {counted(stats.hits, 'hit')}, {counted(stats.misses, 'miss', 'misses')}, "
+        f"{counted(stats.writes, 'answer')} kept"
         f"{corrupt} ({cache.directory})",
         highlight=False,
     )
 
 
+def make_folder(path: Path) -> None:
+    """Create the folder an output file goes in, as ``convsim run`` does for its results.
+
+    Raises:
+        ConfigError: the folder cannot be made (a file of that name, no permission).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from .._errors import ConfigError
+
+        raise ConfigError(f"{path}: cannot create its folder: {exc.strerror}") from None
+
+
 def write_report_html(results: Path, html_out: str) -> None:
     from ..results._html import write_html
 
+    if html_out:
+        make_folder(Path(html_out))
     written = write_html(results, html_out or None)
     size = written.stat().st_size
     _stdout().print(f"html: {written} ({size / 1e6:.2f} MB)", highlight=False)

@@ -6,6 +6,7 @@ import click
 from rich.table import Table
 
 from .._gc import tune_gc_for_throughput
+from .._plural import counted
 from ._console import (
     clear_errors,
 )
@@ -38,7 +39,7 @@ def validate(pack: str, reading: PackReading) -> None:
     flows = sorted({c.flow.scenario_type for c in loaded.conversations})
     out = _stdout()
     out.print(
-        f"ok: {loaded.name} ({loaded.kind}, {len(loaded)} conversations, "
+        f"ok: {loaded.name} ({loaded.kind}, {counted(len(loaded), 'conversation')}, "
         f"flows: {', '.join(flows)}) hash {loaded.pack_hash[:12]}",
         highlight=False,
     )

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
-from .._errors import ConfigError
+from .._plural import counted
 from ..results._terminal import print_comparison, print_report
 from ._console import clear_errors
 from ._console import stdout as _stdout
 from ._gates import compare_gates, exit_on_failed_gates, fail_under_gates, gate_suite
 from ._options import (
+    OptionalValueCommand,
     check_html_extra,
     fail_under_option,
     html_option,
@@ -21,6 +22,7 @@ from ._options import (
 )
 from ._outputs import (
     lock_results,
+    make_folder,
     write_junit_report,
     write_report_html,
     write_results_junit,
@@ -28,7 +30,7 @@ from ._outputs import (
 )
 
 
-@click.command()
+@click.command(cls=OptionalValueCommand)
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option(
     "--csv",
@@ -69,7 +71,7 @@ def report(
     _stdout().print(f"summary: {written.json_path}, {written.markdown_path}", highlight=False)
     if csv_out is not None:
         count = _write_csv(results, csv_out)
-        _stdout().print(f"csv: {csv_out} ({count} conversations)", highlight=False)
+        _stdout().print(f"csv: {csv_out} ({counted(count, 'conversation')})", highlight=False)
     if html_out is not None:
         write_report_html(results, html_out)
     gates = fail_under_gates(summary, fail_under, min_scored=min_scored)
@@ -85,8 +87,7 @@ def _write_csv(results: Path, out: Path) -> int:
     from ..results import conversation_columns, conversation_row
     from ..results._sinks import read_results
 
-    if not out.parent.exists():
-        raise ConfigError(f"{out}: its folder does not exist")
+    make_folder(out)
     rows = [conversation_row(r, str(results)) for r in read_results(results)]
     with out.open("w", encoding="utf-8", newline="") as fh:
         writer = csv.DictWriter(fh, conversation_columns(rows))
@@ -146,8 +147,7 @@ def compare(
     result = compare_files(base, candidate, metrics=wanted)
     print_comparison(result, _stdout())
     if json_out is not None:
-        if not json_out.parent.exists():
-            raise ConfigError(f"{json_out}: its folder does not exist")
+        make_folder(json_out)
         json_out.write_text(json.dumps(as_json(result), indent=2) + "\n")
         _stdout().print(f"comparison: {json_out}", highlight=False)
     gates = compare_gates(result, worse=worse_gates, fail_under=fail_under, min_scored=min_scored)

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .._errors import ConvsimError
 from .._gc import tune_gc_for_throughput
+from .._plural import counted
 from ..results._terminal import print_report
 from ._config_file import ConfigFileCommand, config_file_option
 from ._console import (
@@ -432,7 +433,8 @@ def run(
     if stats.cost_stop is not None and not outcome.interrupted:
         left = stats.total - stats.started
         _stderr().print(
-            f"stopped: max_cost — {stats.cost_stop}; {left} conversations not started: "
+            f"stopped: max_cost — {stats.cost_stop}; {counted(left, 'conversation')} not "
+            "started: "
             "run again with --resume (and a higher --max-cost) to run them",
             highlight=False,
         )
@@ -481,7 +483,9 @@ def _run_on_ray(
         now = time.monotonic()
         if now - last[0] >= PROGRESS_LINE_S:
             last[0] = now
-            err.print(f"ray: {done}/{total} finished, {busy} actor(s) busy", highlight=False)
+            err.print(
+                f"ray: {done}/{total} finished, {counted(busy, 'actor')} busy", highlight=False
+            )
 
     def interrupted(at_once: bool) -> None:
         if at_once:
@@ -502,7 +506,8 @@ def _run_on_ray(
     print_report(report, _stdout())
     written = write_summaries(report, out)
     _stdout().print(
-        f"ray: {outcome.results} conversations on {outcome.actors} actors "
+        f"ray: {counted(outcome.results, 'conversation')} on "
+        f"{counted(outcome.actors, 'actor')} "
         f"({outcome.restarted_actors} restarted), first result after "
         f"{outcome.first_result_s or 0:.2f} s\nresults: {out}\nsummary: {written.json_path}, "
         f"{written.markdown_path}",
@@ -515,27 +520,30 @@ def _run_on_ray(
         write_results_junit(junit_out, out, gates)
     if outcome.interrupted:
         print_error(
-            f"interrupted: {outcome.results} conversations recorded; run again with "
+            f"interrupted: {counted(outcome.results, 'conversation')} recorded; run again with "
             "--resume to finish the rest"
         )
         sys.exit(EXIT_INTERRUPTED)
     if outcome.not_run:
         why = outcome.stopped_early or "an actor died too often"
         print_error(
-            f"stopped early: {why}; {outcome.not_run} conversations not run — run again "
+            f"stopped early: {why}; {counted(outcome.not_run, 'conversation')} not run — run "
+            "again "
             "with --resume --retry-failed once the endpoint is back"
         )
         sys.exit(EXIT_ENDPOINT_UNREACHABLE)
     failures, attempted = outcome.infrastructure_failures, outcome.attempted
     if attempted and failures / attempted > max_failure_rate:
         print_error(
-            f"{failures} of {attempted} conversations failed for infrastructure reasons "
+            f"{failures} of {counted(attempted, 'conversation')} failed for infrastructure "
+            "reasons "
             f"({failures / attempted:.0%}), above --max-failure-rate {max_failure_rate:g}"
         )
         sys.exit(EXIT_INFRASTRUCTURE_FAILURES)
     if attempted and outcome.timed_out / attempted > max_failure_rate:
         print_error(
-            f"{outcome.timed_out} of {attempted} conversations hit the conversation timeout "
+            f"{outcome.timed_out} of {counted(attempted, 'conversation')} hit the conversation "
+            "timeout "
             "(the pack's)"
         )
         sys.exit(EXIT_TIMEOUTS)

@@ -8,14 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
-from rich.table import Table
 
+from .._plural import counted
+from ..results._fit import column_tables, print_all, row_table
 from ..results._terminal import mean_cell, score_cell
 from ._console import (
     clear_errors,
 )
 from ._console import stdout as _stdout
 from ._options import (
+    OptionalValueCommand,
     cache_options,
     judge_options,
     pack_input_options,
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from .._records import Score
 
 
-@click.command()
+@click.command(cls=OptionalValueCommand)
 @click.argument("recorded", metavar="FILE", type=click.Path(path_type=Path))
 @click.option(
     "--metrics",
@@ -120,22 +122,20 @@ def score(
     out_console = _stdout()
     for note in notes:
         out_console.print(f"note: {note}", highlight=False)
-    table = Table(title=f"{recorded.name}: {len(scored)} conversations")
-    table.add_column("conversation")
-    for name in metric_names:
-        table.add_column(name, justify="right")
-    for row in scored:
-        table.add_row(row.conversation_id, *[score_cell(row.scores[n]) for n in metric_names])
-    out_console.print(table)
-    summary = Table(title="aggregate: mean over scored (applicable: scored + failed)")
-    for col in ("metric", "mean", "95% CI", "scored", "n/a", "failed"):
-        summary.add_column(col, justify="left" if col == "metric" else "right")
+    title = f"{recorded.name}: {counted(len(scored), 'conversation')}"
+    rows = [
+        [row.conversation_id, *[score_cell(row.scores[n]) for n in metric_names]] for row in scored
+    ]
+    print_all(out_console, column_tables(out_console, title, ["conversation", *metric_names], rows))
     summaries = _summarise([row.scores for row in scored], {})
+    aggregate = []
     for name in metric_names:
         m = summaries[name]
         ci = "" if m.ci_low is None else f"{m.ci_low:.4g} - {m.ci_high:.4g}"
-        summary.add_row(name, mean_cell(m), ci, str(m.n), str(m.not_applicable), str(m.failed))
-    out_console.print(summary)
+        aggregate.append([name, mean_cell(m), ci, str(m.n), str(m.not_applicable), str(m.failed)])
+    heads = ["metric", "mean", "95% CI", "scored", "n/a", "failed"]
+    title = "aggregate: mean over scored (applicable: scored + failed)"
+    print_all(out_console, row_table(out_console, title, heads, aggregate))
     if responses is not None:
         print_cache_line(responses, out_console)
     scenarios = {t.conversation_id: t.conversation.scenario for t in loaded}
@@ -148,13 +148,12 @@ def score(
         groups: dict[str, list[dict[str, Score]]] = {}
         for row in scored:
             groups.setdefault(keys[row.conversation_id] or "unspecified", []).append(row.scores)
-        by = Table(title=f"by {field} (mean)")
-        for col in (field, "conversations", *metric_names):
-            by.add_column(col, justify="left" if col == field else "right")
+        by = []
         for group, maps in sorted(groups.items()):
             means = _summarise(maps, {})
-            by.add_row(group, str(len(maps)), *[mean_cell(means.get(n)) for n in metric_names])
-        out_console.print(by)
+            by.append([group, str(len(maps)), *[mean_cell(means.get(n)) for n in metric_names]])
+        heads = [field, "conversations", *metric_names]
+        print_all(out_console, column_tables(out_console, f"by {field} (mean)", heads, by))
     if out is not None:
         try:
             with open(out, "w", encoding="utf-8") as fh:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from convsim._errors import ConfigError
 from convsim._extras import needs_extra
 from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
-from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM
+from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, MetricTraits
 
 from ._task_pack import aggregation_name, score_document
 
@@ -87,6 +87,7 @@ def _version() -> str:
 class LmEvalMetric:
     """An lm-eval metric over the conversation's turns that have a reference response."""
 
+    traits: ClassVar[MetricTraits] = MetricTraits("turn", needs=frozenset({"reference"}))
     higher_is_better: bool
     cpu_heavy = True
 
@@ -167,6 +168,7 @@ class LmEvalTaskMetric:
     """One metric of an lm-eval task run as ``lm-eval:TASK``: the task's own filters and
     process_results on each document's answer (``lm_eval_task:<metric>``)."""
 
+    traits: ClassVar[MetricTraits] = MetricTraits("turn", needs=frozenset({"task"}))
     cpu_heavy = False  # a few hundred microseconds a document: a thread hop costs more
 
     def __init__(self, qualified: str) -> None:

@@ -48,6 +48,7 @@ from convsim.scenarios import (
     render_context,
 )
 
+from .._plural import counted
 from ._export import conversation_request, conversation_scores, require_convsim_model
 from ._task_metric import TASK_METRIC_PREFIX, numeric
 from ._tasks import TASKS, AdvancedTask
@@ -411,8 +412,8 @@ class _TaskConversation(Conversation):
         prompt = origin.prompt(turn, transcript)
         if max_chars is not None and len(prompt) > max_chars:
             raise TranscriptTooLong(
-                f"the task's prompt passes the {max_chars:,} characters left in the "
-                "conversation's transcript (max_transcript_chars)",
+                f"the task's prompt passes the {counted(max_chars, 'character', grouped=True)} "
+                "left in the conversation's transcript (max_transcript_chars)",
                 limit=max_chars,
             )
         return prompt

@@ -21,6 +21,8 @@ from convsim.scenarios import (
     TurnSettings,
 )
 
+from .._plural import counted
+
 __all__ = ["PromptPackBuilder", "TURN_ID"]
 
 _TEMPLATE = Template.parse("{prompt}")
@@ -91,7 +93,7 @@ class PromptPackBuilder:
             name=name,
             path=path,
             kind="single_turn",
-            description=f"{name} ({len(self._conversations)} documents)",
+            description=f"{name} ({counted(len(self._conversations), 'document')})",
             pack_hash=self._digest.hexdigest(),
             conversations=tuple(self._conversations),
             metrics=metrics,

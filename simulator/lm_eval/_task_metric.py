@@ -7,9 +7,10 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from convsim._records import HIGHER_IS_BETTER_DETAIL, Score, TurnRecord, TurnStatus
+from convsim.metrics import MetricTraits
 from convsim.scenarios import Conversation
 
 __all__ = [
@@ -84,6 +85,7 @@ class TaskMetric:
     (``process_results`` of a single-turn task, ``evaluate_conversation`` of a
     multi-turn one)."""
 
+    traits: ClassVar[MetricTraits] = MetricTraits("conversation", needs=frozenset({"task"}))
     cpu_heavy = True  # the task's hooks may score with convsim's metrics
 
     def __init__(self, qualified: str) -> None:

@@ -34,6 +34,7 @@ from convsim._gauges import InFlight, LoopMonitor
 from convsim._types import GenerationParams, Message
 from convsim.adapters import ModelAdapter
 
+from .._plural import counted
 from ._arrivals import ArrivalPattern, Schedule, arrival_schedule
 from ._distributions import Distribution, Fixed
 from ._monitor import Progress, TimelinePoint
@@ -719,13 +720,13 @@ class _Driver:
         waited = self.now() - self.stopped_at
         if not self.interrupted:
             self.notes.append(
-                f"{self.in_flight.now} requests were still in flight "
-                f"{self.shape.drain_timeout:g} s after the run stopped sending and were cancelled"
+                f"{counted(self.in_flight.now, 'request')} still in flight "
+                f"{self.shape.drain_timeout:g} s after the run stopped sending: cancelled"
             )
         elif self.in_flight.now:
             self.notes.append(
-                f"the run was stopped early: {self.in_flight.now} requests in flight were "
-                f"cancelled {waited:.1f} s after it stopped sending (not counted)"
+                f"the run was stopped early: {counted(self.in_flight.now, 'request')} in "
+                f"flight, cancelled {waited:.1f} s after it stopped sending (not counted)"
             )
         sessions.cancel()
 

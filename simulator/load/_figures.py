@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._plural import counted
 from ._driver import DriveOutcome, Pause
 from ._records import RequestRecord
 from ._result import (
@@ -189,7 +190,7 @@ def merged_result(
     if refused:
         asked = max((o.quota_asked_s or 0.0 for o in outcomes), default=0.0)
         reasons.append(
-            f"{refused} {'request' if refused == 1 else 'requests'} failed with "
+            f"{counted(refused, 'request')} failed with "
             f"QuotaExhausted: the server asked to wait "
             f"{asked:g} s (Retry-After), more than max_retry_after, so a quota is probably "
             "used up; the run stopped there, and its figures do not show what the server "
@@ -277,17 +278,19 @@ def _paused_s(outcomes: Sequence[DriveOutcome], window: Window) -> float:
 def _token_notes(records: list[RequestRecord]) -> list[str]:
     """What the token figures rest on, when not on the server's own counts."""
     done = [r for r in records if r.ok]
-    counted = sum(1 for r in done if r.token_source == "tokenizer")
+    tokenized = sum(1 for r in done if r.token_source == "tokenizer")
     estimated = sum(1 for r in done if r.token_source == "estimate")
     notes = []
-    if counted:
+    if tokenized:
         notes.append(
-            f"{counted} of {len(done)} answers came without usage: their tokens were counted "
+            f"{tokenized} of {counted(len(done), 'answer')} came without usage: their tokens "
+            "were counted "
             "with the server's tokenizer"
         )
     if estimated:
         notes.append(
-            f"{estimated} of {len(done)} answers came without usage and the server has no "
+            f"{estimated} of {counted(len(done), 'answer')} came without usage and the server "
+            "has no "
             "tokenize endpoint: their tokens are estimates (output: the streamed chunks, "
             "one token each on llama.cpp and vLLM, else four characters a token; input: four "
             "characters a token)"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from .._plural import counted
 from ._records import RequestRecord
 from ._slo import Goodput, SLOs, goodput
 from ._stats import LatencySummary, summarize
@@ -336,8 +337,8 @@ def point_result(
         )
         if due and started < min_rate_ratio * due:
             reasons.append(
-                f"the client fell behind: {started} sessions started in the window where "
-                f"{due} were scheduled ({started / seconds:.2f}/s against "
+                f"the client fell behind: {counted(started, 'session')} started in the "
+                f"window, {due} scheduled ({started / seconds:.2f}/s against "
                 f"{due / seconds:.2f}/s)"
             )
     return PointResult(

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     from ._base import DEFAULT_HOOK_TIMEOUT_S as DEFAULT_HOOK_TIMEOUT_S
     from ._base import BasePlugin as BasePlugin
     from ._base import NoConfig as NoConfig
+    from ._base import PluginMetric as PluginMetric
     from ._base import PluginScores as PluginScores
     from ._base import ScoreRange as ScoreRange
+    from ._catalog import plugin_metrics as plugin_metrics
     from ._code_analysis import CodeAnalysisPlugin as CodeAnalysisPlugin
     from ._code_analysis import CodeFigures as CodeFigures
     from ._code_analysis import PythonComplexityAnalyzer as PythonComplexityAnalyzer

@@ -1,6 +1,7 @@
 """The plugin extension point: one class, hooks with no-op defaults.
 
-A plugin has a ``name`` and a ``version``, takes its configuration through
+A plugin has a ``name`` and a ``version``, declares the scores it gives in ``metrics``
+(:class:`PluginMetric`: ``convsim metrics`` lists them), takes its configuration through
 :meth:`BasePlugin.initialize` (validated against its ``Config`` model first), and
 overrides only the hooks it needs. Hooks see records (a manifest, a conversation's
 result, a turn record), never the runtime's own objects. :meth:`BasePlugin.score` is
@@ -22,8 +23,16 @@ from typing import Any, ClassVar, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from convsim._records import ConversationResult, Score, TurnRecord
+from convsim.metrics import MetricTraits
 
-__all__ = ["BasePlugin", "PluginScores", "ScoreRange", "NoConfig", "DEFAULT_HOOK_TIMEOUT_S"]
+__all__ = [
+    "BasePlugin",
+    "PluginMetric",
+    "PluginScores",
+    "ScoreRange",
+    "NoConfig",
+    "DEFAULT_HOOK_TIMEOUT_S",
+]
 
 DEFAULT_HOOK_TIMEOUT_S = 10.0
 """How long one hook call may take unless the plugin or its settings say otherwise."""
@@ -44,11 +53,29 @@ class PluginScores:
     turn_scores: dict[str, dict[str, Score]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PluginMetric:
+    """A score a plugin gives (from :meth:`BasePlugin.score`), declared so that
+    ``convsim metrics`` can list it before any run."""
+
+    name: str
+    """As scored, with the plugin's prefix: ``code_analysis:summary``."""
+    traits: MetricTraits
+    """``turn`` for scores of each answer (``turn_scores``), ``conversation`` for those
+    of the whole conversation (``scores``)."""
+    description: str
+    higher_is_better: bool | None = None
+
+
 class BasePlugin:
-    """Subclass it, set ``name`` (and ``version``, ``Config``), override hooks."""
+    """Subclass it, set ``name`` (and ``version``, ``Config``, ``metrics``), override
+    hooks."""
 
     name: ClassVar[str]
     version: ClassVar[str] = "0"
+    metrics: ClassVar[tuple[PluginMetric, ...]] = ()
+    """The scores the plugin gives, for ``convsim metrics`` (none declared: none
+    listed, any still scored)."""
     Config: ClassVar[type[BaseModel]] = NoConfig
     hook_timeout: ClassVar[float] = DEFAULT_HOOK_TIMEOUT_S
     """Seconds one hook call may take; a user overrides it with the plugin setting

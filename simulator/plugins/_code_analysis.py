@@ -17,10 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from convsim._extras import needs_extra
 from convsim._records import ConversationResult, Score, TurnStatus
+from convsim.metrics import MetricTraits
 from convsim.metrics._builtin import python_blocks
 from convsim.metrics._security import analyse_code
 
-from ._base import BasePlugin, PluginScores, ScoreRange
+from ._base import BasePlugin, PluginMetric, PluginScores, ScoreRange
 
 __all__ = ["CodeAnalysisPlugin", "PythonComplexityAnalyzer", "CodeFigures"]
 
@@ -113,6 +114,22 @@ _FIGURES = (
 )
 
 
+_ANSWER = MetricTraits("turn")
+_FIGURE_WORDS: tuple[tuple[str, bool | None, str], ...] = (
+    ("syntax_ok", True, "1 when every Python block of the answer parses (ast), else 0."),
+    ("cyclomatic_complexity", False, "The most complex block's cyclomatic complexity (radon)."),
+    ("maintainability_index", True, "The least maintainable block's index, 0-100 (radon's MI)."),
+    ("halstead_volume", None, "Halstead volume of the answer's Python, summed over blocks."),
+    ("halstead_difficulty", False, "Halstead difficulty, summed over the answer's blocks."),
+    ("halstead_effort", False, "Halstead effort, summed over the answer's blocks."),
+    ("security_findings", False, "bandit's findings (and literal ../ paths) in the answer."),
+    ("high_severity_findings", False, "bandit's high-severity findings in the answer."),
+    ("functions", None, "Functions defined in the answer's Python."),
+    ("classes", None, "Classes defined in the answer's Python."),
+    ("lines", None, "Non-blank lines of Python in the answer."),
+)
+
+
 class CodeAnalysisPlugin(BasePlugin):
     """Turn scores ``code_analysis:<figure>`` for every answer with Python in it, and a
     conversation summary ``code_analysis:summary`` (the share of answers whose code
@@ -122,6 +139,19 @@ class CodeAnalysisPlugin(BasePlugin):
 
     name: ClassVar[str] = "code_analysis"
     version: ClassVar[str] = "1.0"
+    metrics: ClassVar[tuple[PluginMetric, ...]] = (
+        PluginMetric(
+            "code_analysis:summary",
+            MetricTraits("conversation"),
+            "Share of the answers with Python whose code parses, stays within "
+            "max_complexity and has no security finding.",
+            higher_is_better=True,
+        ),
+        *(
+            PluginMetric(f"code_analysis:{figure}", _ANSWER, words, higher_is_better=higher)
+            for figure, higher, words in _FIGURE_WORDS
+        ),
+    )
     Config: ClassVar[type[BaseModel]] = CodeAnalysisConfig
     hook_timeout: ClassVar[float] = 60.0
     """Scoring a conversation runs radon and bandit over every answer with code: on a

@@ -22,8 +22,9 @@ class Results:
     from."""
 
     conversations: Any
-    """One row per conversation: ids, model, status and termination reason, counts,
-    usage, cost, timing, error, and a ``score.<metric>`` column per metric."""
+    """One row per conversation: ids, the trial (``--trials``; None without), model,
+    status and termination reason, counts, usage, cost, timing, error, and a
+    ``score.<metric>`` column per metric."""
     turns: Any
     """One row per turn: ids, role, status, the user message and the response, usage,
     latency, time to first token, attempts, error."""

@@ -25,10 +25,10 @@ from convsim._errors import ConfigError
 from convsim._extras import needs_extra
 from convsim._records import ConversationResult, TurnRecord
 from convsim._version import __version__
-from convsim.results._report import RunReport, summarize
+from convsim.results._report import RunReport, shown_ks, summarize
 from convsim.results._sinks import read_results
 
-from ._plots import run_plots
+from ._plots import run_plots, trials_plot
 
 __all__ = ["render_html", "write_html", "MAX_TRANSCRIPTS", "TURN_FIELDS", "unpack_details"]
 
@@ -39,6 +39,11 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _significant(value: float | None, digits: int = 4) -> float | None:
+    """``value`` to ``digits`` significant digits: a 30 microsecond latency stays one."""
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
 TURN_FIELDS = (
     "id",
     "role",
@@ -46,14 +51,15 @@ TURN_FIELDS = (
     "skip",
     "user",
     "response",
-    "latency_ms",
-    "ttft_ms",
+    "latency_s",
+    "ttft_s",
     "tokens",
     "attempts",
     "error",
     "scores",
 )
-"""A turn travels as a list in this order (names once, not per turn: a smaller file)."""
+"""A turn travels as a list in this order (names once, not per turn: a smaller file).
+Times are in seconds, as everywhere in the report."""
 
 
 def _turn(turn: TurnRecord, scores: dict[str, Any]) -> list[Any]:
@@ -65,8 +71,8 @@ def _turn(turn: TurnRecord, scores: dict[str, Any]) -> list[Any]:
         turn.skip_reason,
         turn.user_message,
         turn.response,
-        _round(t.latency_s * 1000, 1) if t and t.latency_s is not None else None,
-        _round(t.ttft_s * 1000, 1) if t and t.ttft_s is not None else None,
+        _significant(t.latency_s) if t else None,
+        _significant(t.ttft_s) if t else None,
         [turn.usage.prompt_tokens, turn.usage.completion_tokens, turn.usage.source]
         if turn.usage
         else None,
@@ -170,6 +176,8 @@ def render_html(
         "turn_fields": TURN_FIELDS,
     }
     details = packed_details({r.conversation_id: _detail(r) for r in shown})
+    trials = trials_plot(report.pass_at_k, report.pass_hat_k)
+    ks = shown_ks(max(report.pass_hat_k)) if report.pass_hat_k else []
     template = _environment().get_template("report.html.j2")
     return str(
         template.render(
@@ -180,6 +188,8 @@ def render_html(
                 report.retention_curve,
                 {name: m.higher_is_better for name, m in report.metrics.items()},
             ),
+            trials_plot=trials,
+            trial_ks=ks,
             data_json=_json_for_script(data),
             details=details,
             sampled=len(shown) < len(results),

@@ -94,10 +94,21 @@ def _sweep(plt: Any, result: Any, slos: Any) -> Plot | None:
     return Plot("sweep", "Throughput against latency across the sweep", _svg(fig))
 
 
+def _label(point: Any) -> str:
+    """The point as its column head says it: c=8, 4/s or trace."""
+    if point.concurrency is not None:
+        return f"c={point.concurrency}"
+    if point.target_rate is not None:
+        return f"{point.target_rate:.3g}/s"
+    return "trace"
+
+
 def render_load_html(
     result: Any, requests: Sequence[tuple[int, Any]], *, title: str, slos: Any = None
 ) -> str:
-    """The page for a load ``result`` (a run or a sweep) and its per-request records."""
+    """The page for a load ``result`` (a run or a sweep) and its per-request records:
+    its figures, why it is invalid (each point's reasons, named by point in a sweep),
+    its notes, whether it is partial, and its plots."""
     points = list(result.points) if hasattr(result, "points") else [result]
     main = max(range(len(points)), key=lambda i: points[i].throughput.requests_per_s)
     chosen = [r for i, r in requests if i == main and r.ok]
@@ -140,6 +151,11 @@ def render_load_html(
         template.render(
             title=title,
             points=points,
+            labels=[_label(p) for p in points],
+            invalid_reasons=list(result.invalid_reasons),
+            notes=list(dict.fromkeys(note for p in points for note in p.notes)),
+            partial=result.partial,
+            partial_reason=result.partial_reason,
             sweep=result if len(points) > 1 else None,
             judged=any(p.goodput is not None for p in points),  # goodput: SLOs were given
             plots=[p for p in made if p is not None],

@@ -10,7 +10,7 @@ from typing import Any
 from convsim._extras import needs_extra
 from convsim._records import ConversationResult, TurnStatus
 
-__all__ = ["Plot", "run_plots"]
+__all__ = ["Plot", "cdf_plot", "run_plots", "trials_plot"]
 
 _SIZE = (6.4, 3.0)
 
@@ -36,6 +36,8 @@ def _pyplot() -> Any:
             "axes.spines.top": False,
             "axes.spines.right": False,
             "svg.hashsalt": "convsim",  # the same run, the same file
+            # ticks say the values themselves: "5000.002", never "0.002" and "+5e3"
+            "axes.formatter.useoffset": False,
         }
     )
     return plt
@@ -83,9 +85,11 @@ def cdf_plot(
     key: str,
     title: str,
     unit: str,
+    value_unit: str = "ms",
     log: bool = False,
 ) -> Plot | None:
-    """Empirical CDFs of ``series`` (values in ms) on one axis; None when all are empty."""
+    """Empirical CDFs of ``series`` (values in ``value_unit``) on one axis, the share of
+    ``unit`` (turns, requests) up the side; None when all are empty."""
     import numpy as np
 
     series = {k: v for k, v in series.items() if v}
@@ -97,7 +101,7 @@ def cdf_plot(
         ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=name)
     if log:
         ax.set_xscale("log")
-    ax.set_xlabel("ms (log scale)" if log else "ms")
+    ax.set_xlabel(f"{value_unit} (log scale)" if log else value_unit)
     ax.set_ylabel(f"share of {unit}")
     ax.legend(frameon=False)
     return Plot(key, title, _svg(fig))
@@ -109,11 +113,16 @@ def _latency(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
         for t in r.turns:
             if t.status is TurnStatus.COMPLETED and t.timings is not None:
                 if t.timings.latency_s is not None:
-                    series["end to end"].append(t.timings.latency_s * 1000)
+                    series["end to end"].append(t.timings.latency_s)
                 if t.timings.ttft_s is not None:
-                    series["time to first token"].append(t.timings.ttft_s * 1000)
+                    series["time to first token"].append(t.timings.ttft_s)
     return cdf_plot(
-        plt, series, key="latency", title="Model-call latency per turn (CDF)", unit="turns"
+        plt,
+        series,
+        key="latency",
+        title="Model-call latency per turn (CDF)",
+        unit="turns",
+        value_unit="s",
     )
 
 
@@ -124,7 +133,7 @@ def _by_turn(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
     for r in results:
         for t in r.turns:
             if t.status is TurnStatus.COMPLETED and t.timings and t.timings.latency_s is not None:
-                by_index[t.turn_index].append(t.timings.latency_s * 1000)
+                by_index[t.turn_index].append(t.timings.latency_s)
     if len(by_index) < 2:
         return None
     idx = sorted(by_index)
@@ -132,7 +141,7 @@ def _by_turn(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
     ax.plot(idx, [float(np.median(by_index[i])) for i in idx], marker="o", label="median")
     ax.plot(idx, [float(np.percentile(by_index[i], 95)) for i in idx], marker=".", label="p95")
     ax.set_xlabel("turn index")
-    ax.set_ylabel("ms")
+    ax.set_ylabel("s")
     ax.legend(frameon=False)
     return Plot("by_turn", "Latency by turn index", _svg(fig))
 
@@ -183,7 +192,10 @@ def _errors(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
         assert r.error is not None
         by_type[r.error.type].append(r.timings.finished_at - start)
     fig, ax = plt.subplots(figsize=_SIZE)
+    from matplotlib.ticker import MaxNLocator
+
     ax.hist(list(by_type.values()), bins=30, stacked=True, label=list(by_type))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # conversations are whole
     ax.set_xlabel("seconds into the run")
     ax.set_ylabel("failed conversations")
     ax.legend(frameon=False, fontsize=7)
@@ -208,3 +220,23 @@ def run_plots(
         _errors(plt, results),
     ]
     return [p for p in made if p is not None]
+
+
+def trials_plot(pass_at_k: dict[int, float], pass_hat_k: dict[int, float]) -> Plot | None:
+    """pass@k and pass^k against k, every k (the table beside it shows some); None
+    without trials."""
+    if not pass_hat_k:
+        return None
+    plt = _pyplot()
+    ks = sorted(pass_hat_k)
+    fig, ax = plt.subplots(figsize=_SIZE)
+    ax.plot(ks, [pass_at_k[k] for k in ks], marker="." if len(ks) < 30 else None, label="pass@k")
+    ax.plot(ks, [pass_hat_k[k] for k in ks], marker="." if len(ks) < 30 else None, label="pass^k")
+    if ks[-1] >= 16:
+        ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("k (trials)")
+    ax.set_ylabel("goal achieved")
+    ax.legend(frameon=False)
+    return Plot("trials", "Goal achieved in at least one (pass@k) and in all (pass^k) of k trials",
+                _svg(fig))  # fmt: skip

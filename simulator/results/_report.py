@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, computed_field, model_serializer
 from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_value, mean, percentile
 from convsim.metrics._aggregate import aggregate
 
+from .._plural import counted
 from .._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
 from .._types import USAGE_SOURCES
 from ._sinks import iter_results, scan_lines, validate_line
@@ -23,9 +24,17 @@ __all__ = [
     "MetricSummary",
     "GroupSummary",
     "Summarizer",
+    "shown_ks",
     "summarize",
     "summarize_file",
 ]
+
+
+def shown_ks(most: int) -> list[int]:
+    """The k of pass@k and pass^k a person reads: 1, 2, 4, 8, ... up to ``most``, and
+    ``most`` itself (300 trials: ten figures, not 300; the JSON keeps every k)."""
+    ks = [1 << i for i in range(most.bit_length()) if 1 << i <= most]
+    return ks if not ks or ks[-1] == most else [*ks, most]
 
 
 class MetricSummary(BaseModel):
@@ -152,8 +161,7 @@ class RunReport(BaseModel):
             "estimate": "estimated (no usage, no tokenizer)",
         }
         parts = [f"{sources[s]} {words[s]}" for s in USAGE_SOURCES if sources.get(s)]
-        noun = "turn" if total == 1 else "turns"
-        return f"token counts of {total} {noun}: " + ", ".join(parts)
+        return f"token counts of {counted(total, 'turn')}: " + ", ".join(parts)
 
     def cost_text(self) -> str:
         """What the run cost, by role where more than the model was priced, and which
@@ -184,7 +192,7 @@ class RunReport(BaseModel):
             lines.append(f"- turns clipped to the max_tokens cap: {self.clipped_turns}")
         if self.cache:
             lines.append(
-                f"- response cache: {self.cache['hits']} answers from the cache "
+                f"- response cache: {counted(self.cache['hits'], 'answer')} from the cache "
                 f"(no call, no latency), {self.cache['misses']} asked of the models"
             )
         said = self.token_sources_line()
@@ -194,10 +202,11 @@ class RunReport(BaseModel):
         lines.append(f"- cost: {self.cost_text()}")
         if self.trials is not None:
             lines.append(f"- trials per scenario: {self.trials}")
-            if self.pass_hat_k:
-                hat = ", ".join(f"pass^{k} {v:.3f}" for k, v in self.pass_hat_k.items())
-                at = ", ".join(f"pass@{k} {v:.3f}" for k, v in self.pass_at_k.items())
-                lines.append(f"- goal achieved: {hat}; {at}")
+        if self.pass_hat_k:
+            lines += ["", "## Trials: goal achieved", ""]
+            lines += ["| k | pass@k | pass^k |", "|---:|---:|---:|"]
+            for k in shown_ks(max(self.pass_hat_k)):
+                lines.append(f"| {k} | {self.pass_at_k[k]:.3f} | {self.pass_hat_k[k]:.3f} |")
         lines += ["", "## Status", "", "| status | conversations |", "|---|---:|"]
         lines += [f"| {k} | {v} |" for k, v in self.statuses.items()]
         lines += [

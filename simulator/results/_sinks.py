@@ -19,6 +19,7 @@ from pydantic_core import PydanticSerializationError
 
 from .._errors import ConfigError, ResultsError
 from .._log import get_logger
+from .._plural import counted
 from .._records import ConversationResult, Status, TerminationReason
 from ._lock import ResultsLock
 
@@ -203,7 +204,7 @@ def scan_lines(path: Path) -> Iterator[ResultLine]:
             number += 1
             if len(raw) > MAX_LINE_BYTES:
                 raise ResultsError(
-                    f"{path}:{number}: a line longer than {MAX_LINE_BYTES} bytes; "
+                    f"{path}:{number}: a line longer than {counted(MAX_LINE_BYTES, 'byte')}; "
                     "the file is damaged"
                 )
             if not raw.strip():

@@ -54,6 +54,8 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 class Progress(BaseModel):
     total: int | None = None
+    """The conversations the job runs (trials included); null only for a job stored by
+    an older convsim that has not run since."""
     done: int = 0
     failed: int = 0
 
@@ -83,10 +85,18 @@ _LISTED = 1000
 _EVENT_ID_DIGITS = 18
 
 
+def _total(job: JobRow) -> int | None:
+    """The conversations the job runs: as its run counted them, or as the intake fixed
+    them (a job stored by an older convsim has neither until it runs)."""
+    if job.total is not None:
+        return job.total
+    planned = job.request.get("conversations")
+    return None if planned is None else len(planned)
+
+
 def _view(job: JobRow) -> Evaluation:
     """The job as its tenant sees it (from the database alone: never its file)."""
     request = job.request
-    planned = request.get("conversations")
     return Evaluation(
         id=job.id,
         status=job.state,  # type: ignore[arg-type]
@@ -100,9 +110,7 @@ def _view(job: JobRow) -> Evaluation:
         started=job.started,
         finished=job.finished,
         error=job.error,
-        progress=Progress(
-            total=len(planned) if planned else None, done=job.done, failed=job.failed
-        ),
+        progress=Progress(total=_total(job), done=job.done, failed=job.failed),
         cost_usd=job.cost_usd,
     )
 

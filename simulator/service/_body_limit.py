@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from convsim._plural import counted
+
 __all__ = ["BodyLimit"]
 
 Scope = dict[str, Any]
@@ -68,7 +70,7 @@ class BodyLimit:
 
     async def _refuse(self, send: Any) -> None:
         body = json.dumps(
-            {"detail": f"request body too large: at most {self.max_bytes} bytes"}
+            {"detail": f"request body too large: at most {counted(self.max_bytes, 'byte')}"}
         ).encode()
         await send(
             {

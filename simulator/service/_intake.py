@@ -19,6 +19,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from convsim._errors import ConvsimError, EgressRefused, PackError
+from convsim._plural import counted
 
 from ._job_model import URL_ARGS, JobModel, Problem, Refused, build_adapter, choose_model
 from ._jobs import JobRunner, load_isolated, load_job_pack
@@ -131,7 +132,8 @@ class JobIntake:
             limits, active = await anyio.to_thread.run_sync(self._key_state, key_name)
             if len(active) >= limits.jobs:
                 raise LimitReached(
-                    f"this key has {len(active)} jobs queued or running: at most {limits.jobs}"
+                    f"this key has {counted(len(active), 'job')} queued or running: at most "
+                    f"{limits.jobs}"
                 )
             _check_numbers(request, limits)
             model = choose_model(
@@ -155,15 +157,15 @@ class JobIntake:
                     raise Refused(checked.problems)
                 if checked.most_turns > limits.turns:
                     why = (
-                        f"a conversation of the pack has {checked.most_turns} turns (repeats "
-                        f"included): at most {limits.turns} for this key"
+                        f"a conversation of the pack has {counted(checked.most_turns, 'turn')} "
+                        f"(repeats included): at most {limits.turns} for this key"
                     )
                     raise Refused([Problem(("body", "pack"), why)])
                 conversations = checked.conversations[: request.limit]
                 if len(conversations) > limits.conversations:
                     why = (
-                        f"the job has {len(conversations)} conversations (trials included): "
-                        f"at most {limits.conversations} for this key; set limit"
+                        f"the job has {counted(len(conversations), 'conversation')} (trials "
+                        f"included): at most {limits.conversations} for this key; set limit"
                     )
                     raise Refused([Problem(("body", "limit"), why)])
                 stored["pack"] = request.pack or checked.name
@@ -247,7 +249,7 @@ class JobIntake:
         held = sum(job.upload_bytes for job in kept)
         if held + size > limits.upload_bytes:
             raise LimitReached(
-                f"this key's uploaded packs would hold {held + size} bytes: at most "
+                f"this key's uploaded packs would hold {counted(held + size, 'byte')}: at most "
                 f"{limits.upload_bytes}"
             )
 

@@ -26,6 +26,7 @@ import anyio
 
 from convsim._errors import ConvsimError
 from convsim._log import get_logger
+from convsim._plural import counted
 
 from ._job_model import JobModel, Refused, build_adapter
 from ._settings import KeyLimits, ServiceSettings
@@ -196,7 +197,8 @@ class JobRunner:
         starts = await anyio.to_thread.run_sync(self.store.started, job_id)
         if starts > self.settings.max_starts:
             log.warning("job_not_restarted", job_id=job_id, starts=starts - 1)
-            await self._finish(job_id, "failed", f"the server stopped {starts - 1} times while "
+            stopped = counted(starts - 1, "time")
+            await self._finish(job_id, "failed", f"the server stopped {stopped} while "
                                "this job ran: it is not started again")  # fmt: skip
             return
         self._keys[job_id] = job.key_name
@@ -251,7 +253,13 @@ class JobRunner:
                 self.handles[job.id] = handle
                 if job.id in self.cancelled:
                     handle.stop(grace_period=0)
-                await handle.wait()
+                try:
+                    await handle.wait()
+                finally:
+                    stats = handle.statistics()
+                    if stats.total or stats.resumed:  # the run counted its conversations
+                        total = stats.total + stats.resumed
+                        await anyio.to_thread.run_sync(self.store.set_total, job.id, total)
         finally:
             with anyio.CancelScope(shield=True):
                 await adapter.aclose()

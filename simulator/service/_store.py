@@ -54,8 +54,12 @@ ALTER TABLE jobs ADD COLUMN failed INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN starts INTEGER NOT NULL DEFAULT 0;
 """
 
-SCHEMA_VERSION = 2
-MIGRATIONS = [SCHEMA, TENANCY]
+TOTALS = """
+ALTER TABLE jobs ADD COLUMN total INTEGER;
+"""
+
+SCHEMA_VERSION = 3
+MIGRATIONS = [SCHEMA, TENANCY, TOTALS]
 """``MIGRATIONS[n]`` takes a database from schema ``n`` to ``n + 1`` (SQLite's
 ``user_version``); a change of schema appends a step, never edits one."""
 
@@ -108,6 +112,9 @@ class JobRow:
     upload_bytes: int = 0
     """The size of the job's uploaded pack (0: a bundled pack)."""
     upload_removed: float | None = None
+    total: int | None = None
+    """The conversations the job runs, as its run counted them (recorded results
+    included); None before its run began."""
 
 
 class Store:
@@ -263,6 +270,11 @@ class Store:
                 )
             db.execute("COMMIT")
 
+    def set_total(self, job_id: str, total: int) -> None:
+        """Record how many conversations the job runs, once its run has counted them."""
+        with self._connect() as db:
+            db.execute("UPDATE jobs SET total = ? WHERE id = ?", (total, job_id))
+
     def started(self, job_id: str) -> int:
         """Mark the job running and count the start; return how many starts it had."""
         with self._connect() as db:
@@ -350,6 +362,7 @@ def _job(row: sqlite3.Row) -> JobRow:
         starts=row["starts"],
         upload_bytes=row["upload_bytes"],
         upload_removed=row["upload_removed"],
+        total=row["total"],
     )
 
 

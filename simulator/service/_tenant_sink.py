@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 
 from convsim._errors import ResultsError
+from convsim._plural import counted
 from convsim._records import ConversationResult, ErrorInfo
 from convsim.results._sinks import JsonlSink, RunManifest
 
@@ -127,7 +128,8 @@ class TenantSink:
         written = self.inner.path.stat().st_size if self.inner.path.exists() else 0
         if written >= self.max_bytes:
             raise ResultsError(
-                f"the job's results reached {written:,} bytes: at most {self.max_bytes:,} "
+                f"the job's results reached {counted(written, 'byte', grouped=True)}: at most "
+                f"{self.max_bytes:,} "
                 "for this key (results_bytes)"
             )
         await self.inner.write(result)

@@ -40,7 +40,7 @@ def main() -> None:
         html = folder / "run.html"
         started = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "convsim", "report", str(results), "--html", str(html)],
+            [sys.executable, "-m", "convsim", "report", str(results), f"--html={html}"],
             capture_output=True,
             text=True,
             check=True,

@@ -73,9 +73,11 @@ if TYPE_CHECKING:
     "--pack-source",
     "pack_sources",
     multiple=True,
-    type=click.Choice(["lm-eval"]),
-    help="Let tenants name lm-eval:TASK packs (loading one costs seconds of a worker "
-    "process); task:NAME packs are taken by default.",
+    metavar="SOURCE",
+    help="Let tenants name SOURCE:NAME packs (repeatable): lm-eval (lm-eval:TASK; "
+    "loading one costs seconds of a worker process) or a source an installed package "
+    "registers (entry-point group convsim.pack_sources). task:NAME packs and installed "
+    "task classes are taken by default.",
 )
 @click.option("--max-jobs-per-key", type=click.IntRange(min=1), help="Same as --limit jobs=N.")
 @click.option(
@@ -176,17 +178,27 @@ _KEY_LIMIT_OPTION = click.option(
 @_DB_OPTION
 @click.option("--name", required=True, help="Whose key it is (unique).")
 @_KEY_LIMIT_OPTION
+@click.option(
+    "--key-stdin",
+    is_flag=True,
+    help="Take the key from the first line of standard input (one another system issued, "
+    "at least 8 characters) instead of making one; it is not printed.",
+)
 @clear_errors
-def keys_create(db: Path, name: str, limits: tuple[str, ...]) -> None:
+def keys_create(db: Path, name: str, limits: tuple[str, ...], key_stdin: bool) -> None:
     """Create a key; it is printed once, as the last line (only its hash is kept)."""
     from ..service import Store
     from ..service._settings import parse_limits
 
     own = parse_limits(limits)
+    given = click.get_text_stream("stdin").readline().rstrip("\r\n") if key_stdin else None
     store = Store(db)
-    key = store.create_key(name)
+    key = store.create_key(name, given)
     if own:
         store.set_limits(name, own)
+    if given is not None:
+        click.echo(f"created key {name!r} from standard input")
+        return
     click.echo(f"created key {name!r}; store it now, it is not shown again:")
     click.echo(key)
 

@@ -1,8 +1,10 @@
 """A Python client of the evaluation service (``convsim serve``), sync and async.
 
 ``EvaluationClient(base_url, api_key)`` and ``AsyncEvaluationClient`` offer
-``create_evaluation``, ``get_evaluation``, ``list_evaluations``, ``wait``,
-``iter_results``, ``get_summary`` and ``cancel``; errors are typed.
+``create_evaluation`` (convsim's ``pack=``/``model=`` form, or the developer guide's
+``models=[...]``/``tasks=[...]``: every model on every task as one job),
+``get_evaluation``, ``list_evaluations``, ``wait``, ``iter_results``, ``get_summary``,
+``get_comparison`` and ``cancel``; errors are typed.
 """
 
 from __future__ import annotations

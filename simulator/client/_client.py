@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,8 @@ class LimitReached(ServiceError):
 
 @dataclass(frozen=True)
 class Evaluation:
+    """An evaluation as the service shows it: every model on every task."""
+
     id: str
     status: str
     pack: str
@@ -71,6 +73,12 @@ class Evaluation:
     progress: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    models: list[dict[str, Any]] = field(default_factory=list)
+    """Each model: ``model_id``, ``model`` (spec or ``endpoint:NAME``), ``config`` as shown."""
+    tasks: list[str] = field(default_factory=list)
+    pairs: list[dict[str, Any]] = field(default_factory=list)
+    """Each (model, task) pair: ``index``, ``model_id``, ``task``, ``status``,
+    ``progress``, ``cost_usd``, ``error``."""
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> Evaluation:
@@ -82,6 +90,9 @@ class Evaluation:
             progress=data.get("progress", {}),
             error=data.get("error"),
             raw=data,
+            models=list(data.get("models") or []),
+            tasks=list(data.get("tasks") or []),
+            pairs=list(data.get("pairs") or []),
         )
 
     @property
@@ -116,6 +127,12 @@ def _raise_for(response: httpx.Response) -> None:
     raise ServiceError(message, response.status_code)
 
 
+def _summary_path(evaluation_id: str, pair: int | None) -> str:
+    if pair is None:
+        return f"/v1/evaluations/{evaluation_id}/summary"
+    return f"/v1/evaluations/{evaluation_id}/pairs/{pair}/summary"
+
+
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, httpx.TransportError):
         return True
@@ -127,11 +144,19 @@ def _body(
     model: str | None,
     model_args: dict[str, Any] | None,
     metrics: Any,
+    models: Sequence[Mapping[str, Any]] | None = None,
+    tasks: Sequence[str] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"model_args": {k: str(v) for k, v in (model_args or {}).items()}}
-    if model is not None and extra.get("endpoint") is None:
-        body["model"] = model
+    body: dict[str, Any] = {}
+    if models is not None:
+        body["models"] = [dict(m) for m in models]
+    else:
+        body["model_args"] = {k: str(v) for k, v in (model_args or {}).items()}
+        if model is not None and extra.get("endpoint") is None:
+            body["model"] = model
+    if tasks is not None:
+        body["tasks"] = list(tasks)
     if pack is not None:
         body["pack"] = pack
     if metrics is not None:
@@ -186,14 +211,26 @@ class EvaluationClient:
         pack_files: dict[str, str] | None = None,
         endpoint: str | None = None,
         trials: int | None = None,
+        models: Sequence[Mapping[str, Any]] | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> Evaluation:
-        """Start an evaluation of ``pack`` (a bundled pack's name), or of a pack of your
-        own given as ``pack_files`` (its files' text by name), against ``model`` (your
-        own, with its ``base_url`` and ``api_key`` in ``model_args``) or ``endpoint`` (a
-        model the operator declared, by name)."""
+        """Start an evaluation: every model on every task, as one job.
+
+        convsim's form: ``pack`` (a bundled pack's name, a registered task's name,
+        ``task:NAME``, ``lm-eval:TASK``), or a pack of your own given as ``pack_files``
+        (its files' text by name), against ``model`` (your own, with its ``base_url`` and
+        ``api_key`` in ``model_args``) or ``endpoint`` (a model the operator declared, by
+        name).
+
+        The developer guide's form: ``models=[{"model_id", "model_type", "config"}, ...]``
+        (a ``model_id`` naming an operator's endpoint uses it; else ``model_type`` and
+        ``config`` are your own model's type and arguments) and ``tasks=[...]`` (each
+        named as ``pack`` is). The forms mix: ``models`` with ``pack``, ``tasks`` with
+        ``model``. The first model is the base the others are compared with
+        (:meth:`get_comparison`)."""
         body = _body(
-            pack, model, model_args, metrics, limit=limit, concurrency=concurrency,
-            pack_files=pack_files, endpoint=endpoint, trials=trials,
+            pack, model, model_args, metrics, models, tasks, limit=limit,
+            concurrency=concurrency, pack_files=pack_files, endpoint=endpoint, trials=trials,
         )  # fmt: skip
         return Evaluation.of(self._call("POST", "/v1/evaluations", json=body).json())
 
@@ -206,8 +243,18 @@ class EvaluationClient:
     def cancel(self, evaluation_id: str) -> Evaluation:
         return Evaluation.of(self._call("POST", f"/v1/evaluations/{evaluation_id}/cancel").json())
 
-    def get_summary(self, evaluation_id: str) -> dict[str, Any]:
-        data: dict[str, Any] = self._call("GET", f"/v1/evaluations/{evaluation_id}/summary").json()
+    def get_summary(self, evaluation_id: str, pair: int | None = None) -> dict[str, Any]:
+        """The evaluation's summary: of one pair (a job of one pair needs none), or of
+        every pair with the models compared (``{"pairs": [...], "comparisons": [...]}``)."""
+        data: dict[str, Any] = self._call("GET", _summary_path(evaluation_id, pair)).json()
+        return data
+
+    def get_comparison(self, evaluation_id: str) -> list[dict[str, Any]]:
+        """Each model after the first against the first, task by task, paired by
+        conversation (``task``, ``base``, ``candidate``, ``comparison``, ``note``)."""
+        data: list[dict[str, Any]] = self._call(
+            "GET", f"/v1/evaluations/{evaluation_id}/comparison"
+        ).json()
         return data
 
     def wait(self, evaluation_id: str, timeout: float = 600.0, poll: float = 0.5) -> Evaluation:
@@ -291,14 +338,26 @@ class AsyncEvaluationClient:
         pack_files: dict[str, str] | None = None,
         endpoint: str | None = None,
         trials: int | None = None,
+        models: Sequence[Mapping[str, Any]] | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> Evaluation:
-        """Start an evaluation of ``pack`` (a bundled pack's name), or of a pack of your
-        own given as ``pack_files`` (its files' text by name), against ``model`` (your
-        own, with its ``base_url`` and ``api_key`` in ``model_args``) or ``endpoint`` (a
-        model the operator declared, by name)."""
+        """Start an evaluation: every model on every task, as one job.
+
+        convsim's form: ``pack`` (a bundled pack's name, a registered task's name,
+        ``task:NAME``, ``lm-eval:TASK``), or a pack of your own given as ``pack_files``
+        (its files' text by name), against ``model`` (your own, with its ``base_url`` and
+        ``api_key`` in ``model_args``) or ``endpoint`` (a model the operator declared, by
+        name).
+
+        The developer guide's form: ``models=[{"model_id", "model_type", "config"}, ...]``
+        (a ``model_id`` naming an operator's endpoint uses it; else ``model_type`` and
+        ``config`` are your own model's type and arguments) and ``tasks=[...]`` (each
+        named as ``pack`` is). The forms mix: ``models`` with ``pack``, ``tasks`` with
+        ``model``. The first model is the base the others are compared with
+        (:meth:`get_comparison`)."""
         body = _body(
-            pack, model, model_args, metrics, limit=limit, concurrency=concurrency,
-            pack_files=pack_files, endpoint=endpoint, trials=trials,
+            pack, model, model_args, metrics, models, tasks, limit=limit,
+            concurrency=concurrency, pack_files=pack_files, endpoint=endpoint, trials=trials,
         )  # fmt: skip
         return Evaluation.of((await self._call("POST", "/v1/evaluations", json=body)).json())
 
@@ -312,9 +371,18 @@ class AsyncEvaluationClient:
         response = await self._call("POST", f"/v1/evaluations/{evaluation_id}/cancel")
         return Evaluation.of(response.json())
 
-    async def get_summary(self, evaluation_id: str) -> dict[str, Any]:
-        response = await self._call("GET", f"/v1/evaluations/{evaluation_id}/summary")
+    async def get_summary(self, evaluation_id: str, pair: int | None = None) -> dict[str, Any]:
+        """The evaluation's summary: of one pair (a job of one pair needs none), or of
+        every pair with the models compared (``{"pairs": [...], "comparisons": [...]}``)."""
+        response = await self._call("GET", _summary_path(evaluation_id, pair))
         data: dict[str, Any] = response.json()
+        return data
+
+    async def get_comparison(self, evaluation_id: str) -> list[dict[str, Any]]:
+        """Each model after the first against the first, task by task, paired by
+        conversation (``task``, ``base``, ``candidate``, ``comparison``, ``note``)."""
+        response = await self._call("GET", f"/v1/evaluations/{evaluation_id}/comparison")
+        data: list[dict[str, Any]] = response.json()
         return data
 
     async def wait(

@@ -1,9 +1,10 @@
 """Taking a job from a tenant: every check before it is stored, none on the event loop.
 
-The body is parsed and validated, the pack written and loaded, the model's URL resolved
-and the store written in worker threads; heavy work (a pack, an lm-eval task) waits for
-its key's own slot, so a tenant's large upload queues behind that tenant's, not behind
-everyone's.
+The body is parsed and validated, the packs written and loaded, the models' URLs
+resolved and the store written in worker threads; heavy work (a pack, an lm-eval task)
+waits for its key's own slot, so a tenant's large upload queues behind that tenant's, not
+behind everyone's. A job of several models and tasks is checked model by model and task
+by task, each refusal naming its place (``models.1.config.base_url``, ``tasks.0``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import re
 import shutil
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,8 @@ from convsim._plural import counted
 
 from ._job_model import URL_ARGS, JobModel, Problem, Refused, build_adapter, choose_model
 from ._jobs import JobRunner, load_isolated, load_job_pack
-from ._settings import KeyLimits
+from ._plan import ModelEntry, arg_text
+from ._settings import KeyLimits, ServiceSettings
 from ._store import ACTIVE, JobRow
 
 __all__ = [
@@ -33,11 +37,14 @@ __all__ = [
     "PackCheck",
     "bundled_packs",
     "check_pack",
+    "entry_point_tasks",
 ]
 
 _PACK_FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
-_PACK_NAME = re.compile(r"^(?:(?:lm-eval|task):)?[A-Za-z0-9_.\-]{1,150}$")
-_SOURCES = ("lm-eval:", "task:")
+_PACK_NAME = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_\-]{0,49}:)?[A-Za-z0-9_.\-]{1,150}$")
+TASK_GROUP = "convsim.tasks"
+"""The entry-point group task classes are registered in (read by name: the task
+registry belongs to convsim.lm_eval, a layer above)."""
 _SERVER_PATH = re.compile(r"(?<![\w.#:/~-])/[^\s'\"(),;]*")
 """An absolute path in a message (never a URL's ``//`` or a JSON pointer's ``#/``)."""
 _RESOLVE_TIMEOUT_S = 10.0
@@ -49,19 +56,36 @@ def bundled_packs() -> list[str]:
     return sorted(p.name for p in list_packs())
 
 
+def entry_point_tasks() -> list[str]:
+    """The task classes installed packages register (entry-point group
+    ``convsim.tasks``): a job names them as tasks or packs, plain or as ``task:NAME``."""
+    return sorted({ep.name for ep in entry_points(group=TASK_GROUP)})
+
+
 class EvaluationRequest(BaseModel):
-    """A job: a pack against a model (your own, or an operator's endpoint)."""
+    """A job: packs (tasks) against models, each your own or an operator's endpoint.
+
+    Give one pack (``pack`` or ``pack_files``) or several (``tasks``), and one model
+    (``model`` or ``endpoint``, with ``model_args``) or several (``models``): the job
+    runs every model on every task."""
 
     model_config = ConfigDict(extra="forbid")
 
     pack: str | None = Field(default=None, min_length=1, max_length=200)
-    """A bundled pack's name, ``lm-eval:TASK`` or ``task:NAME``; or give ``pack_files``."""
+    """A bundled pack's name, a registered task's name (or ``task:NAME``),
+    ``lm-eval:TASK`` or ``SOURCE:NAME`` where the server takes that source; or give
+    ``pack_files`` or ``tasks``."""
+    tasks: list[str] | None = Field(default=None, min_length=1, max_length=20)
+    """Several packs, each named as ``pack`` is (the developer guide's form)."""
     pack_files: dict[str, str] | None = Field(default=None, max_length=20)
     """A pack of your own, as its files by name (``scenarios.jsonl``,
     ``turn_configs.yml``, ...): validated before the job is accepted."""
     model: str | None = Field(default=None, min_length=1, max_length=300)
     """Your own model: ``TYPE:MODEL`` with ``model_args`` (its base_url must be under
     the server's allowed prefixes; its api_key is stored encrypted, never shown)."""
+    models: list[ModelEntry] | None = Field(default=None, min_length=1, max_length=10)
+    """Several models, each ``{model_id, model_type, config}`` (the developer guide's
+    form); the first is the base the others are compared with."""
     endpoint: str | None = Field(default=None, min_length=1, max_length=100)
     """An endpoint the operator declared, by name; its key is the server's."""
     model_args: dict[str, str] = Field(default_factory=dict, max_length=50)
@@ -75,6 +99,79 @@ class EvaluationRequest(BaseModel):
 
 class LimitReached(ConvsimError):
     """A key's limit stops the job (answered 429)."""
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """One model as the tenant asked for it, and where in the body it was asked."""
+
+    model_id: str
+    model: str | None
+    endpoint: str | None
+    args: dict[str, str]
+    moves: dict[tuple[str | int, ...], tuple[str | int, ...]] = field(default_factory=dict)
+    """Where :func:`choose_model` places a problem -> where this model is in the body."""
+
+    def relocated(self, exc: Refused) -> Refused:
+        return Refused([_moved(p, self.moves) for p in exc.problems])
+
+
+def _moved(problem: Problem, moves: dict[tuple[str | int, ...], tuple[str | int, ...]]) -> Problem:
+    """``problem`` with the longest matching prefix of its place replaced."""
+    for size in range(len(problem.loc), 0, -1):
+        head = problem.loc[:size]
+        if head in moves:
+            return Problem(moves[head] + problem.loc[size:], problem.msg)
+    return problem
+
+
+def _asked_models(request: EvaluationRequest, settings: ServiceSettings) -> list[_Asked]:
+    """The models the job names, with the places of their fields in the body.
+
+    Raises:
+        Refused: a model of ``models`` names no endpoint and gives no type, or names an
+            endpoint of another type, or two models have one model_id.
+    """
+    if request.models is None:
+        return [_Asked(request.model or "", request.model, request.endpoint, request.model_args)]
+    asked, problems, seen = [], [], set()
+    for index, entry in enumerate(request.models):
+        here: tuple[str | int, ...] = ("body", "models", index)
+        if entry.model_id in seen:
+            problems.append(Problem((*here, "model_id"), "given twice: each model of an "
+                                    "evaluation is named once"))  # fmt: skip
+        seen.add(entry.model_id)
+        args = {name: arg_text(value) for name, value in entry.config.items()}
+        named = entry.endpoint is not None
+        endpoint = entry.endpoint if named else None
+        if not named and entry.model_id in settings.endpoints:
+            endpoint = entry.model_id
+        if endpoint is not None and endpoint in settings.endpoints and entry.model_type:
+            serves = settings.endpoints[endpoint].model.partition(":")[0]
+            if serves != entry.model_type:
+                problems.append(Problem((*here, "model_type"), f"the server's endpoint "
+                                        f"{endpoint!r} serves a {serves} model, not "
+                                        f"{entry.model_type}"))  # fmt: skip
+        model = None
+        if endpoint is None:
+            if entry.model_type is None:
+                known = ", ".join(sorted(settings.endpoints)) or "none"
+                problems.append(Problem((*here, "model_type"), "needed for your own model "
+                                        "(openai, anthropic, openai-compatible, http, "
+                                        f"scripted, ...); or name one of the server's "
+                                        f"endpoints: {known}"))  # fmt: skip
+                continue
+            model = f"{entry.model_type}:{entry.model_id}"
+        moves: dict[tuple[str | int, ...], tuple[str | int, ...]] = {
+            ("body",): here,
+            ("body", "model"): (*here, "model_type"),
+            ("body", "endpoint"): (*here, "endpoint" if named else "model_id"),
+            ("body", "model_args"): (*here, "config"),
+        }
+        asked.append(_Asked(entry.model_id, model, endpoint, args, moves))
+    if problems:
+        raise Refused(problems)
+    return asked
 
 
 @dataclass(frozen=True)
@@ -105,6 +202,15 @@ def check_pack(stored: dict[str, Any]) -> PackCheck:
     )
 
 
+@dataclass(frozen=True)
+class _TaskCheck:
+    """A task of the job as checked: its stored source and its conversations."""
+
+    name: str
+    source: dict[str, Any]
+    conversations: list[str]
+
+
 @dataclass
 class JobIntake:
     """Checks, stores and starts the jobs tenants ask for."""
@@ -113,6 +219,7 @@ class JobIntake:
     packs_dir: Path
     _turn: dict[str, anyio.Lock] = field(default_factory=dict)
     _bundled: frozenset[str] = field(default_factory=lambda: frozenset(bundled_packs()))
+    _tasks: frozenset[str] = field(default_factory=lambda: frozenset(entry_point_tasks()))
 
     @property
     def store(self) -> Any:
@@ -136,52 +243,87 @@ class JobIntake:
                     f"{limits.jobs}"
                 )
             _check_numbers(request, limits)
-            model = choose_model(
-                request.model, request.endpoint, request.model_args, self.runner.settings, limits
-            )
-            if model.endpoint is None:
-                await self._check_egress(model)
-            adapter = build_adapter(
-                model, self.runner.settings, limits,
-                concurrency=request.concurrency, egress=self.runner.egress,
-            )  # fmt: skip
-            await adapter.aclose()  # built to check its arguments; nothing was opened
+            models = await self._models(request, limits)
             job_id = uuid.uuid4().hex[:16]
-            stored, upload = await anyio.to_thread.run_sync(
-                self._prepare, job_id, key_name, request, model, limits
+            sources, upload = await anyio.to_thread.run_sync(
+                self._prepare, job_id, key_name, request, limits
             )
-            pack_dir = stored["pack_dir"]
             try:
-                checked = await load_isolated(check_pack, stored, self.runner.workers)
-                if checked.problems:
-                    raise Refused(checked.problems)
-                if checked.most_turns > limits.turns:
+                tasks = [
+                    await self._check_task(where, name, source, request, limits)
+                    for where, name, source in sources
+                ]
+                total = len(models) * sum(len(t.conversations) for t in tasks)
+                if total > limits.conversations:
+                    pairs = f" ({counted(len(models) * len(tasks), 'pair')} of a model and a task)"
                     why = (
-                        f"a conversation of the pack has {counted(checked.most_turns, 'turn')} "
-                        f"(repeats included): at most {limits.turns} for this key"
-                    )
-                    raise Refused([Problem(("body", "pack"), why)])
-                conversations = checked.conversations[: request.limit]
-                if len(conversations) > limits.conversations:
-                    why = (
-                        f"the job has {counted(len(conversations), 'conversation')} (trials "
-                        f"included): at most {limits.conversations} for this key; set limit"
+                        f"the job has {counted(total, 'conversation')} (trials included"
+                        f"{pairs if len(models) * len(tasks) > 1 else ''}): at most "
+                        f"{limits.conversations} for this key; set limit"
                     )
                     raise Refused([Problem(("body", "limit"), why)])
-                stored["pack"] = request.pack or checked.name
-                # the job is these conversations, fixed now: a resumed job runs the rest
-                stored["conversations"] = conversations
-                sealed = await anyio.to_thread.run_sync(self.store.seal, model.secret)
+                stored = _stored(request, models, tasks)
+                secrets = [model.secret for _, model in models]
+                sealed = await anyio.to_thread.run_sync(
+                    self.store.seal, {"models": secrets} if any(secrets) else {}
+                )
+                totals = [len(t.conversations) for t in tasks for _ in models]
                 await anyio.to_thread.run_sync(
                     lambda: self.store.add_job(
-                        job_id, key_name, stored, sealed, upload_bytes=upload
+                        job_id, key_name, stored, sealed, upload_bytes=upload, pair_totals=totals
                     )
                 )
             except BaseException:
-                _remove(Path(pack_dir) if pack_dir else None)
+                for _, _, source in sources:
+                    _remove(Path(source["pack_dir"]) if source.get("pack_dir") else None)
                 raise
         self.runner.start(job_id)
         return job_id
+
+    async def _models(
+        self, request: EvaluationRequest, limits: KeyLimits
+    ) -> list[tuple[str, JobModel]]:
+        """Each model of the job, as the tenant may have it, with its name in the job."""
+        chosen = []
+        for asked in _asked_models(request, self.runner.settings):
+            try:
+                model = choose_model(
+                    asked.model, asked.endpoint, asked.args, self.runner.settings, limits
+                )
+                if model.endpoint is None:
+                    await self._check_egress(model)
+                adapter = build_adapter(
+                    model, self.runner.settings, limits,
+                    concurrency=request.concurrency, egress=self.runner.egress,
+                )  # fmt: skip
+                await adapter.aclose()  # built to check its arguments; nothing was opened
+            except Refused as exc:
+                raise asked.relocated(exc) from None
+            chosen.append((asked.model_id or model.model, model))
+        return chosen
+
+    async def _check_task(
+        self,
+        where: tuple[str | int, ...],
+        name: str,
+        source: dict[str, Any],
+        request: EvaluationRequest,
+        limits: KeyLimits,
+    ) -> _TaskCheck:
+        """Load a task's pack as it will run (in a worker), within the key's limits."""
+        checked = await load_isolated(check_pack, source, self.runner.workers)
+        if checked.problems:
+            moves = {("body", "pack"): where}
+            raise Refused([_moved(p, moves) for p in checked.problems])
+        if checked.most_turns > limits.turns:
+            why = (
+                f"a conversation of the pack has {counted(checked.most_turns, 'turn')} "
+                f"(repeats included): at most {limits.turns} for this key"
+            )
+            raise Refused([Problem(where, why)])
+        # the job is these conversations, fixed now: a resumed job runs the rest
+        conversations = checked.conversations[: request.limit]
+        return _TaskCheck(name or checked.name, source, conversations)
 
     def _key_state(self, key_name: str) -> tuple[KeyLimits, list[JobRow]]:
         return self.runner.limits(key_name), self.store.jobs(key_name, states=ACTIVE)
@@ -203,41 +345,54 @@ class JobIntake:
         job_id: str,
         key_name: str,
         request: EvaluationRequest,
-        model: JobModel,
         limits: KeyLimits,
-    ) -> tuple[dict[str, Any], int]:
-        """The job as stored, and its upload's size, with the pack written (blocking)."""
-        stored: dict[str, Any] = request.model_dump(
-            exclude={"model_args", "pack_files", "model", "endpoint"}
-        )
-        stored.update(model=model.model, endpoint=model.endpoint, model_args=model.plain)
-        stored["secret_names"] = sorted(model.secret)
-        stored["shown_args"] = model.shown_args()
+    ) -> tuple[list[tuple[tuple[str | int, ...], str, dict[str, Any]]], int]:
+        """The job's tasks (where each is in the body, its name, what loads its pack) and
+        its upload's size, with an uploaded pack written (blocking)."""
         upload = 0
-        pack_dir: Path | None = None
         if request.pack_files is not None:
             upload = sum(len(t.encode()) for t in request.pack_files.values())
             self._check_uploads(key_name, upload, limits)
-            pack_dir = _write_pack(self.packs_dir / job_id, request.pack_files)
-        else:
+            folder = _write_pack(self.packs_dir / job_id, request.pack_files)
+            return [
+                (("body", "pack_files"), "", _source(None, str(folder), request.trials))
+            ], upload
+        if request.tasks is None:
             assert request.pack is not None
-            self._check_pack_name(request.pack)
-        stored["pack_dir"] = str(pack_dir) if pack_dir is not None else None
-        return stored, upload
+            pack = self._resolve_pack(request.pack, ("body", "pack"))
+            return [(("body", "pack"), request.pack, _source(pack, None, request.trials))], upload
+        if len(set(request.tasks)) < len(request.tasks):
+            raise Refused([Problem(("body", "tasks"), "a task is named twice")])
+        found = []
+        for index, name in enumerate(request.tasks):
+            where: tuple[str | int, ...] = ("body", "tasks", index)
+            found.append(
+                (where, name, _source(self._resolve_pack(name, where), None, request.trials))
+            )
+        return found, upload
 
-    def _check_pack_name(self, name: str) -> None:
-        """A bundled pack or a source the operator allows: never a path on the server."""
-        sourced = name.startswith(_SOURCES)
-        source = name.partition(":")[0]
-        if sourced and source not in self.runner.settings.pack_sources:
-            allowed = ", ".join(f"{s}:" for s in self.runner.settings.pack_sources) or "none"
-            raise Refused([Problem(("body", "pack"), f"this server takes no {source}: packs "
-                                   f"(sources it takes: {allowed})")])  # fmt: skip
-        if not _PACK_NAME.match(name) or (not sourced and name not in self._bundled):
-            sources = "".join(f", {s}:NAME" for s in self.runner.settings.pack_sources)
-            raise Refused([Problem(("body", "pack"), f"no bundled pack {name!r}; bundled "
-                                   f"packs: {', '.join(sorted(self._bundled))} (or upload "
-                                   f"pack_files{sources})")])  # fmt: skip
+    def _resolve_pack(self, name: str, where: tuple[str | int, ...]) -> str:
+        """The pack a job's ``name`` loads: a bundled pack, a task class installed
+        packages register (``task:NAME``), or a source the operator allows; never a
+        path on the server."""
+        sources = self.runner.settings.pack_sources
+        source, sep, _ = name.partition(":")
+        if sep and source not in sources:
+            allowed = ", ".join(f"{s}:" for s in sources) or "none"
+            raise Refused([Problem(where, f"this server takes no {source}: packs (sources "
+                                   f"it takes: {allowed})")])  # fmt: skip
+        if _PACK_NAME.match(name):
+            if sep or name in self._bundled:
+                return name
+            if "task" in sources and name in self._tasks:
+                return f"task:{name}"
+        tasks = f"; registered tasks: {', '.join(sorted(self._tasks))}" if self._tasks else ""
+        named = "".join(f", {s}:NAME" for s in sources)
+        upload = ", or upload pack_files" if where == ("body", "pack") else ""
+        raise Refused([Problem(where, f"no bundled pack or registered task {name!r}; "
+                               f"bundled packs: {', '.join(sorted(self._bundled))}{tasks} "
+                               f"(a package registers a task class in the entry-point group "
+                               f"{TASK_GROUP}; names: bundled, NAME{named}{upload})")])  # fmt: skip
 
     def _check_uploads(self, key_name: str, size: int, limits: KeyLimits) -> None:
         kept = self.store.uploads(key_name)
@@ -254,6 +409,37 @@ class JobIntake:
             )
 
 
+def _source(pack: str | None, pack_dir: str | None, trials: int) -> dict[str, Any]:
+    """What loads a task's pack as it runs (see ``load_job_pack``)."""
+    return {"pack": pack, "pack_dir": pack_dir, "trials": trials}
+
+
+def _stored(
+    request: EvaluationRequest,
+    models: Sequence[tuple[str, JobModel]],
+    tasks: Sequence[_TaskCheck],
+) -> dict[str, Any]:
+    """The job as stored: its settings, models (secrets left out) and tasks."""
+    stored: dict[str, Any] = request.model_dump(
+        include={"metrics", "limit", "trials", "concurrency"}
+    )
+    stored["models"] = [
+        {
+            "model_id": model_id,
+            "model": model.model,
+            "endpoint": model.endpoint,
+            "model_args": model.plain,
+            "secret_names": sorted(model.secret),
+            "shown_args": model.shown_args(),
+        }
+        for model_id, model in models
+    ]
+    stored["tasks"] = [
+        {"name": task.name, **task.source, "conversations": task.conversations} for task in tasks
+    ]
+    return stored
+
+
 def _parse(body: bytes) -> EvaluationRequest:
     try:
         return EvaluationRequest.model_validate_json(body)
@@ -265,8 +451,13 @@ def _parse(body: bytes) -> EvaluationRequest:
 
 def _check_numbers(request: EvaluationRequest, limits: KeyLimits) -> None:
     problems = []
-    if (request.pack is None) == (request.pack_files is None):
-        problems.append(Problem(("body",), "give pack or pack_files"))
+    packs = [request.pack, request.pack_files, request.tasks]
+    if sum(p is not None for p in packs) != 1:
+        problems.append(Problem(("body",), "give pack, pack_files or tasks"))
+    chosen = [request.model, request.endpoint, request.models]
+    if request.models is not None and (request.model_args or any(chosen[:2])):
+        problems.append(Problem(("body", "models"), "give models, or model or endpoint with "
+                                "model_args: not both"))  # fmt: skip
     if request.concurrency > limits.concurrency:
         problems.append(
             Problem(("body", "concurrency"), f"at most {limits.concurrency} for this key")

@@ -1,9 +1,11 @@
 """Running the service's jobs on one runtime, durably, each tenant apart.
 
-A job is a run of a pack against a model, written to ``RESULTS_DIR/JOB_ID.jsonl`` by a
-resuming :class:`~convsim.JsonlSink`: a job found queued or running when the server
-starts (it was killed) is started again and continues its results file, so no
-conversation is lost or recorded twice.
+A job runs its (model, task) pairs one after another (see :mod:`._plan`), each a run of
+a pack against a model written to its results file by a resuming
+:class:`~convsim.JsonlSink`: a job found queued or running when the server starts (it
+was killed) is started again, skips its finished pairs and continues the one it was
+running, so no conversation is lost or recorded twice. A pair that fails does not stop
+the others; the job then ends ``failed``, naming each failed pair.
 
 Jobs on an operator's endpoint share the server's budgets for it (the operator's rpm
 and tpm hold across tenants); a tenant's own endpoints have budgets of the tenant's
@@ -29,6 +31,7 @@ from convsim._log import get_logger
 from convsim._plural import counted
 
 from ._job_model import JobModel, Refused, build_adapter
+from ._plan import Pair, Plan, model_secrets, plan_of
 from ._settings import KeyLimits, ServiceSettings
 from ._store import ACTIVE, JobRow, Store
 from ._tenant_sink import TenantSink, sanitized
@@ -42,8 +45,6 @@ T = TypeVar("T")
 FINISHED = ("done", "failed", "cancelled")
 _WATCH_EVERY_S = 1.0
 
-
-_SOURCES = ("lm-eval:", "task:")
 _PACK_WORKERS = 4
 
 
@@ -67,9 +68,9 @@ async def load_isolated(
     function: Callable[[dict[str, Any]], T], request: dict[str, Any], workers: Any
 ) -> T:
     """``function(request)`` off the event loop: in a worker process for a tenant's
-    own pack or a task source (its CPU, memory and garbage collections are not the
-    server's), in a thread for a bundled pack."""
-    if request.get("pack_dir") or str(request.get("pack")).startswith(_SOURCES):
+    own pack or a pack source (``task:``, ``lm-eval:``, ...: its CPU, memory and garbage
+    collections are not the server's), in a thread for a bundled pack."""
+    if request.get("pack_dir") or ":" in str(request.get("pack")):
         return await anyio.to_process.run_sync(function, request, limiter=workers)
     return await anyio.to_thread.run_sync(function, request)
 
@@ -104,8 +105,10 @@ class JobRunner:
     def __post_init__(self) -> None:
         self.egress = self.settings.egress()
 
-    def results_path(self, job_id: str) -> Path:
-        return self.results_dir / f"{job_id}.jsonl"
+    def results_path(self, job_id: str, pair: int | None = None) -> Path:
+        """The results file of a job of one pair, or of the job's ``pair``."""
+        name = f"{job_id}.jsonl" if pair is None else f"{job_id}.{pair}.jsonl"
+        return self.results_dir / name
 
     def limits(self, key_name: str) -> KeyLimits:
         """A key's limits: its own where it has them, the server's otherwise (blocking)."""
@@ -153,9 +156,10 @@ class JobRunner:
         for job in self.store.uploads():
             ended = job.finished if job.state in FINISHED else None
             if ended is not None and ended + self.settings.upload_retention_s <= now:
-                folder = job.request.get("pack_dir")
-                if folder:
-                    shutil.rmtree(folder, ignore_errors=True)
+                for task in plan_of(job.request).tasks:
+                    folder = task.source.get("pack_dir")
+                    if folder:
+                        shutil.rmtree(folder, ignore_errors=True)
                 self.store.upload_removed(job.id)
                 removed.append(job.id)
         return removed
@@ -187,13 +191,6 @@ class JobRunner:
         if job_id in self.cancelled:
             await self._finish(job_id, "cancelled", self.cancelled[job_id])
             return
-        request = job.request
-        model = JobModel(
-            request["model"],
-            request.get("endpoint"),
-            request.get("model_args", {}),
-            await anyio.to_thread.run_sync(self.store.unseal, job.secret_args),
-        )
         starts = await anyio.to_thread.run_sync(self.store.started, job_id)
         if starts > self.settings.max_starts:
             log.warning("job_not_restarted", job_id=job_id, starts=starts - 1)
@@ -201,42 +198,78 @@ class JobRunner:
             await self._finish(job_id, "failed", f"the server stopped {stopped} while "
                                "this job ran: it is not started again")  # fmt: skip
             return
+        plan = plan_of(job.request)
+        unsealed = await anyio.to_thread.run_sync(self.store.unseal, job.secret_args)
+        secrets = model_secrets(job.request, unsealed)
+        rows = (await anyio.to_thread.run_sync(self.store.pairs, [job_id]))[job_id]
+        ended = {row.pair: row for row in rows if row.state in FINISHED}
+        failures = [f"{plan.label(p)}: {ended[p.index].error}" for p in plan.pairs
+                    if p.index in ended and ended[p.index].state == "failed"]  # fmt: skip
         self._keys[job_id] = job.key_name
-        budgets = self._budgets_for(job, model)
         try:
-            await self._execute(job, model, budgets)
-        except Exception as exc:
-            error = _job_error(exc)
-            # the operator's log has the whole failure; the tenant sees ``error``
-            log.warning("job_failed", job_id=job_id, error=error,
-                        exc_info=not isinstance(exc, ConvsimError))  # fmt: skip
-            await self._finish(job_id, "failed", error)
-            return
+            for pair in plan.pairs:
+                if job_id in self.cancelled:
+                    break
+                if pair.index in ended:
+                    continue  # finished before the server stopped
+                planned = plan.models[pair.model]
+                model = JobModel(
+                    planned.model, planned.endpoint, planned.plain, secrets[pair.model]
+                )
+                error = await self._run_pair(job, plan, pair, model)
+                if error is not None:
+                    failures.append(error if not plan.several else f"{plan.label(pair)}: {error}")
         finally:
             self.handles.pop(job_id, None)
             self._keys.pop(job_id, None)
-            self._release_budgets(job, model)
         if job_id in self.cancelled:
+            await anyio.to_thread.run_sync(self.store.end_pairs, job_id, "cancelled")
             await self._finish(job_id, "cancelled", self.cancelled[job_id])
+        elif failures:
+            await self._finish(job_id, "failed", "; ".join(failures))
         else:
             await self._finish(job_id, "done", None)
+
+    async def _run_pair(self, job: JobRow, plan: Plan, pair: Pair, model: JobModel) -> str | None:
+        """Run one pair of the job; its error as its tenant sees it, or None."""
+        await anyio.to_thread.run_sync(self.store.set_pair_state, job.id, pair.index, "running")
+        budgets = self._budgets_for(job, model)
+        try:
+            await self._execute(job, plan, pair, model, budgets)
+        except Exception as exc:
+            error = _job_error(exc)
+            # the operator's log has the whole failure; the tenant sees ``error``
+            log.warning("job_failed", job_id=job.id, pair=pair.index, error=error,
+                        exc_info=not isinstance(exc, ConvsimError))  # fmt: skip
+            await anyio.to_thread.run_sync(
+                lambda: self.store.set_pair_state(job.id, pair.index, "failed", error=error)
+            )
+            return error
+        finally:
+            self._release_budgets(job, model)
+        state = "cancelled" if job.id in self.cancelled else "done"
+        await anyio.to_thread.run_sync(self.store.set_pair_state, job.id, pair.index, state)
+        return None
 
     async def _finish(self, job_id: str, state: str, error: str | None) -> None:
         await anyio.to_thread.run_sync(lambda: self.store.set_state(job_id, state, error=error))
 
-    async def _execute(self, job: JobRow, model: JobModel, budgets: Any) -> None:
+    async def _execute(
+        self, job: JobRow, plan: Plan, pair: Pair, model: JobModel, budgets: Any
+    ) -> None:
         from convsim._runtime._simulator import Simulator
         from convsim.results._sinks import JsonlSink
 
         request = job.request
+        task = plan.tasks[pair.task]
         limits = await anyio.to_thread.run_sync(self.limits, job.key_name)
         concurrency = min(request.get("concurrency", 16), limits.concurrency)
         adapter = build_adapter(
             model, self.settings, limits, concurrency=concurrency, egress=self.egress
         )
         try:
-            pack = await load_isolated(load_job_pack, request, self.workers)
-            path = self.results_path(job.id)
+            pack = await load_isolated(load_job_pack, task.source, self.workers)
+            path = self.results_dir / plan.results_name(job.id, pair.index)
             async with Simulator(
                 adapter,
                 budgets=budgets,
@@ -247,9 +280,11 @@ class JobRunner:
                 sink = TenantSink(
                     JsonlSink(path, resume=path.exists()),
                     max_bytes=limits.results_bytes,
-                    record=lambda progress: self.store.record_progress(job.id, progress),
+                    record=lambda progress: self.store.record_progress(
+                        job.id, progress, pair=pair.index
+                    ),
                 )
-                handle = sim.run(pack, sink=sink, only=request.get("conversations"))
+                handle = sim.run(pack, sink=sink, only=task.source.get("conversations"))
                 self.handles[job.id] = handle
                 if job.id in self.cancelled:
                     handle.stop(grace_period=0)
@@ -259,7 +294,9 @@ class JobRunner:
                     stats = handle.statistics()
                     if stats.total or stats.resumed:  # the run counted its conversations
                         total = stats.total + stats.resumed
-                        await anyio.to_thread.run_sync(self.store.set_total, job.id, total)
+                        await anyio.to_thread.run_sync(
+                            lambda: self.store.set_total(job.id, total, pair=pair.index)
+                        )
         finally:
             with anyio.CancelScope(shield=True):
                 await adapter.aclose()

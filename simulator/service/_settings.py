@@ -121,8 +121,12 @@ class ServiceSettings(BaseModel):
     upload_retention_s: float = Field(default=86_400.0, ge=0)
     """How long an uploaded pack is kept after its job ends."""
     pack_sources: list[str] = Field(default_factory=lambda: ["task"])
-    """Pack sources tenants may name (``task:NAME``; ``lm-eval`` for ``lm-eval:TASK``,
-    whose loading takes seconds of a worker process each)."""
+    """Pack sources tenants may name: ``task`` (``task:NAME``, and a task class
+    installed packages register, by its plain name), ``lm-eval`` for ``lm-eval:TASK``
+    (whose loading takes seconds of a worker process each), or a source an installed
+    package registers in the entry-point group ``convsim.pack_sources``. A source's
+    code runs in a worker process for each job that names it: allow only sources you
+    trust."""
     max_starts: int = Field(default=3, ge=1)
     """A job the server was running when it stopped this many times fails instead of
     starting again (a job that brings the server down cannot do it for ever)."""
@@ -130,10 +134,16 @@ class ServiceSettings(BaseModel):
     @field_validator("pack_sources")
     @classmethod
     def _sources(cls, value: list[str]) -> list[str]:
-        unknown = sorted(set(value) - {"task", "lm-eval"})
+        from convsim.scenarios import PACK_SOURCES
+
+        registered = {prefix.removesuffix(":") for prefix in PACK_SOURCES.prefixes()}
+        unknown = sorted(set(value) - registered)
         if unknown:
-            raise ValueError(f"unknown pack source {', '.join(unknown)}: task or lm-eval")
-        return value
+            raise ValueError(
+                f"unknown pack source {', '.join(unknown)}; registered sources: "
+                f"{', '.join(sorted(registered))}"
+            )
+        return list(dict.fromkeys(value))
 
     @field_validator("allow_base_url")
     @classmethod

@@ -1,8 +1,10 @@
-"""The service's durable state in SQLite: API keys (hashed) and jobs.
+"""The service's durable state in SQLite: API keys (hashed), jobs and their pairs.
 
-Keys are random tokens shown once; only their SHA-256 is stored. A job's model
-arguments may hold a provider key: they are stored encrypted (Fernet, with a secret kept
-in a file beside the database, readable by its owner only), never in plain text.
+Keys are random tokens shown once (or an operator's own, imported); only their SHA-256
+is stored. A job's model arguments may hold a provider key: they are stored encrypted
+(Fernet, with a secret kept in a file beside the database, readable by its owner only),
+never in plain text. A job runs one or more (model, task) pairs; each pair has a row of
+its own (state, counts, cost), and the job's counts and cost are their sums.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import secrets
 import sqlite3
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from typing import Any
 from convsim._errors import ConfigError
 from convsim._extras import needs_extra
 
-__all__ = ["Store", "JobRow", "JobProgress", "KeyRow", "hash_key"]
+__all__ = ["Store", "JobRow", "JobProgress", "KeyRow", "PairRow", "hash_key", "MIN_KEY_CHARS"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -58,12 +61,30 @@ TOTALS = """
 ALTER TABLE jobs ADD COLUMN total INTEGER;
 """
 
-SCHEMA_VERSION = 3
-MIGRATIONS = [SCHEMA, TENANCY, TOTALS]
+PAIRS = """
+CREATE TABLE IF NOT EXISTS pairs (
+    job_id TEXT NOT NULL,
+    pair INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    total INTEGER,
+    done INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL,
+    started REAL,
+    finished REAL,
+    error TEXT,
+    PRIMARY KEY (job_id, pair)
+);
+"""
+
+SCHEMA_VERSION = 4
+MIGRATIONS = [SCHEMA, TENANCY, TOTALS, PAIRS]
 """``MIGRATIONS[n]`` takes a database from schema ``n`` to ``n + 1`` (SQLite's
 ``user_version``); a change of schema appends a step, never edits one."""
 
 ACTIVE = ("queued", "running")
+MIN_KEY_CHARS = 8
+"""The shortest key an operator may import (a made key has 47 characters)."""
 
 
 def hash_key(key: str) -> str:
@@ -77,6 +98,23 @@ class JobProgress:
     done: int = 0
     failed: int = 0
     cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class PairRow:
+    """One (model, task) pair of a job: its state and what its results file holds."""
+
+    job_id: str
+    pair: int
+    state: str
+    total: int | None
+    """The conversations the pair runs (trials included), fixed when the job was taken."""
+    done: int
+    failed: int
+    cost_usd: float | None
+    started: float | None
+    finished: float | None
+    error: str | None
 
 
 @dataclass(frozen=True)
@@ -160,28 +198,40 @@ class Store:
                 fh.write(Fernet.generate_key())
         return Fernet(secret.read_bytes())
 
-    def seal(self, values: dict[str, str]) -> bytes | None:
+    def seal(self, values: Mapping[str, Any]) -> bytes | None:
+        """``values`` (JSON) encrypted; None for nothing to hide."""
         return self._fernet().encrypt(json.dumps(values).encode()) if values else None
 
-    def unseal(self, blob: bytes | None) -> dict[str, str]:
+    def unseal(self, blob: bytes | None) -> dict[str, Any]:
         if not blob:
             return {}
-        data: dict[str, str] = json.loads(self._fernet().decrypt(blob))
+        data: dict[str, Any] = json.loads(self._fernet().decrypt(blob))
         return data
 
     # -- keys ---------------------------------------------------------------------------
 
-    def create_key(self, name: str) -> str:
-        """A new key for ``name``, returned once (only its hash is kept)."""
-        key = "csk_" + secrets.token_urlsafe(32)
+    def create_key(self, name: str, key: str | None = None) -> str:
+        """A new key for ``name``, returned once (only its hash is kept); ``key`` imports
+        one the operator chose or another system issued instead of making one.
+
+        Raises:
+            ConfigError: the name is taken, or ``key`` is too short or holds spaces.
+        """
+        if key is None:
+            key = "csk_" + secrets.token_urlsafe(32)
+        elif len(key) < MIN_KEY_CHARS or not key.isprintable() or any(c.isspace() for c in key):
+            raise ConfigError(
+                f"a key must have at least {MIN_KEY_CHARS} characters, printable, without spaces"
+            )
         with self._connect() as db:
             try:
                 db.execute(
                     "INSERT INTO keys (name, hash, created) VALUES (?, ?, ?)",
                     (name, hash_key(key), time.time()),
                 )
-            except sqlite3.IntegrityError:
-                raise ConfigError(f"a key named {name!r} exists already") from None
+            except sqlite3.IntegrityError as exc:
+                what = f"a key named {name!r}" if "keys.name" in str(exc) else "that key"
+                raise ConfigError(f"{what} exists already") from None
         return key
 
     def revoke_key(self, name: str) -> None:
@@ -242,23 +292,46 @@ class Store:
         secret: bytes | None,
         *,
         upload_bytes: int = 0,
+        pair_totals: Sequence[int] = (),
     ) -> None:
+        """Store a queued job and its pairs (one row per ``pair_totals`` entry, each with
+        the conversations it runs), in one transaction."""
         with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
             db.execute(
                 "INSERT INTO jobs (id, key_name, state, request, secret_args, created, "
-                "upload_bytes) VALUES (?, ?, 'queued', ?, ?, ?, ?)",
-                (job_id, key_name, json.dumps(request), secret, time.time(), upload_bytes),
+                "upload_bytes, total) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
+                (job_id, key_name, json.dumps(request), secret, time.time(), upload_bytes,
+                 sum(pair_totals) if pair_totals else None),
+            )  # fmt: skip
+            db.executemany(
+                "INSERT INTO pairs (job_id, pair, state, total) VALUES (?, ?, 'queued', ?)",
+                [(job_id, index, total) for index, total in enumerate(pair_totals)],
             )
+            db.execute("COMMIT")
 
-    def record_progress(self, job_id: str, progress: JobProgress) -> None:
-        """Set the job's counts and cost so far; add the cost's change to its key's
-        spending."""
+    def record_progress(self, job_id: str, progress: JobProgress, *, pair: int = 0) -> None:
+        """Set the counts and cost so far of the job's ``pair`` (a job stored before
+        pairs existed: of the job), the job's as the sums of its pairs'; add the cost's
+        change to its key's spending."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
             row = db.execute(
                 "SELECT key_name, cost_usd FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()
             if row is not None:
+                updated = db.execute(
+                    "UPDATE pairs SET cost_usd = ?, done = ?, failed = ? "
+                    "WHERE job_id = ? AND pair = ?",
+                    (progress.cost_usd, progress.done, progress.failed, job_id, pair),
+                )
+                if updated.rowcount:
+                    sums = db.execute(
+                        "SELECT SUM(done), SUM(failed), SUM(COALESCE(cost_usd, 0)) FROM pairs "
+                        "WHERE job_id = ?",
+                        (job_id,),
+                    ).fetchone()
+                    progress = JobProgress(int(sums[0]), int(sums[1]), float(sums[2]))
                 added = progress.cost_usd - (row["cost_usd"] or 0.0)
                 db.execute(
                     "UPDATE jobs SET cost_usd = ?, done = ?, failed = ? WHERE id = ?",
@@ -270,10 +343,64 @@ class Store:
                 )
             db.execute("COMMIT")
 
-    def set_total(self, job_id: str, total: int) -> None:
-        """Record how many conversations the job runs, once its run has counted them."""
+    def set_total(self, job_id: str, total: int, *, pair: int = 0) -> None:
+        """Record how many conversations the job's ``pair`` runs, once its run has
+        counted them; the job's total is its pairs' sum (a job stored before pairs
+        existed: ``total``)."""
         with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            updated = db.execute(
+                "UPDATE pairs SET total = ? WHERE job_id = ? AND pair = ?", (total, job_id, pair)
+            )
+            if updated.rowcount:
+                total = db.execute(
+                    "SELECT SUM(total) FROM pairs WHERE job_id = ?", (job_id,)
+                ).fetchone()[0]
             db.execute("UPDATE jobs SET total = ? WHERE id = ?", (total, job_id))
+            db.execute("COMMIT")
+
+    def set_pair_state(
+        self, job_id: str, pair: int, state: str, *, error: str | None = None
+    ) -> None:
+        """The pair's new state (running: its start time is kept from its first start)."""
+        now = time.time()
+        with self._connect() as db:
+            if state == "running":
+                db.execute(
+                    "UPDATE pairs SET state = ?, started = COALESCE(started, ?) "
+                    "WHERE job_id = ? AND pair = ?",
+                    (state, now, job_id, pair),
+                )
+            else:
+                db.execute(
+                    "UPDATE pairs SET state = ?, finished = ?, error = ? "
+                    "WHERE job_id = ? AND pair = ?",
+                    (state, now, error, job_id, pair),
+                )
+
+    def end_pairs(self, job_id: str, state: str) -> None:
+        """Set every pair of the job not yet finished to ``state`` (a cancelled job's)."""
+        with self._connect() as db:
+            db.execute(
+                "UPDATE pairs SET state = ?, finished = ? WHERE job_id = ? "
+                "AND state IN ('queued', 'running')",
+                (state, time.time(), job_id),
+            )
+
+    def pairs(self, job_ids: Sequence[str]) -> dict[str, list[PairRow]]:
+        """The pairs of each job, in order (a job stored before pairs existed has none)."""
+        found: dict[str, list[PairRow]] = {job_id: [] for job_id in job_ids}
+        with self._connect() as db:
+            for start in range(0, len(job_ids), 500):  # SQLite's bound on parameters
+                chunk = list(job_ids[start : start + 500])
+                rows = db.execute(
+                    f"SELECT * FROM pairs WHERE job_id IN ({', '.join('?' * len(chunk))}) "
+                    "ORDER BY job_id, pair",
+                    chunk,
+                ).fetchall()
+                for r in rows:
+                    found[r["job_id"]].append(_pair(r))
+        return found
 
     def started(self, job_id: str) -> int:
         """Mark the job running and count the start; return how many starts it had."""
@@ -363,6 +490,21 @@ def _job(row: sqlite3.Row) -> JobRow:
         upload_bytes=row["upload_bytes"],
         upload_removed=row["upload_removed"],
         total=row["total"],
+    )
+
+
+def _pair(row: sqlite3.Row) -> PairRow:
+    return PairRow(
+        job_id=row["job_id"],
+        pair=row["pair"],
+        state=row["state"],
+        total=row["total"],
+        done=row["done"],
+        failed=row["failed"],
+        cost_usd=row["cost_usd"],
+        started=row["started"],
+        finished=row["finished"],
+        error=row["error"],
     )
 
 

@@ -104,6 +104,14 @@ class Registry(Generic[T]):
         self._load_entry_points()
         return self._origins.get(name)
 
+    def reference(self, name: str) -> str | None:
+        """The ``"package.module:attr"`` string ``name`` is registered as, while it is
+        not imported yet (an entry point's, or one registered as a string); else None."""
+        if name not in self._factories:
+            self._load_entry_points()
+        factory = self._factories.get(name)
+        return factory if isinstance(factory, str) else None
+
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False

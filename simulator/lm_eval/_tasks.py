@@ -49,19 +49,34 @@ TASKS: Registry[Any] = Registry("task", group="convsim.tasks")
 T = TypeVar("T", bound=type)
 
 
+def _names_class(reference: str, cls: type) -> bool:
+    """Whether a ``"module:attr"`` reference names ``cls`` without importing it: its
+    module, or a package above it, and its name. A class registered by an entry point
+    and decorated too is imported through that reference: importing it again to compare
+    would go round in a circle."""
+    module, _, attr = reference.partition(":")
+    inside = cls.__module__ == module or cls.__module__.startswith(module + ".")
+    return inside and attr == cls.__qualname__
+
+
 def register_task(name: str, *, registry: Registry[Any] = TASKS) -> Callable[[T], T]:
     """Class decorator: ``@register_task("single_turn_scenarios_x")`` registers a task
     class in convsim's task registry (the same class defined again, e.g. a module
-    reloaded, replaces itself; another class under a taken name is refused)."""
+    reloaded, or the class an entry point of ``convsim.tasks`` names, replaces itself;
+    another class under a taken name is refused)."""
 
     def decorate(cls: T) -> T:
         replace = False
         if name in registry:
-            old = registry.get(name)
-            replace = (getattr(old, "__module__", None), getattr(old, "__qualname__", None)) == (
-                cls.__module__,
-                cls.__qualname__,
-            )
+            reference = registry.reference(name)
+            if reference is not None:
+                replace = _names_class(reference, cls)
+            else:
+                old = registry.get(name)
+                replace = (
+                    getattr(old, "__module__", None),
+                    getattr(old, "__qualname__", None),
+                ) == (cls.__module__, cls.__qualname__)
         registry.register(name, cls, replace=replace)
         if "TASK_NAME" not in cls.__dict__:
             cls.TASK_NAME = name  # type: ignore[attr-defined]

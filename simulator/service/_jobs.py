@@ -46,6 +46,7 @@ FINISHED = ("done", "failed", "cancelled")
 _WATCH_EVERY_S = 1.0
 
 _PACK_WORKERS = 4
+_IN_PROCESS = "task:"
 
 
 def load_job_pack(request: dict[str, Any]) -> Any:
@@ -68,9 +69,12 @@ async def load_isolated(
     function: Callable[[dict[str, Any]], T], request: dict[str, Any], workers: Any
 ) -> T:
     """``function(request)`` off the event loop: in a worker process for a tenant's
-    own pack or a pack source (``task:``, ``lm-eval:``, ...: its CPU, memory and garbage
-    collections are not the server's), in a thread for a bundled pack."""
-    if request.get("pack_dir") or ":" in str(request.get("pack")):
+    own pack or a pack source (``lm-eval:``, ...: its CPU, memory and garbage
+    collections are not the server's), in a thread for a bundled pack or a task class's
+    (``task:``): its pack holds the task object its metrics call, which stays in the
+    process that runs it, and its code is the operator's installed package."""
+    pack = str(request.get("pack"))
+    if request.get("pack_dir") or (":" in pack and not pack.startswith(_IN_PROCESS)):
         return await anyio.to_process.run_sync(function, request, limiter=workers)
     return await anyio.to_thread.run_sync(function, request)
 
@@ -127,14 +131,14 @@ class JobRunner:
         return [job.id for job in jobs]
 
     async def cancel(self, job_id: str, *, why: str | None = None) -> None:
+        """Stop the job: its run stops its pair in flight and ends the others; a job
+        with no run under way is marked cancelled now."""
         self.cancelled.setdefault(job_id, why)
         handle = self.handles.get(job_id)
         if handle is not None:
             handle.stop(grace_period=0)
-        else:
-            await anyio.to_thread.run_sync(
-                lambda: self.store.set_state(job_id, "cancelled", error=why)
-            )
+        elif job_id not in self._keys:
+            await self._finish(job_id, "cancelled", why)
 
     async def watch(self) -> None:
         """Stop the jobs of revoked keys, and remove uploads past their retention."""
@@ -191,6 +195,16 @@ class JobRunner:
         if job_id in self.cancelled:
             await self._finish(job_id, "cancelled", self.cancelled[job_id])
             return
+        self._keys[job_id] = job.key_name  # its run is under way: a cancel is its to see
+        try:
+            await self._run_pairs(job)
+        finally:
+            self.handles.pop(job_id, None)
+            self._keys.pop(job_id, None)
+
+    async def _run_pairs(self, job: JobRow) -> None:
+        """Run the pairs the job has not finished, one after another; then end it."""
+        job_id = job.id
         starts = await anyio.to_thread.run_sync(self.store.started, job_id)
         if starts > self.settings.max_starts:
             log.warning("job_not_restarted", job_id=job_id, starts=starts - 1)
@@ -205,25 +219,17 @@ class JobRunner:
         ended = {row.pair: row for row in rows if row.state in FINISHED}
         failures = [f"{plan.label(p)}: {ended[p.index].error}" for p in plan.pairs
                     if p.index in ended and ended[p.index].state == "failed"]  # fmt: skip
-        self._keys[job_id] = job.key_name
-        try:
-            for pair in plan.pairs:
-                if job_id in self.cancelled:
-                    break
-                if pair.index in ended:
-                    continue  # finished before the server stopped
-                planned = plan.models[pair.model]
-                model = JobModel(
-                    planned.model, planned.endpoint, planned.plain, secrets[pair.model]
-                )
-                error = await self._run_pair(job, plan, pair, model)
-                if error is not None:
-                    failures.append(error if not plan.several else f"{plan.label(pair)}: {error}")
-        finally:
-            self.handles.pop(job_id, None)
-            self._keys.pop(job_id, None)
+        for pair in plan.pairs:
+            if job_id in self.cancelled:
+                break
+            if pair.index in ended:
+                continue  # finished before the server stopped
+            planned = plan.models[pair.model]
+            model = JobModel(planned.model, planned.endpoint, planned.plain, secrets[pair.model])
+            error = await self._run_pair(job, plan, pair, model)
+            if error is not None:
+                failures.append(f"{plan.label(pair)}: {error}" if plan.several else error)
         if job_id in self.cancelled:
-            await anyio.to_thread.run_sync(self.store.end_pairs, job_id, "cancelled")
             await self._finish(job_id, "cancelled", self.cancelled[job_id])
         elif failures:
             await self._finish(job_id, "failed", "; ".join(failures))
@@ -252,7 +258,14 @@ class JobRunner:
         return None
 
     async def _finish(self, job_id: str, state: str, error: str | None) -> None:
-        await anyio.to_thread.run_sync(lambda: self.store.set_state(job_id, state, error=error))
+        """The job's end; a cancelled job's pairs not yet ended end with it."""
+
+        def finish() -> None:
+            if state == "cancelled":
+                self.store.end_pairs(job_id, "cancelled")
+            self.store.set_state(job_id, state, error=error)
+
+        await anyio.to_thread.run_sync(finish)
 
     async def _execute(
         self, job: JobRow, plan: Plan, pair: Pair, model: JobModel, budgets: Any

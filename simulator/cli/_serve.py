@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -191,7 +192,7 @@ def keys_create(db: Path, name: str, limits: tuple[str, ...], key_stdin: bool) -
     from ..service._settings import parse_limits
 
     own = parse_limits(limits)
-    given = click.get_text_stream("stdin").readline().rstrip("\r\n") if key_stdin else None
+    given = sys.stdin.readline().rstrip("\r\n") if key_stdin else None
     store = Store(db)
     key = store.create_key(name, given)
     if own:

@@ -420,6 +420,68 @@ def test_each_jobs_cost_is_recorded_for_its_key(hosts: Hosts, server: Server) ->
     assert spent == pytest.approx(22.0 * calls)
 
 
+# -- evaluations of several models: each model keeps the guarantees -------------------
+
+
+def test_each_model_of_an_evaluation_is_refused_where_it_asks_too_much(
+    alice: EvaluationClient, hosts: Hosts
+) -> None:
+    before = _counts(hosts)
+    tenant = hosts.tenant.url + "/v1"
+    own = {"model_id": "m", "model_type": "openai-compatible", "config": {"base_url": tenant}}
+
+    def where(*models: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with pytest.raises(Invalid) as refused:
+            alice.create_evaluation(models=list(models), pack="customer_support", limit=1)
+        return [tuple(p["loc"]) for p in refused.value.problems]
+
+    for variable in PLANTED:
+        env = {**own, "model_id": "x", "config": {"base_url": tenant, "api_key_env": variable}}
+        assert where(own, env) == [("body", "models", 1, "config", "api_key_env")]
+    provider = {"model_id": "gpt-4o-mini", "model_type": "openai", "config": {"base_url": tenant}}
+    assert where(own, provider) == [("body", "models", 1, "config", "api_key")]
+    internal = {**own, "model_id": "i", "config": {"base_url": hosts.internal.url + "/v1"}}
+    assert where(internal, own) == [("body", "models", 0, "config", "base_url")]
+    redirected = {"model_id": "local", "config": {"base_url": tenant}}  # the endpoint, by name
+    assert where(own, redirected) == [("body", "models", 1, "config", "base_url")]
+    assert where({"model_id": "local", "model_type": "anthropic"}) == [
+        ("body", "models", 0, "model_type")
+    ]
+    assert where({"model_id": "x", "endpoint": "nope"}) == [("body", "models", 0, "endpoint")]
+    _nothing_reached(hosts, before)
+
+
+def test_each_model_of_an_evaluation_gets_its_own_key_only(hosts: Hosts, server: Server) -> None:
+    secret = "sk-tenant-own-key-0000000000000042"
+    heard = {h.port: len(h.requests) for h in (hosts.tenant, hosts.operator)}
+    with EvaluationClient(server.url, server.key("mixer")) as client:
+        own = {"base_url": hosts.tenant.url + "/v1", "api_key": secret}
+        job = client.create_evaluation(
+            models=[
+                {"model_id": "local"},  # the operator's endpoint, named by its name
+                {"model_id": "m", "model_type": "openai-compatible", "config": own},
+            ],
+            pack="customer_support",
+            limit=1,
+        )
+        done = client.wait(job.id, timeout=60)
+        comparison = client.get_comparison(job.id)
+    assert done.status == "done", done.error
+    assert done.models[0] == {
+        "model_id": "local", "model": "endpoint:local", "endpoint": "local", "config": {}
+    }  # fmt: skip
+    assert done.models[1]["config"]["api_key"] == "***"
+    assert comparison[0]["comparison"]["paired"] == 1
+    tenant_heard = b"".join(hosts.tenant.requests[heard[hosts.tenant.port] :])
+    operator_heard = b"".join(hosts.operator.requests[heard[hosts.operator.port] :])
+    assert f"Bearer {secret}".encode() in tenant_heard
+    assert f"Bearer {PLANTED['OPENAI_API_KEY']}".encode() in operator_heard
+    assert secret.encode() not in operator_heard
+    for planted in PLANTED.values():
+        assert planted.encode() not in tenant_heard
+    assert secret.encode() not in server.everything_written()
+
+
 def test_no_planted_secret_is_written_anywhere(server: Server) -> None:
     written = server.everything_written()
     for secret in PLANTED.values():

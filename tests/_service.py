@@ -36,13 +36,14 @@ class Server:
         args: Sequence[str] = (),
         *,
         env: Mapping[str, str] | None = None,
+        port: int | None = None,
     ) -> None:
         self.db = tmp / "service.db"
         self.results = tmp / "results"
         self.log = tmp / "server.log"
         self.args = list(args)
         self.env = {**os.environ, **(env or {})}
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -393,7 +393,7 @@ async def pair_summary(job_id: str, pair: int, name: Key, service: Service) -> A
     return json.loads(report.model_dump_json())
 
 
-_HTML = {200: {"content": {"text/html": {}}}}
+_HTML: dict[int | str, dict[str, Any]] = {200: {"content": {"text/html": {}}}}
 
 
 async def _report(job_id: str, name: str, service: _Service, pair: int | None) -> Any:

@@ -313,7 +313,7 @@ class JobIntake:
         """Load a task's pack as it will run (in a worker), within the key's limits."""
         checked = await load_isolated(check_pack, source, self.runner.workers)
         if checked.problems:
-            moves = {("body", "pack"): where}
+            moves: dict[tuple[str | int, ...], tuple[str | int, ...]] = {("body", "pack"): where}
             raise Refused([_moved(p, moves) for p in checked.problems])
         if checked.most_turns > limits.turns:
             why = (

@@ -74,7 +74,8 @@ def summarize_pairs(results_dir: Path, job_id: str, plan: Plan) -> list[PairSumm
     found = []
     for pair in plan.pairs:
         path = results_dir / plan.results_name(job_id, pair.index)
-        summary, note = None, "no results yet"
+        summary: dict[str, Any] | None = None
+        note: str | None = "no results yet"
         if _results(path):
             try:
                 summary = json.loads(summarize_file(path).model_dump_json())
@@ -103,7 +104,8 @@ def compare_models(results_dir: Path, job_id: str, plan: Plan) -> list[ModelComp
         for m in range(1, count):
             candidate = plan.models[m].model_id
             path = results_dir / plan.results_name(job_id, t * count + m)
-            comparison, note = None, None
+            comparison: dict[str, Any] | None = None
+            note: str | None = None
             missing = [
                 name for name, p in ((base, base_path), (candidate, path)) if not _results(p)
             ]

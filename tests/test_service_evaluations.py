@@ -308,3 +308,21 @@ def test_a_job_of_one_pair_is_what_a_job_always_was(client: EvaluationClient) ->
     assert client.get_comparison(job.id) == []
     with pytest.raises(ServiceError):
         client.get_summary(job.id, pair=1)
+
+
+@pytest.mark.anyio
+async def test_the_async_client_runs_an_evaluation_of_several(server: Server, key: str) -> None:
+    from convsim.client import AsyncEvaluationClient
+
+    async with AsyncEvaluationClient(server.url, key) as client:
+        job = await client.create_evaluation(
+            models=[GOOD, FORGETFUL], tasks=["single_turn_qa"], limit=2
+        )
+        streamed = [result async for result in client.iter_results(job.id)]
+        done = await client.wait(job.id, timeout=60, poll=0.1)
+        comparisons = await client.get_comparison(job.id)
+        second = await client.get_summary(job.id, pair=1)
+    assert done.status == "done" and [p["model_id"] for p in done.pairs] == ["good", "forgetful"]
+    assert sorted(r["pair"]["index"] for r in streamed) == [0, 0, 1, 1]
+    assert [(c["base"], c["candidate"]) for c in comparisons] == [("good", "forgetful")]
+    assert second["conversations"] == 2

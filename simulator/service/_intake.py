@@ -91,7 +91,9 @@ class EvaluationRequest(BaseModel):
     model_args: dict[str, str] = Field(default_factory=dict, max_length=50)
     """Adapter arguments (no ``*_env``: a job never names the server's variables)."""
     metrics: list[str] | None = Field(default=None, max_length=50)
+    """The metrics of every task (default: each pack's own)."""
     limit: int | None = Field(default=None, ge=1, le=1_000_000)
+    """The first N conversations of each task."""
     trials: int = Field(default=1, ge=1, le=1_000)
     """Runs of each scenario (pass^k and spread across trials in the summary)."""
     concurrency: int = Field(default=16, ge=1, le=1024)

@@ -18,6 +18,13 @@ import pytest
 import structlog
 import yaml
 
+# the guide's integration tests (tests/guide) get their live service from here
+from _guide_service import (  # noqa: F401
+    guide_service,
+    live_service_for_integration_tests,
+    pytest_pycollect_makemodule,
+)
+
 from convsim.adapters import Completion, GenerationParams, Message, ModelAdapter, ModelInfo, Usage
 
 DATA = Path(__file__).parent / "data"

@@ -46,6 +46,8 @@ FINISHED = ("done", "failed", "cancelled")
 _WATCH_EVERY_S = 1.0
 
 _PACK_WORKERS = 4
+_FAILURES_SHOWN = 5
+"""The failed pairs a failed job's error names (each pair's own error is on the pair)."""
 _IN_PROCESS = "task:"
 
 
@@ -232,7 +234,10 @@ class JobRunner:
         if job_id in self.cancelled:
             await self._finish(job_id, "cancelled", self.cancelled[job_id])
         elif failures:
-            await self._finish(job_id, "failed", "; ".join(failures))
+            shown = failures[:_FAILURES_SHOWN]
+            if len(failures) > len(shown):
+                shown.append(f"and {counted(len(failures) - len(shown), 'other pair')} failed")
+            await self._finish(job_id, "failed", "; ".join(shown))
         else:
             await self._finish(job_id, "done", None)
 

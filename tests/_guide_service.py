@@ -1,6 +1,7 @@
-"""What the developer guide's integration tests (test_integration.py, marked
-``integration``) expect around them, served for real: a live ``convsim serve`` at
-``localhost:8000`` that takes the key ``test-key``.
+"""What the developer guide's integration tests (tests/guide/test_integration.py,
+marked ``integration``) expect around them, served for real: a live ``convsim serve`` at
+``localhost:8000`` that takes the key ``test-key``. tests/conftest.py takes its fixtures
+and hook (a conftest.py of tests/guide would be a second module named ``conftest``).
 
 The service it starts has the key ``test-key`` (imported: ``serve keys create
 --key-stdin``), an operator endpoint named as the guide's model (``openai/gpt-3.5-turbo``,
@@ -27,10 +28,12 @@ import pytest
 import yaml
 from _service import Server, free_port
 
+__all__ = ["guide_service", "live_service_for_integration_tests", "pytest_pycollect_makemodule"]
+
 GUIDE_PORT = 8000
 GUIDE_KEY = "test-key"
 GUIDE_MODEL = "openai/gpt-3.5-turbo"
-INSTALLED = Path(__file__).parent / "installed"
+INSTALLED = Path(__file__).parent / "guide" / "installed"
 _PORT_WAIT_S = 60.0
 
 
@@ -58,7 +61,7 @@ class _Unmerged(pytest.Module):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> Any:
-    if module_path.name == "test_integration.py":
+    if module_path.name == "test_integration.py" and module_path.parent.name == "guide":
         missing = _unmerged()
         if missing:
             module = _Unmerged.from_parent(parent, path=module_path)
@@ -156,6 +159,6 @@ def guide_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(autouse=True)
-def _live_service_for_integration_tests(request: pytest.FixtureRequest) -> None:
+def live_service_for_integration_tests(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("integration") is not None:
         request.getfixturevalue("guide_service")

@@ -16,7 +16,7 @@ from rich.console import Console
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.cli import main
 from convsim.cli._gates import load_checks
-from convsim.cli._load import _points_table, _print_result
+from convsim.cli._load import _points_tables, _print_result
 from convsim.load import LoadResult, RequestRecord, Window, parse_slos, point_result, sweep_result
 
 # three sessions in the window [1, 5): TTFT p99 990 ms, E2E p99 1980 ms
@@ -57,10 +57,13 @@ def slo_row(table_text: str) -> list[str]:
     return [cell.strip() for cell in row.strip("│┃ ").split("│")[1:]]
 
 
-def render(renderable: Any) -> str:
-    console = Console(width=200, record=True, file=None, force_terminal=False)
-    with console.capture() as capture:
-        console.print(renderable)
+WIDE = Console(width=200, force_terminal=False)
+
+
+def render(renderables: list[Any]) -> str:
+    with WIDE.capture() as capture:
+        for renderable in renderables:
+            WIDE.print(renderable)
     return capture.get()
 
 
@@ -81,14 +84,15 @@ def test_the_table_and_the_sweep_line_say_the_same(capsys: pytest.CaptureFixture
         (sweep_result([valid, behind]), "0.5 sessions/s (1 invalid, not judged)"),
         (sweep_result([behind]), "none of the points (1 invalid, not judged)"),
     ):
-        cells = slo_row(render(_points_table(list(sweep.points), slo=True)))
+        cells = slo_row(render(_points_tables(list(sweep.points), slo=True, console=WIDE)))
         meeting = [p for p, cell in zip(sweep.points, cells, strict=True) if cell == "yes"]
         assert [p.target_rate for p in meeting] == (
             [] if sweep.max_rate_meeting_slo is None else [sweep.max_rate_meeting_slo]
         )
         assert cells[-1] == "invalid"  # the 8/s point: never "yes" beside "none of them"
-        _print_result(sweep, slo=True)
-        out = capsys.readouterr().out
+        with WIDE.capture() as capture:
+            _print_result(sweep, slo=True, out=WIDE)
+        out = capture.get()
         assert f"highest rate meeting every SLO: {best}" in out
 
 

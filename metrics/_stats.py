@@ -62,7 +62,7 @@ def percentile(
 
 
 def mean(values: Sequence[float]) -> float:
-    """The mean, exactly rounded (``math.fsum``); ``values`` non-empty."""
+    """The mean, the values summed exactly (``math.fsum``); ``values`` non-empty."""
     if not values:
         raise ValueError("mean of no values")
     return math.fsum(values) / len(values)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from convsim.metrics import percentile
 from convsim.metrics._aggregate import bootstrap_ci
 from convsim.metrics._bootstrap import choices_draw, integers_draw, resample_means
+from convsim.metrics._stats import PercentileMethod
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
@@ -121,3 +124,28 @@ def test_percentile_of_no_values_or_outside_0_100_is_an_error(
 ) -> None:
     with pytest.raises(ValueError):
         percentile(values, q)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(finite, min_size=1, max_size=50),
+    st.floats(min_value=0, max_value=100),
+    st.sampled_from(["linear", "lower", "higher"]),
+)
+def test_a_list_and_an_array_give_the_same_percentile_to_the_last_bit(
+    values: list[float], q: float, method: PercentileMethod
+) -> None:
+    from_list = percentile(values, q, method=method)
+    assert from_list == percentile(np.array(values), q, method=method)
+    assert percentile(tuple(values), [q, 100 - q], method=method)[0] == from_list
+
+
+def test_a_run_with_the_default_metrics_leaves_numpy_unimported() -> None:
+    # the latency metric reads its percentiles on the event loop: a list needs no numpy
+    code = (
+        "import sys, convsim\n"
+        "(result,) = convsim.run_sync('single_turn_qa', 'scripted', limit=1)\n"
+        "assert result.scores['latency'].details['p95_s'] > 0\n"
+        "assert 'numpy' not in sys.modules, 'numpy imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

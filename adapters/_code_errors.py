@@ -28,11 +28,10 @@ anything else (KeyError, TypeError, a bare Exception)       :class:`~convsim.Ada
 from __future__ import annotations
 
 import http.client
+import sys
 import urllib.error
 from collections.abc import Callable, Mapping
 from typing import Any
-
-import httpx
 
 from convsim._errors import AdapterCodeError, AdapterError, ServerError, Timeout
 
@@ -83,15 +82,27 @@ def _named(exc: BaseException, part: str) -> bool:
     return any(part in cls.__name__ for cls in type(exc).__mro__)
 
 
+def _httpx_error(exc: BaseException, name: str) -> bool:
+    """Whether ``exc`` is httpx's ``name`` error (httpx, if nobody imported it, raised
+    nothing: it is not imported here for the question)."""
+    httpx = sys.modules.get("httpx")
+    return httpx is not None and isinstance(exc, getattr(httpx, name))
+
+
 def _timed_out(exc: BaseException) -> bool:
-    return isinstance(exc, (TimeoutError, httpx.TimeoutException)) or _named(exc, "Timeout")
+    return (
+        isinstance(exc, TimeoutError)
+        or _httpx_error(exc, "TimeoutException")
+        or _named(exc, "Timeout")
+    )
 
 
 def _connection_failed(exc: BaseException) -> bool:
-    return isinstance(
-        exc,
-        (ConnectionError, urllib.error.URLError, http.client.HTTPException, httpx.TransportError),
-    ) or _named(exc, "ConnectionError")
+    return (
+        isinstance(exc, (ConnectionError, urllib.error.URLError, http.client.HTTPException))
+        or _httpx_error(exc, "TransportError")
+        or _named(exc, "ConnectionError")
+    )
 
 
 def adapter_error_for(

@@ -365,6 +365,7 @@ class HttpModelAdapter(ModelAdapter):
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
         self._transport = transport
         """Built on first use, with a pool that fits the concurrency (see size_pool)."""
+        self._owns_transport = transport is None
         self._concurrency = cfg.concurrency
         self._timeouts = HttpTimeouts(connect=cfg.connect_timeout, read=cfg.timeout)
         self.retry_policy = RetryPolicy(
@@ -539,8 +540,13 @@ class HttpModelAdapter(ModelAdapter):
         return Cost(prompt_cost=prompt, completion_cost=completion, total_cost=prompt + completion)
 
     async def aclose(self) -> None:
-        if self._transport is not None:
-            await self._transport.aclose()
+        """Close the connections; a pool the adapter built itself is built afresh on the
+        next call (the sync ``generate_response`` closes it after each)."""
+        transport = self._transport
+        if transport is not None:
+            if self._owns_transport:
+                self._transport = None
+            await transport.aclose()
 
     def _http(self) -> HttpTransport:
         if self._transport is None:

@@ -11,7 +11,7 @@ and a bad one raises :class:`~convsim.ConfigError` naming the method and the fie
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from typing_extensions import NotRequired, TypedDict
@@ -97,11 +97,13 @@ GUIDE_SETTINGS = ("temperature", "max_tokens", "top_p", "frequency_penalty", "pr
 """The keys of the guide's ``get_default_config()``, always present in convsim's (None:
 the backend's own default)."""
 
+M = TypeVar("M", bound=BaseModel)
+
 _NOT_SENT = frozenset({"reference", "metadata"})
 """GenerationParams fields that are never settings of a model call."""
 
 
-def _checked(model: type[BaseModel], data: Any, what: str) -> Any:
+def _checked(model: type[M], data: Any, what: str) -> M:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what} returned {type(data).__name__}, not a dict")
     try:
@@ -130,7 +132,7 @@ def info_from_dict(data: Any, fallback: ModelInfo) -> ModelInfo:
     """
     if isinstance(data, Mapping):
         data = {**info_dict(fallback), **data}
-    return _checked(ModelInfo, data, "get_model_info()")  # type: ignore[no-any-return]
+    return _checked(ModelInfo, data, "get_model_info()")
 
 
 def settings_dict(params: GenerationParams) -> dict[str, Any]:
@@ -159,7 +161,7 @@ def params_from_dict(data: Any, what: str) -> GenerationParams:
         unknown = sorted(set(data) & _NOT_SENT)
         if unknown:
             raise ConfigError(f"invalid {what}: {', '.join(unknown)} is not a model setting")
-    return _checked(GenerationParams, data, what)  # type: ignore[no-any-return]
+    return _checked(GenerationParams, data, what)
 
 
 def limits_dict(limits: RateLimits) -> RateLimitsDict:
@@ -178,7 +180,7 @@ def limits_from_dict(data: Any) -> RateLimits:
     Raises:
         ConfigError: not a dict, an unknown key, or a value of the wrong type.
     """
-    return _checked(RateLimits, data, "get_rate_limits()")  # type: ignore[no-any-return]
+    return _checked(RateLimits, data, "get_rate_limits()")
 
 
 def cost_dict(cost: Cost) -> CostDict:
@@ -197,7 +199,7 @@ def cost_from_dict(data: Any) -> Cost:
     Raises:
         ConfigError: not a dict, an unknown key, or a value of the wrong type.
     """
-    return _checked(Cost, data, "estimate_cost()")  # type: ignore[no-any-return]
+    return _checked(Cost, data, "estimate_cost()")
 
 
 def response_dict(completion: Completion, model: str) -> ResponseDict:

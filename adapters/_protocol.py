@@ -347,7 +347,7 @@ class ModelAdapter(ABC):
             if _guide_form(own):
                 priced = own(self, usage.prompt_tokens, usage.completion_tokens)
                 return None if priced is None else cost_from_dict(priced)
-            return own(self, usage)  # type: ignore[no-any-return]
+            return own(self, usage)
         cfg = self.configuration
         if cfg is None or cfg.input_price is None or cfg.output_price is None:
             return None
@@ -574,7 +574,7 @@ def _usage_argument(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Usage |
     if len(args) == 1 and not kwargs and isinstance(args[0], Usage):
         return args[0]
     if not args and set(kwargs) == {"usage"} and isinstance(kwargs["usage"], Usage):
-        return kwargs["usage"]  # type: ignore[no-any-return]
+        return kwargs["usage"]
     return None
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "info_from_dict",
     "settings_dict",
     "params_from_dict",
+    "unknown_settings",
     "limits_dict",
     "limits_from_dict",
     "cost_dict",
@@ -103,13 +104,24 @@ _NOT_SENT = frozenset({"reference", "metadata"})
 """GenerationParams fields that are never settings of a model call."""
 
 
-def _checked(model: type[M], data: Any, what: str) -> M:
+def _checked(model: type[M], data: Any, what: str, *, known_only: bool = True) -> M:
+    """``data`` as a ``model``; with ``known_only``, keys the model does not have are
+    left out (what an adapter says may carry more than convsim reads), else refused."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what} returned {type(data).__name__}, not a dict")
+    if known_only:
+        data = {k: v for k, v in data.items() if k in model.model_fields}
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, what)) from None
+
+
+def unknown_settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a ``get_default_config()`` dict that GenerationParams has no
+    field for (``top_k``, ``repetition_penalty``, ...): a guide-style adapter gets them
+    back in every call's config, as its own defaults."""
+    return {k: v for k, v in data.items() if k not in GenerationParams.model_fields}
 
 
 def info_dict(info: ModelInfo) -> ModelInfoDict:
@@ -125,10 +137,11 @@ def info_dict(info: ModelInfo) -> ModelInfoDict:
 
 
 def info_from_dict(data: Any, fallback: ModelInfo) -> ModelInfo:
-    """A ``get_model_info()`` dict as a ModelInfo; keys it leaves out are ``fallback``'s.
+    """A ``get_model_info()`` dict as a ModelInfo; keys it leaves out are ``fallback``'s,
+    keys ModelInfo has no field for are left out.
 
     Raises:
-        ConfigError: not a dict, an unknown key, or a value of the wrong type.
+        ConfigError: not a dict, or a value of the wrong type.
     """
     if isinstance(data, Mapping):
         data = {**info_dict(fallback), **data}
@@ -147,12 +160,14 @@ def settings_dict(params: GenerationParams) -> dict[str, Any]:
     return settings
 
 
-def params_from_dict(data: Any, what: str) -> GenerationParams:
-    """A settings dict (``get_default_config()``, a turn's config) as GenerationParams;
-    None values are left to the backend.
+def params_from_dict(data: Any, what: str, *, known_only: bool = False) -> GenerationParams:
+    """A settings dict (a turn's config, ``get_default_config()``) as GenerationParams;
+    None values are left to the backend. With ``known_only``, settings GenerationParams
+    has no field for are left out (an adapter's own, see :func:`unknown_settings`).
 
     Raises:
-        ConfigError: not a dict, an unknown setting, or a value out of range.
+        ConfigError: not a dict, an unknown setting (unless ``known_only``), or a value
+            out of range.
     """
     if isinstance(data, Mapping):
         data = {k: v for k, v in data.items() if v is not None}
@@ -161,7 +176,7 @@ def params_from_dict(data: Any, what: str) -> GenerationParams:
         unknown = sorted(set(data) & _NOT_SENT)
         if unknown:
             raise ConfigError(f"invalid {what}: {', '.join(unknown)} is not a model setting")
-    return _checked(GenerationParams, data, what)
+    return _checked(GenerationParams, data, what, known_only=known_only)
 
 
 def limits_dict(limits: RateLimits) -> RateLimitsDict:
@@ -175,10 +190,10 @@ def limits_dict(limits: RateLimits) -> RateLimitsDict:
 
 
 def limits_from_dict(data: Any) -> RateLimits:
-    """A ``get_rate_limits()`` dict as RateLimits.
+    """A ``get_rate_limits()`` dict as RateLimits (other keys left out).
 
     Raises:
-        ConfigError: not a dict, an unknown key, or a value of the wrong type.
+        ConfigError: not a dict, or a value of the wrong type.
     """
     return _checked(RateLimits, data, "get_rate_limits()")
 
@@ -194,10 +209,11 @@ def cost_dict(cost: Cost) -> CostDict:
 
 
 def cost_from_dict(data: Any) -> Cost:
-    """An ``estimate_cost(prompt_tokens, completion_tokens)`` dict as a Cost.
+    """An ``estimate_cost(prompt_tokens, completion_tokens)`` dict as a Cost (other
+    keys left out).
 
     Raises:
-        ConfigError: not a dict, an unknown key, or a value of the wrong type.
+        ConfigError: not a dict, or a value of the wrong type.
     """
     return _checked(Cost, data, "estimate_cost()")
 

@@ -55,6 +55,7 @@ from ._guide_shapes import (
     params_from_dict,
     response_dict,
     settings_dict,
+    unknown_settings,
 )
 from ._model_configuration import PACING_SETTINGS, ModelConfiguration
 from ._retry import RetryPolicy
@@ -247,12 +248,15 @@ class ModelAdapter(ABC):
     def default_config(self) -> GenerationParams:
         """Sampling settings used where a turn sets none.
 
-        Default: what the class's ``get_default_config()`` says, where it defines one,
-        with the generation settings of :attr:`configuration` over it; else the
-        backend's own (nothing set).
+        Default: what the class's ``get_default_config()`` says, where it defines one
+        (the settings GenerationParams has; a guide-style adapter gets the others back
+        in every call's config), with the generation settings of :attr:`configuration`
+        over it; else the backend's own (nothing set).
         """
         if _overrides(type(self), "get_default_config"):
-            params = params_from_dict(self.get_default_config(), "get_default_config()")
+            params = params_from_dict(
+                self.get_default_config(), "get_default_config()", known_only=True
+            )
         else:
             params = GenerationParams()
         cfg = self.configuration
@@ -465,8 +469,14 @@ class ModelAdapter(ABC):
         kind = self.registered_type or f"{type(self).__module__}.{type(self).__qualname__}"
         where = redact_url(endpoint) if isinstance(endpoint, str) else "-"
         defaults = RetryPolicy()
+        own_defaults = (
+            unknown_settings(self.get_default_config())
+            if _overrides(type(self), "get_default_config")
+            else {}
+        )
         return BridgeSettings(
             model=str(cfg.get("model_name") or self.model_info().model_id),
+            own_defaults=own_defaults,
             connection_key=f"{kind}|{where}|{digest}",
             limits=BudgetLimits(
                 rpm=cfg.rpm or declared.requests_per_minute,

@@ -58,6 +58,9 @@ class BridgeSettings:
     connection_key: str
     """Adapters with the same key share one rate budget."""
     limits: BudgetLimits
+    own_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Settings of the adapter's ``get_default_config()`` that convsim has no field for
+    (``top_k``, ...): part of every call's config, under convsim's settings."""
     concurrency: int | None = None
     """Calls in flight at most; None: the run's concurrency, else
     :data:`DEFAULT_CONCURRENCY`."""
@@ -146,7 +149,7 @@ class SyncBridge:
             self._threads = anyio.CapacityLimiter(self.concurrency)
         settings = self.settings
         prompt = render_prompt(messages)
-        config = settings_dict(params)
+        config = {**settings.own_defaults, **settings_dict(params)}
         budget = self.budget()
         claim = estimate_tokens(prompt) + (params.max_tokens or 256) if budget.limits.tpm else 0
         budget_wait = 0.0

@@ -19,6 +19,7 @@ from convsim import (
     AdapterCodeError,
     AdapterError,
     BadRequest,
+    ConfigError,
     ProtocolError,
     QuotaExhausted,
     RateLimited,
@@ -27,12 +28,14 @@ from convsim import (
 )
 from convsim.adapters import (
     CachedAdapter,
+    Cost,
     GenerationParams,
     Message,
     ModelAdapter,
     ModelConfiguration,
     ModelPool,
     ResponseCache,
+    Usage,
     is_bridged,
 )
 from convsim.adapters._code_errors import adapter_error_for
@@ -180,6 +183,52 @@ async def test_an_unusable_answer_fails_once_as_a_protocol_error(answer: Any, sa
 async def test_text_with_half_an_emoji_is_repaired() -> None:
     completion = await generate(Guided(outcomes=[{"text": "ok \ud83d"}]))
     assert completion.text == "ok \ufffd" and completion.replaced_chars == 1
+
+
+class Talkative(Guided):
+    """Says more than convsim reads, in each of the guide's dicts."""
+
+    def get_model_info(self) -> dict:
+        return {"model_id": "t/1", "model_type": "custom", "provider": "p", "version": "2"}
+
+    def get_default_config(self) -> dict:
+        return {"temperature": 0.3, "top_k": 40, "repetition_penalty": 1.1}
+
+    def get_rate_limits(self) -> dict:
+        return {"requests_per_minute": 30, "burst": 5}
+
+    def estimate_cost(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        total = (prompt_tokens + completion_tokens) / 1000
+        return {"prompt_cost": 0, "completion_cost": total, "total_cost": total, "tier": "x"}
+
+
+@pytest.mark.anyio
+async def test_what_convsim_does_not_read_in_the_guides_dicts_is_left_alone() -> None:
+    adapter = Talkative()
+    assert adapter.model_info().model_id == "t/1" and adapter.model_info().capabilities
+    assert adapter.default_config().temperature == 0.3
+    assert adapter.rate_limits().requests_per_minute == 30
+    usage = Usage(prompt_tokens=500, completion_tokens=500, total_tokens=1000)
+    assert adapter.usage_cost(usage) == Cost(completion_cost=1.0, total_cost=1.0)
+    await adapter.generate(USER, adapter.default_config().merged({"temperature": 0.9}))
+    _, config = adapter.calls[0]
+    # its own settings come back to it; convsim's win where both have one
+    assert config["top_k"] == 40 and config["repetition_penalty"] == 1.1
+    assert config["temperature"] == 0.9
+
+
+def test_a_wrong_value_in_the_guides_dicts_names_the_method_and_field() -> None:
+    class Wrong(Guided):
+        def get_model_info(self) -> dict:
+            return {"context_length": "long"}
+
+        def get_default_config(self) -> dict:
+            return {"temperature": "warm"}
+
+    with pytest.raises(ConfigError, match=r"get_model_info\(\).*context_length"):
+        Wrong().model_info()
+    with pytest.raises(ConfigError, match=r"get_default_config\(\).*temperature"):
+        Wrong().default_config()
 
 
 # -- failures, retries, budgets ------------------------------------------------------

@@ -122,9 +122,13 @@ class ModelAdapter(ABC):
     of ``generate``. Such a class gets a ``generate`` that runs ``generate_response`` in
     a worker thread, under the rate budget of its endpoint and key (``rpm``/``tpm`` of
     its :attr:`configuration`, else what its ``get_rate_limits()`` says), a concurrency
-    cap, a deadline per attempt (``timeout``, 60 s) and bounded retries; what an
-    exception from its code means (and whether it is retried) is read as
-    :mod:`convsim.adapters._code_errors` describes. Its dict-returning methods
+    cap, a deadline per attempt (``timeout``, 60 s) and bounded retries, several calls
+    at once (so ``generate_response`` must be thread-safe, as ``requests.post`` is). An
+    exception from its code is read through the exceptions it was raised from: an HTTP
+    status is mapped as convsim's HTTP adapters map it (408, 409, 429 and 5xx retried,
+    a 429's Retry-After honoured), a timeout or a failed connection is retried, and
+    anything else (a KeyError, a bare Exception) fails the call at once as
+    :class:`~convsim.AdapterCodeError`. Its dict-returning methods
     (``get_model_info``, ``get_default_config``, ``get_rate_limits``,
     ``estimate_cost(prompt_tokens, completion_tokens)``) are what convsim reads as its
     :meth:`model_info`, :meth:`default_config`, :meth:`rate_limits` and prices, and its
@@ -276,10 +280,15 @@ class ModelAdapter(ABC):
         form took that name; a subclass that still overrides ``validate_config`` to
         return GenerationParams is honoured here.)"""
         if _overrides(type(self), "validate_config"):
-            verdict = self.validate_config(config)
+            try:
+                verdict: object = self.validate_config(config)
+            except ConfigError:
+                raise  # convsim's form refusing the settings
+            except Exception:  # the guide's form, asked about what it does not check
+                verdict = None
             if isinstance(verdict, GenerationParams):
                 return verdict
-            # a dict verdict is the guide's: about the configuration, not a turn
+            # any other verdict is the guide's: about the configuration, not a turn
         return parse_config(GenerationParams, config, "generation config")
 
     def validate_config(self, config: Mapping[str, Any]) -> ConfigValidation:

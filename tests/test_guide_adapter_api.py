@@ -322,6 +322,14 @@ def test_a_guide_style_adapter_is_built_by_name_with_a_model_configuration() -> 
     # a turn's settings are not the configuration: its verdict is not asked about them
     assert adapter.check_config({"temperature": 0.2}).temperature == 0.2
 
+    class Strict(Configured):
+        def validate_config(self, config: dict) -> dict:  # type: ignore[override]
+            return {"valid": bool(config["api_key"])}  # a KeyError for a turn's settings
+
+    assert Strict({"api_key": KEY}).check_config({"top_p": 0.5}).top_p == 0.5
+    with pytest.raises(ConfigError, match="top_p"):
+        Strict({"api_key": KEY}).check_config({"top_p": 5})
+
 
 @pytest.fixture
 def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

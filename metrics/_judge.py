@@ -156,7 +156,7 @@ def judge_details(
     }
     if cached:
         details["judge_cached"] = cached
-    cost = judge.adapter.estimate_cost(usage) if calls else None
+    cost = judge.adapter.usage_cost(usage) if calls else None
     if cost is not None:
         details["judge_cost_usd"] = cost.total_cost
     return details

@@ -1,6 +1,6 @@
 """``convsim load`` gates: one definition of "meets the SLO" for the result, the table,
-the sweep's line and the HTML page; ``--fail-on-slo`` and ``--fail-on-invalid`` exit 100
-as k6 thresholds fail a test."""
+the sweep's line and the HTML page; ``--fail-on-slo`` and ``--fail-on-invalid`` exit 99
+as k6 thresholds fail a test, apart from quality gates (100) and crashes (70)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from rich.console import Console
 
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.cli import main
+from convsim.cli._console import EXIT_THRESHOLD_FAILED
 from convsim.cli._gates import load_checks
 from convsim.cli._load import _points_tables, _print_result
 from convsim.load import LoadResult, RequestRecord, Window, parse_slos, point_result, sweep_result
@@ -168,9 +169,9 @@ STEADY = ("--concurrency", "2", "--max-requests", "10")
 LENIENT = ("--max-schedule-delay-ms", "1000", "--max-loop-lag-ms", "1000")
 
 
-def test_a_missed_slo_exits_100(server: Any) -> None:
+def test_a_missed_slo_exits_99(server: Any) -> None:
     code, _, err = load(server, *STEADY, *LENIENT, "--slo", "ttft_p99<=0.001ms", "--fail-on-slo")
-    assert code == 100, err
+    assert code == EXIT_THRESHOLD_FAILED == 99, err
     assert re.search(r"error: gate failed: the run misses the SLO: ttft_p99 [\d.]+ ms > ", err)
     code, _, _ = load(server, *STEADY, *LENIENT, "--slo", "ttft_p99<=0.001ms")
     assert code == 0  # measured and reported, not a gate
@@ -182,16 +183,16 @@ def test_a_met_slo_exits_0(server: Any) -> None:
     assert "gate failed" not in err and "meets SLO" in out
 
 
-def test_an_invalid_run_exits_100_with_fail_on_invalid(server: Any) -> None:
+def test_an_invalid_run_exits_99_with_fail_on_invalid(server: Any) -> None:
     # a send delay above -1 ms: every open-loop run is invalid
     invalid = ("--rate", "20", "--duration", "0.3", "--max-schedule-delay-ms", "-1")
     code, _, err = load(server, *invalid, "--fail-on-invalid")
-    assert code == 100
+    assert code == 99
     assert "error: gate failed: the run is invalid: " in err and "send delay p99" in err
     code, _, _ = load(server, *invalid)
     assert code == 0
     code, _, err = load(server, *invalid, "--slo", "e2e_p99<=60s", "--fail-on-slo")
-    assert code == 100 and "is not judged: the run is invalid" in err
+    assert code == 99 and "is not judged: the run is invalid" in err
 
 
 def test_fail_on_slo_needs_slo(server: Any) -> None:
@@ -202,4 +203,4 @@ def test_fail_on_slo_needs_slo(server: Any) -> None:
 def test_help_lists_the_gates_and_codes() -> None:
     result = CliRunner().invoke(main, ["load", "--help"])
     assert "--fail-on-slo" in result.stdout and "--fail-on-invalid" in result.stdout
-    assert "100  a gate failed" in result.stdout and "70   convsim crashed" in result.stdout
+    assert "99   a load gate failed" in result.stdout and "70   convsim crashed" in result.stdout

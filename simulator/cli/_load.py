@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.text import Text
 
 from convsim._errors import ConfigError, parse_config
-from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
+from convsim.cli._console import EXIT_INTERRUPTED, EXIT_THRESHOLD_FAILED, clear_errors
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
 from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
@@ -502,13 +502,13 @@ _Option = Callable[[Any], Any]
 @click.option(
     "--fail-on-slo",
     is_flag=True,
-    help="Exit 100 when the run misses the --slo objectives (a sweep: when no point meets "
+    help="Exit 99 when the run misses the --slo objectives (a sweep: when no point meets "
     "them), or is invalid and so cannot show it meets them.",
 )
 @click.option(
     "--fail-on-invalid",
     is_flag=True,
-    help="Exit 100 when the run is marked invalid (a sweep: any point): the client, not "
+    help="Exit 99 when the run is marked invalid (a sweep: any point): the client, not "
     "the server, set the pace, or the run measured a rate limit.",
 )
 @clear_errors
@@ -536,7 +536,7 @@ def load_command(
       2    bad input: options, files, settings
       4    the server is unreachable, refused the key or has a wrong URL
       70   convsim crashed: an unexpected exception (its traceback is printed)
-      100  a gate failed (one line per gate): --fail-on-slo, --fail-on-invalid
+      99   a load gate failed (one line per gate): --fail-on-slo, --fail-on-invalid
       130  interrupted (what was measured is written first)
     """
     from ..load._plan import LoadPlan, event_loop_options
@@ -586,7 +586,10 @@ def load_command(
     if heard:
         _stderr().print("interrupted after the run: its result was written first", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
-    exit_on_failed_gates(checks.gates(fail_on_invalid=fail_on_invalid, fail_on_slo=fail_on_slo))
+    exit_on_failed_gates(
+        checks.gates(fail_on_invalid=fail_on_invalid, fail_on_slo=fail_on_slo),
+        code=EXIT_THRESHOLD_FAILED,
+    )
 
 
 def _write_outputs(

@@ -21,6 +21,7 @@ a number standing in for one.
 from __future__ import annotations
 
 import ast
+import copy
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -216,6 +217,8 @@ class PythonComplexityAnalyzer:
                 f"analyze() takes a syntax tree (ast.parse(code)), not {type(tree).__name__}"
             )
         module = _as_module(tree)
+        if any(isinstance(n, ast.stmt) and not hasattr(n, "lineno") for n in ast.walk(module)):
+            module = ast.fix_missing_locations(copy.deepcopy(module))  # radon reads lines
         cognitive = cognitive_blocks(module)
         radon_blocks = cc_visit_ast(module)  # functions, methods, classes, closures
         every = [b.complexity for b in radon_blocks]

@@ -48,15 +48,15 @@ class CognitiveBlock:
 
     name: str
     """``f``, ``Class.method``, or ``<module>``."""
-    line: int
-    """The line of its ``def`` (1 for the module)."""
+    line: int | None
+    """The line of its ``def`` (1 for the module); None in a tree without positions."""
     complexity: int
 
 
 @dataclass
 class _Block:
     name: str
-    line: int
+    line: int | None
     complexity: int = 0
 
 
@@ -259,7 +259,7 @@ def _place(
     executable = False
     for stmt in stmts:
         if isinstance(stmt, _Function):
-            block = _Block(f"{prefix}{stmt.name}", stmt.lineno)
+            block = _Block(f"{prefix}{stmt.name}", getattr(stmt, "lineno", None))
             blocks.append(block)
             walk.function(stmt, 0, block, None)
         elif isinstance(stmt, ast.ClassDef):

@@ -222,7 +222,7 @@ class PythonComplexityAnalyzer:
         cognitive = cognitive_blocks(module)
         radon_blocks = cc_visit_ast(module)  # functions, methods, classes, closures
         every = [b.complexity for b in radon_blocks]
-        cyclomatic: dict[tuple[str, int], int] = {}
+        cyclomatic: dict[tuple[str, int | None], int] = {}
         for block in radon_blocks:
             if isinstance(block, Function):
                 name = f"{block.classname}.{block.name}" if block.is_method else block.name

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from ._manager import PluginManager as PluginManager
     from ._manager import PluginRegistryView as PluginRegistryView
     from ._manager import PluginRun as PluginRun
-    from ._manager import UnknownPlugin as UnknownPlugin
     from ._performance import PerformanceIssue as PerformanceIssue
     from ._performance import find_performance_issues as find_performance_issues
     from ._style import StyleIssue as StyleIssue

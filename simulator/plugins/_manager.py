@@ -2,11 +2,12 @@
 
 Plugins are found by name in a registry that reads the entry-point group
 ``convsim.plugins`` (``name = "package.module:PluginClass"``) on first use, beside the
-bundled ``code_analysis``. Each manager has its own copy of that registry: the guide's
-:meth:`PluginManager.register_plugin` adds a class to it (and to
-:attr:`PluginManager.plugin_registry`, the guide's view of it) without touching any
-other manager. Settings are checked before anything runs (``_base.checked_settings``;
-``hook_timeout`` is the manager's, taken out first).
+bundled ``code_analysis``; an unknown name is a :class:`~convsim.RegistryError` listing
+the known ones (also a ValueError, as the guide's ``load_plugin`` raises). Each manager
+has its own copy of that registry: the guide's :meth:`PluginManager.register_plugin`
+adds a class to it (and to :attr:`PluginManager.plugin_registry`, the guide's view of
+it) without touching any other manager. Settings are checked before anything runs
+(``_base.checked_settings``; ``hook_timeout`` is the manager's, taken out first).
 
 A plugin is built with its settings when its class takes them (the guide's
 ``Plugin(config)``), else with none, and then initialised: ``initialize(config)``
@@ -35,7 +36,7 @@ import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from pydantic import BaseModel, ConfigDict, Field
 
-from convsim._errors import ConfigError, MissingExtra, RegistryError, parse_config
+from convsim._errors import ConfigError, MissingExtra, parse_config
 from convsim._log import get_logger
 from convsim._records import ConversationResult, Score, TurnRecord
 from convsim._registry import Registry
@@ -50,7 +51,6 @@ __all__ = [
     "PluginRun",
     "PluginFailure",
     "PluginRegistryView",
-    "UnknownPlugin",
 ]
 
 log = get_logger("convsim.plugins")
@@ -60,11 +60,6 @@ PLUGINS.register("code_analysis", "convsim.plugins._code_analysis:CodeAnalysisPl
 
 HOOK_TIMEOUT_SETTING = "hook_timeout"
 """The plugin setting the manager takes for itself: the plugin's hook time limit."""
-
-
-class UnknownPlugin(RegistryError, ValueError):
-    """A plugin name no registry knows: a :class:`~convsim.RegistryError` listing the
-    known names, and a :class:`ValueError` as the guide's ``load_plugin`` raises."""
 
 
 class _HookSettings(BaseModel):
@@ -169,16 +164,11 @@ class PluginManager:
         manager's); False (recorded) if it could not be built or initialised.
 
         Raises:
-            UnknownPlugin: no such plugin.
+            RegistryError: no such plugin.
             ConfigError: settings it refuses.
             MissingExtra: its extra is not installed.
         """
-        try:
-            factory = (self.registry if registry is None else registry).get(name)
-        except UnknownPlugin:
-            raise
-        except RegistryError as exc:
-            raise UnknownPlugin(exc.kind, exc.name, exc.known) from None
+        factory = (self.registry if registry is None else registry).get(name)
         given = dict(settings)
         if HOOK_TIMEOUT_SETTING in settings:
             limit = {HOOK_TIMEOUT_SETTING: settings.pop(HOOK_TIMEOUT_SETTING)}
@@ -252,7 +242,8 @@ class PluginManager:
         :attr:`failures`, when it could not be built, configured or initialised.
 
         Raises:
-            UnknownPlugin: no plugin of that name (a ValueError, as in the guide).
+            RegistryError: no plugin of that name, listing the known ones (a
+                ValueError, as the guide raises, and a KeyError).
             ConfigError: the plugin is already loaded with other settings
                 (:meth:`unload_plugin` it first).
             MissingExtra: the plugin's extra is not installed.

@@ -4,8 +4,10 @@ as k6 thresholds fail a test, apart from quality gates (100) and crashes (70).""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -204,3 +206,24 @@ def test_help_lists_the_gates_and_codes() -> None:
     result = CliRunner().invoke(main, ["load", "--help"])
     assert "--fail-on-slo" in result.stdout and "--fail-on-invalid" in result.stdout
     assert "99   a load gate failed" in result.stdout and "70   convsim crashed" in result.stdout
+
+
+def test_load_takes_runs_short_options_and_base_url(server: Any, tmp_path: Path) -> None:
+    """-m, -c, -o and --base-url mean on `load` what they mean on `run`."""
+    out = tmp_path / "new" / "x.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "load", "-m", "openai-compatible:mock-model", "--base-url", server.base_url,
+            "-c", "2", "--max-requests", "4", "-o", str(out), *LENIENT,
+            "--synthetic", "turns=1,input_tokens=16,output_tokens=4", "--no-calibrate",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(out.read_text())["requests"]["completed"] >= 4
+    both = CliRunner().invoke(
+        main,
+        ["load", "-m", "openai-compatible:mock-model", "--base-url", server.base_url,
+         "--model-arg", f"base_url={server.base_url}"],
+    )  # fmt: skip
+    assert both.exit_code == 2 and "both give the base URL" in both.stderr

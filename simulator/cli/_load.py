@@ -22,7 +22,7 @@ from convsim.cli._console import EXIT_INTERRUPTED, EXIT_THRESHOLD_FAILED, clear_
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
 from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
-from convsim.cli._options import junit_option
+from convsim.cli._options import junit_option, with_base_url
 from convsim.cli._outputs import make_folder, write_junit_report
 from convsim.cli._spelling import respell_distribution, respell_synthetic
 
@@ -303,7 +303,17 @@ _Option = Callable[[Any], Any]
 
 @click.command("load")
 @click.option(
-    "--model", "model_spec", required=True, help="Target: TYPE:MODEL, e.g. openai-compatible:MODEL."
+    "-m",
+    "--model",
+    "model_spec",
+    required=True,
+    help="Target: TYPE:MODEL, e.g. openai-compatible:MODEL.",
+)
+@click.option(
+    "--base-url",
+    default=None,
+    metavar="URL",
+    help="The server's base URL (as --model-arg base_url=URL), e.g. http://127.0.0.1:8000/v1.",
 )
 @click.option(
     "--model-arg",
@@ -348,6 +358,7 @@ _Option = Callable[[Any], Any]
     help="Ask for exact output lengths (min_tokens, ignore_eos) where the server honours them.",
 )
 @click.option(
+    "-c",
     "--concurrency",
     type=click.IntRange(min=1),
     default=None,
@@ -454,7 +465,11 @@ _Option = Callable[[Any], Any]
 )
 @click.option("--slo", default=None, help="e.g. ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=10s")
 @click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The JSON result."
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The JSON result.",
 )
 @click.option(
     "--requests",
@@ -515,6 +530,7 @@ _Option = Callable[[Any], Any]
 def load_command(
     model_spec: str,
     model_args: tuple[str, ...],
+    base_url: str | None,
     requests_out: Path | None,
     html_out: Path | None,
     out: Path | None,
@@ -543,6 +559,7 @@ def load_command(
     from ..load._slo import parse_slos
     from ..load._stop import StopRequest
 
+    model_args = with_base_url(model_args, base_url, option="--base-url", args_option="--model-arg")
     if fail_on_slo and not options.get("slo"):
         raise ConfigError("--fail-on-slo needs --slo: the objectives to judge the run on")
     if actors is not None:

@@ -1,5 +1,7 @@
 """Model adapters: the async contract, typed completions, the registry, the pool that
-builds and owns them, the response cache, ``scripted``."""
+builds and owns them, the response cache, ``scripted``; and the developer guide's names
+for them (``ModelConfiguration``, ``MODEL_ADAPTERS``, ``get_model_adapter``, the dict
+forms of what an adapter says)."""
 
 from __future__ import annotations
 
@@ -26,17 +28,28 @@ if TYPE_CHECKING:
     from ._cache import parse_duration as parse_duration
     from ._egress import EgressPolicy as EgressPolicy
     from ._egress import is_public_address as is_public_address
-    from ._openai import render_prompt as render_prompt
+    from ._guide_shapes import ConfigValidation as ConfigValidation
+    from ._guide_shapes import CostDict as CostDict
+    from ._guide_shapes import ModelInfoDict as ModelInfoDict
+    from ._guide_shapes import RateLimitsDict as RateLimitsDict
+    from ._guide_shapes import ResponseDict as ResponseDict
+    from ._guide_shapes import UsageDict as UsageDict
+    from ._model_configuration import ModelConfiguration as ModelConfiguration
     from ._pool import ModelPool as ModelPool
     from ._pool import ModelReference as ModelReference
     from ._pool import split_limits as split_limits
+    from ._prompt import render_prompt as render_prompt
     from ._protocol import LogprobsUnsupported as LogprobsUnsupported
     from ._protocol import ModelAdapter as ModelAdapter
     from ._protocol import PromptLogprobs as PromptLogprobs
     from ._protocol import PromptScorer as PromptScorer
     from ._protocol import can_score_prompts as can_score_prompts
+    from ._protocol import is_bridged as is_bridged
     from ._registry import ADAPTERS as ADAPTERS
+    from ._registry import MODEL_ADAPTERS as MODEL_ADAPTERS
+    from ._registry import AdapterTypes as AdapterTypes
     from ._registry import ModelSpec as ModelSpec
+    from ._registry import build_adapter as build_adapter
     from ._registry import create_adapter as create_adapter
     from ._registry import get_model_adapter as get_model_adapter
     from ._registry import parse_model_args as parse_model_args

@@ -6,6 +6,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from pydantic import field_validator
+
 from convsim._errors import AuthError, BadRequest, ConfigError, RateLimited, ServerError
 from convsim._types import GenerationParams, Message, Usage
 
@@ -25,6 +27,13 @@ class AnthropicConfig(HttpAdapterConfig):
     anthropic_version: str = "2023-06-01"
     default_max_tokens: int = 1024
     """The API requires max_tokens; used when a turn sets none."""
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalties(cls, value: float | None) -> float | None:
+        if value is not None:
+            raise ValueError("the Messages API has no such setting; drop it")
+        return value
 
 
 def _usage(data: Any) -> Usage | None:
@@ -60,13 +69,19 @@ class AnthropicAdapter(HttpModelAdapter):
     Config: ClassVar[type[HttpAdapterConfig]] = AnthropicConfig
     config: AnthropicConfig
 
-    def validate_config(self, config: Any) -> GenerationParams:
-        params = super().validate_config(config)
+    def check_config(self, config: Any) -> GenerationParams:
+        params = super().check_config(config)
         if params.temperature is not None and params.temperature > 1.0:
             raise ConfigError(
                 f"anthropic:{self.config.model}: temperature {params.temperature} is out of "
                 "the API's range 0-1"
             )
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(params, name) is not None:
+                raise ConfigError(
+                    f"anthropic:{self.config.model}: the Messages API has no {name}; "
+                    "drop it for this model"
+                )
         return params
 
     def default_max_tokens(self) -> int:

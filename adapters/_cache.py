@@ -50,6 +50,7 @@ from convsim._types import (
 )
 
 from ._budget import Budgets
+from ._guide_shapes import ConfigValidation, ModelInfoDict, RateLimitsDict
 from ._protocol import ModelAdapter, PromptLogprobs
 
 __all__ = [
@@ -421,11 +422,26 @@ class CachedAdapter(ModelAdapter):
     def default_config(self) -> GenerationParams:
         return self.inner.default_config()
 
-    def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
+    def check_config(self, config: Mapping[str, Any]) -> GenerationParams:
+        return self.inner.check_config(config)
+
+    def validate_config(self, config: Mapping[str, Any]) -> ConfigValidation:
         return self.inner.validate_config(config)
 
-    def estimate_cost(self, usage: Usage) -> Cost | None:
-        return self.inner.estimate_cost(usage)
+    def check_configuration(self) -> None:
+        self.inner.check_configuration()
+
+    def usage_cost(self, usage: Usage) -> Cost | None:
+        return self.inner.usage_cost(usage)
+
+    def get_model_info(self) -> ModelInfoDict:
+        return self.inner.get_model_info()
+
+    def get_default_config(self) -> dict[str, Any]:
+        return self.inner.get_default_config()
+
+    def get_rate_limits(self) -> RateLimitsDict:
+        return self.inner.get_rate_limits()
 
     async def count_tokens(self, text: str) -> int | None:
         return await self.inner.count_tokens(text)

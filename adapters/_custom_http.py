@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from pydantic import field_validator, model_validator
-
 from convsim._secrets import redact_url
 from convsim._types import GenerationParams, Message, ModelInfo
 
-from ._base_url import check_base_url
 from ._http import SSEEvent
 from ._http_adapter import (
     Delta,
@@ -20,48 +17,21 @@ from ._http_adapter import (
     ParsedAnswer,
 )
 from ._openai import _usage as openai_usage
-from ._openai import render_prompt
+from ._prompt import render_prompt
 
-__all__ = ["CustomHttpConfig", "CustomHttpAdapter"]
+__all__ = ["CustomHttpConfig", "CustomHttpAdapter", "GuideCustomAdapter"]
 
 
 class CustomHttpConfig(HttpAdapterConfig):
-    """The guide's fields (``api_endpoint``, ``model_name``) are accepted as well."""
-
-    api_endpoint: str | None = None
-    """The guide's name for ``base_url`` (checked the same way)."""
-    model_name: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _guide_names(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = dict(data)
-            if data.get("model_name") and not data.get("model"):
-                data["model"] = data["model_name"]
-            endpoint = data.get("api_endpoint")
-            if endpoint and not data.get("base_url") and _usable(endpoint):
-                data["base_url"] = endpoint  # a bad one is reported as api_endpoint
-        return data
-
-    @field_validator("api_endpoint")
-    @classmethod
-    def _usable_endpoint(cls, value: str | None) -> str | None:
-        return None if value is None else check_base_url(value)
-
-
-def _usable(url: Any) -> bool:
-    try:
-        check_base_url(url)
-    except (TypeError, ValueError, AttributeError):
-        return False
-    return True
+    """The guide's fields (``api_endpoint``, ``model_name``) are accepted as well, as
+    by every HTTP adapter."""
 
 
 class CustomHttpAdapter(HttpModelAdapter):
     """``http:MODEL``: the guide's request {model, prompt, max_tokens, temperature,
     top_p, stop} with a Bearer key (CONVSIM_HTTP_API_KEY), answered by
-    ``choices[0].text``, ``usage`` and ``finish_reason``. It does not stream."""
+    ``choices[0].text``, ``usage`` and ``finish_reason``. It does not stream, and
+    sends no penalties (the guide's request has no such fields)."""
 
     model_type: ClassVar[str] = "http"
     provider: ClassVar[str] = "custom_provider"
@@ -108,3 +78,10 @@ class CustomHttpAdapter(HttpModelAdapter):
 
     def parse_event(self, event: SSEEvent) -> Delta:
         raise ValueError("the custom backend does not stream")
+
+
+class GuideCustomAdapter(CustomHttpAdapter):
+    """``custom:MODEL``: the same backend under the type name the guide gives it
+    (``get_model_adapter("custom", config)``), reporting ``model_type`` ``custom``."""
+
+    model_type: ClassVar[str] = "custom"

@@ -68,6 +68,7 @@ from ._http import (
 )
 from ._inflight import BytesInFlight, InflightStatistics
 from ._pricing import PRICING_ENV, Price, PriceTable, price_table
+from ._prompt import estimate_tokens
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status, quota_exhausted, refused_call
 from ._streamed_answer import StreamedAnswer
@@ -140,6 +141,9 @@ class HttpAdapterConfig(BaseModel):
     """The most tokens any call may ask for: a turn asking for more, or for no limit,
     asks for this many (an operator's limit, as the evaluation service sets it)."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    """A default where a turn sets none (sent where the API has it), as temperature."""
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     input_price: float | None = Field(default=None, ge=0)
     """USD per million prompt tokens (overrides the pricing file)."""
     output_price: float | None = Field(default=None, ge=0)
@@ -151,8 +155,24 @@ class HttpAdapterConfig(BaseModel):
     """A JSON price file that extends and overrides the bundled one (default: the file
     ``CONVSIM_PRICING_FILE`` names, if set)."""
     context_length: int | None = Field(default=None, gt=0)
+    api_endpoint: str | None = None
+    """The guide's name for ``base_url`` (checked the same way; base_url wins)."""
+    model_name: str | None = None
+    """The guide's name for ``model`` (model wins)."""
 
-    @field_validator("base_url")
+    @model_validator(mode="before")
+    @classmethod
+    def _guide_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            if data.get("model_name") and not data.get("model"):
+                data["model"] = data["model_name"]
+            endpoint = data.get("api_endpoint")
+            if endpoint and not data.get("base_url") and _usable(endpoint):
+                data["base_url"] = endpoint  # a bad one is reported as api_endpoint
+        return data
+
+    @field_validator("base_url", "api_endpoint")
     @classmethod
     def _usable_base_url(cls, value: str | None) -> str | None:
         return None if value is None else check_base_url(value)
@@ -166,6 +186,14 @@ class HttpAdapterConfig(BaseModel):
                 "be read; raise max_inflight_bytes"
             )
         return self
+
+
+def _usable(url: Any) -> bool:
+    try:
+        check_base_url(url)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return True
 
 
 class HttpRequest(NamedTuple):
@@ -259,11 +287,6 @@ def _finish_reason(reason: str | None) -> str | None:
     return None if reason is None else repair_text(reason).text
 
 
-def estimate_tokens(text: str) -> int:
-    """A client-side token estimate (about four characters a token)."""
-    return max(1, (len(text) + 3) // 4)
-
-
 def _merge_usage(old: Usage | None, new: Usage | None) -> Usage | None:
     """Streams report usage in parts (Anthropic: input first, output at the end)."""
     if old is None or new is None:
@@ -285,6 +308,7 @@ _NOT_SHAPING_ANSWERS = frozenset(
         *("stream", "stream_usage", "timeout", "connect_timeout", "max_retries"),
         *("max_retry_time", "max_retry_after", "max_body_bytes", "max_event_bytes"),
         *("max_inflight_bytes", "input_price", "output_price", "context_length"),
+        *("api_endpoint", "model_name"),  # the guide's names of base_url and model
     }
 )
 """Adapter arguments that change how a call is made, paced or priced, not its answer:
@@ -345,6 +369,7 @@ class HttpModelAdapter(ModelAdapter):
             raise ConfigError(f"{self.model_type} models do not stream; drop stream=true")
         self._transport = transport
         """Built on first use, with a pool that fits the concurrency (see size_pool)."""
+        self._owns_transport = transport is None
         self._concurrency = cfg.concurrency
         self._timeouts = HttpTimeouts(connect=cfg.connect_timeout, read=cfg.timeout)
         self.retry_policy = RetryPolicy(
@@ -469,7 +494,13 @@ class HttpModelAdapter(ModelAdapter):
 
     def default_config(self) -> GenerationParams:
         c = self.config
-        return GenerationParams(temperature=c.temperature, max_tokens=c.max_tokens, top_p=c.top_p)
+        return GenerationParams(
+            temperature=c.temperature,
+            max_tokens=c.max_tokens,
+            top_p=c.top_p,
+            frequency_penalty=c.frequency_penalty,
+            presence_penalty=c.presence_penalty,
+        )
 
     def rate_limits(self) -> RateLimits:
         return RateLimits(
@@ -496,7 +527,7 @@ class HttpModelAdapter(ModelAdapter):
             cached = listed.cached_input_per_mtok  # a given input price is not mixed with it
         return Price(input_price, output_price, cached)
 
-    def estimate_cost(self, usage: Usage) -> Cost | None:
+    def usage_cost(self, usage: Usage) -> Cost | None:
         price = self.price()
         if price is None:
             return None
@@ -513,8 +544,13 @@ class HttpModelAdapter(ModelAdapter):
         return Cost(prompt_cost=prompt, completion_cost=completion, total_cost=prompt + completion)
 
     async def aclose(self) -> None:
-        if self._transport is not None:
-            await self._transport.aclose()
+        """Close the connections; a pool the adapter built itself is built afresh on the
+        next call (the sync ``generate_response`` closes it after each)."""
+        transport = self._transport
+        if transport is not None:
+            if self._owns_transport:
+                self._transport = None
+            await transport.aclose()
 
     def _http(self) -> HttpTransport:
         """The transport, built at the first call (in the event loop it will run on)."""

@@ -152,7 +152,7 @@ class LitellmAdapter(HttpModelAdapter):
             supports_streaming=self.supports_streaming,
         )
 
-    def estimate_cost(self, usage: Usage) -> Cost | None:
+    def usage_cost(self, usage: Usage) -> Cost | None:
         """The price of ``usage``: ``input_price``/``output_price`` where given, else
         convsim's pricing file (the route's provider and model), else LiteLLM's table;
         None when none of them knows the model."""
@@ -240,7 +240,10 @@ class LitellmAdapter(HttpModelAdapter):
             value = getattr(cfg, name)
             if value is not None:
                 kwargs[name] = value
-        for name in ("temperature", "top_p", "max_tokens", "seed"):
+        for name in (
+            *("temperature", "top_p", "max_tokens", "seed"),
+            *("frequency_penalty", "presence_penalty"),
+        ):
             value = getattr(params, name)
             if value is not None:
                 kwargs[name] = value

@@ -39,6 +39,7 @@ from ._http_adapter import (
     HttpRequest,
     ParsedAnswer,
 )
+from ._prompt import render_prompt
 from ._protocol import LogprobsUnsupported, PromptLogprobs
 from ._tokenizer import TokenCounter, tiktoken_counter, tokenizer_root
 
@@ -61,15 +62,6 @@ class OpenAIConfig(HttpAdapterConfig):
     """Ask a stream for its usage (``stream_options.include_usage``). A server that
     refuses the option (a 400 naming it) is asked again without it, and not asked for
     it again; usage is then counted by its tokenizer, or estimated."""
-
-
-def render_prompt(messages: Sequence[Message]) -> str:
-    """A conversation as one prompt: a lone user message as itself, otherwise a
-    role-prefixed transcript that ends where the assistant speaks next."""
-    if len(messages) == 1 and messages[0].role == "user":
-        return messages[0].content
-    lines = [f"{m.role.capitalize()}: {m.content}" for m in messages]
-    return "\n\n".join([*lines, "Assistant:"])
 
 
 def _usage(data: Any) -> Usage | None:
@@ -194,17 +186,25 @@ class _EchoScoring:
         return ParsedAnswer(text, choice.get("finish_reason"), _usage(data.get("usage")))
 
 
-SamplingField = Literal["temperature", "top_p", "seed"]
+SamplingField = Literal["temperature", "top_p", "seed", "frequency_penalty", "presence_penalty"]
 """A sampling setting of :class:`GenerationParams` that goes into the body as it is."""
 
-_SAMPLING_FIELDS: tuple[SamplingField, ...] = ("temperature", "top_p", "seed")
+_SAMPLING_FIELDS: tuple[SamplingField, ...] = (
+    *("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty"),
+)
 
 _REASONING_MODEL = re.compile(r"o\d")
 """OpenAI's reasoning models: o1, o3-mini, o4-mini, ..."""
 
 
 def _sampling_values(params: GenerationParams) -> dict[SamplingField, float | int | None]:
-    return {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
+    return {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "seed": params.seed,
+        "frequency_penalty": params.frequency_penalty,
+        "presence_penalty": params.presence_penalty,
+    }
 
 
 class OpenAIWireAdapter(HttpModelAdapter):

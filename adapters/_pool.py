@@ -28,7 +28,7 @@ from convsim._registry import Registry
 from ._budget import Budgets
 from ._cache import CachedAdapter, ResponseCache
 from ._protocol import ModelAdapter
-from ._registry import ADAPTERS, ModelSpec, get_model_adapter, parse_model_spec
+from ._registry import ADAPTERS, ModelSpec, build_adapter, parse_model_spec
 
 __all__ = ["ModelPool", "ModelReference", "split_limits"]
 
@@ -124,14 +124,16 @@ class ModelPool:
         keeping its own connection pool, and is never closed by the pool.
 
         Args:
-            model: ``TYPE[:MODEL]``, a parsed spec, a reference, or an adapter.
+            model: ``TYPE[:MODEL]`` (or ``module:Class``), a parsed spec, a reference,
+                or an adapter.
             args: the adapter's arguments (``--model-arg``), with a spec only.
             role: what the model does here (``judge``); errors of the check before the
                 run name it.
 
         Raises:
-            ConfigError: the spec is malformed, the arguments are invalid, or the
-                registered factory does not make a ModelAdapter.
+            ConfigError: the spec is malformed, the arguments are invalid (an adapter's
+                own ``validate_config`` included), or the registered factory does not
+                make a ModelAdapter.
             RegistryError: no such model type.
         """
         if isinstance(model, ModelAdapter):
@@ -152,12 +154,13 @@ class ModelPool:
                 raise ConfigError(f"{model.spec}: the reference carries its arguments already")
             spec, args = parse_model_spec(model.spec), model.args
         config = dict(args or {})
-        if spec.model is not None:
-            config.setdefault("model", spec.model)
-        key = (spec.type, _frozen(config))
+        named = dict(config)
+        if spec.model is not None:  # openai:m and openai with model=m are one model
+            named.setdefault("model", spec.model)
+        key = (spec.type, _frozen(named))
         held = self._by_reference.get(key)
         if held is None:
-            adapter = get_model_adapter(spec.type, config, registry=self._registry)
+            adapter = build_adapter(spec, config, registry=self._registry)
             if not isinstance(adapter, ModelAdapter):
                 raise ConfigError(
                     f"{spec}: the registered factory made a {type(adapter).__name__}, "
@@ -173,6 +176,7 @@ class ModelPool:
     def _adopt(self, adapter: ModelAdapter, role: str | None) -> ModelAdapter:
         held = next((h for h in self._held if adapter in (h.adapter, _inner(h.adapter))), None)
         if held is None:
+            adapter.check_configuration()
             # the caller's adapter keeps its own pool and cap (it may serve others too)
             self._attach(adapter, size=False)
             held = _Held(self._cached(adapter), owned=False, name=adapter.model_info().model_id)

@@ -230,7 +230,7 @@ def error_for_status(
     headers: Mapping[str, str],
     body: bytes,
     *,
-    model: str,
+    model: str | None,
     url: str,
     secret: str | None = None,
 ) -> AdapterError:

@@ -76,9 +76,6 @@ class ScriptedAdapter(ModelAdapter):
     def default_config(self) -> GenerationParams:
         return GenerationParams(temperature=0.0, max_tokens=512)
 
-    def validate_config(self, config: Mapping[str, Any]) -> GenerationParams:
-        return parse_config(GenerationParams, config, "generation config")
-
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
         started = time.perf_counter()
         cfg = self.config
@@ -112,7 +109,7 @@ class ScriptedAdapter(ModelAdapter):
             model=cfg.model,
         )
 
-    def estimate_cost(self, usage: Usage) -> Cost | None:
+    def usage_cost(self, usage: Usage) -> Cost | None:
         return Cost()  # offline: free
 
     def rate_limits(self) -> RateLimits:

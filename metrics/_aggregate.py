@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import NamedTuple
+
+from ._bootstrap import choices_draw, resample_means
+from ._stats import percentile
 
 __all__ = ["Aggregate", "Interval", "aggregate", "bootstrap_ci"]
 
@@ -45,7 +47,12 @@ def bootstrap_ci(
     seed: int = 0,
     resamples: int = BOOTSTRAP_RESAMPLES,
 ) -> Interval:
-    """Percentile-bootstrap interval of the mean; deterministic for a seed."""
+    """Percentile-bootstrap interval of the mean; deterministic for a seed.
+
+    The resamples are those ``random.Random(seed).choices`` draws (drawn vectorised), and
+    the bounds are resample means, never interpolated: the one at or just above the
+    lower rank and the one at or just below the upper rank of the sorted means.
+    """
     n = len(values)
     if n == 0:
         raise ValueError("a confidence interval of no values")
@@ -56,11 +63,9 @@ def bootstrap_ci(
         mean = math.fsum(values) / n
         half = NormalDist().inv_cdf(1 - alpha) * _std(values, mean) / math.sqrt(n)
         return Interval(mean - half, mean + half)
-    rng = random.Random(seed)
-    data = list(values)
-    means = sorted(math.fsum(rng.choices(data, k=n)) / n for _ in range(resamples))
-    low = means[max(0, math.floor(alpha * resamples))]
-    high = means[min(resamples - 1, math.ceil((1 - alpha) * resamples) - 1)]
+    means = resample_means(values, choices_draw(seed), resamples=resamples)
+    low = percentile(means, 100 * alpha, method="higher")
+    high = percentile(means, 100 * (1 - alpha), method="lower")
     return Interval(low, high)
 
 

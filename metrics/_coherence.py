@@ -43,7 +43,7 @@ from convsim._records import Score, TurnRecord, TurnStatus
 from ._embedding import NO_WORDS, Embedder, TfidfEmbedder, cosine, default_embedder
 from ._protocol import MetricTraits
 from ._retention import fact_recalled, stated_values
-from ._stats import mean
+from ._stats import mean, percentile
 from ._stop_words import ENGLISH_STOP_WORDS
 
 _WORDS = re.compile(r"[a-z0-9][a-z0-9'-]*")
@@ -150,7 +150,7 @@ class _SemanticCoherenceScorer:
                     echoes += 1
                     fit *= novelty / ECHO_NOVELTY
             by_turn.append(fit)
-        value = _percentile(by_turn, 25)
+        value = percentile(by_turn, 25)
         return Score(
             value=value,
             details={
@@ -172,12 +172,6 @@ def _interleaved(users: Sequence[str], responses: Sequence[str]) -> list[str]:
     for user, response in zip(users, responses, strict=True):
         out += [user, response]
     return out
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
 class LexicalCoherenceMetric:

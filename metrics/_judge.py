@@ -29,7 +29,7 @@ from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._types import GenerationParams, Message, Usage
 
 from ._protocol import AsyncConversationScorer, JudgedMetric, Metric, MetricTraits
-from ._stats import mean
+from ._stats import mean, percentile
 
 if TYPE_CHECKING:
     from convsim.adapters import ModelAdapter
@@ -156,7 +156,7 @@ def judge_details(
     }
     if cached:
         details["judge_cached"] = cached
-    cost = judge.adapter.estimate_cost(usage) if calls else None
+    cost = judge.adapter.usage_cost(usage) if calls else None
     if cost is not None:
         details["judge_cost_usd"] = cost.total_cost
     return details
@@ -325,6 +325,8 @@ def reliability(samples: list[list[int]], how: Literal["mean", "majority"]) -> d
     draw from (one turn graded once)."""
     import numpy as np  # here: importing the runtime must not cost numpy
 
+    from ._bootstrap import integers_draw
+
     graded = sum(len(s) for s in samples)
     spread = [float(np.std(np.asarray(s, dtype=np.float64) / 4)) for s in samples if len(s) > 1]
     out: dict[str, Any] = {
@@ -334,18 +336,18 @@ def reliability(samples: list[list[int]], how: Literal["mean", "majority"]) -> d
     }
     if not samples or (len(samples) == 1 and len(samples[0]) == 1):
         return out
-    rng = np.random.default_rng(0)
+    draw = integers_draw(0)
     per_turn = np.empty((len(samples), _BOOTSTRAP))
     for t, grades in enumerate(samples):
-        drawn = rng.choice(np.asarray(grades), size=(_BOOTSTRAP, len(grades)))
+        drawn = np.asarray(grades)[draw(_BOOTSTRAP, len(grades))]
         if how == "majority":  # the most frequent grade, a tie to the lowest (argmax: first)
             counts = (drawn[:, :, None] == np.arange(1, 6)).sum(axis=1)
             per_turn[t] = counts.argmax(axis=1) + 1
         else:
             per_turn[t] = drawn.mean(axis=1)
-    turns = rng.integers(0, len(samples), size=(_BOOTSTRAP, len(samples)))
+    turns = draw(_BOOTSTRAP, len(samples))
     means = (per_turn[turns, np.arange(_BOOTSTRAP)[:, None]].mean(axis=1) - 1) / 4
-    low, high = np.percentile(means, [2.5, 97.5])
+    low, high = percentile(means, [2.5, 97.5])
     out["ci95"] = [round(float(low), 4), round(float(high), 4)]
     return out
 

@@ -50,6 +50,10 @@ class TurnSettings(_Input):
     max_tokens: int | None = Field(default=None, gt=0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: list[str] | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    """Sent where the model's API has it (OpenAI-compatible servers); a model whose API
+    has none (Anthropic) refuses the turn before the run."""
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
 
 
 class TurnConfig(_Input):

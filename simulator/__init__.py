@@ -8,6 +8,7 @@ from ._lazy import lazy_module as _lazy_module
 from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
+    from ._errors import AdapterCodeError as AdapterCodeError
     from ._errors import AdapterError as AdapterError
     from ._errors import AuthError as AuthError
     from ._errors import BadRequest as BadRequest

@@ -5,7 +5,8 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
     ConvsimError
     ├── ConfigError              a bad setting, CLI value or model spec
     │   └── MissingExtra         a feature whose extra is not installed (also an ImportError)
-    ├── RegistryError            an unknown adapter or metric name
+    ├── RegistryError            an unknown adapter or metric name (also a KeyError
+    │                            and a ValueError)
     ├── PackError                a scenario pack failed validation (lists its problems)
     ├── TemplateError            a prompt template is malformed or unsafe
     ├── TranscriptTooLong        a conversation would pass max_transcript_chars
@@ -22,6 +23,8 @@ Every error convsim raises on purpose derives from :class:`ConvsimError`::
         ├── LocalResourceError   this machine ran out of open files for a connection
         ├── ResponseTooLarge     the answer went past a size limit (limit, setting)
         ├── EgressRefused        a URL or address the egress policy does not allow (field)
+        ├── AdapterCodeError     an adapter's own code raised what says nothing of the
+        │                        network or the server (KeyError, a bare Exception)
         └── ProtocolError        the response could not be understood (snippet)
             └── MalformedResponse  a 2xx answer that arrived broken; retried
 
@@ -70,6 +73,7 @@ __all__ = [
     "EndpointError",
     "MalformedResponse",
     "EgressRefused",
+    "AdapterCodeError",
     "ResponseTooLarge",
     "RETRYABLE_STATUSES",
     "describe_validation_error",
@@ -101,8 +105,13 @@ class MissingExtra(ConfigError, ImportError):
         return type(self), (self.extra, self.feature)
 
 
-class RegistryError(ConvsimError, KeyError):
-    """A name is not registered; the message lists the valid names."""
+class RegistryError(ConvsimError, KeyError, ValueError):
+    """A name is not registered; the message lists the valid names.
+
+    A :class:`KeyError` (a lookup that missed) and a :class:`ValueError` (the guide's
+    ``get_model_adapter`` raises one for an unsupported model type), so callers that
+    catch either keep working.
+    """
 
     def __init__(self, kind: str, name: str, known: Sequence[str]) -> None:
         self.kind = kind
@@ -351,6 +360,21 @@ class EgressRefused(AdapterError):
         super().__init__(f"{field}: {reason}", **kw)
         self.field = field
         self.reason = reason
+
+
+class AdapterCodeError(AdapterError):
+    """An adapter's own code (the ``generate_response`` of an adapter written in the
+    guide's style) raised an exception that says nothing about the network or the
+    server: a KeyError reading the answer, a TypeError, a bare Exception with no HTTP
+    status, timeout or connection error behind it. Not retried (the same code would
+    most likely fail the same way); counted as the model's side, not infrastructure.
+    ``cause`` names the exception's type."""
+
+    infrastructure = False
+
+    def __init__(self, message: str, *, cause: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.cause = cause
 
 
 class EndpointError(ConvsimError):

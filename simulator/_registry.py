@@ -55,6 +55,17 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._factories[name] = factory
 
+    def unregister(self, name: str) -> None:
+        """Forget ``name`` (entry points are read first, so it stays forgotten).
+
+        Raises:
+            RegistryError: no such name.
+        """
+        self._load_entry_points()
+        if name not in self._factories:
+            raise RegistryError(self.kind, name, list(self._factories))
+        del self._factories[name]
+
     def register_prefix(self, prefix: str, factory: Callable[[str], T] | str) -> None:
         """Names starting with ``prefix`` (e.g. ``judge:``) are built by ``factory(name)``;
         ``factory`` may be a ``"package.module:attr"`` string, imported on first use."""

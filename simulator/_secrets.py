@@ -13,7 +13,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
-__all__ = ["MASK", "Redactor", "is_secret_key", "looks_like_url", "redact_url", "url_secrets"]
+__all__ = [
+    "MASK",
+    "Redactor",
+    "is_secret_key",
+    "looks_like_url",
+    "redact_url",
+    "shown_setting",
+    "url_secrets",
+]
 
 MASK = "***"
 
@@ -34,6 +42,14 @@ def is_secret_key(name: str) -> bool:
 def looks_like_url(value: object) -> bool:
     """True for a string with a scheme, such as ``http://``."""
     return isinstance(value, str) and _URL.match(value) is not None
+
+
+def shown_setting(name: str, value: object) -> object:
+    """A setting as it may be shown (a repr, a manifest, a dump): masked when its name
+    is a secret's, a URL without its credentials, anything else as it is."""
+    if is_secret_key(name):
+        return MASK
+    return redact_url(value) if isinstance(value, str) and looks_like_url(value) else value
 
 
 def _secret_param(name: str) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import ResponseTooLarge
+from ._plural import counted
 
 __all__ = ["SSEEvent", "SSEDecoder"]
 
@@ -82,7 +83,7 @@ class SSEDecoder:
         limit = self.max_event_bytes
         assert limit is not None  # only raised under a limit
         return ResponseTooLarge(
-            f"a server-sent event went past {limit} bytes; reading stopped there",
+            f"a server-sent event went past {counted(limit, 'byte')}; reading stopped there",
             limit=limit,
             setting="max_event_bytes",
         )

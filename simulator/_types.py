@@ -146,6 +146,13 @@ class GenerationParams(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: tuple[str, ...] | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    """Penalise tokens by how often they already appeared (OpenAI's range, -2 to 2).
+    Sent by OpenAI-compatible adapters and LiteLLM; the Anthropic API has no such
+    setting and refuses a turn that sets it; the guide's ``/generate`` body has none."""
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    """Penalise tokens that already appeared at all (OpenAI's range, -2 to 2); sent
+    where ``frequency_penalty`` is."""
     min_tokens: int | None = Field(default=None, gt=0)
     """At least this many tokens (vLLM, SGLang): with ``max_tokens``, an exact output
     length for load tests. Sent by OpenAI-compatible adapters; others ignore it."""

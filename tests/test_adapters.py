@@ -101,9 +101,12 @@ def test_scripted_fulfils_the_protocol() -> None:
     adapter = ScriptedAdapter()
     assert isinstance(adapter, ModelAdapter)
     assert adapter.model_info().model_type == "scripted"
-    assert adapter.validate_config({"temperature": 0.5}).temperature == 0.5
+    assert adapter.check_config({"temperature": 0.5}).temperature == 0.5
     with pytest.raises(ConfigError, match="temperature"):
-        adapter.validate_config({"temperature": 3})
+        adapter.check_config({"temperature": 3})
+    assert adapter.validate_config({"temperature": 0.5}) == {"valid": True}
+    verdict = adapter.validate_config({"temperature": 3})
+    assert verdict["valid"] is False and "temperature" in verdict["error"]
     assert adapter.estimate_cost(Usage(prompt_tokens=10, completion_tokens=5)).total_cost == 0
 
 

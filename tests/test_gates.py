@@ -95,7 +95,8 @@ def test_bad_input_still_exits_2_without_a_traceback(tmp_path: Path) -> None:
 def test_help_lists_the_codes() -> None:
     code, out, _ = invoke("--help")
     assert code == 0
-    assert "70   convsim crashed" in out and "100  a CI gate failed" in out
+    assert "70   convsim crashed" in out and "100  a quality gate failed" in out
+    assert "99   a load test's gate failed" in out
     _, run_help, _ = invoke("run", "--help")
     assert "70   convsim crashed" in run_help and "100  a --fail-under gate failed" in run_help
     for command in ("report", "compare"):

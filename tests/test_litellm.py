@@ -451,3 +451,11 @@ def test_without_the_extra_the_cli_says_so_in_one_line(tmp_path: Path) -> None:
 def test_secrets_stay_out_of_the_adapter_description() -> None:
     model = adapter("http://127.0.0.1:1/v1")
     assert KEY not in repr(model.config) and KEY not in json.dumps(model.model_info().model_dump())
+
+
+def test_penalties_are_passed_to_litellm() -> None:
+    both = GenerationParams(frequency_penalty=0.4, presence_penalty=-0.2)
+    built = LitellmAdapter({"model": "openai/m"})
+    arguments = built.arguments([Message(role="user", content="Hi")], both, False)
+    assert (arguments["frequency_penalty"], arguments["presence_penalty"]) == (0.4, -0.2)
+    assert "frequency_penalty" not in built.arguments([], GenerationParams(), False)

@@ -1,11 +1,13 @@
 """``convsim load`` gates: one definition of "meets the SLO" for the result, the table,
-the sweep's line and the HTML page; ``--fail-on-slo`` and ``--fail-on-invalid`` exit 100
-as k6 thresholds fail a test."""
+the sweep's line and the HTML page; ``--fail-on-slo`` and ``--fail-on-invalid`` exit 99
+as k6 thresholds fail a test, apart from quality gates (100) and crashes (70)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +17,9 @@ from rich.console import Console
 
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.cli import main
+from convsim.cli._console import EXIT_THRESHOLD_FAILED
 from convsim.cli._gates import load_checks
-from convsim.cli._load import _points_table, _print_result
+from convsim.cli._load import _points_tables, _print_result
 from convsim.load import LoadResult, RequestRecord, Window, parse_slos, point_result, sweep_result
 
 # three sessions in the window [1, 5): TTFT p99 990 ms, E2E p99 1980 ms
@@ -57,10 +60,13 @@ def slo_row(table_text: str) -> list[str]:
     return [cell.strip() for cell in row.strip("│┃ ").split("│")[1:]]
 
 
-def render(renderable: Any) -> str:
-    console = Console(width=200, record=True, file=None, force_terminal=False)
-    with console.capture() as capture:
-        console.print(renderable)
+WIDE = Console(width=200, force_terminal=False)
+
+
+def render(renderables: list[Any]) -> str:
+    with WIDE.capture() as capture:
+        for renderable in renderables:
+            WIDE.print(renderable)
     return capture.get()
 
 
@@ -81,14 +87,15 @@ def test_the_table_and_the_sweep_line_say_the_same(capsys: pytest.CaptureFixture
         (sweep_result([valid, behind]), "0.5 sessions/s (1 invalid, not judged)"),
         (sweep_result([behind]), "none of the points (1 invalid, not judged)"),
     ):
-        cells = slo_row(render(_points_table(list(sweep.points), slo=True)))
+        cells = slo_row(render(_points_tables(list(sweep.points), slo=True, console=WIDE)))
         meeting = [p for p, cell in zip(sweep.points, cells, strict=True) if cell == "yes"]
         assert [p.target_rate for p in meeting] == (
             [] if sweep.max_rate_meeting_slo is None else [sweep.max_rate_meeting_slo]
         )
         assert cells[-1] == "invalid"  # the 8/s point: never "yes" beside "none of them"
-        _print_result(sweep, slo=True)
-        out = capsys.readouterr().out
+        with WIDE.capture() as capture:
+            _print_result(sweep, slo=True, out=WIDE)
+        out = capture.get()
         assert f"highest rate meeting every SLO: {best}" in out
 
 
@@ -164,9 +171,9 @@ STEADY = ("--concurrency", "2", "--max-requests", "10")
 LENIENT = ("--max-schedule-delay-ms", "1000", "--max-loop-lag-ms", "1000")
 
 
-def test_a_missed_slo_exits_100(server: Any) -> None:
+def test_a_missed_slo_exits_99(server: Any) -> None:
     code, _, err = load(server, *STEADY, *LENIENT, "--slo", "ttft_p99<=0.001ms", "--fail-on-slo")
-    assert code == 100, err
+    assert code == EXIT_THRESHOLD_FAILED == 99, err
     assert re.search(r"error: gate failed: the run misses the SLO: ttft_p99 [\d.]+ ms > ", err)
     code, _, _ = load(server, *STEADY, *LENIENT, "--slo", "ttft_p99<=0.001ms")
     assert code == 0  # measured and reported, not a gate
@@ -178,16 +185,16 @@ def test_a_met_slo_exits_0(server: Any) -> None:
     assert "gate failed" not in err and "meets SLO" in out
 
 
-def test_an_invalid_run_exits_100_with_fail_on_invalid(server: Any) -> None:
+def test_an_invalid_run_exits_99_with_fail_on_invalid(server: Any) -> None:
     # a send delay above -1 ms: every open-loop run is invalid
     invalid = ("--rate", "20", "--duration", "0.3", "--max-schedule-delay-ms", "-1")
     code, _, err = load(server, *invalid, "--fail-on-invalid")
-    assert code == 100
+    assert code == 99
     assert "error: gate failed: the run is invalid: " in err and "send delay p99" in err
     code, _, _ = load(server, *invalid)
     assert code == 0
     code, _, err = load(server, *invalid, "--slo", "e2e_p99<=60s", "--fail-on-slo")
-    assert code == 100 and "is not judged: the run is invalid" in err
+    assert code == 99 and "is not judged: the run is invalid" in err
 
 
 def test_fail_on_slo_needs_slo(server: Any) -> None:
@@ -198,4 +205,25 @@ def test_fail_on_slo_needs_slo(server: Any) -> None:
 def test_help_lists_the_gates_and_codes() -> None:
     result = CliRunner().invoke(main, ["load", "--help"])
     assert "--fail-on-slo" in result.stdout and "--fail-on-invalid" in result.stdout
-    assert "100  a gate failed" in result.stdout and "70   convsim crashed" in result.stdout
+    assert "99   a load gate failed" in result.stdout and "70   convsim crashed" in result.stdout
+
+
+def test_load_takes_runs_short_options_and_base_url(server: Any, tmp_path: Path) -> None:
+    """-m, -c, -o and --base-url mean on `load` what they mean on `run`."""
+    out = tmp_path / "new" / "x.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "load", "-m", "openai-compatible:mock-model", "--base-url", server.base_url,
+            "-c", "2", "--max-requests", "4", "-o", str(out), *LENIENT,
+            "--synthetic", "turns=1,input_tokens=16,output_tokens=4", "--no-calibrate",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(out.read_text())["requests"]["completed"] >= 4
+    both = CliRunner().invoke(
+        main,
+        ["load", "-m", "openai-compatible:mock-model", "--base-url", server.base_url,
+         "--model-arg", f"base_url={server.base_url}"],
+    )  # fmt: skip
+    assert both.exit_code == 2 and "both give the base URL" in both.stderr

@@ -45,7 +45,7 @@ def test_code_analysis_measures_the_python_of_each_answer(tmp_path: Path) -> Non
 
 def test_code_bandit_could_not_analyse_gives_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     from convsim.metrics._builtin import python_blocks
-    from convsim.plugins import _code_analysis
+    from convsim.plugins import _analyzer
 
     results = convsim.run_sync("coding_help", "scripted", limit=3)
     with_code = next(r for r in results if any(python_blocks(t.response or "") for t in r.turns))
@@ -54,7 +54,7 @@ def test_code_bandit_could_not_analyse_gives_no_verdict(monkeypatch: pytest.Monk
     judged = plugin.score(with_code)
     assert judged is not None and judged.scores["code_analysis:summary"].value is not None
     # bandit skips the code: its security is unknown, so no answer reads as sound
-    monkeypatch.setattr(_code_analysis, "analyse_code", lambda code: None)
+    monkeypatch.setattr(_analyzer, "analyse_code", lambda code: None)
     unknown = plugin.score(with_code)
     assert unknown is not None
     summary = unknown.scores["code_analysis:summary"]
@@ -232,13 +232,14 @@ def test_the_guides_plugin_calls() -> None:
     assert manager.load_plugin("code_analysis") is True
     plugin = manager.get_plugin("code_analysis")
     assert plugin is not None
-    result = plugin.process(  # type: ignore[attr-defined]
-        {"code": "def hello(): print('Hello, World!')"}, {"language": "python"}
-    )
-    assert result["syntax_ok"] and result["functions"] == 1
+    result = plugin.process({"code": "def hello(): print('Hello, World!')"}, {"language": "python"})
+    assert result["syntax"]["valid"] is True
+    assert result["syntax_ok"] and result["functions"] == 1  # convsim's flat figures stay
     assert result["cyclomatic_complexity"] == 1
-    assert manager.load_plugin("no_such_plugin") is False
-    assert manager.failures[-1].plugin == "no_such_plugin"
+    with pytest.raises(ValueError, match="no_such_plugin") as unknown:  # as the guide raises
+        manager.load_plugin("no_such_plugin")
+    assert isinstance(unknown.value, convsim.RegistryError)
+    assert "code_analysis" in str(unknown.value)  # the known names are listed
 
 
 # -- isolation: what a hook raises, how long it takes, what it scores ---------------

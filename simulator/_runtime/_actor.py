@@ -451,7 +451,7 @@ def _cost(adapter: ModelAdapter | None, usage: Usage | None) -> float | None:
     if adapter is None or usage is None:
         return None
     try:
-        cost = adapter.estimate_cost(usage)
+        cost = adapter.usage_cost(usage)
     except Exception:  # pricing is advisory; never fail a conversation over it
         return None
     return None if cost is None else cost.total_cost

@@ -45,6 +45,8 @@ class CallSettings:
                 "max_tokens": cfg.max_tokens,
                 "top_p": cfg.top_p,
                 "stop": tuple(cfg.stop) if cfg.stop is not None else None,
+                "frequency_penalty": cfg.frequency_penalty,
+                "presence_penalty": cfg.presence_penalty,
             }
         )
         cap, clipped_from = self.max_tokens, None

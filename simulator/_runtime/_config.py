@@ -89,7 +89,7 @@ def _model_choice(value: Any) -> Any:
     raise ValueError(
         f"a {type(value).__name__} is not a model: give a spec such as 'scripted', a "
         "ModelRef, or an instance of a convsim.adapters.ModelAdapter subclass (subclass "
-        "it and implement generate())"
+        "it and implement generate(), or the guide's generate_response())"
     )
 
 

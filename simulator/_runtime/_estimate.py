@@ -311,7 +311,7 @@ def _price(adapter: ModelAdapter | None, prompt: int, completion: int) -> float 
     if adapter is None:
         return None
     try:
-        cost = adapter.estimate_cost(Usage(prompt_tokens=prompt, completion_tokens=completion))
+        cost = adapter.usage_cost(Usage(prompt_tokens=prompt, completion_tokens=completion))
     except Exception:  # pricing is advisory, as in the actor
         return None
     return None if cost is None else cost.total_cost

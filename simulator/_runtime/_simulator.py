@@ -425,7 +425,7 @@ class Simulator:
                     adapters.append(self.user_model)
                 for adapter in adapters:
                     try:
-                        adapter.validate_config(settings)
+                        adapter.check_config(settings)
                     except ConfigError as exc:
                         raise ConfigError(
                             f"pack {pack.name!r}, flow {conv.flow.scenario_type!r}, turn "

@@ -46,6 +46,7 @@ __all__ = [
     "EXIT_MAX_COST",
     "EXIT_CRASHED",
     "EXIT_GATE_FAILED",
+    "EXIT_THRESHOLD_FAILED",
     "EXIT_INTERRUPTED",
     "RunVerdict",
     "LOG_FORMAT",
@@ -76,10 +77,13 @@ EXIT_CRASHED = 70
 """An unexpected exception ended the command (a bug in convsim or a plugin): its
 traceback is printed. sysexits' ``EX_SOFTWARE``."""
 EXIT_GATE_FAILED = 100
-"""A CI gate failed: the run finished and was judged, and the figures are below what
-was asked (``--fail-under``, ``--fail-if-worse``, ``--min-scored``, ``--fail-on-slo``,
-``--fail-on-invalid``); one ``gate failed:`` line each. The code promptfoo gives its
-failed assertions."""
+"""A quality gate failed: the run finished and was judged, and the figures are below
+what was asked (``--fail-under``, ``--fail-if-worse``, ``--min-scored``); one ``gate
+failed:`` line each. The code promptfoo gives its failed assertions."""
+EXIT_THRESHOLD_FAILED = 99
+"""A load test's gate failed (``--fail-on-slo``, ``--fail-on-invalid``): apart from
+quality gates, so that CI tells "too slow" from "answers got worse". The code k6 gives
+its failed thresholds."""
 EXIT_INTERRUPTED = 130
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -244,14 +244,14 @@ def load_checks(result: LoadResult | SweepResult, slos: SLOs | None) -> LoadChec
     return LoadChecks(valid, GateOutcome(gate, False, f"the run misses the SLO: {missed}"))
 
 
-def exit_on_failed_gates(outcomes: Sequence[GateOutcome]) -> None:
-    """One ``gate failed:`` line per failed gate on stderr, then exit 100; nothing when
-    every gate passed."""
+def exit_on_failed_gates(outcomes: Sequence[GateOutcome], *, code: int = EXIT_GATE_FAILED) -> None:
+    """One ``gate failed:`` line per failed gate on stderr, then exit ``code`` (100 for
+    quality gates, 99 for a load test's); nothing when every gate passed."""
     failed = [o for o in outcomes if not o.passed]
     for outcome in failed:
         print_error(f"gate failed: {outcome.line}")
     if failed:
-        sys.exit(EXIT_GATE_FAILED)
+        sys.exit(code)
 
 
 def gate_suite(

@@ -18,11 +18,11 @@ from rich.live import Live
 from rich.text import Text
 
 from convsim._errors import ConfigError, parse_config
-from convsim.cli._console import EXIT_INTERRUPTED, clear_errors
+from convsim.cli._console import EXIT_INTERRUPTED, EXIT_THRESHOLD_FAILED, clear_errors
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
 from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
-from convsim.cli._options import junit_option
+from convsim.cli._options import junit_option, with_base_url
 from convsim.cli._outputs import make_folder, write_junit_report
 from convsim.cli._spelling import respell_distribution, respell_synthetic
 
@@ -303,7 +303,17 @@ _Option = Callable[[Any], Any]
 
 @click.command("load")
 @click.option(
-    "--model", "model_spec", required=True, help="Target: TYPE:MODEL, e.g. openai-compatible:MODEL."
+    "-m",
+    "--model",
+    "model_spec",
+    required=True,
+    help="Target: TYPE:MODEL, e.g. openai-compatible:MODEL.",
+)
+@click.option(
+    "--base-url",
+    default=None,
+    metavar="URL",
+    help="The server's base URL (as --model-arg base_url=URL), e.g. http://127.0.0.1:8000/v1.",
 )
 @click.option(
     "--model-arg",
@@ -348,6 +358,7 @@ _Option = Callable[[Any], Any]
     help="Ask for exact output lengths (min_tokens, ignore_eos) where the server honours them.",
 )
 @click.option(
+    "-c",
     "--concurrency",
     type=click.IntRange(min=1),
     default=None,
@@ -454,7 +465,11 @@ _Option = Callable[[Any], Any]
 )
 @click.option("--slo", default=None, help="e.g. ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=10s")
 @click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The JSON result."
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The JSON result.",
 )
 @click.option(
     "--requests",
@@ -502,19 +517,20 @@ _Option = Callable[[Any], Any]
 @click.option(
     "--fail-on-slo",
     is_flag=True,
-    help="Exit 100 when the run misses the --slo objectives (a sweep: when no point meets "
+    help="Exit 99 when the run misses the --slo objectives (a sweep: when no point meets "
     "them), or is invalid and so cannot show it meets them.",
 )
 @click.option(
     "--fail-on-invalid",
     is_flag=True,
-    help="Exit 100 when the run is marked invalid (a sweep: any point): the client, not "
+    help="Exit 99 when the run is marked invalid (a sweep: any point): the client, not "
     "the server, set the pace, or the run measured a rate limit.",
 )
 @clear_errors
 def load_command(
     model_spec: str,
     model_args: tuple[str, ...],
+    base_url: str | None,
     requests_out: Path | None,
     html_out: Path | None,
     out: Path | None,
@@ -536,13 +552,14 @@ def load_command(
       2    bad input: options, files, settings
       4    the server is unreachable, refused the key or has a wrong URL
       70   convsim crashed: an unexpected exception (its traceback is printed)
-      100  a gate failed (one line per gate): --fail-on-slo, --fail-on-invalid
+      99   a load gate failed (one line per gate): --fail-on-slo, --fail-on-invalid
       130  interrupted (what was measured is written first)
     """
     from ..load._plan import LoadPlan, event_loop_options
     from ..load._slo import parse_slos
     from ..load._stop import StopRequest
 
+    model_args = with_base_url(model_args, base_url, option="--base-url", args_option="--model-arg")
     if fail_on_slo and not options.get("slo"):
         raise ConfigError("--fail-on-slo needs --slo: the objectives to judge the run on")
     if actors is not None:
@@ -586,7 +603,10 @@ def load_command(
     if heard:
         _stderr().print("interrupted after the run: its result was written first", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
-    exit_on_failed_gates(checks.gates(fail_on_invalid=fail_on_invalid, fail_on_slo=fail_on_slo))
+    exit_on_failed_gates(
+        checks.gates(fail_on_invalid=fail_on_invalid, fail_on_slo=fail_on_slo),
+        code=EXIT_THRESHOLD_FAILED,
+    )
 
 
 def _write_outputs(

@@ -121,8 +121,8 @@ def main(ctx: click.Context, log_format: Literal["console", "json"], log_level: 
       0    the work finished
       2    bad input (files, options, settings), with one line saying where
       70   convsim crashed: an unexpected exception, its traceback printed
-      100  a CI gate failed (--fail-under, --fail-if-worse, --min-scored;
-           load's --fail-on-slo, --fail-on-invalid)
+      99   a load test's gate failed (load's --fail-on-slo, --fail-on-invalid)
+      100  a quality gate failed (--fail-under, --fail-if-worse, --min-scored)
       130  interrupted
     `convsim run --help` lists the codes a run adds (3, 4, 5, 6).
 

@@ -18,7 +18,7 @@ import numpy as np
 from convsim._errors import ConfigError
 from convsim._records import Score, TurnRecord, TurnStatus, TurnTimings
 from convsim._types import Message, Usage
-from convsim.metrics import Metric, ScoringSession, resolve_metrics
+from convsim.metrics import Metric, ScoringSession, percentile, resolve_metrics
 
 from ._driver import SessionTranscript
 from ._result import QualitySummary
@@ -96,7 +96,7 @@ def _summary(scores: Iterable[Score]) -> QualitySummary:
         else:
             values.append(score.value)
     arr = np.asarray(values, dtype=np.float64)
-    q = (lambda p: float(np.percentile(arr, p))) if values else (lambda p: None)
+    q = (lambda p: percentile(arr, p)) if values else (lambda p: None)
     return QualitySummary(
         scored=len(values),
         not_applicable=not_applicable,

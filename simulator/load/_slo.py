@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from convsim._errors import ConfigError
+from convsim.metrics import percentile
 
 from ._records import RequestRecord
 from ._stats import LatencySummary
@@ -71,7 +72,7 @@ class SLO(BaseModel):
             if self.statistic == "mean":
                 value = float(np.mean(gaps))
             else:
-                value = float(np.percentile(gaps, _PERCENTILE[self.statistic], method="linear"))
+                value = percentile(gaps, _PERCENTILE[self.statistic])
         return None if value is None else value * 1000.0
 
     def met_by(self, record: RequestRecord) -> bool:

@@ -14,6 +14,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
+from convsim.metrics import percentile
+
 __all__ = ["LatencySummary", "Samples", "summarize"]
 
 
@@ -39,17 +41,18 @@ _PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9
 def summarize(values: npt.ArrayLike, scale: float = 1.0) -> LatencySummary:
     """The summary of ``values`` multiplied by ``scale`` (1000 turns seconds into ms).
 
-    Percentiles interpolate linearly between the closest ranks (numpy's ``"linear"``).
+    Percentiles interpolate linearly between the closest ranks (convsim's one
+    :func:`~convsim.metrics.percentile`, numpy's ``"linear"``).
     """
     data = np.sort(np.asarray(values, dtype=np.float64).ravel()) * scale
     if data.size == 0:
         return LatencySummary()
-    points = np.percentile(data, list(_PERCENTILES.values()), method="linear")
+    points = percentile(data, list(_PERCENTILES.values()))
     return LatencySummary(
         count=int(data.size),
         mean=float(np.mean(data)),
         std=float(np.std(data)),
-        **{name: float(v) for name, v in zip(_PERCENTILES, points, strict=True)},
+        **dict(zip(_PERCENTILES, points, strict=True)),
     )
 
 

@@ -1,103 +1,57 @@
 """The code-analysis plugin: the Python in each answer measured and checked.
 
-Each answer's fenced Python blocks (```python, ```py or unlabelled) are analysed by
-:class:`PythonComplexityAnalyzer`: cyclomatic complexity, maintainability index and
-Halstead figures (radon), syntax and structure (ast), and security findings (bandit,
-the analyser behind ``code_security_score``). Each answer with code gets turn scores
-``code_analysis:<figure>``; the conversation gets a summary over its answers.
+In a run, each answer's fenced Python blocks (```python, ```py or unlabelled) are
+analysed by :class:`~convsim.plugins.PythonComplexityAnalyzer` (syntax, cyclomatic and
+cognitive complexity, maintainability, Halstead figures, style, security,
+performance). Each answer with code gets turn scores ``code_analysis:<figure>``; the
+conversation gets a summary over its answers.
+
+On demand, :meth:`CodeAnalysisPlugin.process` analyses one piece of code (the guide's
+call) and returns the guide's sections (``syntax``, ``complexity``, ``style``,
+``security``, ``performance``) beside the flat figures of a run (``syntax_ok``,
+``cyclomatic_complexity``...).
 """
 
 from __future__ import annotations
 
-import ast
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from convsim._extras import needs_extra
 from convsim._records import ConversationResult, Score, TurnStatus
 from convsim.metrics import MetricTraits
 from convsim.metrics._builtin import python_blocks
-from convsim.metrics._security import analyse_code
 
+from ._analyzer import CodeFigures, PythonComplexityAnalyzer
 from ._base import BasePlugin, PluginMetric, PluginScores, ScoreRange
+from ._style import DEFAULT_MAX_LINE_LENGTH
 
-__all__ = ["CodeAnalysisPlugin", "PythonComplexityAnalyzer", "CodeFigures"]
+__all__ = ["CodeAnalysisPlugin", "CodeAnalysisConfig", "ANALYSES", "PYTHON_NAMES"]
 
+ANALYSES = (
+    "syntax_analysis",
+    "complexity_analysis",
+    "style_analysis",
+    "security_analysis",
+    "performance_analysis",
+)
+"""What :meth:`CodeAnalysisPlugin.process` analyses (the guide's capability names)."""
 
-@dataclass(frozen=True)
-class CodeFigures:
-    """What the analyser found in one piece of Python."""
-
-    syntax_ok: bool
-    lines: int
-    functions: int = 0
-    classes: int = 0
-    cyclomatic_complexity: float | None = None
-    """The most complex block's cyclomatic complexity (radon)."""
-    mean_complexity: float | None = None
-    maintainability_index: float | None = None
-    """0-100, higher is easier to maintain (radon's MI)."""
-    halstead_volume: float | None = None
-    halstead_difficulty: float | None = None
-    halstead_effort: float | None = None
-    security_findings: int | None = None
-    """bandit's findings (plus literal ``../`` paths); None when it could not analyse."""
-    high_severity_findings: int | None = None
-
-
-class PythonComplexityAnalyzer:
-    """Complexity, maintainability, Halstead figures, structure and security of Python."""
-
-    def __init__(self) -> None:
-        """An analyser, once radon is known to be there.
-
-        Raises:
-            MissingExtra: radon is not installed (the ``code`` extra).
-        """
-        with needs_extra("code", "the code_analysis plugin"):
-            import radon  # noqa: F401
-
-    def analyse(self, code: str) -> CodeFigures:
-        from radon.complexity import cc_visit
-        from radon.metrics import h_visit, mi_visit
-
-        lines = len([line for line in code.splitlines() if line.strip()])
-        try:
-            tree = ast.parse(code)
-        except (SyntaxError, ValueError):
-            return CodeFigures(syntax_ok=False, lines=lines)
-        nodes = list(ast.walk(tree))
-        functions = sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in nodes)
-        classes = sum(isinstance(n, ast.ClassDef) for n in nodes)
-        blocks = cc_visit(code)
-        complexities = [b.complexity for b in blocks] or [1]
-        halstead = h_visit(code).total
-        findings = analyse_code(code)
-        return CodeFigures(
-            syntax_ok=True,
-            lines=lines,
-            functions=functions,
-            classes=classes,
-            cyclomatic_complexity=float(max(complexities)),
-            mean_complexity=sum(complexities) / len(complexities),
-            maintainability_index=float(mi_visit(code, multi=True)),
-            halstead_volume=float(halstead.volume),
-            halstead_difficulty=float(halstead.difficulty),
-            halstead_effort=float(halstead.effort),
-            security_findings=None if findings is None else len(findings),
-            high_severity_findings=None
-            if findings is None
-            else sum(1 for f in findings if str(f["severity"]).upper().endswith("HIGH")),
-        )
+PYTHON_NAMES = ("python", "py", "python3")
+"""The ``language`` values :meth:`CodeAnalysisPlugin.process` analyses: only Python."""
 
 
 class CodeAnalysisConfig(BaseModel):
+    """The code-analysis plugin's settings."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_complexity: int = Field(default=10, ge=1)
     """A block above this cyclomatic complexity counts as too complex in the summary."""
+    max_line_length: int = Field(default=DEFAULT_MAX_LINE_LENGTH, ge=20)
+    """The longest line the style check allows."""
 
 
 _FIGURES = (
@@ -111,6 +65,9 @@ _FIGURES = (
     "functions",
     "classes",
     "lines",
+    "cognitive_complexity",
+    "style_issues",
+    "performance_issues",
 )
 
 
@@ -127,6 +84,13 @@ _FIGURE_WORDS: tuple[tuple[str, bool | None, str], ...] = (
     ("functions", None, "Functions defined in the answer's Python."),
     ("classes", None, "Classes defined in the answer's Python."),
     ("lines", None, "Non-blank lines of Python in the answer."),
+    (
+        "cognitive_complexity",
+        False,
+        "The most complex block's cognitive complexity (SonarSource's definition).",
+    ),
+    ("style_issues", False, "PEP 8 issues pycodestyle finds in the answer's Python."),
+    ("performance_issues", False, "Performance anti-patterns in the answer's Python."),
 )
 
 
@@ -154,13 +118,35 @@ class CodeAnalysisPlugin(BasePlugin):
     )
     Config: ClassVar[type[BaseModel]] = CodeAnalysisConfig
     hook_timeout: ClassVar[float] = 60.0
-    """Scoring a conversation runs radon and bandit over every answer with code: on a
-    busy machine, with many conversations scored at once, that can pass the default 10 s
-    without anything being wrong."""
+    """Scoring a conversation runs radon, pycodestyle and bandit over every answer with
+    code: on a busy machine, with many conversations scored at once, that can pass the
+    default 10 s without anything being wrong."""
 
-    def initialize(self, config: BaseModel) -> None:
-        super().initialize(config)
+    def initialize(self, config: Mapping[str, Any] | BaseModel | None = None) -> bool:
+        """Take the settings (checked) and make the analyser ready.
+
+        Raises:
+            ConfigError: settings it refuses.
+            MissingExtra: radon or pycodestyle is not installed (the ``code`` extra).
+        """
+        ready = super().initialize(config)
         self.analyzer = PythonComplexityAnalyzer()
+        return ready
+
+    def _settings(self) -> CodeAnalysisConfig:
+        """The checked settings, initialising on first use (``process`` may be called
+        on a plugin the caller built but did not initialise)."""
+        if not isinstance(getattr(self, "config", None), CodeAnalysisConfig) or not hasattr(
+            self, "analyzer"
+        ):
+            self.initialize()
+        config: CodeAnalysisConfig = self.config
+        return config
+
+    def get_capabilities(self) -> list[str]:
+        """What :meth:`process` analyses (the guide's names), then the hooks it
+        implements."""
+        return [*ANALYSES, *super().get_capabilities()]
 
     def score_range(self, name: str) -> ScoreRange | None:
         figure = name.removeprefix("code_analysis:")
@@ -174,44 +160,88 @@ class CodeAnalysisPlugin(BasePlugin):
 
     def _merged(self, blocks: list[CodeFigures]) -> dict[str, float]:
         """One answer's figures over its code blocks: worst complexity and MI, sums of
-        the counts and of Halstead's figures."""
+        the counts and of Halstead's figures. A figure no block measured is left out."""
         ok = [b for b in blocks if b.syntax_ok]
         out: dict[str, float] = {"syntax_ok": float(all(b.syntax_ok for b in blocks))}
         if ok:
-            out["cyclomatic_complexity"] = max(b.cyclomatic_complexity or 1.0 for b in ok)
-            out["maintainability_index"] = min(b.maintainability_index or 0.0 for b in ok)
+            for name, pick in (
+                ("cyclomatic_complexity", max),
+                ("cognitive_complexity", max),
+                ("maintainability_index", min),
+            ):
+                values = [getattr(b, name) for b in ok if getattr(b, name) is not None]
+                if values:
+                    out[name] = float(pick(values))
             for name in ("halstead_volume", "halstead_difficulty", "halstead_effort"):
-                out[name] = sum(getattr(b, name) or 0.0 for b in ok)
+                values = [getattr(b, name) for b in ok if getattr(b, name) is not None]
+                if values:
+                    out[name] = float(sum(values))
             analysed = [b for b in ok if b.security_findings is not None]
             if analysed:
                 out["security_findings"] = float(sum(b.security_findings or 0 for b in analysed))
                 out["high_severity_findings"] = float(
                     sum(b.high_severity_findings or 0 for b in analysed)
                 )
+            for name in ("style_issues", "performance_issues"):
+                values = [getattr(b, name) for b in ok if getattr(b, name) is not None]
+                if values:
+                    out[name] = float(sum(values))
             out["functions"] = float(sum(b.functions for b in ok))
             out["classes"] = float(sum(b.classes for b in ok))
         out["lines"] = float(sum(b.lines for b in blocks))
         return out
 
-    def process(
-        self, data: dict[str, Any], context: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """The guide's call: analyse ``data["code"]`` (Python) and return its figures."""
+    def process(self, data: Any, context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The guide's call: analyse ``data["code"]``, Python by default
+        (``context["language"]``).
+
+        Returns:
+            For Python, the guide's sections (``syntax`` with ``valid`` and ``errors``,
+            ``complexity``, ``style``, ``security``, ``performance``, each with its
+            issues and a score, see :class:`~convsim.plugins.CodeReport`) and the flat
+            figures of a run (``syntax_ok``, ``cyclomatic_complexity``...). For another
+            language, ``error`` saying it is not supported (nothing is measured).
+
+        Raises:
+            TypeError: ``data`` is not a mapping with the code as a string under
+                ``"code"``, or ``context`` is not a mapping.
+        """
+        if not isinstance(data, Mapping) or not isinstance(data.get("code"), str):
+            raise TypeError(
+                "process(data, context): data must be a mapping with the code as a string "
+                f"under 'code', not {_describe(data)}"
+            )
+        if context is not None and not isinstance(context, Mapping):
+            raise TypeError(f"process(data, context): context must be a mapping, not {context!r}")
         language = (context or {}).get("language", "python")
-        if str(language).lower() not in ("python", "py", "python3"):
-            return {"language": language, "supported": False}
-        figures = self.analyzer.analyse(str(data.get("code", "")))
-        return {"language": "python", "supported": True, **figures.__dict__}
+        if str(language).lower() not in PYTHON_NAMES:
+            return {
+                "error": f"Unsupported language: {language}",
+                "language": language,
+                "supported": False,
+                "supported_languages": ["python"],
+            }
+        settings = self._settings()
+        report = self.analyzer.report(data["code"], max_line_length=settings.max_line_length)
+        return {
+            "language": "python",
+            "supported": True,
+            **report.sections(),
+            **asdict(report.figures),
+        }
 
     def score(self, result: ConversationResult) -> PluginScores | None:
-        cfg: Any = self.config
+        cfg = self._settings()
         turn_scores: dict[str, dict[str, Score]] = {}
         sound: list[float] = []
         unchecked = 0
         for turn in result.turns:
             if turn.status is not TurnStatus.COMPLETED or not turn.response:
                 continue
-            blocks = [self.analyzer.analyse(code) for code in python_blocks(turn.response)]
+            blocks = [
+                self.analyzer.analyse(code, max_line_length=cfg.max_line_length)
+                for code in python_blocks(turn.response)
+            ]
             if not blocks:
                 continue
             figures = self._merged(blocks)
@@ -244,3 +274,9 @@ class CodeAnalysisPlugin(BasePlugin):
         else:
             summary = Score(value=sum(sound) / len(sound), details=details)
         return PluginScores(scores={"code_analysis:summary": summary}, turn_scores=turn_scores)
+
+
+def _describe(data: object) -> str:
+    if isinstance(data, Mapping):
+        return f"a mapping with keys {sorted(map(str, data))}"
+    return f"a {type(data).__name__}"

@@ -18,6 +18,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from convsim._records import ConversationResult
+from convsim.metrics import percentile
+from convsim.metrics._bootstrap import integers_draw, resample_means
 from convsim.results._report import _higher_is_better
 from convsim.results._sinks import read_results
 
@@ -79,13 +81,8 @@ def _score(result: ConversationResult, metric: str) -> float | None:
 def _bootstrap(diffs: np.ndarray) -> list[float] | None:
     if diffs.size < 2:
         return None
-    rng = np.random.default_rng(0)
-    means = np.empty(_BOOTSTRAP)
-    for start in range(0, _BOOTSTRAP, 1000):  # in blocks: bounded memory for big runs
-        idx = rng.integers(0, diffs.size, size=(min(1000, _BOOTSTRAP - start), diffs.size))
-        means[start : start + idx.shape[0]] = diffs[idx].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return [float(low), float(high)]
+    means = resample_means(diffs, integers_draw(0), resamples=_BOOTSTRAP)
+    return percentile(means, [2.5, 97.5])
 
 
 def _wilcoxon(diffs: np.ndarray) -> float | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from convsim._extras import needs_extra
 from convsim._records import ConversationResult, TurnStatus
+from convsim.metrics import percentile
 
 __all__ = ["Plot", "cdf_plot", "run_plots", "trials_plot"]
 
@@ -127,8 +128,6 @@ def _latency(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
 
 
 def _by_turn(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
-    import numpy as np
-
     by_index: dict[int, list[float]] = defaultdict(list)
     for r in results:
         for t in r.turns:
@@ -138,8 +137,8 @@ def _by_turn(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
         return None
     idx = sorted(by_index)
     fig, ax = plt.subplots(figsize=_SIZE)
-    ax.plot(idx, [float(np.median(by_index[i])) for i in idx], marker="o", label="median")
-    ax.plot(idx, [float(np.percentile(by_index[i], 95)) for i in idx], marker=".", label="p95")
+    ax.plot(idx, [percentile(by_index[i], 50) for i in idx], marker="o", label="median")
+    ax.plot(idx, [percentile(by_index[i], 95) for i in idx], marker=".", label="p95")
     ax.set_xlabel("turn index")
     ax.set_ylabel("s")
     ax.legend(frameon=False)

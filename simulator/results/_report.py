@@ -7,7 +7,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field, computed_field, model_serializer
 
@@ -395,16 +395,29 @@ class _GroupFold:
         self.statuses[result.status.value] += 1
         self.scores.add(result.scores)
 
-    def summary(self, hib: dict[str, bool | None]) -> GroupSummary:
+    def summary(self, hib: dict[str, bool | None], whole: _WholeRun) -> GroupSummary:
+        if self.conversations == whole.conversations:  # the run's scores, in its order
+            metrics = {name: m.model_copy() for name, m in whole.metrics.items()}
+        else:
+            metrics = self.scores.summaries(hib)
         return GroupSummary(
-            conversations=self.conversations,
-            statuses=dict(self.statuses),
-            metrics=self.scores.summaries(hib),
+            conversations=self.conversations, statuses=dict(self.statuses), metrics=metrics
         )
 
 
-def _groups(folds: dict[str, _GroupFold], hib: dict[str, bool | None]) -> dict[str, GroupSummary]:
-    return {name: fold.summary(hib) for name, fold in sorted(folds.items())}
+class _WholeRun(NamedTuple):
+    """The run's metric summaries and how many conversations they cover: a group that
+    holds every conversation (one model, say) has these figures, not a second bootstrap
+    of the same values."""
+
+    conversations: int
+    metrics: dict[str, MetricSummary]
+
+
+def _groups(
+    folds: dict[str, _GroupFold], hib: dict[str, bool | None], whole: _WholeRun
+) -> dict[str, GroupSummary]:
+    return {name: fold.summary(hib, whole) for name, fold in sorted(folds.items())}
 
 
 class Summarizer:
@@ -560,6 +573,7 @@ class Summarizer:
         duration = None
         if self._started is not None and self._finished is not None:
             duration = self._finished - self._started
+        whole = _WholeRun(self._count, self._metrics.summaries(hib))
         return RunReport(
             runs=sorted(self._runs),
             packs=sorted(self._packs),
@@ -568,11 +582,11 @@ class Summarizer:
             statuses={s.value: self._statuses.get(s.value, 0) for s in Status},
             termination_reasons=dict(self._reasons.most_common()),
             turns={s.value: self._turns.get(s.value, 0) for s in TurnStatus},
-            metrics=self._metrics.summaries(hib),
+            metrics=whole.metrics,
             turn_metrics=self._turn_metrics.summaries(hib),
-            by_scenario_type=_groups(self._by_type, hib),
-            by_difficulty=_groups(self._by_difficulty, hib),
-            by_model=_groups(self._by_model, hib),
+            by_scenario_type=_groups(self._by_type, hib, whole),
+            by_difficulty=_groups(self._by_difficulty, hib, whole),
+            by_model=_groups(self._by_model, hib, whole),
             retention_curve={d: _summary(v, 0, True) for d, v in sorted(self._retention.items())},
             latency_s=latency,
             cache={k: self._cache[k] for k in ("hits", "misses")} if self._cache["hits"] else {},

@@ -34,7 +34,9 @@ URL_ARGS = ("base_url", "api_endpoint")
 _SECRET_ARGS = frozenset({"api_key", *URL_ARGS})
 """Stored encrypted and never shown (a URL may carry credentials): shown redacted."""
 
-_GENERATION_ARGS = frozenset({"temperature", "top_p", "max_tokens", "stream"})
+_GENERATION_ARGS = frozenset(
+    {"temperature", "top_p", "max_tokens", "stream", "frequency_penalty", "presence_penalty"}
+)
 """What a tenant may set on an operator's endpoint."""
 
 _HTTP_ARGS = _GENERATION_ARGS | {

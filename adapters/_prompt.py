@@ -1,0 +1,25 @@
+"""A conversation as one prompt, for backends that take text rather than messages (the
+legacy completions endpoint, the guide's ``/generate``, an adapter's
+``generate_response``), and a client-side count of its tokens where no server gave one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from convsim._types import Message
+
+__all__ = ["render_prompt", "estimate_tokens"]
+
+
+def render_prompt(messages: Sequence[Message]) -> str:
+    """A conversation as one prompt: a lone user message as itself, otherwise a
+    role-prefixed transcript that ends where the assistant speaks next."""
+    if len(messages) == 1 and messages[0].role == "user":
+        return messages[0].content
+    lines = [f"{m.role.capitalize()}: {m.content}" for m in messages]
+    return "\n\n".join([*lines, "Assistant:"])
+
+
+def estimate_tokens(text: str) -> int:
+    """A client-side token estimate (about four characters a token)."""
+    return max(1, (len(text) + 3) // 4)

@@ -1,7 +1,7 @@
 """What the developer guide's integration tests (tests/guide/test_integration.py,
 marked ``integration``) expect around them, served for real: a live ``convsim serve`` at
 ``localhost:8000`` that takes the key ``test-key``. tests/conftest.py takes its fixtures
-and hook (a conftest.py of tests/guide would be a second module named ``conftest``).
+(a conftest.py of tests/guide would be a second module named ``conftest``).
 
 The service it starts has the key ``test-key`` (imported: ``serve keys create
 --key-stdin``), an operator endpoint named as the guide's model (``openai/gpt-3.5-turbo``,
@@ -12,7 +12,6 @@ group ``convsim.tasks``).
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import socket
@@ -21,14 +20,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import yaml
 from _service import Server, free_port
 
-__all__ = ["guide_service", "live_service_for_integration_tests", "pytest_pycollect_makemodule"]
+__all__ = ["guide_service", "live_service_for_integration_tests"]
 
 GUIDE_PORT = 8000
 GUIDE_KEY = "test-key"
@@ -37,45 +35,15 @@ INSTALLED = Path(__file__).parent / "guide" / "installed"
 _PORT_WAIT_S = 60.0
 
 
-def _unmerged() -> list[str]:
-    """The guide's names test_integration.py imports that this tree lacks yet (other
-    parts of issue 26): while one is missing the module cannot be imported."""
-    missing = []
-    for module, name in (("convsim.adapters", "ModelConfiguration"),):
-        if not hasattr(importlib.import_module(module), name):
-            missing.append(f"{module}.{name}")
-    return missing
-
-
-class _Unmerged(pytest.Module):
-    """test_integration.py in a tree without the names it imports: skipped, saying so."""
-
-    missing: list[str]
-
-    def collect(self) -> Any:
-        pytest.skip(
-            f"the guide's integration test imports {', '.join(self.missing)}, not in this "
-            "tree yet (issue 26 item 1)"
-        )
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> Any:
-    if module_path.name == "test_integration.py" and module_path.parent.name == "guide":
-        missing = _unmerged()
-        if missing:
-            module = _Unmerged.from_parent(parent, path=module_path)
-            module.missing = missing
-            return module
-    return None
-
-
 def _wait_for_port(port: int) -> None:
     """Wait until nothing listens on 127.0.0.1:``port`` (another run of these tests on
     this host may hold it for a while); fail saying who should free it."""
     deadline = time.monotonic() + _PORT_WAIT_S
     while True:
         with socket.socket() as probe:
+            # as uvicorn binds: connections of an earlier server waiting out TIME_WAIT
+            # do not hold the port, only a listener does
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("127.0.0.1", port))
                 return

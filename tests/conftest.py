@@ -19,11 +19,7 @@ import structlog
 import yaml
 
 # the guide's integration tests (tests/guide) get their live service from here
-from _guide_service import (  # noqa: F401
-    guide_service,
-    live_service_for_integration_tests,
-    pytest_pycollect_makemodule,
-)
+from _guide_service import guide_service, live_service_for_integration_tests  # noqa: F401
 
 from convsim.adapters import Completion, GenerationParams, Message, ModelAdapter, ModelInfo, Usage
 

@@ -1,7 +1,8 @@
 """The guide's evaluation (test_integration.py's ``create_evaluation``) followed to its
-end on the service conftest.py starts: the guide's task class, installed through an
-entry point, runs on the guide's model (an operator endpoint of that name) and is scored
-by its own ``process_results``; with a second model and task, the models are compared."""
+end on the service tests/_guide_service.py starts: the guide's task class, installed
+through an entry point, runs on the guide's model (an operator endpoint of that name)
+and is scored by its own ``process_results``; with a second model and task, the models
+are compared."""
 
 from __future__ import annotations
 

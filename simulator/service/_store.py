@@ -22,6 +22,7 @@ from typing import Any
 
 from convsim._errors import ConfigError
 from convsim._extras import needs_extra
+from convsim._plural import counted
 
 __all__ = ["Store", "JobRow", "JobProgress", "KeyRow", "PairRow", "hash_key", "MIN_KEY_CHARS"]
 
@@ -221,7 +222,8 @@ class Store:
             key = "csk_" + secrets.token_urlsafe(32)
         elif len(key) < MIN_KEY_CHARS or not key.isprintable() or any(c.isspace() for c in key):
             raise ConfigError(
-                f"a key must have at least {MIN_KEY_CHARS} characters, printable, without spaces"
+                f"a key must have at least {counted(MIN_KEY_CHARS, 'character')}, printable, "
+                "without spaces"
             )
         with self._connect() as db:
             try:

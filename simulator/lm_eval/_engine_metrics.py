@@ -185,19 +185,22 @@ def _values(
     prompt = (turn.user_message or turn.prompt or "") if turn is not None else ""
     domain = _domain(scenario)
     language = scenario.metadata.get("language") or "python"
+    missing = []
+    if "reference" in binding.roles and reference is None:
+        missing.append("no completed turn has a reference response")
+    if "domain" in binding.roles and domain is None:
+        missing.append("the scenario names no domain (metadata.domain)")
+    if missing:
+        raise _Missing("; ".join(missing))
     values: dict[Role, Any] = {}
     for role in binding.roles:
         if role == "response":
             values[role] = turn.response if turn is not None else ""
         elif role == "reference":
-            if reference is None:
-                raise _Missing("no completed turn has a reference response")
             values[role] = reference
         elif role == "prompt":
             values[role] = prompt
         elif role == "domain":
-            if domain is None:
-                raise _Missing("the scenario names no domain (metadata.domain)")
             values[role] = domain
         elif role == "language":
             values[role] = language

@@ -7,6 +7,7 @@ and sockets outside the answer's folder by the audit hook.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -423,3 +424,16 @@ def test_the_child_script_is_never_imported_by_convsim() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_the_reference_answers_of_coding_help_pass_its_tests() -> None:
+    pack = load_pack("coding_help", allow_code=True)
+    referenced = {c.conversation_id for c in pack.conversations if c.scenario.reference_responses}
+    assert len(referenced) == 6 and all("tests" in c.scenario.metadata for c in pack.conversations)
+    answered = [c for c in pack.conversations if c.conversation_id in referenced]
+    pack = dataclasses.replace(pack, conversations=tuple(answered))
+    results = convsim.run_sync(pack, "scripted", metrics=["validate_logic"])
+    assert len(results) == 6
+    for result in results:
+        score = result.scores["validate_logic"]
+        assert score.value == 1.0, (result.conversation_id, score)

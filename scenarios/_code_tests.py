@@ -97,8 +97,16 @@ def code_tests_problems(
     try:
         tests = code_tests(metadata)
     except ValidationError as exc:
-        for error in exc.errors():
-            loc = ".".join(str(p) for p in error["loc"])
+        errors = exc.errors()
+        inner = [e["loc"] for e in errors]
+        for error in errors:
+            loc_parts = error["loc"]
+            if error["type"] == "too_short" and any(
+                len(other) > len(loc_parts) and other[: len(loc_parts)] == loc_parts
+                for other in inner
+            ):
+                continue  # a case that failed its own check is not also "too few cases"
+            loc = ".".join(str(p) for p in loc_parts)
             message = str(error["msg"]).removeprefix("Value error, ")
             yield CriterionProblem(f"{where}.{loc}" if loc else where, message)
         return

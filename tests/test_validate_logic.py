@@ -329,6 +329,7 @@ def test_broken_test_cases_are_refused_when_the_pack_loads(tmp_path: Path) -> No
         {**PROBLEMS[0], "metadata": {"tests": ["assert add(2, 3) == 5", "assert add(("]}},
         {**PROBLEMS[1], "metadata": {"tests": {"cases": ADD_TESTS, "timeout": 3}}},
         {**PROBLEMS[2], "metadata": {"tests": "assert True"}},
+        {**PROBLEMS[2], "id": "one", "metadata": {"tests": ["assert ("]}},
     ]
     pack = write_code_pack(tmp_path / "pack", problems)
     with pytest.raises(PackError) as caught:
@@ -338,6 +339,7 @@ def test_broken_test_cases_are_refused_when_the_pack_loads(tmp_path: Path) -> No
         ("problems.jsonl", 1, "metadata.tests.cases.1"),
         ("problems.jsonl", 2, "metadata.tests.timeout"),
         ("problems.jsonl", 3, "metadata.tests"),
+        ("problems.jsonl", 4, "metadata.tests.cases.0"),  # once, not also "too few cases"
     }
     result = CliRunner().invoke(main, ["validate", str(pack)])
     assert result.exit_code == 2 and "problems.jsonl:1: metadata.tests.cases.1: not Python" in (

@@ -86,6 +86,7 @@ class Registry(Generic[T]):
         if name not in self._factories:
             raise RegistryError(self.kind, name, list(self._factories))
         del self._factories[name]
+        self._origins.pop(name, None)
 
     def register_prefix(self, prefix: str, factory: Callable[[str], T] | str) -> None:
         """Names starting with ``prefix`` (e.g. ``judge:``) are built by ``factory(name)``;

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from ._logprobs import rolling_logprob as rolling_logprob
     from ._metrics_engine import MetricsEngine as MetricsEngine
     from ._metrics_engine import QualityScore as QualityScore
-    from ._metrics_engine import UnknownMetric as UnknownMetric
     from ._model import ConvsimLM as ConvsimLM
     from ._model import FailedRequest as FailedRequest
     from ._model import LogprobsUnsupported as LogprobsUnsupported

@@ -3,12 +3,13 @@
 ``MetricsEngine`` gives the guide's names real behaviour: ``calculate_metric(name, ...)``
 dispatches as the guide's engine does (a ``calculate_<name>`` method, then the engine's
 ``custom_metrics``, then convsim's metric registry; an unknown name raises
-:class:`UnknownMetric`, a ValueError), ``validate_logic`` runs a task's test cases
-against an answer's code, ``assess_response_quality`` measures structure, relevance and
-completeness, and the helpers the guide's ``CustomMetricsEngine`` calls (code security,
-financial signals, conversation flow parts) are convsim's scorers. Custom metrics set
-with ``self.custom_metrics = {...}`` (the guide's ``register_custom_metrics``) become
-metrics of convsim's registry (:mod:`._engine_metrics`), so runs can name them.
+:class:`~convsim.RegistryError`, a ValueError as the guide's engine raises),
+``validate_logic`` runs a task's test cases against an answer's code,
+``assess_response_quality`` measures structure, relevance and completeness, and the
+helpers the guide's ``CustomMetricsEngine`` calls (code security, financial signals,
+conversation flow parts) are convsim's scorers. Custom metrics set with
+``self.custom_metrics = {...}`` (the guide's ``register_custom_metrics``) become metrics
+of convsim's registry (:mod:`._engine_metrics`), so runs can name them.
 """
 
 from __future__ import annotations
@@ -33,12 +34,7 @@ from convsim.scenarios import CodeTests, code_tests
 
 from ._engine_metrics import EngineRegistration, register_engine_metrics
 
-__all__ = ["MetricsEngine", "QualityScore", "UnknownMetric"]
-
-
-class UnknownMetric(RegistryError, ValueError):
-    """``calculate_metric`` was asked for a name no method, custom metric or registered
-    metric has: a RegistryError (a KeyError) and, as the guide raises, a ValueError."""
+__all__ = ["MetricsEngine", "QualityScore"]
 
 
 class QualityScore(float):
@@ -175,8 +171,8 @@ class MetricsEngine:
         :meth:`score`; the value, None where it does not apply).
 
         Raises:
-            UnknownMetric: no method, custom metric or registered metric has that name
-                (a ValueError, as the guide raises).
+            RegistryError: no method, custom metric or registered metric has that name
+                (also a ValueError, as the guide's engine raises); it lists the known.
         """
         if isinstance(metric_name, str) and metric_name.isidentifier() and metric_name != "metric":
             method = getattr(self, f"calculate_{metric_name}", None)
@@ -186,7 +182,7 @@ class MetricsEngine:
             return self.custom_metrics[metric_name](*args, **kwargs)
         if isinstance(metric_name, str) and metric_name in self.metric_registry:
             return _value(self.score(metric_name, *args, **kwargs), metric_name)
-        raise UnknownMetric("metric", str(metric_name), self._known())
+        raise RegistryError("metric", str(metric_name), self._known())
 
     def _known(self) -> list[str]:
         methods = [

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from convsim._plural import counted
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._embedding import Embedder, cosine, default_embedder
@@ -79,7 +80,8 @@ def structure(response: str) -> QualityPart:
     words = len(response.split())
     fences = len(_FENCE.findall(response))
     if words < STRUCTURED_WORDS and not fences:
-        return QualityPart(None, {"words": words}, f"fewer than {STRUCTURED_WORDS} words")
+        reason = f"fewer than {counted(STRUCTURED_WORDS, 'word')}"
+        return QualityPart(None, {"words": words}, reason)
     prose = _FENCED_BLOCK.sub("\n", response)
     sentences = _sentences(prose)
     signals: dict[str, float] = {}

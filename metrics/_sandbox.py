@@ -31,7 +31,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ._once import LoadedOnce
 
@@ -161,17 +161,27 @@ def run_python(
         "output_bytes": OUTPUT_BYTES,
     }
     with _slots(), tempfile.TemporaryDirectory(prefix="convsim-code-") as folder:
-        report, returncode, killed, errors = _run(folder, json.dumps(spec), STARTUP_S + budget)
+        ended = _run(folder, json.dumps(spec), STARTUP_S + budget)
         output = _read_output(Path(folder) / "output.txt")
-    lines = _lines(report)
+    lines = _lines(ended.report)
     if not lines or not lines[0].get("ready"):
-        detail = errors.strip().splitlines()[-1:] or [f"exit status {returncode}"]
+        detail = ended.errors.strip().splitlines()[-1:] or [f"exit status {ended.returncode}"]
         raise SandboxUnavailable(f"the sandbox process did not start: {detail[0][:300]}")
     outcomes = _outcomes(lines[1:], blocks, setup, cases)
-    return SandboxRun(outcomes, returncode, killed, output, dict(lines[0].get("limits", {})))
+    limits_set = dict(lines[0].get("limits", {}))
+    return SandboxRun(outcomes, ended.returncode, ended.killed, output, limits_set)
 
 
-def _run(folder: str, spec: str, budget: float) -> tuple[str, int | None, bool, str]:
+class _Ended(NamedTuple):
+    """How the process ended and what it wrote on its two pipes."""
+
+    report: str
+    returncode: int | None
+    killed: bool
+    errors: str
+
+
+def _run(folder: str, spec: str, budget: float) -> _Ended:
     try:
         process = subprocess.Popen(
             [sys.executable, "-I", "-B", "-c", _CHILD.read_text(encoding="utf-8")],
@@ -196,7 +206,7 @@ def _run(folder: str, spec: str, budget: float) -> tuple[str, int | None, bool, 
         _kill(process)
         process.communicate()
         raise
-    return (
+    return _Ended(
         stdout.decode("utf-8", "replace"),
         process.returncode,
         killed,

@@ -439,3 +439,19 @@ def test_the_reference_answers_of_coding_help_pass_its_tests() -> None:
     for result in results:
         score = result.scores["validate_logic"]
         assert score.value == 1.0, (result.conversation_id, score)
+
+
+def test_a_resume_with_another_allow_code_is_refused(tmp_path: Path) -> None:
+    """--allow-code decides whether validate_logic scores or is not applicable: a resume
+    must not mix the two in one results file."""
+    from click.testing import CliRunner
+
+    from convsim.cli import main
+
+    out = tmp_path / "r.jsonl"
+    args = ["run", "coding_help", "-m", "scripted", "-n", "1", "--metrics", "validate_logic",
+            "-o", str(out), "--no-progress"]  # fmt: skip
+    assert CliRunner().invoke(main, args).exit_code == 0
+    again = CliRunner().invoke(main, [*args, "--resume", "--allow-code"])
+    assert again.exit_code == 2
+    assert "allow_code" in again.stderr

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from ._corpus import CORPUS_AGGREGATION as CORPUS_AGGREGATION
     from ._corpus import CORPUS_ITEM as CORPUS_ITEM
     from ._corpus import corpus_value as corpus_value
+    from ._domain import financial_signals as financial_signals
+    from ._domain import talks_finance as talks_finance
     from ._embedding import Embedder as Embedder
     from ._embedding import TfidfEmbedder as TfidfEmbedder
     from ._embedding import cosine as cosine
@@ -28,14 +30,28 @@ if TYPE_CHECKING:
     from ._judge import JudgeSettings as JudgeSettings
     from ._judge import RubricJudgeMetric as RubricJudgeMetric
     from ._judge import judged as judged
+    from ._logic import CODE_NOT_ALLOWED as CODE_NOT_ALLOWED
+    from ._logic import LogicCheck as LogicCheck
+    from ._logic import LogicMetric as LogicMetric
+    from ._logic import answer_code as answer_code
+    from ._logic import check_logic as check_logic
     from ._protocol import AsyncConversationScorer as AsyncConversationScorer
     from ._protocol import ConversationScorer as ConversationScorer
     from ._protocol import Metric as Metric
     from ._protocol import MetricTraits as MetricTraits
+    from ._quality import QualityPart as QualityPart
+    from ._quality import ResponseQuality as ResponseQuality
+    from ._quality import ResponseQualityMetric as ResponseQualityMetric
+    from ._quality import response_quality as response_quality
     from ._registry import DEFAULT_METRICS as DEFAULT_METRICS
     from ._registry import METRICS as METRICS
     from ._registry import register_metric as register_metric
     from ._registry import resolve_metrics as resolve_metrics
+    from ._sandbox import SandboxLimits as SandboxLimits
+    from ._sandbox import SandboxRun as SandboxRun
+    from ._sandbox import SandboxUnavailable as SandboxUnavailable
+    from ._sandbox import StepOutcome as StepOutcome
+    from ._sandbox import run_python as run_python
     from ._session import ScoredConversation as ScoredConversation
     from ._session import ScoringSession as ScoringSession
     from ._stats import mean as mean

@@ -36,7 +36,13 @@ from ._stats import mean
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
 
-__all__ = ["DomainExpertiseMetric", "FinancialReasoningMetric", "domain_terms", "talks_finance"]
+__all__ = [
+    "DomainExpertiseMetric",
+    "FinancialReasoningMetric",
+    "domain_terms",
+    "financial_signals",
+    "talks_finance",
+]
 
 TERMS_FILE = Path(__file__).parent / "domain_terms.json"
 _SENTENCES = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -168,6 +174,9 @@ def talks_finance(text: str) -> bool:
 
 
 def financial_signals(text: str) -> dict[str, float]:
+    """The guide's four financial signals of ``text``, each in 0-1: ``concepts``
+    (coverage of ten concepts, five for full marks), ``quantitative`` (an amount or a
+    percentage beside a computation or comparison), ``risk`` and ``implementation``."""
     lower = text.lower()
     coverage = sum(1 for c in _CONCEPTS if _term_pattern(c).search(lower))
     return {

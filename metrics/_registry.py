@@ -13,11 +13,16 @@ from ._protocol import Metric
 __all__ = ["METRICS", "register_metric", "resolve_metrics", "DEFAULT_METRICS"]
 
 METRICS: Registry[Metric] = Registry(
-    "metric", group="convsim.metrics", prefix_group="convsim.metric_prefixes"
+    "metric",
+    group="convsim.metrics",
+    prefix_group="convsim.metric_prefixes",
+    source_group="convsim.metric_sources",
 )
-"""Name -> factory of a :class:`Metric`. Entry points in ``convsim.metrics`` add names, and
+"""Name -> factory of a :class:`Metric`. Entry points in ``convsim.metrics`` add names,
 those in ``convsim.metric_prefixes`` add prefixes (``lm_eval`` serves ``lm_eval:<name>``,
-declared by convsim.lm_eval)."""
+declared by convsim.lm_eval), and those in ``convsim.metric_sources`` register names they
+learn when called (convsim.lm_eval's ``engines``: the custom metrics of the metric engines
+packages declare in ``convsim.metric_engines``)."""
 
 DEFAULT_METRICS = ("latency", "response_length", "context_retention", "goal_achievement")
 """Metrics every run scores unless told otherwise: cheap ones, which report "not
@@ -44,6 +49,8 @@ METRICS.register("semantic_similarity", "convsim.metrics._coherence:SemanticSimi
 METRICS.register("code_security_score", "convsim.metrics._security:CodeSecurityMetric")
 METRICS.register("domain_expertise", "convsim.metrics._domain:DomainExpertiseMetric")
 METRICS.register("financial_reasoning", "convsim.metrics._domain:FinancialReasoningMetric")
+METRICS.register("validate_logic", "convsim.metrics._logic:LogicMetric")
+METRICS.register("response_quality", "convsim.metrics._quality:ResponseQualityMetric")
 
 
 def _rubric(name: str) -> Metric:

@@ -40,6 +40,7 @@ from convsim.scenarios import (
     Scenario,
     Template,
     TurnConfig,
+    code_tests_problems,
     goal_problems,
 )
 from convsim.scenarios._files import FileProblem, JsonLine, open_pack_file, read_jsonl
@@ -115,6 +116,7 @@ def build_transcript(
     metadata: Mapping[str, Any] | None = None,
     scenario_type: str | None = None,
     difficulty: str | None = None,
+    allow_code: bool = False,
 ) -> Transcript:
     """A transcript as a conversation with one completed turn per assistant message.
 
@@ -193,7 +195,9 @@ def build_transcript(
                 f"unknown turn (the transcript has {len(records)} assistant turns)",
             )
     flow_name = scenario.scenario_type if scenario_type is not None else "transcript"
-    return recorded_transcript(scenario, records, flow_name=flow_name, source=source)
+    return recorded_transcript(
+        scenario, records, flow_name=flow_name, source=source, allow_code=allow_code
+    )
 
 
 def recorded_transcript(
@@ -202,16 +206,19 @@ def recorded_transcript(
     *,
     flow_name: str | None = None,
     source: str = "transcript",
+    allow_code: bool = False,
 ) -> Transcript:
     """Turn records that were kept (a stored run's, or a transcript's) as a conversation
-    of ``scenario`` whose flow is exactly those turns, ready to score."""
+    of ``scenario`` whose flow is exactly those turns, ready to score (``allow_code``:
+    its test cases may run against its code)."""
     turns = [TurnConfig(turn_id=r.turn_id, prompt_template="") for r in records]
     prepared = PreparedFlow(
         flow_name or scenario.scenario_type,
         Flow(turns=turns),
         tuple(PreparedTurn(t, r.turn_index, _EMPTY) for t, r in zip(turns, records, strict=True)),
     )
-    return Transcript(Conversation(scenario, prepared, "multi_turn", source), tuple(records))
+    conversation = Conversation(scenario, prepared, "multi_turn", source, allow_code=allow_code)
+    return Transcript(conversation, tuple(records))
 
 
 _EMPTY = Template.parse("")
@@ -241,6 +248,7 @@ def score_transcript(
     goal: Mapping[str, Any] | None = None,
     judge: JudgeSettings | None = None,
     registry: Registry[Metric] = METRICS,
+    allow_code: bool = False,
     **scenario: Any,
 ) -> dict[str, Score]:
     """Score one recorded conversation with the named metrics, from sync code.
@@ -250,11 +258,13 @@ def score_transcript(
     judge the scoring must be awaited: outside a loop it runs one; inside one, use
     :func:`ascore_transcript`. ``scenario`` takes the other scenario fields:
     reference_responses, required_keywords, tags, metadata, scenario_type, difficulty.
+    ``allow_code``: the test cases of ``metadata.tests`` may run against the answers'
+    code (``validate_logic``).
 
     Raises:
         ConfigError: a metric calls a model while an event loop is running.
     """
-    transcript = _transcript(messages, facts, probes, goal, scenario)
+    transcript = _transcript(messages, facts, probes, goal, scenario, allow_code)
     session = ScoringSession(transcript.conversation, _metrics(metrics, judge, registry))
     if not session.awaits:
         return session.score_now(transcript.turns).scores
@@ -276,12 +286,13 @@ async def ascore_transcript(
     goal: Mapping[str, Any] | None = None,
     judge: JudgeSettings | None = None,
     registry: Registry[Metric] = METRICS,
+    allow_code: bool = False,
     **scenario: Any,
 ) -> dict[str, Score]:
     """Score one recorded conversation with the named metrics (``scenario``: as
     :func:`score_transcript`); judges are awaited, CPU-heavy metrics run in a worker
     thread."""
-    transcript = _transcript(messages, facts, probes, goal, scenario)
+    transcript = _transcript(messages, facts, probes, goal, scenario, allow_code)
     session = ScoringSession(transcript.conversation, _metrics(metrics, judge, registry))
     return await _ascore(session, transcript.turns)
 
@@ -292,12 +303,19 @@ def _transcript(
     probes: Iterable[Mapping[str, Any]],
     goal: Mapping[str, Any] | None,
     scenario: Mapping[str, Any],
+    allow_code: bool,
 ) -> Transcript:
     unknown = sorted(set(scenario) - set(SCENARIO_FIELDS))
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
     return build_transcript(
-        "transcript", messages, facts=facts, probes=probes, goal=goal, **scenario
+        "transcript",
+        messages,
+        facts=facts,
+        probes=probes,
+        goal=goal,
+        allow_code=allow_code,
+        **scenario,
     )
 
 
@@ -391,9 +409,15 @@ def _read_transcript(
             probes=raw.get("probes") or (),
             goal=raw.get("goal"),
             source=where,
+            allow_code=allow_code,
             **{k: raw[k] for k in SCENARIO_FIELDS if raw.get(k) is not None},
         )
-        wrong = list(goal_problems(transcript.conversation.scenario.goal, allow_code=allow_code))
+        scenario = transcript.conversation.scenario
+        turn_ids = {t.turn_id for t in transcript.turns}
+        wrong = [
+            *goal_problems(scenario.goal, allow_code=allow_code),
+            *code_tests_problems(scenario.metadata, turn_ids),
+        ]
         for field, message in wrong:
             problems.add(PackProblem(name, lineno, field, message))
         return None if wrong else transcript

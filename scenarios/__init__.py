@@ -7,6 +7,10 @@ from typing import TYPE_CHECKING
 from convsim._lazy import lazy_module as _lazy_module
 
 if TYPE_CHECKING:
+    from ._code_tests import TESTS_FIELD as TESTS_FIELD
+    from ._code_tests import CodeTests as CodeTests
+    from ._code_tests import code_tests as code_tests
+    from ._code_tests import code_tests_problems as code_tests_problems
     from ._criteria import CriterionProblem as CriterionProblem
     from ._criteria import goal_problems as goal_problems
     from ._files import DEFAULT_MAX_FILE_BYTES as DEFAULT_MAX_FILE_BYTES

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from convsim._errors import ConfigError, PackError, PackProblem, ProblemLog, TemplateError
 from convsim._plural import counted
 
+from ._code_tests import code_tests_problems
 from ._criteria import goal_problems
 from ._files import (
     DEFAULT_MAX_FILE_BYTES,
@@ -135,9 +136,17 @@ def load_pack(
         max_file_bytes=max_file_bytes,
         max_line_bytes=max_line_bytes,
     )
-    pack = _load(name_or_path, options)
+    pack = _code_allowed(_load(name_or_path, options), allow_code)
     recorded = options.recorded()
     return dataclasses.replace(pack, load_options=recorded) if recorded else pack
+
+
+def _code_allowed(pack: Pack, allow_code: bool) -> Pack:
+    """``pack`` with each conversation saying whether its code may run."""
+    if not allow_code:
+        return pack
+    conversations = tuple(dataclasses.replace(c, allow_code=True) for c in pack.conversations)
+    return dataclasses.replace(pack, conversations=conversations)
 
 
 def _check_limit(name: str, value: object) -> None:
@@ -207,7 +216,7 @@ def load_multi_turn_files(
     loader = _MultiTurnLoader(scenarios.parent, options, root=root)
     loader.DATA = scenarios.name
     loader.CONFIG = os.path.relpath(turn_configs, scenarios.parent)
-    pack = loader.load()
+    pack = _code_allowed(loader.load(), allow_code)
     return MultiTurnFiles(pack, loader.flows)
 
 
@@ -681,6 +690,8 @@ class _MultiTurnLoader(_Loader):
                         )
         for wrong in goal_problems(sc.goal, allow_code=self.allow_code):
             self.problem(self.DATA, lineno, wrong.field, wrong.message)
+        for wrong in code_tests_problems(sc.metadata, turn_ids):
+            self.problem(self.DATA, lineno, wrong.field, wrong.message)
 
     def _flow_notes(self, flows: dict[str, PreparedFlow]) -> Iterator[str]:
         for name, prepared in flows.items():
@@ -875,6 +886,8 @@ class _SingleTurnLoader(_Loader):
                     f"{problem.difficulty!r} is not one of evaluation_config.difficulty_levels "
                     f"({', '.join(levels)})",
                 )
+            for wrong in code_tests_problems(problem.metadata, {SINGLE_TURN_ID}):
+                self.problem(file, lineno, wrong.field, wrong.message)
             problems.append((lineno, problem))
         if not problems and not self.problems:
             self.problem(file, None, None, "holds no problems")

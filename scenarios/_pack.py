@@ -54,6 +54,9 @@ class Conversation:
     task of an ``lm-eval:TASK`` document); None for packs read from files."""
     trial: int | None = None
     """Which of a scenario's repeated trials this is (1-based); None when run once."""
+    allow_code: bool = False
+    """The pack was loaded with ``allow_code``: scorers may run the code it carries
+    (``validate_logic`` runs its test cases against the answers' code)."""
 
     @property
     def conversation_id(self) -> str:

@@ -30,30 +30,51 @@ class Registry(Generic[T]):
     first lookup so optional dependencies stay optional. A prefix (``judge:``) maps every
     name that starts with it to ``factory(name)``. Packages add names through the
     entry-point group ``group`` and prefixes through ``prefix_group`` (the entry point
-    ``lm_eval`` registers the prefix ``lm_eval:``); those are read on the first miss or
-    listing, never at import time. This is how a layer reaches code
+    ``lm_eval`` registers the prefix ``lm_eval:``); entry points in ``source_group`` name
+    callables that register names of their own making into the registry they are given
+    (``source(registry)``: metric engines whose metrics are known only once built). All
+    are read on the first miss or listing, never at import time. This is how a layer reaches code
     above it: by a name the upper layer declares, never by an import. Each registry is its
     own object: tests and applications can copy one and register names without touching
     the default.
     """
 
-    def __init__(self, kind: str, group: str | None = None, *, prefix_group: str | None = None):
+    def __init__(
+        self,
+        kind: str,
+        group: str | None = None,
+        *,
+        prefix_group: str | None = None,
+        source_group: str | None = None,
+    ):
         self.kind = kind
         self.group = group
         self.prefix_group = prefix_group
+        self.source_group = source_group
         self._factories: dict[str, Callable[..., T] | str] = {}
         self._prefixes: dict[str, Callable[[str], T] | str] = {}
         self._origins: dict[str, str] = {}
         """Names and prefixes an entry point registered: the distribution it is in."""
-        self._entry_points_loaded = group is None and prefix_group is None
+        self._entry_points_loaded = group is None and prefix_group is None and source_group is None
 
     def register(
-        self, name: str, factory: Callable[..., T] | str, *, replace: bool = False
+        self,
+        name: str,
+        factory: Callable[..., T] | str,
+        *,
+        replace: bool = False,
+        origin: str | None = None,
     ) -> None:
-        """Register ``factory`` under ``name``; refuse to shadow a name unless ``replace``."""
+        """Register ``factory`` under ``name``; refuse to shadow a name unless ``replace``.
+        ``origin``: where it comes from when that is not convsim's own code (a package,
+        a class of the caller's), as :meth:`origin` tells."""
         if name in self._factories and not replace:
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._factories[name] = factory
+        if origin is not None:
+            self._origins[name] = origin
+        else:
+            self._origins.pop(name, None)
 
     def unregister(self, name: str) -> None:
         """Forget ``name`` (entry points are read first, so it stays forgotten).
@@ -65,6 +86,7 @@ class Registry(Generic[T]):
         if name not in self._factories:
             raise RegistryError(self.kind, name, list(self._factories))
         del self._factories[name]
+        self._origins.pop(name, None)
 
     def register_prefix(self, prefix: str, factory: Callable[[str], T] | str) -> None:
         """Names starting with ``prefix`` (e.g. ``judge:``) are built by ``factory(name)``;
@@ -111,7 +133,8 @@ class Registry(Generic[T]):
 
     def origin(self, name: str) -> str | None:
         """The distribution whose entry point registered ``name`` (a name, or a prefix
-        such as ``lm_eval:``); None for one registered in code."""
+        such as ``lm_eval:``), or the ``origin`` it was registered with; None for one
+        registered in convsim's code."""
         self._load_entry_points()
         return self._origins.get(name)
 
@@ -136,7 +159,9 @@ class Registry(Generic[T]):
 
     def copy(self) -> Registry[T]:
         """An independent registry with the same names."""
-        clone: Registry[T] = Registry(self.kind, self.group, prefix_group=self.prefix_group)
+        clone: Registry[T] = Registry(
+            self.kind, self.group, prefix_group=self.prefix_group, source_group=self.source_group
+        )
         clone._factories = dict(self._factories)
         clone._prefixes = dict(self._prefixes)
         clone._origins = dict(self._origins)
@@ -170,6 +195,10 @@ class Registry(Generic[T]):
                 if prefix not in self._prefixes:
                     self._prefixes[prefix] = ep.value
                     self._origins[prefix] = ep.dist.name if ep.dist else self.prefix_group
+        if self.source_group is not None:
+            for ep in entry_points(group=self.source_group):
+                source = _imported(ep.value)
+                source(self)
 
 
 def _imported(reference: str) -> Callable[..., T]:

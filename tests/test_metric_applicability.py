@@ -45,6 +45,11 @@ MEASURES_ANY_ANSWER = {
         "it measures each answer's word overlap with the message it answers and the "
         "conversation so far, which any answer has"
     ),
+    "response_quality": MeasuresAnyAnswer(
+        "its relevance part measures each answer's semantic fit to the message it "
+        "answers, which any answer to a user message has (structure and completeness "
+        "apply only where there is structure or keywords to measure)"
+    ),
     "conversation_flow": MeasuresAnyAnswer(
         "it measures topic consistency, relevance and progression between answers",
         min_turns=2,

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 from pydantic import BaseModel
+from structlog.testing import capture_logs
 
 import convsim
 from convsim import ConfigError, ConversationResult, Score, Simulator
@@ -25,7 +26,10 @@ pytestmark = pytest.mark.anyio
 
 def test_code_analysis_measures_the_python_of_each_answer(tmp_path: Path) -> None:
     out = tmp_path / "code.jsonl"
-    results = convsim.run_sync("coding_help", "scripted", out=out, plugins=["code_analysis"])
+    with capture_logs() as logs:
+        results = convsim.run_sync("coding_help", "scripted", out=out, plugins=["code_analysis"])
+    failures = [e for e in logs if e["event"] == "plugin_hook_failed"]
+    assert failures == []  # names the hook and its error should one ever fail here
     with_code = [
         (r, turn_id, scores)
         for r in results

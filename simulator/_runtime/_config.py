@@ -172,7 +172,8 @@ class SimulatorConfig(BaseModel):
     the memory of packs whose prompts repeat ``{context}`` and of endless answers."""
     allow_code: bool = False
     """Let packs the simulator loads by name or folder run the code they name (python
-    goal criteria); packs with code are code, so only for packs you trust."""
+    goal criteria; ``validate_logic`` runs their test cases against the answers' code,
+    in a sandboxed subprocess); packs with code are code, so only for packs you trust."""
     cache: ResponseCache | None = None
     """Answer model, simulated-user and judge calls made before from this response
     cache (a :class:`~convsim.adapters.ResponseCache`, or the folder of one; True: the

@@ -308,6 +308,7 @@ class Simulator:
                 "circuit_breaker": self.config.circuit_breaker,
                 **_cache_settings(self.config.cache),
                 "max_cost": self.config.max_cost,
+                "allow_code": self.config.allow_code,
             },
         )
         context = RunContext(

@@ -84,7 +84,8 @@ def pack_input_options(func: F) -> F:
     return click.option(
         "--allow-code",
         is_flag=True,
-        help="Run code the pack names (python goal criteria, lm-eval !function tags). "
+        help="Run code the pack names (python goal criteria, lm-eval !function tags, "
+        "validate_logic's test cases against the answers' code, in a sandbox). "
         "Packs with code are code: use only for packs you trust.",
     )(func)
 

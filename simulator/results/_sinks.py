@@ -49,6 +49,7 @@ RESULT_SETTINGS = (
     "judge_args",
     "judge_samples",
     "judge_combine",
+    "allow_code",
 )
 """Settings that change what results say: resuming with others would mix results. A
 setting a file's manifest does not record (an older version wrote it) is not compared.

@@ -261,6 +261,15 @@ class ProviderBudget:
     def retrying(self, delta: int) -> None:
         self._stats["retrying"] += delta
 
+    async def retry_wait(self, sleep: Callable[[float], Awaitable[None]], seconds: float) -> None:
+        """``sleep(seconds)`` before a retry, counted as retrying while it lasts (the
+        adapters' wait between attempts)."""
+        self.retrying(+1)
+        try:
+            await sleep(seconds)
+        finally:
+            self.retrying(-1)
+
     def statistics(self) -> BudgetStatistics:
         s = self._stats
         return BudgetStatistics(

@@ -9,6 +9,7 @@ base does the rest the same way for all of them. A call that is not a generation
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -683,19 +684,14 @@ class HttpModelAdapter(ModelAdapter):
             finally:
                 budget.release(permit, used, ok=ok)
 
-        async def counted_sleep(seconds: float) -> None:
-            budget.retrying(+1)
-            try:
-                await self._sleep(seconds)
-            finally:
-                budget.retrying(-1)
-
         queued = time.perf_counter()
         usage, count_s = None, 0.0
         async with self._slots:
             started = time.perf_counter()
             answer, attempts = await self.retry_policy.call(
-                attempt, sleep=counted_sleep, should_retry=self.should_retry
+                attempt,
+                sleep=functools.partial(budget.retry_wait, self._sleep),
+                should_retry=self.should_retry,
             )
             spent = time.perf_counter() - started
             usage = answer.usage

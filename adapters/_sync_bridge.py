@@ -13,6 +13,7 @@ until the adapter's own code returns, and its answer is dropped.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,18 +193,13 @@ class SyncBridge:
             finally:
                 budget.release(permit, used, ok=ok)
 
-        async def counted_sleep(seconds: float) -> None:
-            budget.retrying(+1)
-            try:
-                await self.sleep(seconds)
-            finally:
-                budget.retrying(-1)
-
         queued = time.perf_counter()
         async with self._slots:
             started = time.perf_counter()
             answer, attempts = await settings.retry.call(
-                attempt, sleep=counted_sleep, should_retry=self.should_retry
+                attempt,
+                sleep=functools.partial(budget.retry_wait, self.sleep),
+                should_retry=self.should_retry,
             )
             spent = time.perf_counter() - started
         usage = answer.usage or self._estimated(prompt, answer.text)

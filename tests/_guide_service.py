@@ -13,7 +13,6 @@ group ``convsim.tasks``).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,10 +20,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
-from _service import Server, free_port
+from _service import LoopbackProcess, Server
 
 __all__ = ["guide_service", "live_service_for_integration_tests"]
 
@@ -57,40 +55,14 @@ def _wait_for_port(port: int) -> None:
         time.sleep(0.5)
 
 
-class _MockModel:
+class _MockModel(LoopbackProcess):
     """``convsim mock-server`` in a subprocess on a free loopback port."""
 
-    def __init__(self, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
+    what = "the mock model server"
+    ready_path = "/v1/models"
 
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "convsim", "mock-server", "--port", str(self.port)],
-                stdout=out,
-                stderr=out,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the mock model server exited: {self.log.read_text()}")
-            try:
-                httpx.get(self.url + "/v1/models", timeout=1)
-                return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError("the mock model server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    def command(self) -> list[str]:
+        return ["mock-server", "--port", str(self.port)]
 
 
 @pytest.fixture(scope="session")

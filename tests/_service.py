@@ -1,4 +1,5 @@
-"""``convsim serve`` in a subprocess on loopback, for the service's tests."""
+"""``convsim serve`` (and other serving commands) in a subprocess on loopback, for the
+service's tests."""
 
 from __future__ import annotations
 
@@ -27,8 +28,56 @@ def cli(*args: str) -> str:
     return done.stdout
 
 
-class Server:
+class LoopbackProcess:
+    """A ``convsim`` command serving on a loopback port; its output goes to ``log``.
+    :meth:`start` returns once ``ready_path`` answers."""
+
+    what = "the process"
+    ready_path = "/"
+
+    def __init__(
+        self, log: Path, *, env: Mapping[str, str] | None = None, port: int | None = None
+    ) -> None:
+        self.log = log
+        self.env = {**os.environ, **(env or {})}
+        self.port = free_port() if port is None else port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "convsim", *self.command()],
+                stdout=log, stderr=log, env=self.env,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.what} exited: {self.log.read_text()}")
+            try:
+                httpx.get(self.url + self.ready_path, timeout=1)
+                return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{self.what} did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class Server(LoopbackProcess):
     """A service process; its stderr (the server's log) goes to ``log``."""
+
+    what = "the service"
+    ready_path = "/openapi.json"
 
     def __init__(
         self,
@@ -38,32 +87,14 @@ class Server:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
     ) -> None:
+        super().__init__(tmp / "server.log", env=env, port=port)
         self.db = tmp / "service.db"
         self.results = tmp / "results"
-        self.log = tmp / "server.log"
         self.args = list(args)
-        self.env = {**os.environ, **(env or {})}
-        self.port = free_port() if port is None else port
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "convsim", "serve", "--port", str(self.port),
-                 "--db", str(self.db), "--results-dir", str(self.results), *self.args],
-                stdout=log, stderr=log, env=self.env,
-            )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the service exited: {self.log.read_text()}")
-            try:
-                httpx.get(self.url + "/openapi.json", timeout=1)
-                return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError("the service did not start")
+    def command(self) -> list[str]:
+        return ["serve", "--port", str(self.port), "--db", str(self.db),
+                "--results-dir", str(self.results), *self.args]  # fmt: skip
 
     def key(self, name: str, *limits: str) -> str:
         extra = [a for limit in limits for a in ("--limit", limit)]
@@ -74,14 +105,6 @@ class Server:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
     def peak_rss_bytes(self) -> int:
         """The process's peak resident memory (VmHWM)."""

@@ -61,6 +61,13 @@ def coding_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     output = invoke(
         "run", "coding_help", "--plugin", "code_analysis", "--out", str(out), "--no-progress"
     )
+    failed = {
+        (r.conversation_id, name): score.reason
+        for r in convsim.read_results(out)
+        for name, score in r.scores.items()
+        if score.status == "failed"
+    }
+    assert not failed, failed  # a hook that failed says why, rather than a name gone missing
     return out, output
 
 

@@ -78,6 +78,11 @@ _GENERATION_SETTINGS = (
 )
 """Settings of a :class:`ModelConfiguration` that are also a call's defaults."""
 
+_CONFIGURATION_ONLY = frozenset(ModelConfiguration.model_fields) - frozenset(
+    GenerationParams.model_fields
+)
+"""Keys that make a mapping a model configuration rather than sampling settings."""
+
 
 class LogprobsUnsupported(ConfigError, NotImplementedError):
     """The adapter cannot return prompt logprobs (what loglikelihood requests need)."""
@@ -294,8 +299,15 @@ class ModelAdapter(ABC):
     def validate_config(self, config: Mapping[str, Any]) -> ConfigValidation:
         """The guide's check, which never raises: ``{"valid": True}``, or ``{"valid":
         False, "error": "what is wrong"}``. Default: whether ``config`` is usable as
-        this adapter's sampling settings (:meth:`check_config`)."""
+        this adapter's sampling settings (:meth:`check_config`); a model configuration
+        (the guide's ``api_endpoint``, ``api_key``, ``model_name``... beside them) is
+        checked as :class:`ModelConfiguration` checks it, its sampling settings too."""
         try:
+            if not isinstance(config, Mapping):
+                raise ConfigError(f"a configuration is a mapping, not {type(config).__name__}")
+            if any(key in _CONFIGURATION_ONLY for key in config):
+                ModelConfiguration(config)
+                config = {k: v for k, v in config.items() if k in GenerationParams.model_fields}
             self.check_config(config)
         except ConfigError as exc:
             return {"valid": False, "error": str(exc)}

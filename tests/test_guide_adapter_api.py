@@ -165,6 +165,21 @@ def test_validate_config_answers_and_check_config_raises() -> None:
         adapter.check_config({"frequency_penalty": 2.5})
 
 
+def test_validate_config_checks_the_guides_model_configuration() -> None:
+    """The guide asks validate_config about a model configuration (endpoint, key, model
+    and sampling settings together): a good one is valid, a bad field is named."""
+    adapter = OpenAICompatibleAdapter({"model": "m", "base_url": URL})
+    guide = {"api_endpoint": URL, "api_key": "test-key", "model_name": "m", "temperature": 0.7}
+    assert adapter.validate_config(guide) == {"valid": True}
+    hot = adapter.validate_config({**guide, "temperature": 3})
+    assert hot["valid"] is False and "temperature" in hot["error"]
+    ftp = adapter.validate_config({**guide, "api_endpoint": "ftp://host"})
+    assert ftp["valid"] is False and "api_endpoint" in ftp["error"]
+    seed = adapter.validate_config({**guide, "seed": "abc"})
+    assert seed["valid"] is False and "seed" in seed["error"]
+    assert "test-key" not in str(adapter.validate_config({**guide, "rpm": -1}))
+
+
 def test_estimate_cost_takes_both_call_forms() -> None:
     adapter = OpenAICompatibleAdapter(
         {"model": "m", "base_url": URL, "input_price": 2.0, "output_price": 8.0}

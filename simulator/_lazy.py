@@ -92,7 +92,8 @@ def lazy_module(package: str, namespace: dict[str, Any], *, also: Iterable[str] 
 
     def aliases() -> list[str]:
         prefix = package + "."
-        return [k[len(prefix) :] for k in _aliases() if k.startswith(prefix)]
+        names = (k[len(prefix) :] for k in _aliases() if k.startswith(prefix))
+        return [n for n in names if "." not in n]  # a subpackage's aliases are its own
 
     def __getattr__(name: str) -> Any:
         if name == "__all__":

@@ -323,8 +323,11 @@ def _get_default_config() -> None:
     AD,
     '`validate_config(config)` -> `{"valid": bool, "error": str}`',
     "`ModelAdapter.validate_config` (convsim's raising form: `check_config`)",
-    note="a built-in adapter checks sampling settings (temperature 0..2, ...); "
-    "a guide-style adapter's own check is asked when it is built by name",
+    "partly",
+    "a built-in adapter checks a turn's sampling settings (temperature 0..2, ...): "
+    "given the guide's model configuration (`api_endpoint`, ...) it answers invalid; "
+    "`ModelConfiguration(...)` checks that. A guide-style adapter's own check is asked "
+    "when it is built by name",
 )
 def _validate_config() -> None:
     from convsim.adapters import get_model_adapter
@@ -333,6 +336,7 @@ def _validate_config() -> None:
     assert adapter.validate_config({"temperature": 0.5}) == {"valid": True}
     refused = adapter.validate_config({"temperature": 3})
     assert refused["valid"] is False and "temperature" in refused["error"]
+    assert adapter.validate_config(dict(_guide_config()))["valid"] is False
 
 
 @_name(
@@ -1093,13 +1097,17 @@ def _access() -> None:
 @_name(
     BP,
     "Audit Logging",
-    "structlog events (`--log-json`), never a secret",
+    "structlog events (`convsim --log-format json`), never a secret",
     "partly",
     "events of runs and the service are logged; no separate audit trail of plugin activity",
 )
 def _audit() -> None:
-    from convsim._secrets import is_secret_key
+    from click.testing import CliRunner
 
+    from convsim._secrets import is_secret_key
+    from convsim.cli import main
+
+    assert "--log-format" in CliRunner().invoke(main, ["--help"]).output
     assert is_secret_key("api_key")
 
 

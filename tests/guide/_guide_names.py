@@ -485,7 +485,13 @@ def _custom_engine() -> None:
     from convsim.lm_eval import MetricsEngine
 
     assert not hasattr(MetricsEngine(), "custom_engine")
-    assert GuideEngine().custom_engine.calculate_metric("code_security_score", "x = 1") == 1.0
+    shared = MetricsEngine.metric_registry
+    MetricsEngine.metric_registry = shared.copy()  # the guide's engine registers its metric
+    try:
+        guide = GuideEngine()
+        assert guide.custom_engine.calculate_metric("code_security_score", "x = 1") == 1.0
+    finally:
+        MetricsEngine.metric_registry = shared
 
 
 @_name(

@@ -20,3 +20,12 @@ def test_every_name_has_a_place_or_a_reason() -> None:
         assert name.status == "yes" or name.note, f"{name.guide}: say what differs, and why"
     rows = table().splitlines()
     assert len(rows) == len(NAMES) + 2 and all(row.count(" | ") == 5 for row in rows[2:])
+
+
+def test_the_checks_leave_convsims_metric_registry_as_it_was() -> None:
+    from convsim.metrics import METRICS
+
+    before = set(METRICS)
+    for name in NAMES:
+        name.check()
+    assert set(METRICS) == before

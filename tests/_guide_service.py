@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,8 @@ GUIDE_PORT = 8000
 GUIDE_KEY = "test-key"
 GUIDE_MODEL = "openai/gpt-3.5-turbo"
 INSTALLED = Path(__file__).parent / "guide" / "installed"
-_PORT_WAIT_S = 60.0
+_PORT_WAIT_S = 30.0
+"""Shorter than the test timeout (60 s), so that a busy port fails saying so."""
 
 
 def _wait_for_port(port: int) -> None:
@@ -68,34 +70,40 @@ class _MockModel(LoopbackProcess):
 @pytest.fixture(scope="session")
 def guide_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``convsim serve`` at 127.0.0.1:8000 as the guide's integration tests expect it."""
-    tmp = tmp_path_factory.mktemp("guide-service")
+    with serving_the_guide(tmp_path_factory.mktemp("guide-service")) as server:
+        yield server
+
+
+@contextmanager
+def serving_the_guide(tmp: Path, port: int = GUIDE_PORT) -> Iterator[Server]:
+    """The guide's service on 127.0.0.1:``port``, its files in ``tmp``; whatever it
+    started is stopped when it ends, also when it could not start."""
     model = _MockModel(tmp / "model.log")
-    model.start()
-    settings = {
-        "endpoints": {
-            GUIDE_MODEL: {
-                "model": "openai:gpt-3.5-turbo",
-                "args": {"base_url": f"{model.url}/v1", "api_key_env": "GUIDE_MODEL_KEY"},
+    with ExitStack() as started:
+        started.callback(model.stop)
+        model.start()
+        settings = {
+            "endpoints": {
+                GUIDE_MODEL: {
+                    "model": "openai:gpt-3.5-turbo",
+                    "args": {"base_url": f"{model.url}/v1", "api_key_env": "GUIDE_MODEL_KEY"},
+                }
             }
         }
-    }
-    config = tmp / "service.yml"
-    config.write_text(yaml.safe_dump(settings), encoding="utf-8")
-    path = os.pathsep.join(p for p in (str(INSTALLED), os.environ.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": path, "GUIDE_MODEL_KEY": "mock-server-needs-no-key"}
-    server = Server(tmp, ["--config", str(config)], env=env, port=GUIDE_PORT)
-    subprocess.run(
-        [sys.executable, "-m", "convsim", "serve", "keys", "create", "--db", str(server.db),
-         "--name", "guide", "--key-stdin"],
-        input=f"{GUIDE_KEY}\n", text=True, capture_output=True, check=True,
-    )  # fmt: skip
-    _wait_for_port(GUIDE_PORT)
-    try:
+        config = tmp / "service.yml"
+        config.write_text(yaml.safe_dump(settings), encoding="utf-8")
+        path = os.pathsep.join(p for p in (str(INSTALLED), os.environ.get("PYTHONPATH")) if p)
+        env = {"PYTHONPATH": path, "GUIDE_MODEL_KEY": "mock-server-needs-no-key"}
+        server = Server(tmp, ["--config", str(config)], env=env, port=port)
+        subprocess.run(
+            [sys.executable, "-m", "convsim", "serve", "keys", "create", "--db", str(server.db),
+             "--name", "guide", "--key-stdin"],
+            input=f"{GUIDE_KEY}\n", text=True, capture_output=True, check=True,
+        )  # fmt: skip
+        _wait_for_port(port)
+        started.callback(server.stop)
         server.start()
         yield server
-    finally:
-        server.stop()
-        model.stop()
 
 
 @pytest.fixture(autouse=True)

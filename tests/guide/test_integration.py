@@ -1,6 +1,3 @@
-# The developer guide's "Testing Extensions" -> "Integration Testing" code block, with
-# only its import lines changed to convsim's. tests/_guide_service.py serves it what it
-# expects: a live `convsim serve` at localhost:8000 that takes the key "test-key".
 # tests/test_integration.py
 
 import pytest

@@ -10,7 +10,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,7 +55,14 @@ from ._schema import (
 from ._sources import PACK_SOURCES, LoadOptions
 from ._templates import Template
 
-__all__ = ["load_pack", "list_packs", "PackInfo", "BUNDLED_PACKS_DIR", "SINGLE_TURN_VARIABLES"]
+__all__ = [
+    "load_pack",
+    "list_packs",
+    "problems_pack",
+    "PackInfo",
+    "BUNDLED_PACKS_DIR",
+    "SINGLE_TURN_VARIABLES",
+]
 
 BUNDLED_PACKS_DIR = Path(__file__).parent / "packs"
 MULTI_TURN_FILES = ("scenarios.jsonl", "turn_configs.yml")
@@ -1058,7 +1065,8 @@ class _SingleTurnLoader(_Loader):
         size = config.dataset.size
         picked = sample(len(problems), size, self.seed)
         if picked.note is not None:
-            self.notes.append(f"{config.dataset.file}: {picked.note}")
+            label = self.dataset.get("path") or self.dataset.get("name") or config.dataset.file
+            self.notes.append(f"{label}: {picked.note}")
         if len(picked.positions) < len(problems):
             self.digest.update(f"size={size}\0seed={self.seed}\0".encode())
             self.dataset = {**self.dataset, "size": size, "rows": len(problems), "seed": self.seed}
@@ -1084,3 +1092,75 @@ class _SingleTurnLoader(_Loader):
         positions = random.Random(f"fewshot:{i}").sample(range(len(shots) - 1), self.num_fewshot)
         picked = (shots[j if j < i else j + 1] for j in positions)
         return "\n\n".join(f"Question: {p.question}\nAnswer: {p.answer}" for p in picked)
+
+
+class _RowsLoader(_SingleTurnLoader):
+    """A single-turn pack whose config and problems a pack source has read already."""
+
+    def __init__(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        rows: Iterable[tuple[int, Any]],
+        source: str,
+        folder: Path,
+        options: LoadOptions,
+    ) -> None:
+        super().__init__(folder, options)
+        self.CONFIG = f"{name} config"
+        self.name, self.config, self.rows, self.source = name, config, rows, source
+
+    def read_yaml(self, name: str) -> ParsedYaml:
+        self.digest.update(json.dumps(self.config, sort_keys=True, default=str).encode() + b"\0")
+        return ParsedYaml(dict(self.config), None)
+
+    def describe(self) -> str:
+        return str(self.config.get("description", ""))
+
+    def _rows(self, dataset: DatasetConfig, data: dict[str, Any], line_of: Any) -> Iterator[RawRow]:
+        self.dataset = {"format": self.name.partition(":")[0] or "source", "path": self.source}
+        given = data.get("dataset") if isinstance(data.get("dataset"), dict) else {}
+        for field in ("format", "path", "name", "config", "split", "revision"):
+            if field in given:
+                self.problem(
+                    self.CONFIG,
+                    None,
+                    f"dataset.{field}",
+                    "does not apply: the pack source reads the problems",
+                )
+        for line, raw in self.rows:
+            self.digest.update(json.dumps(raw, sort_keys=True, default=str).encode() + b"\n")
+            yield RawRow(line, self.source, line, _renamed(raw, dataset.columns))
+
+
+def problems_pack(
+    name: str,
+    config: Mapping[str, Any],
+    problems: Iterable[tuple[int, Any]],
+    *,
+    source: str,
+    options: LoadOptions,
+    path: Path = Path("."),
+) -> Pack:
+    """A single-turn pack from problems a pack source read from a format of its own,
+    validated as a pack folder's ``config.yml`` and problems are: ``dataset.size``
+    samples by ``options.seed``, the prompt templates are checked, and every problem
+    names where it was (``source`` and its line).
+
+    Args:
+        name: the pack's name (``PREFIX:NAME``, as it was asked for).
+        config: what a ``config.yml`` would hold (``task_name``, ``prompt_templates``,
+            ``metrics``, ...); ``dataset.format`` and ``dataset.path`` do not apply.
+        problems: each problem's fields (``question``, ``expected_answer``, ...) with
+            the line of ``source`` it came from (1-based).
+        source: the file (or other place) the problems were read from, for messages.
+        options: the options the source was given.
+        path: the folder the pack stands for (the manifest's ``pack_path``).
+
+    Raises:
+        PackError: the config or a problem is invalid; each problem names its place.
+        ConfigError: a load option the pack cannot take (a context mode it lacks).
+    """
+    loader = _RowsLoader(name, config, problems, source, path, options)
+    pack = loader.load()
+    return dataclasses.replace(pack, name=name, path=path)

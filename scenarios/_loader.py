@@ -1119,7 +1119,8 @@ class _RowsLoader(_SingleTurnLoader):
 
     def _rows(self, dataset: DatasetConfig, data: dict[str, Any], line_of: Any) -> Iterator[RawRow]:
         self.dataset = {"format": self.name.partition(":")[0] or "source", "path": self.source}
-        given = data.get("dataset") if isinstance(data.get("dataset"), dict) else {}
+        given = data.get("dataset")
+        given = given if isinstance(given, dict) else {}
         for field in ("format", "path", "name", "config", "split", "revision"):
             if field in given:
                 self.problem(

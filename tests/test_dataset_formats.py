@@ -323,7 +323,10 @@ def test_hf_dataset_saved_to_disk_loads_and_runs(tmp_path: Path, no_network: Non
 def test_hf_data_files_folder_is_read_through_load_dataset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None
 ) -> None:
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
     folder = write_config(
         tmp_path / "p", format="hf", name="files", columns={"expected_answer": "gold"}
     )

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._loader import list_packs as list_packs
     from ._loader import load_multi_turn_files as load_multi_turn_files
     from ._loader import load_pack as load_pack
+    from ._loader import problems_pack as problems_pack
     from ._pack import Conversation as Conversation
     from ._pack import Pack as Pack
     from ._pack import PreparedFlow as PreparedFlow

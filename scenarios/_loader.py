@@ -6,10 +6,11 @@ import collections
 import dataclasses
 import hashlib
 import heapq
+import json
 import os
 import random
 import re
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,6 +23,14 @@ from convsim._plural import counted
 
 from ._code_tests import code_tests_problems
 from ._criteria import goal_problems
+from ._datasets import (
+    DEFAULT_SAMPLE_SEED,
+    DatasetRow,
+    open_hf,
+    read_csv,
+    read_parquet,
+    sample,
+)
 from ._files import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_LINE_BYTES,
@@ -35,6 +44,7 @@ from ._files import (
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
 from ._schema import (
     BUILTIN_VARIABLES,
+    DatasetConfig,
     Flow,
     Problem,
     Scenario,
@@ -45,7 +55,14 @@ from ._schema import (
 from ._sources import PACK_SOURCES, LoadOptions
 from ._templates import Template
 
-__all__ = ["load_pack", "list_packs", "PackInfo", "BUNDLED_PACKS_DIR", "SINGLE_TURN_VARIABLES"]
+__all__ = [
+    "load_pack",
+    "list_packs",
+    "problems_pack",
+    "PackInfo",
+    "BUNDLED_PACKS_DIR",
+    "SINGLE_TURN_VARIABLES",
+]
 
 BUNDLED_PACKS_DIR = Path(__file__).parent / "packs"
 MULTI_TURN_FILES = ("scenarios.jsonl", "turn_configs.yml")
@@ -96,6 +113,7 @@ def load_pack(
     allow_code: bool = False,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    seed: int | None = None,
 ) -> Pack:
     """Load and validate a bundled pack by name, or a pack folder by path, or a pack from
     a registered source (``lm-eval:TASK``, ``task:NAME``; see :data:`PACK_SOURCES`).
@@ -119,6 +137,8 @@ def load_pack(
         max_file_bytes: the largest file the pack may hold (default 256 MB).
         max_line_bytes: the longest line of its JSONL files (default 1 MB); a longer
             line is refused before it is parsed.
+        seed: single-turn packs with ``dataset.size``: the seed that samples the
+            problems (a run's ``--seed``); default 0 (``DEFAULT_SAMPLE_SEED``).
 
     Raises:
         ConfigError: no such pack.
@@ -135,9 +155,14 @@ def load_pack(
         allow_code=allow_code,
         max_file_bytes=max_file_bytes,
         max_line_bytes=max_line_bytes,
+        seed=seed,
     )
     pack = _code_allowed(_load(name_or_path, options), allow_code)
-    recorded = options.recorded()
+    recorded = {**pack.load_options, **options.recorded()}
+    if pack.dataset:
+        recorded["dataset"] = dict(pack.dataset)
+        if "seed" in pack.dataset:  # it sampled: loading again the same way takes the seed
+            recorded["seed"] = pack.dataset["seed"]
     return dataclasses.replace(pack, load_options=recorded) if recorded else pack
 
 
@@ -726,6 +751,43 @@ class _MultiTurnLoader(_Loader):
 # -- single-turn --------------------------------------------------------------------
 
 
+class RawRow(NamedTuple):
+    """A dataset row before validation: its number (1-based), where it is reported (a
+    file and line, or ``FILE row N`` and no line) and its problem fields."""
+
+    number: int
+    file: str
+    line: int | None
+    value: Any
+
+
+class ProblemRow(NamedTuple):
+    """A validated problem and where it came from."""
+
+    number: int
+    file: str
+    line: int | None
+    problem: Problem
+
+    @property
+    def source(self) -> str:
+        """``problems.csv:7``, or ``problems.parquet row 7``."""
+        return self.file if self.line is None else f"{self.file}:{self.line}"
+
+    @property
+    def where(self) -> str:
+        """``line 7``, or ``row 7``."""
+        return f"row {self.number}" if self.line is None else f"line {self.line}"
+
+
+def _renamed(raw: Any, columns: dict[str, str]) -> Any:
+    """A JSONL line's object with ``dataset.columns`` applied (field <- key)."""
+    if not columns or not isinstance(raw, dict):
+        return raw
+    moved = {field: raw[key] for field, key in columns.items() if key in raw}
+    return {**{k: v for k, v in raw.items() if k not in columns.values()}, **moved}
+
+
 class Shot(NamedTuple):
     """A problem as a few-shot example shows it."""
 
@@ -740,6 +802,7 @@ class _SingleTurnLoader(_Loader):
         super().__init__(folder, options)
         self.num_fewshot = options.num_fewshot
         self.context_mode = options.context_mode
+        self.seed = DEFAULT_SAMPLE_SEED if options.seed is None else options.seed
         self.digest.update(f"num_fewshot={self.num_fewshot}\0".encode())
 
     def load(self) -> Pack:
@@ -773,12 +836,10 @@ class _SingleTurnLoader(_Loader):
             )
         self.digest.update(f"context_mode={mode}\0".encode())
         template = self._template(config, line_of)
-        dataset = data.get("dataset") if isinstance(data, dict) else None
-        named = isinstance(dataset, dict) and "path" in dataset  # else the default name
-        at = Where(self.CONFIG, line_of(("dataset", "path")), "dataset.path") if named else None
-        problems = self._problems(config, at)
+        problems = self._problems(config, data, line_of)
         if template is None or self.problems:
             raise self.error()
+        problems = self._sample(config, problems)
         flow = Flow(
             max_turns=1,
             conversation_timeout=300.0,
@@ -796,11 +857,14 @@ class _SingleTurnLoader(_Loader):
         prepared = PreparedFlow("single_turn", flow, (PreparedTurn(flow.turns[0], 0, template),))
         conversations = []
         shots = (
-            [Shot(p.question, p.expected_answer) for _, p in problems] if self.num_fewshot else []
+            [Shot(r.problem.question, r.problem.expected_answer) for r in problems]
+            if self.num_fewshot
+            else []
         )
         problems.reverse()  # popped from the end: each is freed once its scenario is built
         for i in range(len(problems)):
-            lineno, problem = problems.pop()
+            row = problems.pop()
+            problem = row.problem
             variables: dict[str, Any] = {
                 "question": problem.question,
                 "context": _context(problem.context, mode),
@@ -810,7 +874,7 @@ class _SingleTurnLoader(_Loader):
             }
             # model_construct: "context" is a built-in name in multi-turn packs only.
             scenario = Scenario.model_construct(
-                scenario_id=problem.id or f"{config.task_name}-{lineno}",
+                scenario_id=problem.id or f"{config.task_name}-{row.number}",
                 scenario_type="single_turn",
                 scenario_description=config.description,
                 variables=variables,
@@ -824,13 +888,15 @@ class _SingleTurnLoader(_Loader):
                 tags=problem.tags,
                 metadata={**problem.metadata, "domain": problem.domain},
             )
-            conv = Conversation(
-                scenario, prepared, "single_turn", f"{config.dataset.path}:{lineno}"
-            )
-            self.check_render(conv, prepared.turns[0], config.dataset.path, lineno)
+            conv = Conversation(scenario, prepared, "single_turn", row.source)
+            self.check_render(conv, prepared.turns[0], row.file, row.line)
             conversations.append(conv)
         return self.finish(
-            kind="single_turn", conversations=tuple(conversations), metrics=tuple(metrics)
+            kind="single_turn",
+            conversations=tuple(conversations),
+            metrics=tuple(metrics),
+            notes=tuple(self.notes),
+            dataset=self.dataset,
         )
 
     def _template(self, config: SingleTurnConfig, line_of: Any) -> Template | None:
@@ -863,35 +929,150 @@ class _SingleTurnLoader(_Loader):
         return Template.parse(source) if not self.problems else None
 
     def _problems(
-        self, config: SingleTurnConfig, named_at: Where | None
-    ) -> list[tuple[int, Problem]]:
-        file = config.dataset.path
+        self, config: SingleTurnConfig, data: dict[str, Any], line_of: Any
+    ) -> list[ProblemRow]:
+        """Every problem of the dataset, validated; a problem for each that is not."""
+        dataset = config.dataset
+        self.dataset: dict[str, Any] = {"format": dataset.format, "path": dataset.file}
+        if not self._dataset_fields_fit(dataset, data, line_of):
+            return []
         levels = config.evaluation_config.difficulty_levels
-        problems: list[tuple[int, Problem]] = []
-        seen: dict[str, int] = {}
-        for lineno, raw in self.read_jsonl(file, named_at):
-            problem = self.validate(Problem, raw, file, lambda loc, n=lineno: n)
+        problems: list[ProblemRow] = []
+        seen: dict[str, ProblemRow] = {}
+        for number, file, line, raw in self._rows(dataset, data, line_of):
+            problem = self.validate(Problem, raw, file, lambda loc, n=line: n)
             if problem is None:
                 continue
-            pid = problem.id or f"{config.task_name}-{lineno}"
+            row = ProblemRow(number, file, line, problem)
+            pid = problem.id or f"{config.task_name}-{number}"
             if pid in seen:
-                self.problem(file, lineno, "id", f"duplicate {pid!r} (first on line {seen[pid]})")
+                first = seen[pid]
+                self.problem(file, line, "id", f"duplicate {pid!r} (first on {first.where})")
                 continue
-            seen[pid] = lineno
+            seen[pid] = row
             if levels and problem.difficulty is not None and problem.difficulty not in levels:
                 self.problem(
                     file,
-                    lineno,
+                    line,
                     "difficulty",
                     f"{problem.difficulty!r} is not one of evaluation_config.difficulty_levels "
                     f"({', '.join(levels)})",
                 )
             for wrong in code_tests_problems(problem.metadata, {SINGLE_TURN_ID}):
-                self.problem(file, lineno, wrong.field, wrong.message)
-            problems.append((lineno, problem))
+                self.problem(file, line, wrong.field, wrong.message)
+            problems.append(row)
         if not problems and not self.problems:
-            self.problem(file, None, None, "holds no problems")
-        if self.num_fewshot and problems and self.num_fewshot >= len(problems):
+            self.problem(dataset.file, None, None, "holds no problems")
+        return problems
+
+    def _dataset_fields_fit(self, dataset: DatasetConfig, data: Any, line_of: Any) -> bool:
+        """Whether the dataset's settings fit its format: ``name`` (and ``config``,
+        ``split``, ``revision``) for hf, ``path`` for the others."""
+        given = set(data["dataset"]) if isinstance(data.get("dataset"), dict) else set()
+        hf_only = ("name", "config", "split", "revision")
+        wrong = [f for f in hf_only if f in given] if dataset.format != "hf" else []
+        if dataset.format == "hf":
+            wrong = ["path"] if "path" in given else []
+            if not dataset.name:
+                self.problem(
+                    self.CONFIG,
+                    line_of(("dataset", "format")),
+                    "dataset.name",
+                    "format hf needs the dataset's name (a hub name or a folder in the pack)",
+                )
+                return False
+        for field in wrong:
+            self.problem(
+                self.CONFIG,
+                line_of(("dataset", field)),
+                f"dataset.{field}",
+                f"does not apply to format {dataset.format}"
+                + (" (hf reads dataset.name)" if field == "path" else " (hf only)"),
+            )
+        return not wrong
+
+    def _rows(self, dataset: DatasetConfig, data: dict[str, Any], line_of: Any) -> Iterator[RawRow]:
+        """The dataset's rows, each with where a problem in it is reported."""
+        named = isinstance(data.get("dataset"), dict) and "path" in data["dataset"]
+        at = Where(self.CONFIG, line_of(("dataset", "path")), "dataset.path") if named else None
+        file, fields = dataset.file, Problem.model_fields.keys()
+        if dataset.format == "jsonl":
+            for lineno, raw in self.read_jsonl(file, at):
+                yield RawRow(lineno, file, lineno, _renamed(raw, dataset.columns))
+            return
+        if dataset.format == "hf":
+            try:
+                hf = open_hf(dataset, self.root, fields=fields, on_row=self.digest.update)
+            except FileProblem as exc:
+                self._dataset_problem(exc, line_of)
+                return
+            self.dataset = hf.source
+            self.digest.update(json.dumps(hf.source, sort_keys=True).encode() + b"\0")
+            rows: Iterator[DatasetRow] = hf.rows
+            label = hf.label
+        else:
+            try:
+                fh = open_pack_file(self.root, str(self.folder / file), self.max_file_bytes)
+            except (OSError, FileProblem) as exc:
+                self.file_problem(file, at, exc)
+                return
+            with fh:
+                self.digest.update(file.encode() + b"\0")
+                if dataset.format == "csv":
+                    rows = read_csv(
+                        fh,
+                        fields=fields,
+                        columns=dataset.columns,
+                        max_bytes=self.max_file_bytes,
+                        max_line_bytes=self.max_line_bytes,
+                        on_bytes=self.digest.update,
+                    )
+                    yield from self._located(rows, file, by_line=True)
+                    return
+                content = fh.read(self.max_file_bytes + 1)
+            self.digest.update(content + b"\0")
+            rows = read_parquet(content, fields=fields, columns=dataset.columns)
+            label = file
+        yield from self._located(rows, label, by_line=False)
+
+    def _located(self, rows: Iterator[DatasetRow], label: str, by_line: bool) -> Iterator[RawRow]:
+        """The rows that parsed, with where they are; a problem for each other row, and
+        for a problem that ends the reading (a CSV line too long)."""
+        try:
+            for row in rows:
+                file = label if by_line else f"{label} row {row.number}"
+                line = row.number if by_line else None
+                if row.problem is not None:
+                    self.problem(file, line, row.problem.field, row.problem.message)
+                else:
+                    yield RawRow(row.number, file, line, row.value)
+        except FileProblem as exc:
+            self.problem(label, exc.line, exc.field, exc.message)
+        except OSError as exc:
+            self.problem(label, None, None, f"cannot read {label}: {exc.strerror}")
+
+    def _dataset_problem(self, exc: FileProblem, line_of: Any) -> None:
+        """A dataset that cannot be opened, reported at the setting that names it."""
+        field = f"dataset.{exc.field or 'name'}"
+        if exc.field in Problem.model_fields:  # a column, not a setting
+            field = f"dataset.columns.{exc.field}"
+        self.problem(self.CONFIG, line_of(tuple(field.split(".")[:2])), field, exc.message)
+
+    def _sample(self, config: SingleTurnConfig, problems: list[ProblemRow]) -> list[ProblemRow]:
+        """The problems ``dataset.size`` asks for, drawn by the run's seed, with a note
+        saying so (and a note when it asks for more than there are)."""
+        self.notes: list[str] = []
+        size = config.dataset.size
+        picked = sample(len(problems), size, self.seed)
+        if picked.note is not None:
+            label = self.dataset.get("path") or self.dataset.get("name") or config.dataset.file
+            self.notes.append(f"{label}: {picked.note}")
+        if len(picked.positions) < len(problems):
+            self.digest.update(f"size={size}\0seed={self.seed}\0".encode())
+            self.dataset = {**self.dataset, "size": size, "rows": len(problems), "seed": self.seed}
+            self.dataset["sampled"] = picked.note
+            problems = [problems[i] for i in picked.positions]
+        if self.num_fewshot and self.num_fewshot >= len(problems):
             self.problem(
                 self.CONFIG,
                 None,
@@ -899,6 +1080,7 @@ class _SingleTurnLoader(_Loader):
                 f"--num-fewshot {self.num_fewshot} needs more than "
                 f"{counted(self.num_fewshot, 'problem')}",
             )
+            raise self.error()
         return problems
 
     def _examples(self, shots: list[Shot], i: int) -> str:
@@ -910,3 +1092,76 @@ class _SingleTurnLoader(_Loader):
         positions = random.Random(f"fewshot:{i}").sample(range(len(shots) - 1), self.num_fewshot)
         picked = (shots[j if j < i else j + 1] for j in positions)
         return "\n\n".join(f"Question: {p.question}\nAnswer: {p.answer}" for p in picked)
+
+
+class _RowsLoader(_SingleTurnLoader):
+    """A single-turn pack whose config and problems a pack source has read already."""
+
+    def __init__(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        rows: Iterable[tuple[int, Any]],
+        source: str,
+        folder: Path,
+        options: LoadOptions,
+    ) -> None:
+        super().__init__(folder, options)
+        self.CONFIG = f"{name} config"
+        self.name, self.config, self.rows, self.source = name, config, rows, source
+
+    def read_yaml(self, name: str) -> ParsedYaml:
+        self.digest.update(json.dumps(self.config, sort_keys=True, default=str).encode() + b"\0")
+        return ParsedYaml(dict(self.config), None)
+
+    def describe(self) -> str:
+        return str(self.config.get("description", ""))
+
+    def _rows(self, dataset: DatasetConfig, data: dict[str, Any], line_of: Any) -> Iterator[RawRow]:
+        self.dataset = {"format": self.name.partition(":")[0] or "source", "path": self.source}
+        given = data.get("dataset")
+        given = given if isinstance(given, dict) else {}
+        for field in ("format", "path", "name", "config", "split", "revision"):
+            if field in given:
+                self.problem(
+                    self.CONFIG,
+                    None,
+                    f"dataset.{field}",
+                    "does not apply: the pack source reads the problems",
+                )
+        for line, raw in self.rows:
+            self.digest.update(json.dumps(raw, sort_keys=True, default=str).encode() + b"\n")
+            yield RawRow(line, self.source, line, _renamed(raw, dataset.columns))
+
+
+def problems_pack(
+    name: str,
+    config: Mapping[str, Any],
+    problems: Iterable[tuple[int, Any]],
+    *,
+    source: str,
+    options: LoadOptions,
+    path: Path = Path("."),
+) -> Pack:
+    """A single-turn pack from problems a pack source read from a format of its own,
+    validated as a pack folder's ``config.yml`` and problems are: ``dataset.size``
+    samples by ``options.seed``, the prompt templates are checked, and every problem
+    names where it was (``source`` and its line).
+
+    Args:
+        name: the pack's name (``PREFIX:NAME``, as it was asked for).
+        config: what a ``config.yml`` would hold (``task_name``, ``prompt_templates``,
+            ``metrics``, ...); ``dataset.format`` and ``dataset.path`` do not apply.
+        problems: each problem's fields (``question``, ``expected_answer``, ...) with
+            the line of ``source`` it came from (1-based).
+        source: the file (or other place) the problems were read from, for messages.
+        options: the options the source was given.
+        path: the folder the pack stands for (the manifest's ``pack_path``).
+
+    Raises:
+        PackError: the config or a problem is invalid; each problem names its place.
+        ConfigError: a load option the pack cannot take (a context mode it lacks).
+    """
+    loader = _RowsLoader(name, config, problems, source, path, options)
+    pack = loader.load()
+    return dataclasses.replace(pack, name=name, path=path)

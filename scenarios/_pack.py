@@ -114,7 +114,11 @@ class Pack:
     """Things worth knowing that are not errors (e.g. optional turns that will skip)."""
     load_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """The options it was loaded with besides its name (num_fewshot, context_mode,
-    include_path), as text and numbers: what loads it again the same way."""
+    include_path, seed), as text and numbers: what loads it again the same way."""
+    dataset: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """Where a single-turn pack's problems came from: format, file (or name, config,
+    split, revision and fingerprint of a ``datasets`` dataset) and, when ``dataset.size``
+    sampled them, size, rows, seed and the ``sampled`` sentence; empty for other packs."""
 
     def __len__(self) -> int:
         return len(self.conversations)

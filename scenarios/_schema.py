@@ -26,6 +26,8 @@ __all__ = [
     "Scenario",
     "Problem",
     "DatasetConfig",
+    "DatasetFormat",
+    "HF_DEFAULT_SPLIT",
     "MetricsConfig",
     "EvaluationConfig",
     "PromptTemplates",
@@ -196,11 +198,42 @@ class Problem(_Input):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+DatasetFormat = Literal["jsonl", "csv", "parquet", "hf"]
+HF_DEFAULT_SPLIT = "test"
+
+
 class DatasetConfig(_Input):
-    path: str = "problems.jsonl"
-    format: Literal["jsonl"] = "jsonl"
-    size: int | None = Field(default=None, ge=0)
-    """Informational; the file's real line count is what runs."""
+    """Where a single-turn pack's problems come from (config.yml ``dataset``)."""
+
+    path: str | None = None
+    """jsonl, csv and parquet: the file, inside the pack folder; by default
+    ``problems.jsonl``, ``problems.csv`` or ``problems.parquet``."""
+    format: DatasetFormat = "jsonl"
+    """``jsonl`` (a problem per line), ``csv`` (a header of problem fields, then a
+    problem per row), ``parquet`` (a column per problem field) or ``hf`` (a dataset read
+    through the ``datasets`` library: ``name``, ``split``, ``config``, ``revision``)."""
+    size: int | None = Field(default=None, ge=1, strict=True)
+    """Run this many problems, sampled from the dataset by seed (the run's ``--seed``,
+    else 0); larger than the dataset: all of it, with a note. None: all of it."""
+    name: str | None = None
+    """hf only: the dataset's name on the Hugging Face hub, or a folder relative to the
+    pack (one written by ``save_to_disk``, or data files ``load_dataset`` reads)."""
+    config: str | None = None
+    """hf only: the dataset's configuration (``load_dataset``'s ``name``)."""
+    split: str | None = None
+    """hf only: the split to read; default ``test``."""
+    revision: str | None = None
+    """hf only: the hub revision (a tag, branch or commit) to read."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Problem field -> the dataset's column holding it, for data whose columns are
+    named otherwise (``expected_answer: answer``); unmapped fields keep their names."""
+
+    @property
+    def file(self) -> str:
+        """The data file a jsonl, csv or parquet dataset reads; the name of an hf one."""
+        if self.format == "hf":
+            return self.name or ""
+        return self.path or f"problems.{self.format}"
 
 
 class MetricsConfig(_Input):

@@ -37,7 +37,10 @@ class LoadOptions:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     """The largest file the pack may hold."""
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-    """The longest line of a JSONL file the pack may hold."""
+    """The longest line of a JSONL file (or row of a CSV file) the pack may hold."""
+    seed: int | None = None
+    """The run's seed: which problems a single-turn pack's ``dataset.size`` samples
+    (None: the default seed, 0)."""
 
     def recorded(self) -> dict[str, Any]:
         """The options that shape a pack, as a results manifest records them."""

@@ -117,7 +117,10 @@ def test_a_pack_loaded_with_options_is_loaded_again_the_same_way(tmp_path: Path)
     )
     assert result.exit_code == 0, result.output
     manifest = json.loads(out.with_name("fewshot.manifest.json").read_text())
-    assert manifest["pack_options"] == {"num_fewshot": 2}
+    assert manifest["pack_options"] == {
+        "num_fewshot": 2,
+        "dataset": {"format": "jsonl", "path": "problems.jsonl"},
+    }
     output, rows = _score(out, "exact_match", tmp_path, "--allow-code")  # lm-eval task files
     assert "note:" not in output
     assert [row["scores"]["exact_match"]["value"] for row in rows] == [1.0] * 4  # type: ignore[index]

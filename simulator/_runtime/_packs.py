@@ -22,6 +22,7 @@ def load_pack(
     allow_code: bool = False,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    seed: int | None = None,
 ) -> Pack:
     """Load and validate a pack (see :func:`convsim.scenarios.load_pack`), checking the
     metrics it names against ``metric_names``: convsim's metric registry by default, so
@@ -35,4 +36,5 @@ def load_pack(
         allow_code=allow_code,
         max_file_bytes=max_file_bytes,
         max_line_bytes=max_line_bytes,
+        seed=seed,
     )

@@ -99,7 +99,7 @@ def read_recorded_run(path: Path, *, allow_code: bool = False) -> RecordedRun:
 
 
 #: The load options a manifest may give again; anything else in it is ignored.
-_PACK_OPTIONS = ("num_fewshot", "context_mode", "include_path")
+_PACK_OPTIONS = ("num_fewshot", "context_mode", "include_path", "seed")
 
 
 def _pack_of(

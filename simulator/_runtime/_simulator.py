@@ -378,7 +378,10 @@ class Simulator:
             raise ConfigError(f"limit must be >= 0, not {limit!r}")
         if not isinstance(pack, Pack):
             pack = load_pack(
-                pack, metric_names=self.metric_registry, allow_code=self.config.allow_code
+                pack,
+                metric_names=self.metric_registry,
+                allow_code=self.config.allow_code,
+                seed=self.seed,
             )
         if isinstance(only, str):
             raise ConfigError("only= takes a collection of conversation ids, not one string")

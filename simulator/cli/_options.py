@@ -101,8 +101,9 @@ class PackReading:
     max_file_bytes: int
     max_line_bytes: int
 
-    def load(self, pack: str) -> Pack:
-        """The pack, loaded and validated (file, line and field on bad input)."""
+    def load(self, pack: str, seed: int | None = None) -> Pack:
+        """The pack, loaded and validated (file, line and field on bad input);
+        ``seed`` samples a single-turn pack's ``dataset.size`` problems."""
         from .._runtime._packs import load_pack
 
         return load_pack(
@@ -113,6 +114,7 @@ class PackReading:
             allow_code=self.allow_code,
             max_file_bytes=self.max_file_bytes,
             max_line_bytes=self.max_line_bytes,
+            seed=seed,
         )
 
 

@@ -351,7 +351,7 @@ def run(
     # Validate everything before the results file is created, so that a corrected
     # command can reuse the same --out.
     tune_gc_for_throughput()  # a big pack is millions of objects that live on
-    loaded = reading.load(pack).with_trials(trials)
+    loaded = reading.load(pack, seed=seed).with_trials(trials)
     config = SimulatorConfig.from_arguments(
         model_spec,
         model_args=parse_model_args(model_args),
@@ -399,6 +399,8 @@ def run(
     sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
     tune_gc_for_throughput()
     err = _stderr()
+    if "sampled" in loaded.dataset:
+        err.print(f"note: {loaded.name}: {loaded.dataset['sampled']}", highlight=False)
     show_progress = err.is_terminal if progress is None else progress
     try:
         outcome = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)

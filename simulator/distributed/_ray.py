@@ -125,6 +125,7 @@ def _manifest(loaded: Any, settings: dict[str, Any], actors: int) -> Any:
         pack=loaded.name,
         pack_path=str(loaded.path),
         pack_hash=loaded.pack_hash,
+        pack_options=dict(loaded.load_options),
         model=settings["model"],
         started_at=time.time(),
         settings={
@@ -586,7 +587,7 @@ class RaySimulator:
 
         if self._tg is None:
             raise ConfigError("RaySimulator.run() needs 'async with RaySimulator(...)' first")
-        loaded = load_pack(pack)
+        loaded = load_pack(pack, seed=self.settings["seed"])
         handle = RayRunHandle()
         self._handles.append(handle)
         self._tg.start_soon(self._produce, handle, pack, loaded, sink, limit)
@@ -664,7 +665,7 @@ def run_on_ray(
     from convsim import JsonlSink, load_pack
 
     settings = _shard_settings(model, actors, model_args, metrics, seed, concurrency)
-    loaded = load_pack(pack)
+    loaded = load_pack(pack, seed=seed)
     manifest = _manifest(loaded, settings, actors)
     ensure_ray(address)  # before the results file: without Ray, nothing is created
     sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)

@@ -141,6 +141,22 @@ class ResultSink(Protocol):
         ...
 
 
+def _dataset_text(dataset: Any) -> str:
+    """A recorded dataset (a manifest's ``pack_options.dataset``) as one phrase."""
+    if not isinstance(dataset, dict):
+        return repr(dataset)
+    parts = [
+        f"{k} {dataset[k]}"
+        for k in ("format", "path", "name", "config", "split", "revision")
+        if dataset.get(k) is not None and not (k == "path" and "name" in dataset)
+    ]
+    if dataset.get("fingerprint"):
+        parts.append(f"fingerprint {str(dataset['fingerprint'])[:16]}")
+    if dataset.get("sampled"):
+        parts.append(str(dataset["sampled"]))
+    return "(" + ", ".join(parts) + ")"
+
+
 def manifest_path(results: Path) -> Path:
     """``runs/x.jsonl`` -> ``runs/x.manifest.json``."""
     return results.with_name(results.name.removesuffix(".jsonl") + ".manifest.json")
@@ -417,6 +433,13 @@ class JsonlSink:
         old = self._read_manifest()
         if old is None:
             return
+        before, now = old.pack_options.get("dataset"), manifest.pack_options.get("dataset")
+        if before and now and before != now:
+            raise ResultsError(
+                f"{self.path}: was written from dataset {_dataset_text(before)}, but this "
+                f"run reads {_dataset_text(now)}; resuming would mix results. Use the same "
+                "dataset (and --seed) or another --out."
+            )
         if old.pack_hash != manifest.pack_hash:
             raise ResultsError(
                 f"{self.path}: was written for pack {old.pack!r} "

@@ -9,6 +9,8 @@ from convsim._lazy import lazy_module as _lazy_module
 if TYPE_CHECKING:
     from convsim._records import Score as Score
 
+    from ._asking import AskModel as AskModel
+    from ._asking import ask_model as ask_model
     from ._builtin import CustomScoreMetric as CustomScoreMetric
     from ._builtin import ExactMatchMetric as ExactMatchMetric
     from ._builtin import LatencyMetric as LatencyMetric

@@ -11,7 +11,9 @@ task hooks asking for one of convsim's metrics. It
 - awaits the scorers that call a model (:class:`AsyncConversationScorer`) beside the
   conversation, and computes those of CPU-heavy metrics in a worker thread;
 - after a cancellation or a crash, still scores everything it can without awaiting,
-  and says which scores the end cut short.
+  and says which scores the end cut short;
+- lets the scorers it runs in its worker thread ask the model under test a prompt of
+  their own (:func:`~convsim.metrics.ask_model`) through the ``ask`` it was given.
 
 Used from async code it is an async context manager (``async with session: ...
 session.add(turn)``); from sync code :meth:`ScoringSession.score_now` scores recorded
@@ -35,6 +37,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from convsim._errors import ConfigError
 from convsim._records import Score, TurnRecord, TurnStatus
 
+from ._asking import AskModel, asking
 from ._protocol import AsyncConversationScorer, ConversationScorer, Metric, is_cpu_heavy
 
 if TYPE_CHECKING:
@@ -123,6 +126,8 @@ class ScoringSession:
         conversation: what the scorers are built for (scenario, facts, goal, flow).
         metrics: conversation metrics, scored over all turns.
         turn_metrics: the metrics a turn may name in its ``evaluation_metrics``.
+        ask: asks the model under test a prompt of its own for a turn, for the scorers
+            run in the worker thread (None: the model cannot be asked).
     """
 
     def __init__(
@@ -130,8 +135,11 @@ class ScoringSession:
         conversation: Conversation,
         metrics: Sequence[Metric] = (),
         turn_metrics: Mapping[str, Metric] | None = None,
+        *,
+        ask: AskModel | None = None,
     ) -> None:
         self.conversation = conversation
+        self._ask = ask
         self.metrics = tuple(metrics)
         self.turn_metrics = dict(turn_metrics or {})
         self._slots: list[_Slot] = []
@@ -286,7 +294,8 @@ class ScoringSession:
                 else:
                     # stored by the worker thread itself: a cancellation that lands after
                     # it finished must not lose the score
-                    await anyio.to_thread.run_sync(_store_turn_score, scores, work)
+                    with asking(self._ask):
+                        await anyio.to_thread.run_sync(_store_turn_score, scores, work)
 
     async def _complete(self) -> None:
         for slot in self._awaiting:
@@ -297,7 +306,8 @@ class ScoringSession:
                     slot.fail(exc)
         heavy = [s for s in self._plain if s.open and s.heavy]
         if heavy:
-            await anyio.to_thread.run_sync(_compute_results, heavy)
+            with asking(self._ask):
+                await anyio.to_thread.run_sync(_compute_results, heavy)
         self._complete_now(TURN_ENDED_EARLY, ENDED_EARLY)
 
     # -- sync use -------------------------------------------------------------------

@@ -28,6 +28,7 @@ __all__ = [
     "ErrorInfo",
     "Score",
     "TurnTimings",
+    "ExtraCall",
     "TurnRecord",
     "ConversationTimings",
     "ConversationResult",
@@ -204,6 +205,27 @@ class TurnTimings:
 
 
 @dataclass(frozen=True, slots=True, config=_COMPACT)
+class ExtraCall:
+    """A call a turn made to the model under test beyond its own answer: a prompt of
+    its own (a task's ``get_model_response``), sent through the run's adapter with the
+    turn's history and settings, after the turn had its answer."""
+
+    prompt: str
+    response: str | None = None
+    """What the model answered; None when the call failed."""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    latency_s: float | None = None
+    """The call, from request to last byte; None when it came from the response cache."""
+    attempts: int = 0
+    """Calls made, retries included."""
+    cached: bool = False
+    """The answer came from the response cache: no call was made."""
+    error: ErrorInfo | None = None
+    """Why the call failed."""
+
+
+@dataclass(frozen=True, slots=True, config=_COMPACT)
 class TurnRecord:
     """Everything about one turn; emitted to scorers as soon as the turn ends."""
 
@@ -240,6 +262,9 @@ class TurnRecord:
     and the turn has no latency or time to first token of the model's."""
     user_cached: bool = False
     """The simulated user's message came from the response cache."""
+    extra_calls: tuple[ExtraCall, ...] = ()
+    """Calls to the model under test with prompts of their own, made for this turn
+    while its conversation was scored; their tokens count in the conversation's usage."""
 
 
 class ConversationTimings(BaseModel):
@@ -364,6 +389,8 @@ class ConversationResult(BaseModel):
                     item["messages_prefix"] = count
                 elif key in _OMITTED_WHEN_FALSE and value is False:
                     continue  # lines stay as they were for runs without a cache
+                elif key in _OMITTED_WHEN_EMPTY and not value:
+                    continue  # lines stay as they were for turns without extra calls
                 item[key] = value
             compact.append(item)
         return compact
@@ -383,6 +410,9 @@ _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord))
 
 _OMITTED_WHEN_FALSE = frozenset({"cached", "user_cached"})
 """Turn fields a results line carries only when true."""
+
+_OMITTED_WHEN_EMPTY = frozenset({"extra_calls"})
+"""Turn fields a results line carries only when not empty."""
 
 
 def _shared_prefix(messages: tuple[Message, ...], transcript: tuple[Message, ...]) -> int:

@@ -4,10 +4,18 @@ The planner (:class:`~convsim._runtime._state.TurnPlanner`) decides which turn r
 actor performs it (renders the prompt, asks the simulated user, calls the model) and
 hands each turn record to the conversation's :class:`~convsim.metrics.ScoringSession`,
 which scores while the conversation goes on.
+
+A scorer may ask the model under test a prompt of its own for a turn (a task's
+``get_model_response``): the session hands the question to :meth:`ConversationActor.ask`,
+which sends it through the run's adapter (its rate limits, retries and response cache),
+with the turn's history and settings, once per turn and prompt. Each such call is kept
+on its turn's record (``extra_calls``) and its tokens count in the conversation's usage
+and cost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 import time
@@ -28,6 +36,7 @@ from .._records import (
     ConversationResult,
     ConversationTimings,
     ErrorInfo,
+    ExtraCall,
     Score,
     TerminationReason,
     TurnRecord,
@@ -126,7 +135,7 @@ class ConversationActor:
         )
         self.machine = StateMachine(conversation.conversation_id)
         self.seed = conversation_seed(settings.seed, conversation.conversation_id)
-        self.scoring = ScoringSession(conversation, metrics, turn_metrics or {})
+        self.scoring = ScoringSession(conversation, metrics, turn_metrics or {}, ask=self.ask)
         self.records: list[TurnRecord] = []
         self.result: ConversationResult | None = None
         system = conversation.scenario.system_prompt or conversation.flow.flow.system_prompt
@@ -139,6 +148,10 @@ class ConversationActor:
         self._failure: ErrorInfo | None = None
         self._reason: TerminationReason | None = None
         self._responses: dict[str, str] = {}
+        self._prepared: dict[str, PreparedTurn] = {}
+        """The turns that ran, by turn_id (an extra call takes its turn's settings)."""
+        self._extra_calls: dict[tuple[str, str], ExtraCall] = {}
+        """Extra calls made, by turn_id and prompt, in the order they were made."""
 
     # -- the actor loop -------------------------------------------------------------
 
@@ -229,6 +242,7 @@ class ConversationActor:
         the scenario goal reached).
         """
         self.machine.advance(_S.USER_TURN)
+        self._prepared[turn.turn_id] = turn
         inflight = self._inflight = _InFlight(turn, time.time(), time.perf_counter())
         limit = self.settings.max_transcript_chars
         try:
@@ -295,6 +309,64 @@ class ConversationActor:
         ended = _ENDED_BY[TerminationReason.USER_STOP]
         self._emit(self._skipped(turn, ended, inflight=inflight))
         return TerminationReason.USER_STOP
+
+    # -- extra calls ------------------------------------------------------------------
+
+    async def ask(self, record: TurnRecord, prompt: str) -> ExtraCall:
+        """Ask the model under test ``prompt`` in place of ``record``'s own prompt: the
+        turn's history before it, the turn's settings, through the run's adapter. A
+        turn asked the same prompt again gets the call already made (no second call).
+        A failure is returned as the call's ``error``, never raised."""
+        key = (record.turn_id, prompt)
+        if key in self._extra_calls:
+            return self._extra_calls[key]
+        turn = self._prepared.get(record.turn_id)
+        if turn is None or record.status is not TurnStatus.COMPLETED:
+            return ExtraCall(
+                prompt=prompt,
+                error=ErrorInfo(
+                    type="ConfigError",
+                    message=f"turn {record.turn_id!r} did not complete in this run: "
+                    "the model is asked only for turns it answered",
+                    turn_id=record.turn_id,
+                ),
+            )
+        messages = (*record.messages[:-1], Message(role="user", content=prompt))
+        params = self.settings.assistant.for_call(self.conversation, turn, self.seed)
+        try:
+            completion = _checked(await self.model.generate(messages, params))
+        except Exception as exc:
+            error = ErrorInfo.from_exception(exc, turn_id=record.turn_id, side="assistant")
+            call = ExtraCall(prompt=prompt, attempts=error.attempts or 0, error=error)
+            log.debug("extra_call_failed", turn_id=record.turn_id, error_type=error.type)
+        else:
+            if not completion.cached:
+                self._usage = self._usage + completion.usage
+            call = ExtraCall(
+                prompt=prompt,
+                response=completion.text,
+                finish_reason=completion.finish_reason,
+                usage=completion.usage,
+                latency_s=None if completion.cached else completion.timings.total_s,
+                attempts=completion.attempts,
+                cached=completion.cached,
+            )
+        self._extra_calls[key] = call
+        return call
+
+    def _turns(self) -> tuple[TurnRecord, ...]:
+        """The turn records, each with the extra calls made for it."""
+        if not self._extra_calls:
+            return tuple(self.records)
+        by_turn: dict[str, list[ExtraCall]] = {}
+        for (turn_id, _), call in self._extra_calls.items():
+            by_turn.setdefault(turn_id, []).append(call)
+        return tuple(
+            dataclasses.replace(r, extra_calls=(*r.extra_calls, *by_turn[r.turn_id]))
+            if r.turn_id in by_turn
+            else r
+            for r in self.records
+        )
 
     # -- failures and interruptions -------------------------------------------------
 
@@ -424,7 +496,7 @@ class ConversationActor:
             termination_reason=reason,
             difficulty=scenario.difficulty,
             transcript=tuple(self.transcript),
-            turns=tuple(self.records),
+            turns=self._turns(),
             scores=scored.scores,
             turn_scores=scored.turn_scores,
             usage=self._usage,

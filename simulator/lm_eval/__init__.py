@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ._model import FailedRequest as FailedRequest
     from ._model import LogprobsUnsupported as LogprobsUnsupported
     from ._model import register_lm_eval_model as register_lm_eval_model
+    from ._multi_turn import ExtraCallFailed as ExtraCallFailed
     from ._multi_turn import MultiTurnTask as MultiTurnTask
     from ._task_pack import load_lm_eval_task as load_lm_eval_task
     from ._tasks import TASKS as TASKS

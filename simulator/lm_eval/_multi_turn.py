@@ -10,11 +10,30 @@ convsim's runtime plays the conversation: every turn's prompt comes from
 ``generate_turn_prompt`` (given ``build_conversation_context`` of the history), the
 model answers through its adapter (budgets, retries, concurrency, resume), and the
 conversation then goes through the task's own hooks: ``process_turn`` for each turn,
-in order, with ``get_model_response`` answering with what the model said to that very
-prompt, and ``evaluate_conversation`` over the turns. Its numeric results are the
+in order, and ``evaluate_conversation`` over the turns. Its numeric results are the
 ``task:<key>`` scores. The default conversation metrics are convsim's own scorers:
 ``context_retention``, ``goal_achievement`` and ``coherence`` on the conversation just
 run, with the scenario's facts, probes and goal.
+
+``get_model_response(prompt, turn_config)`` in ``process_turn``:
+
+- the turn's own prompt gets the answer the model gave in the conversation (no call);
+- another prompt is an extra call to the model under test. The hooks run when the
+  conversation is scored, right after its last turn and before its result is built,
+  in the scoring session's worker thread; the call goes back to the event loop and
+  through the run's own adapter (``convsim.metrics.ask_model``): the same rate and
+  token budgets, token caps, concurrency, retries and response cache as the turns,
+  the turn's history before its prompt and the turn's settings. It is made once per
+  turn and prompt, kept on the turn's record (``TurnRecord.extra_calls``: prompt,
+  response, usage, latency, attempts, cache, error), and its tokens count in the
+  conversation's usage and cost (and so in ``--max-cost``). The conversation's own
+  deadline does not cover it (its turns are over); the run's stop does.
+- a failed extra call fails the conversation's ``task:<key>`` scores with its cause
+  (``ExtraCallFailed``), not the conversation or the run;
+- a conversation already finished is never played or scored again by a resume, so its
+  extra calls are not made again; ``convsim score`` on recorded results reads the
+  answers recorded on the turns and never calls a model (a prompt without a recorded
+  answer fails the task's scores, saying so).
 
 Run it with ``convsim.run_sync(task.to_pack(), MODEL)``, or under lm-eval with
 ``task.to_lm_eval_task()`` and ``--model convsim``.
@@ -35,10 +54,10 @@ from typing import Any
 
 import yaml
 
-from convsim._errors import ConfigError, TranscriptTooLong
+from convsim._errors import ConfigError, ConvsimError, TranscriptTooLong
 from convsim._records import TurnRecord
 from convsim._types import Message
-from convsim.metrics import METRICS, ScoringSession, TfidfEmbedder, cosine
+from convsim.metrics import METRICS, ScoringSession, TfidfEmbedder, ask_model, cosine
 from convsim.scenarios import (
     Conversation,
     Pack,
@@ -53,7 +72,13 @@ from ._export import conversation_request, conversation_scores, require_convsim_
 from ._task_metric import TASK_METRIC_PREFIX, numeric
 from ._tasks import TASKS, AdvancedTask
 
-__all__ = ["MultiTurnTask"]
+__all__ = ["ExtraCallFailed", "MultiTurnTask"]
+
+
+class ExtraCallFailed(ConvsimError):
+    """A task's ``get_model_response`` asked the model a prompt of its own and the call
+    failed: the conversation's task scores fail with this cause."""
+
 
 CONVERSATION_METRICS = ("context_retention", "goal_achievement", "coherence_score")
 """What the default evaluate_conversation reports beside the turns' averages."""
@@ -146,8 +171,19 @@ class MultiTurnTask(AdvancedTask):
         return Template.parse(str(turn_config.get("prompt_template", ""))).render(values)
 
     def get_model_response(self, prompt: str, turn_config: Mapping[str, Any]) -> str:
-        """The model's answer to ``prompt``: while convsim scores a conversation it ran,
-        the answer the model gave to that prompt in this turn."""
+        """The model's answer to ``prompt`` for the turn being processed.
+
+        The turn's own prompt (the one ``generate_turn_prompt`` gave, which the model
+        was sent) gets the answer the model gave in the conversation: no call. Another
+        prompt is one more call to the model under test, through the run's adapter
+        (see the module's docstring), recorded on the turn's ``extra_calls``; scoring
+        recorded turns again reads the answer recorded there.
+
+        Raises:
+            ConfigError: outside convsim's scoring of a conversation, or another prompt
+                when no model can be asked (recorded turns without that call).
+            ExtraCallFailed: the extra call failed (its cause is the message).
+        """
         scoring = _SCORING.get()
         if scoring is None or scoring.current is None:
             raise ConfigError(
@@ -156,13 +192,16 @@ class MultiTurnTask(AdvancedTask):
                 "MODEL) or under lm-eval with --model convsim"
             )
         record = scoring.current
-        if prompt != record.prompt:
-            raise ConfigError(
-                f"{self.name}: process_turn asked the model with a prompt that differs from "
-                f"the one generate_turn_prompt gave for turn {record.turn_id!r}, which is "
-                "what the model was sent; build the prompt with generate_turn_prompt"
+        if prompt == record.prompt:
+            return record.response or ""
+        recorded = [c for c in record.extra_calls if c.prompt == prompt]
+        call = recorded[-1] if recorded else ask_model(record, prompt)
+        if call.error is not None:
+            raise ExtraCallFailed(
+                f"{self.name}: turn {record.turn_id!r}: get_model_response's call with a "
+                f"prompt of its own failed: {call.error.type}: {call.error.message}"
             )
-        return record.response or ""
+        return call.response or ""
 
     def process_turn(
         self,
@@ -422,13 +461,11 @@ class _TaskConversation(Conversation):
 @dataclass
 class ConversationDocument:
     """A multi-turn conversation's origin: its task and document. The task's hooks run
-    once per conversation, whichever ``task:<key>`` metric asks first."""
+    once per scoring of a conversation, whichever ``task:<key>`` metric asks first."""
 
     task: MultiTurnTask
     doc: Any
-    _results: dict[tuple[tuple[str, str | None, str | None, str | None], ...], dict[str, Any]] = (
-        field(default_factory=dict, repr=False)
-    )
+    _last: _Evaluated | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def prompt(self, turn: PreparedTurn, transcript: Sequence[Message]) -> str:
@@ -442,12 +479,19 @@ class ConversationDocument:
     ) -> dict[str, Any] | str:
         if not turns:
             return "no turn of the conversation completed"
-        # what the hooks see: a run with other prompts or user messages is evaluated anew
-        key = tuple((t.turn_id, t.prompt, t.user_message, t.response) for t in turns)
         with self._lock:
-            if key not in self._results:
-                self._results[key] = self._evaluate(conversation, turns)
-            return self._results[key]
+            last = self._last
+            # the metrics of one scoring are given the very same records; another run
+            # of the conversation is evaluated anew (its hooks may ask the model again)
+            if last is None or not last.of(turns):
+                try:
+                    outcome: dict[str, Any] | Exception = self._evaluate(conversation, turns)
+                except Exception as exc:  # each metric fails with it, the hooks run once
+                    outcome = exc
+                last = self._last = _Evaluated(tuple(turns), outcome)
+        if isinstance(last.outcome, Exception):
+            raise last.outcome
+        return last.outcome
 
     def _evaluate(self, conversation: Conversation, turns: Sequence[TurnRecord]) -> dict[str, Any]:
         processed = []
@@ -459,6 +503,20 @@ class ConversationDocument:
             processed.append({**turn, "turn_id": record.turn_id})
         with _scoring(_Scoring(conversation, tuple(turns))):
             return dict(self.task.evaluate_conversation(self.doc, processed))
+
+
+@dataclass(frozen=True)
+class _Evaluated:
+    """The task's results (or the error its hooks raised) for one scoring's turns."""
+
+    turns: tuple[TurnRecord, ...]
+    outcome: dict[str, Any] | Exception
+
+    def of(self, turns: Sequence[TurnRecord]) -> bool:
+        """Whether these are the very records evaluated."""
+        return len(turns) == len(self.turns) and all(
+            a is b for a, b in zip(turns, self.turns, strict=True)
+        )
 
 
 @contextmanager

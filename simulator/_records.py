@@ -35,12 +35,28 @@ __all__ = [
 ]
 
 
-SCHEMA_VERSION = 2
-"""The format of a results line as written now. 1: each turn's ``messages`` in full.
+SCHEMA_VERSION = 3
+"""The newest format of a results line. 1: each turn's ``messages`` in full.
 2: a turn stores ``messages_prefix``, how many leading ``transcript`` messages it sent,
 and in ``messages`` only what follows them, so each message is stored once (a line grows
-with a conversation's length, not with its square). Lines of both versions read back to
-the same objects."""
+with a conversation's length, not with its square). 3: a turn may hold ``extra_calls``
+(a task's own questions to the model); a line without any is still written as 2, so
+an older convsim reads it, and one with them tells an older convsim to upgrade rather
+than failing on an unknown field. Lines of every version read back to the same
+objects."""
+
+_WITHOUT_EXTRA_CALLS = 2
+"""The version a line without extra calls is written as."""
+
+
+def _written_version(turns: object) -> int:
+    """The version a results line with these turns (records or their dicts) is written as."""
+    if isinstance(turns, (list, tuple)) and any(
+        (t.get("extra_calls") if isinstance(t, dict) else getattr(t, "extra_calls", None))
+        for t in turns
+    ):
+        return SCHEMA_VERSION
+    return _WITHOUT_EXTRA_CALLS
 
 
 class Status(str, Enum):
@@ -281,7 +297,8 @@ class ConversationResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     schema_version: int = SCHEMA_VERSION
-    """The format of the line this result was read from; written as :data:`SCHEMA_VERSION`."""
+    """The format of the line this result was read from; for a result made in this
+    process, the format it is written in (the oldest version that holds it)."""
     run_id: str
     conversation_id: str
     scenario_id: str
@@ -324,6 +341,8 @@ class ConversationResult(BaseModel):
                 f"schema_version {version} was written by a newer convsim "
                 f"(this one reads up to {SCHEMA_VERSION}); upgrade convsim"
             )
+        if "schema_version" not in data:
+            data = {**data, "schema_version": _written_version(data.get("turns"))}
         turns, transcript = data.get("turns"), data.get("transcript")
         if not isinstance(turns, (list, tuple)) or not isinstance(transcript, (list, tuple)):
             return data
@@ -352,7 +371,7 @@ class ConversationResult(BaseModel):
 
     @field_serializer("schema_version")
     def _written_version(self, _version: int) -> int:
-        return SCHEMA_VERSION
+        return _written_version(self.turns)
 
     @field_serializer("turns", mode="wrap")
     def _store_messages_once(

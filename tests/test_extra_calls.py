@@ -6,6 +6,7 @@ recorded turns call no model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from convsim._types import Message, Usage
 from convsim.adapters import Budgets, ResponseCache
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.lm_eval import ExtraCallFailed, MultiTurnTask
-from tests.conftest import FakeAdapter
+from conftest import FakeAdapter
 
 pytestmark = pytest.mark.anyio
 
@@ -146,6 +147,19 @@ async def test_a_prompt_of_its_own_is_one_call_through_the_runs_adapter(
     assert line["turns"][0]["extra_calls"][0]["prompt"] == EXTRA
     assert "extra_calls" not in line["turns"][1]  # omitted when there are none
     assert convsim.ConversationResult.model_validate_json(result.model_dump_json()) == result
+
+
+async def test_only_a_line_with_extra_calls_is_written_as_schema_3(
+    mock: MockModelServer, tmp_path: Path
+) -> None:
+    """An older convsim (which reads up to 2) reads every line without extra calls, and
+    is told to upgrade by one with them rather than failing on an unknown field."""
+    (result,) = await _run(AskingTask(_files(tmp_path)).to_pack(), **_model(mock))
+    assert json.loads(result.model_dump_json())["schema_version"] == 3
+    plain = result.model_copy(
+        update={"turns": tuple(dataclasses.replace(t, extra_calls=()) for t in result.turns)}
+    )
+    assert json.loads(plain.model_dump_json())["schema_version"] == 2
 
 
 async def test_the_extra_call_has_the_turns_history_and_settings(tmp_path: Path) -> None:

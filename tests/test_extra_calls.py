@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import FakeAdapter
 
 import convsim
 from convsim import ConfigError, Simulator
@@ -23,7 +24,6 @@ from convsim._types import Message, Usage
 from convsim.adapters import Budgets, ResponseCache
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.lm_eval import ExtraCallFailed, MultiTurnTask
-from conftest import FakeAdapter
 
 pytestmark = pytest.mark.anyio
 

@@ -9,6 +9,7 @@ import string
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from convsim._python_ast import parse
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._protocol import MetricTraits
@@ -220,7 +221,7 @@ def python_blocks(text: str) -> list[str]:
 def practice_signals(code: str) -> dict[str, bool]:
     """Best-practice signals of code that parses: docstrings and type hints on every
     function (when there are functions), error handling, and tests."""
-    tree = ast.parse(code)
+    tree = parse(code)
     functions = [
         n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     ]

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from convsim._python_ast import parse
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim.scenarios import CodeTests, code_tests
 
@@ -68,7 +69,7 @@ def _bare_code(text: str) -> bool:
     """Whether an answer without fences is Python code: it parses, and defines, imports,
     assigns or controls something (``Paris`` parses too, as a bare name)."""
     try:
-        tree = ast.parse(text)
+        tree = parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return any(isinstance(node, _STATEMENTS) for node in tree.body)

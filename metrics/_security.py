@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from convsim._python_ast import PARSING, parse
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from ._builtin import python_blocks
@@ -47,7 +48,7 @@ def parse_python(code: str) -> ast.Module | None:
     """The code's syntax tree, or None when it is not Python this interpreter can parse
     (a syntax error, a null byte, nesting too deep to compile)."""
     try:
-        return ast.parse(code)
+        return parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
@@ -79,7 +80,8 @@ def analyse_code(code: str) -> list[dict[str, Any]] | None:
         path.write_text(code, encoding="utf-8")
         mgr = manager.BanditManager(config.BanditConfig(), "file", quiet=True)
         mgr.discover_files([str(path)])
-        mgr.run_tests()
+        with PARSING:  # bandit parses the file
+            mgr.run_tests()
         if mgr.skipped:
             return None
         for issue in mgr.get_issue_list():

@@ -65,8 +65,10 @@ def public_names(source: str) -> list[PublicName]:
     """The names imported under the top-level ``if TYPE_CHECKING:`` of ``source``."""
     import ast  # on first use only: ``import convsim`` stays as light as it was
 
+    from ._python_ast import parse  # the first use may be in a worker thread
+
     names: list[PublicName] = []
-    for node in ast.parse(source).body:
+    for node in parse(source).body:
         if not (isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"):
             continue
         for statement in node.body:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from convsim._extras import needs_extra
+from convsim._python_ast import PARSING, parse
 from convsim.metrics._security import SEVERITY_COST, analyse_code
 
 from ._cognitive import MODULE_BLOCK, cognitive_blocks
@@ -175,7 +176,7 @@ def performance_score(issues: tuple[PerformanceIssue, ...]) -> float:
 
 def _parsed(code: str) -> ast.Module | SyntaxProblem:
     try:
-        return ast.parse(code)
+        return parse(code)
     except SyntaxError as exc:
         return SyntaxProblem(exc.lineno, exc.offset, exc.msg)
     except (ValueError, RecursionError, MemoryError) as exc:  # a null byte, too deep
@@ -264,6 +265,8 @@ class PythonComplexityAnalyzer:
         nodes = list(ast.walk(tree))
         complexity = self.analyze(tree)
         halstead = h_visit_ast(tree).total
+        with PARSING:  # radon parses the code again
+            maintainability = mi_visit(code, multi=True)
         findings = analyse_code(code)
         style = check_style(code, max_line_length=max_line_length)
         performance = tuple(find_performance_issues(tree))
@@ -274,7 +277,7 @@ class PythonComplexityAnalyzer:
             classes=sum(isinstance(n, ast.ClassDef) for n in nodes),
             cyclomatic_complexity=float(complexity["cyclomatic_complexity"]),
             mean_complexity=float(complexity["mean_cyclomatic_complexity"]),
-            maintainability_index=_finite(mi_visit(code, multi=True)),
+            maintainability_index=_finite(maintainability),
             halstead_volume=_finite(halstead.volume),
             halstead_difficulty=_finite(halstead.difficulty),
             halstead_effort=_finite(halstead.effort),

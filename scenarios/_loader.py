@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from convsim._errors import ConfigError, PackError, PackProblem, ProblemLog, TemplateError
 from convsim._plural import counted
+from convsim._records import MetricTiers
 
 from ._code_tests import code_tests_problems
 from ._criteria import goal_problems
@@ -415,6 +416,14 @@ class _Loader:
         )
 
 
+def _tiers(config: SingleTurnConfig) -> MetricTiers | None:
+    """config.yml's metric tiers; None when it declares no metrics."""
+    primary, secondary = config.metrics.primary, config.metrics.secondary
+    if not primary and not secondary:
+        return None
+    return MetricTiers(primary=tuple(primary), secondary=tuple(secondary))
+
+
 def _context(text: str, mode: str) -> str:
     """A problem's context as the context mode asks for it."""
     if mode == "no_context":
@@ -764,6 +773,15 @@ class _SingleTurnLoader(_Loader):
             line_of(("metrics", "secondary")),
             "metrics.secondary",
         )
+        both = [m for m in config.metrics.secondary if m in config.metrics.primary]
+        if both:
+            self.problem(
+                self.CONFIG,
+                line_of(("metrics", "secondary")),
+                "metrics.secondary",
+                f"{', '.join(both)} {'is' if len(both) == 1 else 'are'} also in metrics.primary: "
+                "a metric has one tier",
+            )
         modes = config.evaluation_config.context_modes
         mode = self.context_mode or ("full_context" if "full_context" in modes else modes[0])
         if mode not in modes:
@@ -830,7 +848,10 @@ class _SingleTurnLoader(_Loader):
             self.check_render(conv, prepared.turns[0], config.dataset.path, lineno)
             conversations.append(conv)
         return self.finish(
-            kind="single_turn", conversations=tuple(conversations), metrics=tuple(metrics)
+            kind="single_turn",
+            conversations=tuple(conversations),
+            metrics=tuple(metrics),
+            metric_tiers=_tiers(config),
         )
 
     def _template(self, config: SingleTurnConfig, line_of: Any) -> Template | None:

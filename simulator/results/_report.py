@@ -15,7 +15,14 @@ from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_val
 from convsim.metrics._aggregate import aggregate
 
 from .._plural import counted
-from .._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
+from .._records import (
+    HIGHER_IS_BETTER_DETAIL,
+    ConversationResult,
+    MetricTiers,
+    Score,
+    Status,
+    TurnStatus,
+)
 from .._types import USAGE_SOURCES
 from ._sinks import iter_results, scan_lines, validate_line
 
@@ -83,6 +90,11 @@ class RunReport(BaseModel):
     termination_reasons: dict[str, int]
     turns: dict[str, int]
     metrics: dict[str, MetricSummary]
+    """By metric, the primary ones first, then the secondary ones (``metric_tiers``)."""
+    metric_tiers: dict[str, list[str]] = Field(default_factory=dict)
+    """The tiers the pack declares (config.yml ``metrics.primary`` and
+    ``metrics.secondary``): ``{"primary": [...], "secondary": [...]}``; empty (and left
+    out of the JSON) for packs without tiers. Metrics in neither are untiered."""
     turn_metrics: dict[str, MetricSummary] = Field(default_factory=dict)
     """Turn-level ``evaluation_metrics``, over the turns that asked for them."""
     by_scenario_type: dict[str, GroupSummary]
@@ -142,11 +154,20 @@ class RunReport(BaseModel):
             data.pop("clipped_turns", None)
         if not self.cache and isinstance(data, dict):  # a run without cache hits, as before
             data.pop("cache", None)
+        if not self.metric_tiers and isinstance(data, dict):  # a pack without tiers
+            data.pop("metric_tiers", None)
         if isinstance(data, dict):  # no simulated user, no judge, every model priced
             for key in ("user_cost_usd", "judge_cost_usd", "unpriced"):
                 if not data.get(key):
                     data.pop(key, None)
         return data
+
+    def tier_of(self, metric: str) -> str | None:
+        """``primary`` or ``secondary``; None for a metric in neither tier."""
+        for tier, names in self.metric_tiers.items():
+            if metric in names:
+                return tier
+        return None
 
     def token_sources_line(self) -> str | None:
         """Where the token counts came from, in words (``token counts of 12 turns: 10
@@ -216,14 +237,26 @@ class RunReport(BaseModel):
             "Means and intervals are over the scored conversations only; applicable is "
             "scored plus failed.",
             "",
-            "| metric | mean | 95% CI | std | applicable | scored | not applicable | failed |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        tiered = bool(self.metric_tiers)
+        if tiered:
+            lines += [
+                "Primary metrics first, then secondary ones (the pack's config.yml); "
+                "a metric in neither has no tier.",
+                "",
+            ]
+        lines += [
+            "| metric |"
+            + (" tier |" if tiered else "")
+            + " mean | 95% CI | std | applicable | scored | not applicable | failed |",
+            "|---|" + ("---|" if tiered else "") + "---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, m in self.metrics.items():
             ci = "" if m.ci_low is None else f"{_fmt(m.ci_low)} - {_fmt(m.ci_high)}"
+            tier = f" {self.tier_of(name) or ''} |" if tiered else ""
             lines.append(
-                f"| {name} | {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.applicable} | {m.n} "
-                f"| {m.not_applicable} | {m.failed} |"
+                f"| {name} |{tier} {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.applicable} "
+                f"| {m.n} | {m.not_applicable} | {m.failed} |"
             )
         corpus = {n: m.corpus for n, m in self.metrics.items() if m.corpus is not None}
         if corpus:
@@ -448,6 +481,7 @@ class Summarizer:
         self._models: set[str] = set()
         self._started: float | None = None
         self._finished: float | None = None
+        self._tiers: MetricTiers | None = None
         self._metrics = _ScoreFold()
         self._turn_metrics = _ScoreFold()
         self._by_type: dict[str, _GroupFold] = defaultdict(_GroupFold)
@@ -503,6 +537,9 @@ class Summarizer:
         elif r.user_usage is not None and r.user_usage.total_tokens:
             self._unpriced.add("the simulated user (user)")
         self._add_judge_costs(r)
+        tiers = r.metric_tiers
+        if tiers is not None and tiers != self._tiers:
+            self._tiers = tiers if self._tiers is None else self._tiers.merged(tiers)
         self._runs.add(r.run_id)
         self._packs.add(r.pack)
         self._models.add(r.model)
@@ -573,7 +610,7 @@ class Summarizer:
         duration = None
         if self._started is not None and self._finished is not None:
             duration = self._finished - self._started
-        whole = _WholeRun(self._count, self._metrics.summaries(hib))
+        whole = _WholeRun(self._count, self._tiered(self._metrics.summaries(hib)))
         return RunReport(
             runs=sorted(self._runs),
             packs=sorted(self._packs),
@@ -583,6 +620,7 @@ class Summarizer:
             termination_reasons=dict(self._reasons.most_common()),
             turns={s.value: self._turns.get(s.value, 0) for s in TurnStatus},
             metrics=whole.metrics,
+            metric_tiers=self._tier_lists(),
             turn_metrics=self._turn_metrics.summaries(hib),
             by_scenario_type=_groups(self._by_type, hib, whole),
             by_difficulty=_groups(self._by_difficulty, hib, whole),
@@ -601,6 +639,17 @@ class Summarizer:
             clipped_turns=self._clipped,
             **self._trial_figures(),
         )
+
+    def _tiered(self, summaries: dict[str, MetricSummary]) -> dict[str, MetricSummary]:
+        """``summaries`` with the primary metrics first, then the secondary ones."""
+        if self._tiers is None:
+            return summaries
+        return {name: summaries[name] for name in self._tiers.ordered(list(summaries))}
+
+    def _tier_lists(self) -> dict[str, list[str]]:
+        if self._tiers is None:
+            return {}
+        return {"primary": list(self._tiers.primary), "secondary": list(self._tiers.secondary)}
 
     def _trial_figures(self) -> dict[str, Any]:
         if not self._trial_counts:

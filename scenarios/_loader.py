@@ -36,6 +36,7 @@ from ._files import (
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
 from ._schema import (
     BUILTIN_VARIABLES,
+    LANGUAGE_PATTERN,
     Flow,
     Problem,
     Scenario,
@@ -742,6 +743,13 @@ class Shot(NamedTuple):
     answer: str
 
 
+class _Languages(NamedTuple):
+    """The problems a pack runs after its language filter, and what the filter did."""
+
+    problems: list[tuple[int, Problem]]
+    notes: tuple[str, ...]
+
+
 class _SingleTurnLoader(_Loader):
     CONFIG = "config.yml"
 
@@ -795,6 +803,7 @@ class _SingleTurnLoader(_Loader):
         named = isinstance(dataset, dict) and "path" in dataset  # else the default name
         at = Where(self.CONFIG, line_of(("dataset", "path")), "dataset.path") if named else None
         problems = self._problems(config, at)
+        problems, language_notes = self._languages(config, problems, line_of)
         if template is None or self.problems:
             raise self.error()
         flow = Flow(
@@ -840,7 +849,11 @@ class _SingleTurnLoader(_Loader):
                 required_keywords=problem.required_keywords,
                 reference_responses={SINGLE_TURN_ID: problem.expected_answer},
                 tags=problem.tags,
-                metadata={**problem.metadata, "domain": problem.domain},
+                metadata={
+                    **problem.metadata,
+                    "domain": problem.domain,
+                    **({"language": problem.language} if problem.language else {}),
+                },
             )
             conv = Conversation(
                 scenario, prepared, "single_turn", f"{config.dataset.path}:{lineno}"
@@ -852,6 +865,7 @@ class _SingleTurnLoader(_Loader):
             conversations=tuple(conversations),
             metrics=tuple(metrics),
             metric_tiers=_tiers(config),
+            notes=language_notes,
         )
 
     def _template(self, config: SingleTurnConfig, line_of: Any) -> Template | None:
@@ -921,6 +935,72 @@ class _SingleTurnLoader(_Loader):
                 f"{counted(self.num_fewshot, 'problem')}",
             )
         return problems
+
+    def _languages(
+        self, config: SingleTurnConfig, problems: list[tuple[int, Problem]], line_of: Any
+    ) -> _Languages:
+        """Each problem with its language (its ``language``, else ``metadata.language``)
+        and, when config.yml lists ``evaluation_config.languages``, only the problems
+        in one of them or in none; a note counts the ones left out."""
+        file = config.dataset.path
+        resolved: list[tuple[int, Problem]] = []
+        for lineno, problem in problems:
+            given = problem.metadata.get("language")
+            if given is None:
+                resolved.append((lineno, problem))
+                continue
+            if not isinstance(given, str) or not re.fullmatch(LANGUAGE_PATTERN, given):
+                self.problem(
+                    file,
+                    lineno,
+                    "metadata.language",
+                    f"{given!r} is not a language tag (e.g. en, pt-BR)",
+                )
+            elif problem.language is not None and problem.language != given:
+                self.problem(
+                    file,
+                    lineno,
+                    "metadata.language",
+                    f"{given!r} differs from language {problem.language!r}: give one",
+                )
+            else:
+                resolved.append((lineno, problem.model_copy(update={"language": given})))
+        evaluation = config.evaluation_config
+        if "languages" not in evaluation.model_fields_set or self.problems:
+            return _Languages(resolved, ())
+        wanted = evaluation.languages
+        kept = [(n, p) for n, p in resolved if p.language is None or p.language in wanted]
+        left_out = collections.Counter(
+            p.language for _, p in resolved if p.language is not None and p.language not in wanted
+        )
+        where = line_of(("evaluation_config", "languages"))
+        if not kept:
+            self.problem(
+                self.CONFIG,
+                where,
+                "evaluation_config.languages",
+                f"{', '.join(wanted)} keeps none of the {counted(len(resolved), 'problem')} "
+                f"of {file} (their languages: {', '.join(sorted(left_out))})",
+            )
+            return _Languages(kept, ())
+        if self.num_fewshot and self.num_fewshot >= len(kept):
+            self.problem(
+                self.CONFIG,
+                where,
+                "evaluation_config.languages",
+                f"--num-fewshot {self.num_fewshot} needs more than the "
+                f"{counted(len(kept), 'problem')} in {', '.join(wanted)} or in no language",
+            )
+        if not left_out:
+            return _Languages(kept, ())
+        dropped = sum(left_out.values())
+        by_language = ", ".join(f"{n} in {lang}" for lang, n in sorted(left_out.items()))
+        note = (
+            f"{self.CONFIG}:{where}: evaluation_config.languages ({', '.join(wanted)}) keeps "
+            f"{len(kept)} of {counted(len(resolved), 'problem')}; {dropped} left out "
+            f"({by_language})"
+        )
+        return _Languages(kept, (note,))
 
     def _examples(self, shots: list[Shot], i: int) -> str:
         """``num_fewshot`` other problems as examples for problem ``i``, the same ones

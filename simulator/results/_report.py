@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -35,6 +36,10 @@ __all__ = [
     "summarize",
     "summarize_file",
 ]
+
+
+UNSPECIFIED = "unspecified"
+"""The group of conversations whose scenario gives no difficulty (or language)."""
 
 
 def shown_ks(most: int) -> list[int]:
@@ -100,6 +105,9 @@ class RunReport(BaseModel):
     by_scenario_type: dict[str, GroupSummary]
     by_difficulty: dict[str, GroupSummary] = Field(default_factory=dict)
     by_model: dict[str, GroupSummary] = Field(default_factory=dict)
+    by_language: dict[str, GroupSummary] = Field(default_factory=dict)
+    """By the scenarios' language (a problem's ``language``), those without one as
+    ``unspecified``; empty (and left out of the JSON) when no scenario has one."""
     retention_curve: dict[int, MetricSummary] = Field(default_factory=dict)
     """context_retention by distance in turns between a fact and its probe."""
     latency_s: dict[str, float] = Field(default_factory=dict)
@@ -156,6 +164,8 @@ class RunReport(BaseModel):
             data.pop("cache", None)
         if not self.metric_tiers and isinstance(data, dict):  # a pack without tiers
             data.pop("metric_tiers", None)
+        if not self.by_language and isinstance(data, dict):  # no scenario has a language
+            data.pop("by_language", None)
         if isinstance(data, dict):  # no simulated user, no judge, every model priced
             for key in ("user_cost_usd", "judge_cost_usd", "unpriced"):
                 if not data.get(key):
@@ -289,6 +299,18 @@ class RunReport(BaseModel):
             cells = [str(g.statuses.get(s.value, 0)) for s in Status]
             cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
             lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
+        if self.by_language:
+            lines += ["", "## By language", ""]
+            lines.append(
+                "| language | conversations | "
+                + " | ".join(["DONE", "FAILED", "TIMED_OUT", "CANCELLED", *names])
+                + " |"
+            )
+            lines.append("|---|" + "---:|" * (5 + len(names)))
+            for group, g in self.by_language.items():
+                cells = [str(g.statuses.get(s.value, 0)) for s in Status]
+                cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
+                lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
         if self.retention_curve:
             lines += [
                 "",
@@ -487,6 +509,9 @@ class Summarizer:
         self._by_type: dict[str, _GroupFold] = defaultdict(_GroupFold)
         self._by_difficulty: dict[str, _GroupFold] = defaultdict(_GroupFold)
         self._by_model: dict[str, _GroupFold] = defaultdict(_GroupFold)
+        self._by_language: dict[str, _GroupFold] = defaultdict(_GroupFold)
+        self._languages = False
+        """Whether any conversation so far had a language."""
         self._retention: dict[int, list[float]] = defaultdict(list)
         self._trials: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         """By scenario, by metric: the values of its trials (with --trials only)."""
@@ -496,6 +521,8 @@ class Summarizer:
 
     def add(self, r: ConversationResult) -> None:
         """Fold in one conversation."""
+        if r.language is not None and not self._languages:
+            self._start_languages()
         self._count += 1
         self._names.update(r.scores)
         for scores in r.turn_scores.values():
@@ -550,8 +577,10 @@ class Summarizer:
         for scores in r.turn_scores.values():
             self._turn_metrics.add(scores)
         self._by_type[r.scenario_type].add(r)
-        self._by_difficulty[r.difficulty or "unspecified"].add(r)
+        self._by_difficulty[r.difficulty or UNSPECIFIED].add(r)
         self._by_model[r.model].add(r)
+        if self._languages:
+            self._by_language[r.language or UNSPECIFIED].add(r)
         self._add_retention(r)
         if r.trial is not None:
             self._trial_counts[r.scenario_id] += 1
@@ -563,6 +592,18 @@ class Summarizer:
                 self._goals[r.scenario_id].append(goal.value >= 1.0 - 1e-9)
             elif r.status is not Status.DONE:  # a trial that failed did not reach the goal
                 self._goals[r.scenario_id].append(False)
+
+    def _start_languages(self) -> None:
+        """At the first conversation with a language: the ones before it had none, so
+        the run so far is the ``unspecified`` group (a run without languages never
+        pays for a breakdown it does not show)."""
+        self._languages = True
+        if self._count:
+            so_far = _GroupFold()
+            so_far.conversations = self._count
+            so_far.statuses = Counter(self._statuses)
+            so_far.scores = copy.deepcopy(self._metrics)
+            self._by_language[UNSPECIFIED] = so_far
 
     def _add_judge_costs(self, r: ConversationResult) -> None:
         """Each judged score's cost, or its judge as one without a price."""
@@ -625,6 +666,7 @@ class Summarizer:
             by_scenario_type=_groups(self._by_type, hib, whole),
             by_difficulty=_groups(self._by_difficulty, hib, whole),
             by_model=_groups(self._by_model, hib, whole),
+            by_language=_groups(self._by_language, hib, whole) if self._languages else {},
             retention_curve={d: _summary(v, 0, True) for d, v in sorted(self._retention.items())},
             latency_s=latency,
             cache={k: self._cache[k] for k in ("hits", "misses")} if self._cache["hits"] else {},

@@ -137,8 +137,9 @@ def print_report(report: RunReport, out: Console) -> None:
         ("scenario_type", report.by_scenario_type),
         ("difficulty", report.by_difficulty),
         ("model", report.by_model),
+        ("language", report.by_language),
     ):
-        if len(groups) > 1 or key == "scenario_type":
+        if len(groups) > 1 or key == "scenario_type" or (key == "language" and groups):
             print_all(out, _group_tables(out, f"by {key}", key, groups, names))
     if report.retention_curve:
         curve = [

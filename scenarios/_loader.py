@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from convsim._errors import ConfigError, PackError, PackProblem, ProblemLog, TemplateError
 from convsim._plural import counted
+from convsim._records import MetricTiers
 
 from ._code_tests import code_tests_problems
 from ._criteria import goal_problems
@@ -44,6 +45,7 @@ from ._files import (
 from ._pack import Conversation, Pack, PackKind, PreparedFlow, PreparedTurn
 from ._schema import (
     BUILTIN_VARIABLES,
+    LANGUAGE_PATTERN,
     DatasetConfig,
     Flow,
     Problem,
@@ -440,6 +442,14 @@ class _Loader:
         )
 
 
+def _tiers(config: SingleTurnConfig) -> MetricTiers | None:
+    """config.yml's metric tiers; None when it declares no metrics."""
+    primary, secondary = config.metrics.primary, config.metrics.secondary
+    if not primary and not secondary:
+        return None
+    return MetricTiers(primary=tuple(primary), secondary=tuple(secondary))
+
+
 def _context(text: str, mode: str) -> str:
     """A problem's context as the context mode asks for it."""
     if mode == "no_context":
@@ -795,6 +805,13 @@ class Shot(NamedTuple):
     answer: str
 
 
+class _Languages(NamedTuple):
+    """The problems a pack runs after its language filter, and what the filter did."""
+
+    problems: list[ProblemRow]
+    notes: tuple[str, ...]
+
+
 class _SingleTurnLoader(_Loader):
     CONFIG = "config.yml"
 
@@ -827,6 +844,15 @@ class _SingleTurnLoader(_Loader):
             line_of(("metrics", "secondary")),
             "metrics.secondary",
         )
+        both = [m for m in config.metrics.secondary if m in config.metrics.primary]
+        if both:
+            self.problem(
+                self.CONFIG,
+                line_of(("metrics", "secondary")),
+                "metrics.secondary",
+                f"{', '.join(both)} {'is' if len(both) == 1 else 'are'} also in metrics.primary: "
+                "a metric has one tier",
+            )
         modes = config.evaluation_config.context_modes
         mode = self.context_mode or ("full_context" if "full_context" in modes else modes[0])
         if mode not in modes:
@@ -837,9 +863,10 @@ class _SingleTurnLoader(_Loader):
         self.digest.update(f"context_mode={mode}\0".encode())
         template = self._template(config, line_of)
         problems = self._problems(config, data, line_of)
+        problems, language_notes = self._languages(config, problems, line_of)
         if template is None or self.problems:
             raise self.error()
-        problems = self._sample(config, problems)
+        problems = self._sample(config, problems)  # among the problems the filter kept
         flow = Flow(
             max_turns=1,
             conversation_timeout=300.0,
@@ -886,7 +913,11 @@ class _SingleTurnLoader(_Loader):
                 required_keywords=problem.required_keywords,
                 reference_responses={SINGLE_TURN_ID: problem.expected_answer},
                 tags=problem.tags,
-                metadata={**problem.metadata, "domain": problem.domain},
+                metadata={
+                    **problem.metadata,
+                    "domain": problem.domain,
+                    **({"language": problem.language} if problem.language else {}),
+                },
             )
             conv = Conversation(scenario, prepared, "single_turn", row.source)
             self.check_render(conv, prepared.turns[0], row.file, row.line)
@@ -895,8 +926,9 @@ class _SingleTurnLoader(_Loader):
             kind="single_turn",
             conversations=tuple(conversations),
             metrics=tuple(metrics),
-            notes=tuple(self.notes),
+            notes=(*language_notes, *self.notes),
             dataset=self.dataset,
+            metric_tiers=_tiers(config),
         )
 
     def _template(self, config: SingleTurnConfig, line_of: Any) -> Template | None:
@@ -1082,6 +1114,77 @@ class _SingleTurnLoader(_Loader):
             )
             raise self.error()
         return problems
+
+    def _languages(
+        self, config: SingleTurnConfig, problems: list[ProblemRow], line_of: Any
+    ) -> _Languages:
+        """Each problem with its language (its ``language``, else ``metadata.language``)
+        and, when config.yml lists ``evaluation_config.languages``, only the problems
+        in one of them or in none; a note counts the ones left out."""
+        file = config.dataset.file
+        resolved: list[ProblemRow] = []
+        for row in problems:
+            problem, lineno = row.problem, row.line
+            given = problem.metadata.get("language")
+            if given is None:
+                resolved.append(row)
+                continue
+            if not isinstance(given, str) or not re.fullmatch(LANGUAGE_PATTERN, given):
+                self.problem(
+                    row.file,
+                    lineno,
+                    "metadata.language",
+                    f"{given!r} is not a language tag (e.g. en, pt-BR)",
+                )
+            elif problem.language is not None and problem.language != given:
+                self.problem(
+                    row.file,
+                    lineno,
+                    "metadata.language",
+                    f"{given!r} differs from language {problem.language!r}: give one",
+                )
+            else:
+                resolved.append(
+                    row._replace(problem=problem.model_copy(update={"language": given}))
+                )
+        evaluation = config.evaluation_config
+        if "languages" not in evaluation.model_fields_set or self.problems:
+            return _Languages(resolved, ())
+        wanted = evaluation.languages
+        kept = [r for r in resolved if r.problem.language in (None, *wanted)]
+        left_out = collections.Counter(
+            r.problem.language
+            for r in resolved
+            if r.problem.language is not None and r.problem.language not in wanted
+        )
+        where = line_of(("evaluation_config", "languages"))
+        if not kept:
+            self.problem(
+                self.CONFIG,
+                where,
+                "evaluation_config.languages",
+                f"{', '.join(wanted)} keeps none of the {counted(len(resolved), 'problem')} "
+                f"of {file} (their languages: {', '.join(sorted(left_out))})",
+            )
+            return _Languages(kept, ())
+        if self.num_fewshot and self.num_fewshot >= len(kept):
+            self.problem(
+                self.CONFIG,
+                where,
+                "evaluation_config.languages",
+                f"--num-fewshot {self.num_fewshot} needs more than the "
+                f"{counted(len(kept), 'problem')} in {', '.join(wanted)} or in no language",
+            )
+        if not left_out:
+            return _Languages(kept, ())
+        dropped = sum(left_out.values())
+        by_language = ", ".join(f"{n} in {lang}" for lang, n in sorted(left_out.items()))
+        note = (
+            f"{self.CONFIG}:{where}: evaluation_config.languages ({', '.join(wanted)}) keeps "
+            f"{len(kept)} of {counted(len(resolved), 'problem')}; {dropped} left out "
+            f"({by_language})"
+        )
+        return _Languages(kept, (note,))
 
     def _examples(self, shots: list[Shot], i: int) -> str:
         """``num_fewshot`` other problems as examples for problem ``i``, the same ones

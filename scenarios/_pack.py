@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from convsim._records import MetricTiers
 from convsim._types import Message
 
 from ._schema import BUILTIN_VARIABLES, Flow, Scenario, TurnConfig
@@ -110,6 +111,9 @@ class Pack:
     conversations: tuple[Conversation, ...]
     metrics: tuple[str, ...] = ()
     """Conversation-level metrics the pack asks for (config.yml ``metrics``)."""
+    metric_tiers: MetricTiers | None = None
+    """The tiers of config.yml's ``metrics.primary`` and ``metrics.secondary``; None
+    for packs that declare none (multi-turn flows and task classes have no tiers)."""
     notes: tuple[str, ...] = field(default=())
     """Things worth knowing that are not errors (e.g. optional turns that will skip)."""
     load_options: Mapping[str, Any] = field(default_factory=dict, compare=False)

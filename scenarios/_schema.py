@@ -8,12 +8,13 @@ Multi-turn packs: ``scenarios.jsonl`` (one :class:`Scenario` per line) and
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "BUILTIN_VARIABLES",
+    "LANGUAGE_PATTERN",
     "Scalar",
     "TurnSettings",
     "TurnConfig",
@@ -39,6 +40,10 @@ BUILTIN_VARIABLES = frozenset({"context", "scenario", "turn_index"})
 
 Scalar = str | int | float | bool
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+LANGUAGE_PATTERN = r"^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$"
+"""A language tag as BCP 47 writes them (``en``, ``pt-BR``, ``zh-Hant``), compared as
+written."""
+Language = Annotated[str, Field(pattern=LANGUAGE_PATTERN)]
 
 
 class _Input(BaseModel):
@@ -194,6 +199,9 @@ class Problem(_Input):
     required_keywords: list[str] = Field(default_factory=list)
     difficulty: str | None = None
     domain: str | None = None
+    language: Language | None = None
+    """The language the problem is written in; ``metadata.language`` says the same
+    (one of the two, or both alike). None: unspecified."""
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -251,8 +259,11 @@ def _full_context() -> list[ContextMode]:
 class EvaluationConfig(_Input):
     context_modes: list[ContextMode] = Field(default_factory=_full_context, min_length=1)
     """The context modes the pack supports; a run picks one (``--context-mode``)."""
-    languages: list[str] = Field(default_factory=lambda: ["en"])
-    """The languages the problems are written in (descriptive)."""
+    languages: list[Language] = Field(default_factory=lambda: ["en"], min_length=1)
+    """The languages the pack runs. When config.yml lists them, a problem that carries
+    a language (its ``language`` or ``metadata.language``) outside the list is left out
+    (the pack's notes count them); problems without a language are kept (summaries
+    count them as ``unspecified``). Left out of config.yml, nothing is filtered."""
     difficulty_levels: list[str] = Field(default_factory=list)
     """When given, every problem's difficulty must be one of these."""
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._records import ConversationResult as ConversationResult
     from ._records import ErrorInfo as ErrorInfo
     from ._records import ExtraCall as ExtraCall
+    from ._records import MetricTiers as MetricTiers
     from ._records import Score as Score
     from ._records import Status as Status
     from ._records import TerminationReason as TerminationReason

@@ -32,6 +32,7 @@ __all__ = [
     "TurnRecord",
     "ConversationTimings",
     "ConversationResult",
+    "MetricTiers",
 ]
 
 
@@ -291,6 +292,44 @@ class ConversationTimings(BaseModel):
     duration_s: float
 
 
+class MetricTiers(BaseModel):
+    """A pack's metrics in the tiers its config.yml declares (``metrics.primary`` and
+    ``metrics.secondary``): what summaries show first, and what a bare
+    ``--fail-under VALUE`` gates. Packs that declare no tiers have none (None), never
+    an invented label."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    primary: tuple[str, ...] = ()
+    secondary: tuple[str, ...] = ()
+
+    def tier_of(self, metric: str) -> Literal["primary", "secondary"] | None:
+        """The tier ``metric`` is in; None when it is in neither."""
+        if metric in self.primary:
+            return "primary"
+        if metric in self.secondary:
+            return "secondary"
+        return None
+
+    def ordered(self, names: list[str]) -> list[str]:
+        """``names`` with the primary metrics first, then the secondary ones (each in the
+        order the pack declares them), then the rest as they came."""
+        tiered = [*self.primary, *(m for m in self.secondary if m not in self.primary)]
+        present = set(names)
+        first = [m for m in tiered if m in present]
+        placed = set(first)
+        return [*first, *(n for n in names if n not in placed)]
+
+    def merged(self, other: MetricTiers) -> MetricTiers:
+        """Both packs' tiers (results of several packs in one summary): a metric primary
+        in either is primary."""
+        primary = tuple(dict.fromkeys([*self.primary, *other.primary]))
+        secondary = tuple(
+            m for m in dict.fromkeys([*self.secondary, *other.secondary]) if m not in primary
+        )
+        return MetricTiers(primary=primary, secondary=secondary)
+
+
 class ConversationResult(BaseModel):
     """One finished conversation: one line of the results file."""
 
@@ -310,6 +349,11 @@ class ConversationResult(BaseModel):
     status: Status
     termination_reason: TerminationReason
     difficulty: str | None = None
+    language: str | None = None
+    """The scenario's language (a problem's ``language``, or ``metadata.language``);
+    None when it gives none."""
+    metric_tiers: MetricTiers | None = None
+    """The pack's metric tiers (config.yml ``metrics``); None for a pack without."""
     transcript: tuple[Message, ...]
     turns: tuple[TurnRecord, ...]
     scores: dict[str, Score] = Field(default_factory=dict)

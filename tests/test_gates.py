@@ -49,7 +49,8 @@ def test_a_failed_gate_exits_100_not_1(results: Path) -> None:
     )
     assert code == EXIT_GATE_FAILED == 100
     assert gate_lines(err) == [
-        "error: gate failed: response_length mean 12.22 < 100 (8 of 10 conversations scored)"
+        "error: gate failed: response_length mean 12.22 < 100 "
+        "(8 of 10 conversations scored, 2 not applicable)"
     ]
     assert "Traceback" not in err
 
@@ -147,7 +148,7 @@ def test_a_run_smaller_than_the_minimum_needs_every_conversation(results: Path) 
     assert short.line == "latency: only 4 of 5 conversations scored (needs at least 5)"
     small.metrics["latency"] = latency.model_copy(update={"n": 5})
     [whole] = fail_under_gates(small, {"latency": 0.0}, min_scored=10)
-    assert whole.passed and whole.line.endswith("(5 of 5 conversations scored)")
+    assert whole.passed and whole.line.endswith("(5 of 5 conversations scored, 2 not applicable)")
 
 
 def test_a_metric_the_run_never_scored_has_no_value(results: Path) -> None:

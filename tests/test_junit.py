@@ -87,7 +87,7 @@ def test_report_writes_gates_and_conversations(results: Path, schema: Any) -> No
     ]
     [failed] = failures(gates).values()
     assert failed.get("message") == (
-        "response_length mean 12.22 < 100 (8 of 10 conversations scored)"
+        "response_length mean 12.22 < 100 (8 of 10 conversations scored, 2 not applicable)"
     )
     assert "passed: fail-under latency>=0: latency mean" in (gates.findtext("system-out") or "")
     conversations = found["conversations"]

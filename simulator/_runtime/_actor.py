@@ -37,6 +37,7 @@ from .._records import (
     ConversationTimings,
     ErrorInfo,
     ExtraCall,
+    MetricTiers,
     Score,
     TerminationReason,
     TurnRecord,
@@ -84,6 +85,8 @@ class ActorSettings:
     max_transcript_chars: int | None = None
     """The most characters a conversation's transcript may hold; a turn that would pass
     it (its prompt, or its answer) fails with TranscriptTooLong."""
+    metric_tiers: MetricTiers | None = None
+    """The pack's metric tiers, recorded on every result for the summaries."""
 
 
 @dataclass
@@ -495,6 +498,8 @@ class ConversationActor:
             status=self.machine.status,
             termination_reason=reason,
             difficulty=scenario.difficulty,
+            language=_language(scenario.metadata),
+            metric_tiers=self.settings.metric_tiers,
             transcript=tuple(self.transcript),
             turns=self._turns(),
             scores=scored.scores,
@@ -508,6 +513,12 @@ class ConversationActor:
                 started_at=started_at, finished_at=started_at + duration, duration_s=duration
             ),
         )
+
+
+def _language(metadata: dict[str, Any]) -> str | None:
+    """A scenario's ``metadata.language`` (single-turn packs put a problem's there)."""
+    language = metadata.get("language")
+    return language if isinstance(language, str) and language else None
 
 
 def _scored(scoring: ScoringSession) -> ScoredConversation:

@@ -125,6 +125,7 @@ class Run:
             max_turns=config.max_turns,
             on_turn=self.plugins.turn if self._hooked else None,
             max_transcript_chars=config.max_transcript_chars,
+            metric_tiers=handle.pack.metric_tiers,
         )
 
     @property

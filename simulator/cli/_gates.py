@@ -5,19 +5,28 @@ or fail, so that the same verdicts are printed, written to ``--junit`` and turne
 the exit code (:data:`~convsim.cli._console.EXIT_GATE_FAILED`, 100). A gate passes only
 on evidence: a metric gate whose metric has fewer scored conversations than
 ``--min-scored`` fails and says how many were scored, instead of passing on a mean of
-next to nothing.
+next to nothing; a metric that applied to no conversation has no value and fails.
+
+``--fail-under VALUE`` (a bare bound) gates each of the pack's primary metrics
+(config.yml ``metrics.primary``) in its own direction: a mean at least VALUE for a
+metric where higher is better, at most VALUE where lower is better (a metric with no
+known direction is taken as higher-is-better, as ``METRIC=VALUE`` takes every metric).
+A pack without primary metrics refuses it: that is bad input, not a passed gate.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
+
+import click
 
 from ._console import EXIT_GATE_FAILED, print_error
 
 if TYPE_CHECKING:
+    from .._records import MetricTiers
     from ..load._result import LoadResult, SweepResult
     from ..load._slo import SLOs
     from ..results._compare import Comparison
@@ -26,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MIN_SCORED",
+    "FailUnder",
     "GateOutcome",
     "LoadChecks",
     "compare_gates",
@@ -33,6 +43,7 @@ __all__ = [
     "fail_under_gates",
     "gate_suite",
     "load_checks",
+    "require_primary",
 ]
 
 DEFAULT_MIN_SCORED = 10
@@ -51,6 +62,117 @@ class GateOutcome:
     """What the gate found, in one line: the figure and the bound, or why it failed."""
 
 
+@dataclass(frozen=True)
+class FailUnder:
+    """``--fail-under`` as given: bounds on named metrics (``METRIC=VALUE``), and the
+    bare bound (``VALUE``) that each primary metric of the pack must meet. A named
+    bound on a primary metric wins over the bare one."""
+
+    named: Mapping[str, float] = field(default_factory=dict)
+    primary: float | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.named) or self.primary is not None
+
+
+def _as_fail_under(gates: FailUnder | Mapping[str, float]) -> FailUnder:
+    return gates if isinstance(gates, FailUnder) else FailUnder(dict(gates))
+
+
+def require_primary(
+    gates: FailUnder,
+    tiers: MetricTiers | Mapping[str, Sequence[str]] | None,
+    source: str,
+    *,
+    scored: Sequence[str] | None = None,
+) -> None:
+    """Before any gate is judged: a bare ``--fail-under VALUE`` needs primary metrics
+    in ``source`` (a pack, or a results file), and, with ``scored`` (the run's
+    ``--metrics``), every one of them scored. Bad input otherwise (exit 2)."""
+    if gates.primary is None:
+        return
+    if tiers is None:
+        primary: Sequence[str] = ()
+    elif isinstance(tiers, Mapping):
+        primary = tiers.get("primary", ())
+    else:
+        primary = tiers.primary
+    if not primary:
+        raise click.BadParameter(
+            f"a bare bound ({gates.primary:g}) gates the primary metrics, and {source} has "
+            "none (config.yml metrics.primary); name the metrics: --fail-under METRIC=VALUE",
+            param_hint="--fail-under",
+        )
+    if scored is not None:
+        left_out = [m for m in primary if m not in scored and m not in gates.named]
+        if left_out:
+            raise click.BadParameter(
+                f"a bare bound ({gates.primary:g}) gates the primary metrics "
+                f"{', '.join(primary)}, and --metrics leaves out {', '.join(left_out)}",
+                param_hint="--fail-under",
+            )
+
+
+class _Bound(NamedTuple):
+    """One metric gate: its metric, bound and direction, and whether the bare bound
+    on the primary metrics set it."""
+
+    metric: str
+    bound: float
+    lower_is_better: bool
+    primary: bool
+
+    @property
+    def gate(self) -> str:
+        return f"fail-under {self.metric}{'<=' if self.lower_is_better else '>='}{self.bound:g}"
+
+    @property
+    def label(self) -> str:
+        """The metric as the verdict names it."""
+        if not self.primary:
+            return self.metric
+        return f"{self.metric} (primary{', lower is better' if self.lower_is_better else ''})"
+
+    def met(self, mean: float) -> bool:
+        return mean <= self.bound if self.lower_is_better else mean >= self.bound
+
+    def verdict(self, mean: float, what: str = "mean") -> str:
+        """``label what mean OP bound``, the operator saying which side it is on."""
+        if self.lower_is_better:
+            op = "<=" if self.met(mean) else ">"
+        else:
+            op = ">=" if self.met(mean) else "<"
+        return f"{self.label} {what} {mean:.4g} {op} {self.bound:g}"
+
+
+def _bounds(
+    gates: FailUnder,
+    primary: Sequence[str],
+    higher_is_better: Mapping[str, bool | None],
+) -> list[_Bound]:
+    """The metric gates to judge: the primary metrics first (with the bare bound, in
+    their own direction), then the named ones as given (at least the bound)."""
+    bounds: list[_Bound] = []
+    if gates.primary is not None:
+        for metric in primary:
+            if metric not in gates.named:
+                lower = higher_is_better.get(metric) is False
+                bounds.append(_Bound(metric, gates.primary, lower, True))
+    bounds += [_Bound(metric, bound, False, False) for metric, bound in gates.named.items()]
+    return bounds
+
+
+def _standing(n: int, total: int, unit: str, not_applicable: int, failed: int) -> str:
+    """On how many ``unit`` a figure stands: scored, and the rest that are not (not
+    applicable, failed), so that a mean of a few is never read as one of all."""
+    parts = [f"{n} of {total} {unit} scored"]
+    if not_applicable:
+        parts.append(f"{not_applicable} not applicable")
+    if failed:
+        parts.append(f"{failed} failed")
+    return ", ".join(parts)
+
+
 def _needed(min_scored: int, total: int) -> int:
     """Scored items a gate needs: ``min_scored``, or all of them when there are fewer."""
     return min(min_scored, total)
@@ -64,17 +186,21 @@ def _too_few(metric: str, scored: int, total: int, unit: str, need: int) -> str 
 
 
 def fail_under_gates(
-    report: RunReport, gates: Mapping[str, float], *, min_scored: int
+    report: RunReport, gates: FailUnder | Mapping[str, float], *, min_scored: int
 ) -> list[GateOutcome]:
-    """``--fail-under METRIC=VALUE`` gates on a run's summary.
+    """``--fail-under`` gates on a run's summary: ``METRIC=VALUE`` ones, and a bare
+    bound on each primary metric (check :func:`require_primary` first).
 
-    A gate fails when its metric has no value, when fewer than ``min_scored`` of the
-    run's conversations (of the turns that asked for it, for a turn metric) were scored,
-    or when the mean is below the bound.
+    A gate fails when its metric has no value (not applicable to any conversation is
+    not a pass), when fewer than ``min_scored`` of the run's conversations (of the turns
+    that asked for it, for a turn metric) were scored, or when the mean is on the wrong
+    side of the bound.
     """
+    gates = _as_fail_under(gates)
+    hib = {name: m.higher_is_better for name, m in report.metrics.items()}
     outcomes = []
-    for metric, bound in gates.items():
-        gate = f"fail-under {metric}>={bound:g}"
+    for bound in _bounds(gates, report.metric_tiers.get("primary", []), hib):
+        metric, gate = bound.metric, bound.gate
         summary: MetricSummary | None = report.metrics.get(metric)
         total, unit = report.conversations, "conversations"
         if summary is None:
@@ -82,24 +208,21 @@ def fail_under_gates(
             if summary is not None:
                 total = summary.n + summary.not_applicable + summary.failed
                 unit = "turns"
-        no_value = f"{metric} has no value in this run (needs >= {bound:g})"
+        op = "<=" if bound.lower_is_better else ">="
         if summary is None:
-            outcomes.append(GateOutcome(gate, False, no_value))
+            line = f"{bound.label} has no value in this run (needs {op} {bound.bound:g})"
+            outcomes.append(GateOutcome(gate, False, line))
             continue
-        scored = f"{summary.n} of {total} {unit} scored"
-        too_few = _too_few(metric, summary.n, total, unit, _needed(min_scored, total))
+        scored = _standing(summary.n, total, unit, summary.not_applicable, summary.failed)
+        too_few = _too_few(bound.label, summary.n, total, unit, _needed(min_scored, total))
         if too_few is not None:
             outcomes.append(GateOutcome(gate, False, too_few))
         elif summary.mean is None:
-            outcomes.append(GateOutcome(gate, False, no_value))
-        elif summary.mean < bound:
-            outcomes.append(
-                GateOutcome(gate, False, f"{metric} mean {summary.mean:.4g} < {bound:g} ({scored})")
-            )
+            line = f"{bound.label} has no value in this run ({scored}; needs {op} {bound.bound:g})"
+            outcomes.append(GateOutcome(gate, False, line))
         else:
-            outcomes.append(
-                GateOutcome(gate, True, f"{metric} mean {summary.mean:.4g} >= {bound:g} ({scored})")
-            )
+            verdict = f"{bound.verdict(summary.mean)} ({scored})"
+            outcomes.append(GateOutcome(gate, bound.met(summary.mean), verdict))
     return outcomes
 
 
@@ -107,7 +230,7 @@ def compare_gates(
     comparison: Comparison,
     *,
     worse: Sequence[str],
-    fail_under: Mapping[str, float],
+    fail_under: FailUnder | Mapping[str, float],
     min_scored: int,
 ) -> list[GateOutcome]:
     """``--fail-if-worse`` and ``--fail-under`` gates on a comparison, over the
@@ -153,29 +276,25 @@ def compare_gates(
                     f"{found.pairs} pairs",
                 )
             )
-    for metric, bound in fail_under.items():
-        gate = f"fail-under {metric}>={bound:g}"
+    fail_under = _as_fail_under(fail_under)
+    directions = {m.metric: m.higher_is_better for m in comparison.metrics}
+    primary = comparison.metric_tiers.get("primary", [])
+    for bound in _bounds(fail_under, primary, directions):
+        metric, gate = bound.metric, bound.gate
         found = by_metric.get(metric)
         mean = found.candidate_mean if found is not None else None
         if found is None or mean is None:
-            outcomes.append(GateOutcome(gate, False, f"{metric} has no value in the candidate"))
+            outcomes.append(
+                GateOutcome(gate, False, f"{bound.label} has no value in the candidate")
+            )
             continue
-        too_few = _too_few(metric, found.pairs, comparison.paired, unit, need)
+        too_few = _too_few(bound.label, found.pairs, comparison.paired, unit, need)
         scored = f"{found.pairs} of {comparison.paired} {unit} scored"
         if too_few is not None:
             outcomes.append(GateOutcome(gate, False, too_few))
-        elif mean < bound:
-            outcomes.append(
-                GateOutcome(
-                    gate, False, f"{metric} candidate mean {mean:.4g} < {bound:g} ({scored})"
-                )
-            )
         else:
-            outcomes.append(
-                GateOutcome(
-                    gate, True, f"{metric} candidate mean {mean:.4g} >= {bound:g} ({scored})"
-                )
-            )
+            verdict = f"{bound.verdict(mean, 'candidate mean')} ({scored})"
+            outcomes.append(GateOutcome(gate, bound.met(mean), verdict))
     return outcomes
 
 

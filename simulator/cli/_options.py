@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import click
 
 from .._errors import ConfigError
-from ._gates import DEFAULT_MIN_SCORED
+from ._gates import DEFAULT_MIN_SCORED, FailUnder
 
 if TYPE_CHECKING:
     from ..adapters import ResponseCache
@@ -295,17 +296,38 @@ def response_cache(cache_dir: str | None, expiry: str | None) -> ResponseCache |
     return ResponseCache(None if cache_dir == DEFAULT_CACHE else cache_dir, expiry=seconds)
 
 
-def parse_gates(_ctx: Any, _param: Any, values: tuple[str, ...]) -> dict[str, float]:
-    gates: dict[str, float] = {}
+def parse_gates(_ctx: Any, _param: Any, values: tuple[str, ...]) -> FailUnder:
+    """``--fail-under METRIC=VALUE`` (repeatable) and ``--fail-under VALUE`` (once: the
+    bound of every primary metric)."""
+    named: dict[str, float] = {}
+    primary: float | None = None
     for value in values:
         metric, sep, bound = value.partition("=")
+        if not sep:
+            try:
+                bare = float(value)
+            except ValueError:
+                raise click.BadParameter(
+                    f"{value!r}: expected METRIC=VALUE, or a number for the primary metrics"
+                ) from None
+            if not math.isfinite(bare):
+                raise click.BadParameter(f"{value!r}: the bound must be a finite number")
+            if primary is not None:
+                raise click.BadParameter(
+                    f"{value!r}: one bare bound only (the primary metrics already have "
+                    f"{primary:g}); name a metric for another: METRIC=VALUE"
+                )
+            primary = bare
+            continue
         try:
-            if not sep or not metric.strip():
+            if not metric.strip():
                 raise ValueError
-            gates[metric.strip()] = float(bound)
+            named[metric.strip()] = float(bound)
         except ValueError:
             raise click.BadParameter(f"{value!r}: expected METRIC=VALUE") from None
-    return gates
+        if not math.isfinite(named[metric.strip()]):
+            raise click.BadParameter(f"{value!r}: the bound must be a finite number")
+    return FailUnder(named, primary)
 
 
 def plugin_settings(pairs: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -359,9 +381,13 @@ def fail_under_option(f: Any) -> Any:
         "fail_under",
         multiple=True,
         callback=parse_gates,
-        metavar="METRIC=VALUE",
-        help="Exit 100 when the run's mean of METRIC is below VALUE, it has no value, or "
-        "fewer than --min-scored conversations were scored; repeatable.",
+        metavar="METRIC=VALUE|VALUE",
+        help="Exit 100 when the run's mean of METRIC is below VALUE, it has no value (not "
+        "applicable is no value), or fewer than --min-scored conversations were scored; "
+        "repeatable. A bare VALUE gates each primary metric of the pack (config.yml "
+        "metrics.primary) in its direction: at least VALUE where higher is better, at "
+        "most VALUE where lower is; a pack without primary metrics refuses it (exit 2). "
+        "METRIC=VALUE on a primary metric overrides the bare VALUE for it.",
     )(f)
 
 

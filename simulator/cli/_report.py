@@ -11,7 +11,14 @@ from .._plural import counted
 from ..results._terminal import print_comparison, print_report
 from ._console import clear_errors
 from ._console import stdout as _stdout
-from ._gates import compare_gates, exit_on_failed_gates, fail_under_gates, gate_suite
+from ._gates import (
+    FailUnder,
+    compare_gates,
+    exit_on_failed_gates,
+    fail_under_gates,
+    gate_suite,
+    require_primary,
+)
 from ._options import (
     OptionalValueCommand,
     check_html_extra,
@@ -51,7 +58,7 @@ def report(
     results: Path,
     csv_out: Path | None,
     html_out: str | None,
-    fail_under: dict[str, float],
+    fail_under: FailUnder,
     min_scored: int,
     junit_out: Path | None,
 ) -> None:
@@ -66,6 +73,7 @@ def report(
     check_html_extra(html_out)
     lock_results(results)
     summary = summarize_file(results)
+    require_primary(fail_under, summary.metric_tiers, f"{results} (its pack)")
     print_report(summary, _stdout())
     written = write_summaries(summary, results)
     _stdout().print(f"summary: {written.json_path}, {written.markdown_path}", highlight=False)
@@ -127,7 +135,7 @@ def compare(
     candidate: Path,
     metrics: list[str] | None,
     fail_if_worse: str | None,
-    fail_under: dict[str, float],
+    fail_under: FailUnder,
     min_scored: int,
     junit_out: Path | None,
     json_out: Path | None,
@@ -143,8 +151,11 @@ def compare(
     worse_gates = [m.strip() for m in (fail_if_worse or "").split(",") if m.strip()]
     wanted = None if metrics is None else list(dict.fromkeys([*metrics, *worse_gates]))
     if wanted is not None:
-        wanted = list(dict.fromkeys([*wanted, *fail_under]))
-    result = compare_files(base, candidate, metrics=wanted)
+        wanted = list(dict.fromkeys([*wanted, *fail_under.named]))
+    result = compare_files(
+        base, candidate, metrics=wanted, with_primary=fail_under.primary is not None
+    )
+    require_primary(fail_under, result.metric_tiers, f"{candidate} (its pack)")
     print_comparison(result, _stdout())
     if json_out is not None:
         make_folder(json_out)

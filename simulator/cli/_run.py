@@ -31,7 +31,7 @@ from ._console import (
 from ._console import stderr as _stderr
 from ._console import stdout as _stdout
 from ._estimate import print_estimate
-from ._gates import exit_on_failed_gates, fail_under_gates
+from ._gates import FailUnder, exit_on_failed_gates, fail_under_gates, require_primary
 from ._options import (
     PackReading,
     cache_options,
@@ -279,7 +279,7 @@ def run(
     max_failure_rate: float,
     progress: bool | None,
     html_out: str | None,
-    fail_under: dict[str, float],
+    fail_under: FailUnder,
     min_scored: int,
     junit_out: Path | None,
 ) -> None:
@@ -300,8 +300,9 @@ def run(
       6    --max-cost stopped the run before its last conversation (--resume runs
            the rest)
       70   convsim crashed: an unexpected exception (its traceback is printed)
-      100  a --fail-under gate failed (one line per gate): its mean is below the
-           bound, or fewer than --min-scored conversations were scored
+      100  a --fail-under gate failed (one line per gate): its mean is on the wrong
+           side of the bound, it has no value, or fewer than --min-scored
+           conversations were scored
       130  interrupted
     When several apply, the first of 4, 3, 5 wins; gates are judged only when none
     does.
@@ -352,6 +353,7 @@ def run(
     # command can reuse the same --out.
     tune_gc_for_throughput()  # a big pack is millions of objects that live on
     loaded = reading.load(pack, seed=seed).with_trials(trials)
+    require_primary(fail_under, loaded.metric_tiers, f"pack {loaded.name!r}", scored=metrics)
     config = SimulatorConfig.from_arguments(
         model_spec,
         model_args=parse_model_args(model_args),
@@ -465,7 +467,7 @@ def _run_on_ray(
     concurrency: int,
     limit: int | None,
     resume: bool,
-    fail_under: dict[str, float],
+    fail_under: FailUnder,
     min_scored: int,
     junit_out: Path | None,
     html_out: str | None,

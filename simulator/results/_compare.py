@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from convsim._records import ConversationResult
+from convsim._records import ConversationResult, MetricTiers
 from convsim.metrics import percentile
 from convsim.metrics._bootstrap import integers_draw, resample_means
 from convsim.results._report import _higher_is_better
@@ -46,6 +46,8 @@ class MetricComparison(_Model):
     metric: str
     higher_is_better: bool | None
     pairs: int
+    tier: str | None = None
+    """``primary`` or ``secondary`` as the runs' pack declares it; None when untiered."""
     base_mean: float | None
     candidate_mean: float | None
     mean_difference: float | None
@@ -71,6 +73,10 @@ class Comparison(_Model):
     only_in_base: list[str]
     only_in_candidate: list[str]
     metrics: list[MetricComparison]
+    """The primary metrics first, then the secondary ones, then the rest."""
+    metric_tiers: dict[str, list[str]] = Field(default_factory=dict)
+    """The tiers the runs' packs declare (``{"primary": [...], "secondary": [...]}``);
+    empty when they declare none."""
 
 
 def _score(result: ConversationResult, metric: str) -> float | None:
@@ -97,6 +103,7 @@ def _one(
     metric: str,
     higher: bool | None,
     pairs: Sequence[tuple[str, ConversationResult, ConversationResult]],
+    tier: str | None = None,
 ) -> MetricComparison:
     rows = [
         (cid, b, c)
@@ -107,6 +114,7 @@ def _one(
         return MetricComparison(
             metric=metric,
             higher_is_better=higher,
+            tier=tier,
             pairs=0,
             base_mean=None,
             candidate_mean=None,
@@ -132,6 +140,7 @@ def _one(
     return MetricComparison(
         metric=metric,
         higher_is_better=higher,
+        tier=tier,
         pairs=len(rows),
         base_mean=float(base.mean()),
         candidate_mean=float(cand.mean()),
@@ -162,9 +171,12 @@ def compare(
     metrics: Sequence[str] | None = None,
     base_name: str = "base",
     candidate_name: str = "candidate",
+    with_primary: bool = False,
 ) -> Comparison:
     """Compare ``candidate`` with ``base``, paired by conversation; ``metrics`` default
-    to every conversation metric both runs scored."""
+    to every conversation metric both runs scored, and ``with_primary`` adds the
+    primary metrics to those given (a bare ``--fail-under`` gates them). Metrics are
+    listed primary first, then secondary, then the rest."""
     by_base = {r.conversation_id: r for r in base}
     by_cand = {r.conversation_id: r for r in candidate}
     shared = [cid for cid in by_base if cid in by_cand]
@@ -173,6 +185,11 @@ def compare(
         seen_base = {m for r in base for m in r.scores}
         seen_cand = {m for r in candidate for m in r.scores}
         metrics = sorted(seen_base & seen_cand)
+    tiers = _tiers([*candidate, *base])
+    if tiers is not None:
+        if with_primary:
+            metrics = list(dict.fromkeys([*metrics, *tiers.primary]))
+        metrics = tiers.ordered(list(metrics))
     direction = _higher_is_better(metrics)
     return Comparison(
         base=base_name,
@@ -180,12 +197,32 @@ def compare(
         paired=len(pairs),
         only_in_base=[cid for cid in by_base if cid not in by_cand],
         only_in_candidate=[cid for cid in by_cand if cid not in by_base],
-        metrics=[_one(m, direction.get(m), pairs) for m in metrics],
+        metrics=[
+            _one(m, direction.get(m), pairs, tiers.tier_of(m) if tiers is not None else None)
+            for m in metrics
+        ],
+        metric_tiers={}
+        if tiers is None
+        else {"primary": list(tiers.primary), "secondary": list(tiers.secondary)},
     )
 
 
+def _tiers(results: Sequence[ConversationResult]) -> MetricTiers | None:
+    """The metric tiers the results' packs declare, merged; None when none does."""
+    found: MetricTiers | None = None
+    for result in results:
+        tiers = result.metric_tiers
+        if tiers is not None and tiers != found:
+            found = tiers if found is None else found.merged(tiers)
+    return found
+
+
 def compare_files(
-    base: str | Path, candidate: str | Path, *, metrics: Sequence[str] | None = None
+    base: str | Path,
+    candidate: str | Path,
+    *,
+    metrics: Sequence[str] | None = None,
+    with_primary: bool = False,
 ) -> Comparison:
     """:func:`compare` of two results files (the conversations that count in each)."""
     return compare(
@@ -194,6 +231,7 @@ def compare_files(
         metrics=metrics,
         base_name=str(base),
         candidate_name=str(candidate),
+        with_primary=with_primary,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -15,7 +16,14 @@ from convsim.metrics import CORPUS_AGGREGATION, CORPUS_ITEM, METRICS, corpus_val
 from convsim.metrics._aggregate import aggregate
 
 from .._plural import counted
-from .._records import HIGHER_IS_BETTER_DETAIL, ConversationResult, Score, Status, TurnStatus
+from .._records import (
+    HIGHER_IS_BETTER_DETAIL,
+    ConversationResult,
+    MetricTiers,
+    Score,
+    Status,
+    TurnStatus,
+)
 from .._types import USAGE_SOURCES
 from ._sinks import iter_results, scan_lines, validate_line
 
@@ -28,6 +36,10 @@ __all__ = [
     "summarize",
     "summarize_file",
 ]
+
+
+UNSPECIFIED = "unspecified"
+"""The group of conversations whose scenario gives no difficulty (or language)."""
 
 
 def shown_ks(most: int) -> list[int]:
@@ -83,11 +95,19 @@ class RunReport(BaseModel):
     termination_reasons: dict[str, int]
     turns: dict[str, int]
     metrics: dict[str, MetricSummary]
+    """By metric, the primary ones first, then the secondary ones (``metric_tiers``)."""
+    metric_tiers: dict[str, list[str]] = Field(default_factory=dict)
+    """The tiers the pack declares (config.yml ``metrics.primary`` and
+    ``metrics.secondary``): ``{"primary": [...], "secondary": [...]}``; empty (and left
+    out of the JSON) for packs without tiers. Metrics in neither are untiered."""
     turn_metrics: dict[str, MetricSummary] = Field(default_factory=dict)
     """Turn-level ``evaluation_metrics``, over the turns that asked for them."""
     by_scenario_type: dict[str, GroupSummary]
     by_difficulty: dict[str, GroupSummary] = Field(default_factory=dict)
     by_model: dict[str, GroupSummary] = Field(default_factory=dict)
+    by_language: dict[str, GroupSummary] = Field(default_factory=dict)
+    """By the scenarios' language (a problem's ``language``), those without one as
+    ``unspecified``; empty (and left out of the JSON) when no scenario has one."""
     retention_curve: dict[int, MetricSummary] = Field(default_factory=dict)
     """context_retention by distance in turns between a fact and its probe."""
     latency_s: dict[str, float] = Field(default_factory=dict)
@@ -142,11 +162,22 @@ class RunReport(BaseModel):
             data.pop("clipped_turns", None)
         if not self.cache and isinstance(data, dict):  # a run without cache hits, as before
             data.pop("cache", None)
+        if not self.metric_tiers and isinstance(data, dict):  # a pack without tiers
+            data.pop("metric_tiers", None)
+        if not self.by_language and isinstance(data, dict):  # no scenario has a language
+            data.pop("by_language", None)
         if isinstance(data, dict):  # no simulated user, no judge, every model priced
             for key in ("user_cost_usd", "judge_cost_usd", "unpriced"):
                 if not data.get(key):
                     data.pop(key, None)
         return data
+
+    def tier_of(self, metric: str) -> str | None:
+        """``primary`` or ``secondary``; None for a metric in neither tier."""
+        for tier, names in self.metric_tiers.items():
+            if metric in names:
+                return tier
+        return None
 
     def token_sources_line(self) -> str | None:
         """Where the token counts came from, in words (``token counts of 12 turns: 10
@@ -216,14 +247,26 @@ class RunReport(BaseModel):
             "Means and intervals are over the scored conversations only; applicable is "
             "scored plus failed.",
             "",
-            "| metric | mean | 95% CI | std | applicable | scored | not applicable | failed |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        tiered = bool(self.metric_tiers)
+        if tiered:
+            lines += [
+                "Primary metrics first, then secondary ones (the pack's config.yml); "
+                "a metric in neither has no tier.",
+                "",
+            ]
+        lines += [
+            "| metric |"
+            + (" tier |" if tiered else "")
+            + " mean | 95% CI | std | applicable | scored | not applicable | failed |",
+            "|---|" + ("---|" if tiered else "") + "---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, m in self.metrics.items():
             ci = "" if m.ci_low is None else f"{_fmt(m.ci_low)} - {_fmt(m.ci_high)}"
+            tier = f" {self.tier_of(name) or ''} |" if tiered else ""
             lines.append(
-                f"| {name} | {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.applicable} | {m.n} "
-                f"| {m.not_applicable} | {m.failed} |"
+                f"| {name} |{tier} {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.applicable} "
+                f"| {m.n} | {m.not_applicable} | {m.failed} |"
             )
         corpus = {n: m.corpus for n, m in self.metrics.items() if m.corpus is not None}
         if corpus:
@@ -256,6 +299,18 @@ class RunReport(BaseModel):
             cells = [str(g.statuses.get(s.value, 0)) for s in Status]
             cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
             lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
+        if self.by_language:
+            lines += ["", "## By language", ""]
+            lines.append(
+                "| language | conversations | "
+                + " | ".join(["DONE", "FAILED", "TIMED_OUT", "CANCELLED", *names])
+                + " |"
+            )
+            lines.append("|---|" + "---:|" * (5 + len(names)))
+            for group, g in self.by_language.items():
+                cells = [str(g.statuses.get(s.value, 0)) for s in Status]
+                cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
+                lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
         if self.retention_curve:
             lines += [
                 "",
@@ -448,11 +503,15 @@ class Summarizer:
         self._models: set[str] = set()
         self._started: float | None = None
         self._finished: float | None = None
+        self._tiers: MetricTiers | None = None
         self._metrics = _ScoreFold()
         self._turn_metrics = _ScoreFold()
         self._by_type: dict[str, _GroupFold] = defaultdict(_GroupFold)
         self._by_difficulty: dict[str, _GroupFold] = defaultdict(_GroupFold)
         self._by_model: dict[str, _GroupFold] = defaultdict(_GroupFold)
+        self._by_language: dict[str, _GroupFold] = defaultdict(_GroupFold)
+        self._languages = False
+        """Whether any conversation so far had a language."""
         self._retention: dict[int, list[float]] = defaultdict(list)
         self._trials: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         """By scenario, by metric: the values of its trials (with --trials only)."""
@@ -462,6 +521,8 @@ class Summarizer:
 
     def add(self, r: ConversationResult) -> None:
         """Fold in one conversation."""
+        if r.language is not None and not self._languages:
+            self._start_languages()
         self._count += 1
         self._names.update(r.scores)
         for scores in r.turn_scores.values():
@@ -503,6 +564,9 @@ class Summarizer:
         elif r.user_usage is not None and r.user_usage.total_tokens:
             self._unpriced.add("the simulated user (user)")
         self._add_judge_costs(r)
+        tiers = r.metric_tiers
+        if tiers is not None and tiers != self._tiers:
+            self._tiers = tiers if self._tiers is None else self._tiers.merged(tiers)
         self._runs.add(r.run_id)
         self._packs.add(r.pack)
         self._models.add(r.model)
@@ -513,8 +577,10 @@ class Summarizer:
         for scores in r.turn_scores.values():
             self._turn_metrics.add(scores)
         self._by_type[r.scenario_type].add(r)
-        self._by_difficulty[r.difficulty or "unspecified"].add(r)
+        self._by_difficulty[r.difficulty or UNSPECIFIED].add(r)
         self._by_model[r.model].add(r)
+        if self._languages:
+            self._by_language[r.language or UNSPECIFIED].add(r)
         self._add_retention(r)
         if r.trial is not None:
             self._trial_counts[r.scenario_id] += 1
@@ -526,6 +592,18 @@ class Summarizer:
                 self._goals[r.scenario_id].append(goal.value >= 1.0 - 1e-9)
             elif r.status is not Status.DONE:  # a trial that failed did not reach the goal
                 self._goals[r.scenario_id].append(False)
+
+    def _start_languages(self) -> None:
+        """At the first conversation with a language: the ones before it had none, so
+        the run so far is the ``unspecified`` group (a run without languages never
+        pays for a breakdown it does not show)."""
+        self._languages = True
+        if self._count:
+            so_far = _GroupFold()
+            so_far.conversations = self._count
+            so_far.statuses = Counter(self._statuses)
+            so_far.scores = copy.deepcopy(self._metrics)
+            self._by_language[UNSPECIFIED] = so_far
 
     def _add_judge_costs(self, r: ConversationResult) -> None:
         """Each judged score's cost, or its judge as one without a price."""
@@ -573,7 +651,7 @@ class Summarizer:
         duration = None
         if self._started is not None and self._finished is not None:
             duration = self._finished - self._started
-        whole = _WholeRun(self._count, self._metrics.summaries(hib))
+        whole = _WholeRun(self._count, self._tiered(self._metrics.summaries(hib)))
         return RunReport(
             runs=sorted(self._runs),
             packs=sorted(self._packs),
@@ -583,10 +661,12 @@ class Summarizer:
             termination_reasons=dict(self._reasons.most_common()),
             turns={s.value: self._turns.get(s.value, 0) for s in TurnStatus},
             metrics=whole.metrics,
+            metric_tiers=self._tier_lists(),
             turn_metrics=self._turn_metrics.summaries(hib),
             by_scenario_type=_groups(self._by_type, hib, whole),
             by_difficulty=_groups(self._by_difficulty, hib, whole),
             by_model=_groups(self._by_model, hib, whole),
+            by_language=_groups(self._by_language, hib, whole) if self._languages else {},
             retention_curve={d: _summary(v, 0, True) for d, v in sorted(self._retention.items())},
             latency_s=latency,
             cache={k: self._cache[k] for k in ("hits", "misses")} if self._cache["hits"] else {},
@@ -601,6 +681,17 @@ class Summarizer:
             clipped_turns=self._clipped,
             **self._trial_figures(),
         )
+
+    def _tiered(self, summaries: dict[str, MetricSummary]) -> dict[str, MetricSummary]:
+        """``summaries`` with the primary metrics first, then the secondary ones."""
+        if self._tiers is None:
+            return summaries
+        return {name: summaries[name] for name in self._tiers.ordered(list(summaries))}
+
+    def _tier_lists(self) -> dict[str, list[str]]:
+        if self._tiers is None:
+            return {}
+        return {"primary": list(self._tiers.primary), "secondary": list(self._tiers.secondary)}
 
     def _trial_figures(self) -> dict[str, Any]:
         if not self._trial_counts:

@@ -26,11 +26,16 @@ def mean_cell(summary: MetricSummary | None) -> str:
 
 
 def _metric_parts(
-    console: Console, title: str, unit: str, summaries: dict[str, MetricSummary]
+    console: Console,
+    title: str,
+    unit: str,
+    summaries: dict[str, MetricSummary],
+    *,
+    legend: bool = True,
 ) -> list[RenderableType]:
     """A metric, its mean and 95% CI over the scored ``unit`` only, its scored, n/a
     and failed counts and direction a row; whole at any width (applicable is scored plus
-    failed: said in the title, a column is too wide)."""
+    failed: said in the title with the ``legend``, a column is too wide)."""
     corpus = any(m.corpus is not None for m in summaries.values())
     heads = [
         "metric",
@@ -49,13 +54,11 @@ def _metric_parts(
         whole = ["" if m.corpus is None else f"{m.corpus:.4g}"] if corpus else []
         row = [mean_cell(m), ci, *whole, str(m.n), str(m.not_applicable), str(m.failed)]
         rows.append([name, *row, better])
-    return row_table(
-        console,
-        f"{title}; scored: {unit} with a value (applicable: scored + failed); "
-        "\u2191 higher is better",
-        heads,
-        rows,
-    )
+    if legend:
+        title += (
+            f"; scored: {unit} with a value (applicable: scored + failed); \u2191 higher is better"
+        )
+    return row_table(console, title, heads, rows)
 
 
 def _group_tables(
@@ -80,6 +83,24 @@ def _group_tables(
     return across_tables(console, title, "", rows, heads)
 
 
+def _tiers(report: RunReport) -> list[tuple[str, dict[str, MetricSummary]]]:
+    """The metric tables of a report: one, or for a pack that declares tiers its
+    primary metrics, its secondary ones and those in neither, each a table of its own
+    (a tier column would not fit 80 columns)."""
+    mean = "mean over scored conversations"
+    if not report.metric_tiers:
+        return [(f"metrics ({mean})", report.metrics)]
+    parts: dict[str | None, dict[str, MetricSummary]] = {}
+    for name, summary in report.metrics.items():
+        parts.setdefault(report.tier_of(name), {})[name] = summary
+    titles = {
+        "primary": f"primary metrics ({mean}; the pack's metrics.primary)",
+        "secondary": "secondary metrics (the pack's metrics.secondary)",
+        None: "other metrics (in neither tier)",
+    }
+    return [(titles[tier], parts[tier]) for tier in titles if tier in parts]
+
+
 def _prose(out: Console, line: str) -> None:
     """A line of figures, whole on one line (a terminal wraps it; a log keeps it)."""
     out.print(Text(line), highlight=False)
@@ -90,12 +111,8 @@ def print_report(report: RunReport, out: Console) -> None:
     title = f"{', '.join(report.packs) or 'no results'} · {', '.join(report.models)}"
     head = [[status, str(count)] for status, count in report.statuses.items()]
     print_all(out, row_table(out, title, ["status", "conversations"], head))
-    print_all(
-        out,
-        _metric_parts(
-            out, "metrics (mean over scored conversations)", "conversations", report.metrics
-        ),
-    )
+    for i, (title, summaries) in enumerate(_tiers(report)):
+        print_all(out, _metric_parts(out, title, "conversations", summaries, legend=not i))
     if report.turn_metrics:
         title = "turn metrics (mean over the scored turns that ask for them)"
         print_all(out, _metric_parts(out, title, "turns", report.turn_metrics))
@@ -120,8 +137,9 @@ def print_report(report: RunReport, out: Console) -> None:
         ("scenario_type", report.by_scenario_type),
         ("difficulty", report.by_difficulty),
         ("model", report.by_model),
+        ("language", report.by_language),
     ):
-        if len(groups) > 1 or key == "scenario_type":
+        if len(groups) > 1 or key == "scenario_type" or (key == "language" and groups):
             print_all(out, _group_tables(out, f"by {key}", key, groups, names))
     if report.retention_curve:
         curve = [
@@ -168,15 +186,18 @@ def score_cell(score: Score) -> str:
 
 
 def print_comparison(result: Comparison, out: Console) -> None:
-    """The paired comparison: a metric a row, whole at any width."""
-    rows: list[list[Cell]] = []
+    """The paired comparison: a metric a row, whole at any width; for runs of a pack
+    that declares tiers, the primary metrics, the secondary ones and the rest each a
+    table of their own, in that order."""
+    rows: dict[str | None, list[list[Cell]]] = {}
     for m in result.metrics:
+        tier = m.tier if result.metric_tiers else None
         if not m.pairs:
-            rows.append([m.metric, "0", "-", "-", "-", "-", "-", "-"])
+            rows.setdefault(tier, []).append([m.metric, "0", "-", "-", "-", "-", "-", "-"])
             continue
         ci = f"{m.ci95[0]:+.2g}..{m.ci95[1]:+.2g}" if m.ci95 else "-"
         diff = f"{m.mean_difference:+.3g}"
-        rows.append(
+        rows.setdefault(tier, []).append(
             [
                 m.metric,
                 str(m.pairs),
@@ -191,7 +212,12 @@ def print_comparison(result: Comparison, out: Console) -> None:
     # the files' paths, never broken across lines
     out.print(Text(f"{result.candidate} vs {result.base} ({result.paired} paired)", "table.title"))
     heads = ["metric", "n", "base", "cand.", "diff.", "95% CI", "W/T/L", "p"]
-    print_all(out, row_table(out, "", heads, rows))
+    titles = {"primary": "primary metrics", "secondary": "secondary metrics", None: ""}
+    if result.metric_tiers:
+        titles[None] = "other metrics (in neither tier)"
+    for tier, title in titles.items():
+        if tier in rows:
+            print_all(out, row_table(out, title, heads, rows[tier]))
     for m in result.metrics:
         if m.most_changed:
             changes = ", ".join(

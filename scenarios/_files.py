@@ -146,8 +146,9 @@ _SKIP_CHUNK = 1 << 16  # the rest of a line over the limit is read past this muc
 
 
 class JsonLine(NamedTuple):
-    """A non-blank line of a JSONL file: its number (1-based) and its value, or the
-    problem that keeps it from having one (``value`` is then None)."""
+    """A line of a JSONL file that is neither blank nor a ``#`` comment: its number
+    (1-based) and its value, or the problem that keeps it from having one (``value`` is
+    then None)."""
 
     number: int
     value: Any
@@ -161,9 +162,9 @@ def read_jsonl(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     on_bytes: Callable[[bytes], object] | None = None,
 ) -> Iterator[JsonLine]:
-    """The non-blank lines of a JSONL file open in binary, one at a time, parsed with
-    :func:`parse_json_value`. Lines end at "\\n" only: JSON strings may hold U+2028
-    and friends, which other line breaks would split.
+    """The lines of a JSONL file open in binary that are neither blank nor a ``#``
+    comment, one at a time, parsed with :func:`parse_json_value`. Lines end at "\\n"
+    only: JSON strings may hold U+2028 and friends, which other line breaks would split.
 
     A line longer than ``max_line_bytes`` (its newline not counted) is never held whole
     nor parsed: the rest of it is read past, and it comes back with its problem.
@@ -199,8 +200,8 @@ def read_jsonl(
             raise FileProblem(
                 f"not UTF-8 text ({exc.reason} at byte {start + exc.start})", number
             ) from None
-        if not text.strip():
-            continue
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue  # a comment: no JSON value starts with "#" (the guide's files have one)
         try:
             value = parse_json_value(text)
         except FileProblem as exc:

@@ -311,6 +311,20 @@ def test_blank_lines_are_skipped_but_still_counted(tmp_path: Path) -> None:
     assert where(only_problem(folder)) == (SCENARIOS, 4, "colour")
 
 
+def test_comment_lines_are_skipped_but_still_counted(tmp_path: Path) -> None:
+    """The guide's problems.jsonl opens with a "# path" line: no JSON value starts with
+    "#", so such a line is a comment."""
+    rows = ["# lm_eval/tasks/my_new_task/problems.jsonl", problem(0), "  # another", problem(1)]
+    assert [
+        c.source for c in load_pack(write_single(tmp_path / "ok", rows=rows)).conversations
+    ] == [
+        "problems.jsonl:2",
+        "problems.jsonl:4",
+    ]
+    bad = write_single(tmp_path / "bad", rows=["# a comment", problem(0, colour="red")])
+    assert where(only_problem(bad)) == (PROBLEMS, 2, "colour")
+
+
 def test_crlf_line_endings_keep_line_numbers(tmp_path: Path) -> None:
     write_multi(tmp_path)
     text = json.dumps(scenario("a")) + "\r\n" + json.dumps(scenario("b", colour="red")) + "\r\n"

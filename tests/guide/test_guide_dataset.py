@@ -1,6 +1,6 @@
 """The guide's single-turn task files (Creating Custom Tasks, steps 3 and 4), copied from
-the guide: problems.jsonl without its first line (a comment naming the file, which JSONL
-cannot hold) and config.yml as written (the spaces on its blank lines left out). Its
+the guide: problems.jsonl as written (its first line, a ``#`` comment naming the file, is
+skipped) and config.yml as written (the spaces on its blank lines left out). Its
 ``dataset.size: 100`` with three problems runs all three and says so."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from convsim import load_pack
 from convsim.cli import main
 
 PROBLEMS_JSONL = """\
+# lm_eval/tasks/single_turn_scenarios/my_new_task/problems.jsonl
 {"question": "What is the capital of France?", "expected_answer": "Paris", "context": "", "required_keywords": ["paris", "france"], "difficulty": "easy"}
 {"question": "Explain the concept of recursion in programming.", "expected_answer": "Recursion is a programming technique where a function calls itself to solve smaller instances of the same problem.", "context": "Programming concepts", "required_keywords": ["function", "calls", "itself"], "difficulty": "medium"}
 {"question": "Calculate the derivative of x^2 + 3x + 2", "expected_answer": "2x + 3", "context": "Calculus", "required_keywords": ["derivative", "2x", "3"], "difficulty": "medium"}

@@ -118,11 +118,10 @@ def test_the_guides_single_turn_task_runs_from_its_installed_package(tmp_path: P
 
 def test_the_guides_config_yml_is_a_single_turn_pack(tmp_path: Path) -> None:
     (tmp_path / "config.yml").write_text((SINGLE_TURN / "config.yml").read_text())
-    # the guide's problems.jsonl opens with a "# path" line naming the file, which the
-    # task's reader skips and a pack's problems.jsonl (JSON lines only) does not take
-    lines = (SINGLE_TURN / "problems.jsonl").read_text().splitlines()
-    assert lines[0].startswith("# ")
-    (tmp_path / "problems.jsonl").write_text("\n".join(lines[1:]) + "\n")
+    # as written: its first line, a "# path" comment naming the file, is skipped
+    problems = (SINGLE_TURN / "problems.jsonl").read_text()
+    assert problems.startswith("# lm_eval/")
+    (tmp_path / "problems.jsonl").write_text(problems)
     pack = convsim.load_pack(tmp_path)
     assert len(pack.conversations) == 3
     assert pack.metrics == ("exact_match", "custom_score", "semantic_similarity")

@@ -6,7 +6,7 @@ import copy
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -287,30 +287,10 @@ class RunReport(BaseModel):
                     f"| {name} | {_fmt(m.mean)} | {m.applicable} | {m.n} | {m.not_applicable} "
                     f"| {m.failed} |"
                 )
-        lines += ["", "## By scenario type", ""]
         names = list(self.metrics)
-        lines.append(
-            "| scenario_type | conversations | "
-            + " | ".join(["DONE", "FAILED", "TIMED_OUT", "CANCELLED", *names])
-            + " |"
-        )
-        lines.append("|---|" + "---:|" * (5 + len(names)))
-        for group, g in self.by_scenario_type.items():
-            cells = [str(g.statuses.get(s.value, 0)) for s in Status]
-            cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
-            lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
+        lines += _group_table("By scenario type", "scenario_type", self.by_scenario_type, names)
         if self.by_language:
-            lines += ["", "## By language", ""]
-            lines.append(
-                "| language | conversations | "
-                + " | ".join(["DONE", "FAILED", "TIMED_OUT", "CANCELLED", *names])
-                + " |"
-            )
-            lines.append("|---|" + "---:|" * (5 + len(names)))
-            for group, g in self.by_language.items():
-                cells = [str(g.statuses.get(s.value, 0)) for s in Status]
-                cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
-                lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
+            lines += _group_table("By language", "language", self.by_language, names)
         if self.retention_curve:
             lines += [
                 "",
@@ -336,6 +316,24 @@ class RunReport(BaseModel):
             lines += ["", "## Errors", "", "| error | conversations |", "|---|---:|"]
             lines += [f"| {k} | {v} |" for k, v in self.errors.items()]
         return "\n".join(lines) + "\n"
+
+
+def _group_table(
+    title: str, column: str, groups: Mapping[str, GroupSummary], names: list[str]
+) -> list[str]:
+    """A summary.md section: one row per group, its statuses and each metric's mean."""
+    lines = ["", f"## {title}", ""]
+    lines.append(
+        f"| {column} | conversations | "
+        + " | ".join(["DONE", "FAILED", "TIMED_OUT", "CANCELLED", *names])
+        + " |"
+    )
+    lines.append("|---|" + "---:|" * (5 + len(names)))
+    for group, g in groups.items():
+        cells = [str(g.statuses.get(s.value, 0)) for s in Status]
+        cells += [_fmt(g.metrics[n].mean) if n in g.metrics else "" for n in names]
+        lines.append(f"| {group} | {g.conversations} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _fmt(value: float | None) -> str:

@@ -410,7 +410,7 @@ def test_size_sampling_is_said_in_the_run_and_recorded_in_the_manifest(tmp_path:
     out = tmp_path / "r.jsonl"
     code, _, err = invoke("run", str(folder), "--out", str(out), "--seed", "7")
     assert code == 0, err
-    assert "note: p: sampled 4 of 20 problems with seed 7" in err
+    assert "note: p: problems.csv: sampled 4 of 20 problems with seed 7" in err
     manifest = json.loads(out.with_name("r.manifest.json").read_text())
     assert manifest["pack_options"]["dataset"] == {
         "format": "csv",

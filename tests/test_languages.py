@@ -228,3 +228,17 @@ def test_dataset_size_samples_among_the_problems_the_languages_keep(tmp_path: Pa
         pack = load_pack(folder, seed=seed)
         assert len(ids(pack)) == 4 and all(i.startswith("fr") for i in ids(pack)), ids(pack)
         assert any("sampled 4 of 6 problems" in note for note in pack.notes), pack.notes
+
+
+def test_a_run_says_what_the_languages_and_the_size_left_out(tmp_path: Path) -> None:
+    folder = write_pack(tmp_path, '["en"]')
+    out = tmp_path / "r.jsonl"
+    run = CliRunner().invoke(main, ["run", str(folder), "-m", "scripted", "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    line = config_line(folder, "languages:")
+    assert (
+        f"note: pack: config.yml:{line}: evaluation_config.languages (en) keeps 3 of 5 "
+        "problems; 2 left out (1 in de, 1 in fr)"
+    ) in run.stderr
+    # the bundled config's size: 30 is more than these problems: all are used, and said
+    assert "dataset.size is 30, but the dataset holds 3 problems: all 3 are used" in run.stderr

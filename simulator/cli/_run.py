@@ -401,8 +401,9 @@ def run(
     sink = JsonlSink(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed)
     tune_gc_for_throughput()
     err = _stderr()
-    if "sampled" in loaded.dataset:
-        err.print(f"note: {loaded.name}: {loaded.dataset['sampled']}", highlight=False)
+    if loaded.kind == "single_turn":  # what the pack keeps of its data: filters, sampling
+        for note in loaded.notes:
+            err.print(f"note: {loaded.name}: {note}", highlight=False)
     show_progress = err.is_terminal if progress is None else progress
     try:
         outcome = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)

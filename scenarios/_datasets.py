@@ -23,7 +23,9 @@ import hashlib
 import json
 import os
 import random
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -289,6 +291,40 @@ def _offline() -> bool:
     )
 
 
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+"""A dataset on the hub: ``name`` or ``owner/name``."""
+
+
+def _check_hub_name(name: str) -> None:
+    """Refuse a ``dataset.name`` that is not a folder of the pack and would be read from
+    elsewhere on this machine: ``load_dataset`` reads any local path it finds (absolute,
+    or relative to the working directory) before it asks the hub, so the same pack would
+    read other data depending on where it runs.
+
+    Raises:
+        FileProblem: naming the setting.
+    """
+    if not _HUB_NAME.fullmatch(name) or os.path.exists(name):
+        raise FileProblem(
+            f"{name!r} is not a folder inside the pack, nor a dataset name of the hub "
+            "(owner/name); a pack reads only its own folder or the hub",
+            field="name",
+        )
+
+
+@contextmanager
+def _quiet(datasets: Any) -> Iterator[None]:
+    """``datasets`` without its progress bars on stderr (under ``--log-format json``
+    every line of a run's stderr is an event), as it was afterwards."""
+    shown = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+
+
 def open_hf(
     dataset: DatasetConfig,
     root: Path,
@@ -312,35 +348,39 @@ def open_hf(
     split = dataset.split or HF_DEFAULT_SPLIT
     folder = Path(os.path.realpath(root / name))
     local = folder.is_dir() and folder.is_relative_to(os.path.realpath(root))
-    try:
-        if local and any((folder / f).exists() for f in ("dataset_dict.json", "state.json")):
-            loaded = datasets.load_from_disk(str(folder))
-            if isinstance(loaded, datasets.DatasetDict):
-                if split not in loaded:
-                    raise FileProblem(
-                        f"no split {split!r} in {name} (splits: {', '.join(loaded)})",
-                        field="split",
-                    )
-                loaded = loaded[split]
-        else:
-            loaded = datasets.load_dataset(
-                str(folder) if local else name,
-                dataset.config,
-                split=split,
-                revision=dataset.revision,
+    if not local:
+        _check_hub_name(name)
+    with _quiet(datasets):  # its progress bars would write on the run's stderr
+        try:
+            if local and any((folder / f).exists() for f in ("dataset_dict.json", "state.json")):
+                loaded = datasets.load_from_disk(str(folder))
+                if isinstance(loaded, datasets.DatasetDict):
+                    if split not in loaded:
+                        raise FileProblem(
+                            f"no split {split!r} in {name} (splits: {', '.join(loaded)})",
+                            field="split",
+                        )
+                    loaded = loaded[split]
+            else:
+                loaded = datasets.load_dataset(
+                    str(folder) if local else name,
+                    dataset.config,
+                    split=split,
+                    revision=dataset.revision,
+                )
+        except FileProblem:
+            raise
+        except Exception as exc:  # datasets raises many kinds; each is a dataset that cannot load
+            offline = (
+                " (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE is set: only the local cache is read)"
+                if _offline()
+                else ""
             )
-    except FileProblem:
-        raise
-    except Exception as exc:  # datasets raises many kinds; each is a dataset that cannot load
-        offline = (
-            " (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE is set: only the local cache is read)"
-            if _offline()
-            else ""
-        )
-        raise FileProblem(
-            f"cannot load dataset {name!r}, split {split!r}: {type(exc).__name__}: {exc}{offline}",
-            field="name",
-        ) from None
+            raise FileProblem(
+                f"cannot load dataset {name!r}, split {split!r}: "
+                f"{type(exc).__name__}: {exc}{offline}",
+                field="name",
+            ) from None
     renamed = _renamer(loaded.column_names, dataset.columns, fields)
     source = {
         "format": "hf",

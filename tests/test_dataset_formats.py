@@ -368,6 +368,38 @@ def test_hf_bad_rows_missing_split_and_unknown_dataset(tmp_path: Path, no_networ
     assert "Traceback" not in err
 
 
+def test_hf_reads_only_the_packs_folder_or_the_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None
+) -> None:
+    """``load_dataset`` reads any local path it finds before the hub: a name outside the
+    pack (absolute, relative to the working directory, climbing out) is refused, so a pack
+    reads the same data wherever it runs."""
+    outside = tmp_path / "outside"
+    saved_dataset(outside)
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "p"
+    for name in (str(outside), "outside", "../outside", "~/data"):
+        write_config(folder, format="hf", name=name)
+        code, _, err = invoke("validate", str(folder))
+        assert code == 2, (name, err)
+        assert f"dataset.name: {name!r} is not a folder inside the pack" in err, err
+
+
+def test_hf_loading_prints_no_progress_bars(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], no_network: None
+) -> None:
+    import datasets
+
+    folder = write_config(tmp_path / "p", format="hf", name="files")
+    (folder / "files").mkdir()
+    (folder / "files" / "test.jsonl").write_text(json.dumps(PROBLEMS[0]) + "\n")
+    shown = not datasets.are_progress_bars_disabled()
+    capfd.readouterr()
+    load_pack(folder)
+    assert capfd.readouterr().err == ""
+    assert (not datasets.are_progress_bars_disabled()) == shown  # left as it was
+
+
 def test_hf_settings_must_fit_the_format(tmp_path: Path) -> None:
     folder = write_config(tmp_path / "p", format="hf")
     with pytest.raises(PackError) as exc:

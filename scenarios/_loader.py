@@ -1151,11 +1151,16 @@ class _SingleTurnLoader(_Loader):
         if "languages" not in evaluation.model_fields_set or self.problems:
             return _Languages(resolved, ())
         wanted = evaluation.languages
-        kept = [r for r in resolved if r.problem.language in (None, *wanted)]
+        folded = {w.casefold() for w in wanted}  # language tags are case-insensitive
+
+        def keeps(language: str | None) -> bool:
+            return language is None or language.casefold() in folded
+
+        kept = [r for r in resolved if keeps(r.problem.language)]
         left_out = collections.Counter(
             r.problem.language
             for r in resolved
-            if r.problem.language is not None and r.problem.language not in wanted
+            if r.problem.language is not None and not keeps(r.problem.language)
         )
         where = line_of(("evaluation_config", "languages"))
         if not kept:
@@ -1179,8 +1184,9 @@ class _SingleTurnLoader(_Loader):
             return _Languages(kept, ())
         dropped = sum(left_out.values())
         by_language = ", ".join(f"{n} in {lang}" for lang, n in sorted(left_out.items()))
+        at = self.CONFIG if where is None else f"{self.CONFIG}:{where}"
         note = (
-            f"{self.CONFIG}:{where}: evaluation_config.languages ({', '.join(wanted)}) keeps "
+            f"{at}: evaluation_config.languages ({', '.join(wanted)}) keeps "
             f"{len(kept)} of {counted(len(resolved), 'problem')}; {dropped} left out "
             f"({by_language})"
         )

@@ -88,6 +88,22 @@ def test_a_lower_is_better_primary_metric_is_gated_from_above(tmp_path: Path) ->
     assert line.endswith(" > 0 (4 of 4 conversations scored)")
 
 
+def test_a_named_bound_on_a_lower_is_better_primary_metric_keeps_its_direction(
+    tmp_path: Path,
+) -> None:
+    """``--fail-under 0 --fail-under latency=10`` replaces latency's bare bound by 10 s,
+    still from above: not a demand that latency be at least 10 s."""
+    pack = pack_with(tmp_path, ["exact_match", "latency"], [])
+    out = tmp_path / "r.jsonl"
+    code, _, err = run(pack, out, "--fail-under", "0", "--fail-under", "latency=10")
+    assert code == 0, err
+    code, _, err = invoke("report", str(out), "--fail-under", "0", "--fail-under", "latency=0")
+    assert code == EXIT_GATE_FAILED, err
+    (line,) = gate_lines(err)
+    assert line.startswith("error: gate failed: latency (primary, lower is better) mean ")
+    assert " > 0 (4 of 4 conversations scored)" in line
+
+
 def test_a_primary_metric_not_applicable_is_not_a_pass(tmp_path: Path) -> None:
     """context_retention measures nothing in a single-turn pack: no value, a failed gate,
     whatever the bound."""

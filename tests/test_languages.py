@@ -242,3 +242,27 @@ def test_a_run_says_what_the_languages_and_the_size_left_out(tmp_path: Path) -> 
     ) in run.stderr
     # the bundled config's size: 30 is more than these problems: all are used, and said
     assert "dataset.size is 30, but the dataset holds 3 problems: all 3 are used" in run.stderr
+
+
+def test_language_tags_match_whatever_their_case(tmp_path: Path) -> None:
+    rows = [
+        problem("a", language="pt-br"),
+        problem("b", language="PT-BR"),
+        problem("c", language="fr"),
+    ]
+    folder = write_pack(tmp_path, '["pt-BR"]', rows)
+    assert ids(load_pack(folder)) == ["a", "b"]
+
+
+def test_a_load_test_samples_dataset_size_by_its_seed(tmp_path: Path) -> None:
+    from convsim.load import LoadPlan
+    from convsim.load._plan import _workload
+
+    rows = [problem(f"p{i}") for i in range(12)]
+    folder = write_pack(tmp_path, None, rows)
+    config = (folder / "config.yml").read_text(encoding="utf-8")
+    (folder / "config.yml").write_text(config.replace("  size: 30\n", "  size: 3\n"))
+    for seed in (1, 2, 3):
+        sessions = _workload(LoadPlan(pack=str(folder), seed=seed), None)
+        sent = [c.scenario.scenario_id for c in sessions.conversations]  # type: ignore[attr-defined]
+        assert sent == ids(load_pack(folder, seed=seed))

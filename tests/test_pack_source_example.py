@@ -94,3 +94,18 @@ def test_problems_pack_validates_and_samples_like_a_folder(tmp_path: Path) -> No
         "x.sums:4: expected_answer: Field required",
         "x.sums:9: nope: unknown field",
     ]
+
+
+def test_a_sources_language_note_names_no_line_it_does_not_have() -> None:
+    config = {
+        "task_name": "sums",
+        "evaluation_config": {"languages": ["en"]},
+        "prompt_templates": {"default": "Q: {question}"},
+    }
+    problems = [
+        (1, {"question": "1+1", "expected_answer": "2", "language": "en"}),
+        (2, {"question": "2+2", "expected_answer": "4", "language": "fr"}),
+    ]
+    pack = problems_pack("sums:x", config, problems, source="x.sums", options=LoadOptions())
+    (note,) = pack.notes
+    assert "None" not in note and "evaluation_config.languages (en) keeps 1 of 2" in note, note

@@ -151,14 +151,22 @@ def _bounds(
     higher_is_better: Mapping[str, bool | None],
 ) -> list[_Bound]:
     """The metric gates to judge: the primary metrics first (with the bare bound, in
-    their own direction), then the named ones as given (at least the bound)."""
+    their own direction), then the named ones as given (at least the bound). A named
+    bound on a primary metric, with a bare one given, replaces the bare bound and keeps
+    the metric's direction."""
     bounds: list[_Bound] = []
-    if gates.primary is not None:
+    bare = gates.primary
+    tiered: set[str] = set()
+    if bare is not None:
+        tiered = set(primary)
         for metric in primary:
-            if metric not in gates.named:
-                lower = higher_is_better.get(metric) is False
-                bounds.append(_Bound(metric, gates.primary, lower, True))
-    bounds += [_Bound(metric, bound, False, False) for metric, bound in gates.named.items()]
+            lower = higher_is_better.get(metric) is False
+            bounds.append(_Bound(metric, gates.named.get(metric, bare), lower, True))
+    bounds += [
+        _Bound(metric, bound, False, False)
+        for metric, bound in gates.named.items()
+        if metric not in tiered
+    ]
     return bounds
 
 

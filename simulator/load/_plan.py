@@ -128,7 +128,7 @@ def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
     if plan.pack is not None:
         from convsim.scenarios import load_pack
 
-        pack = load_pack(plan.pack)
+        pack = load_pack(plan.pack, seed=plan.seed)  # dataset.size samples by the seed
         return PackSessions(
             pack.conversations, repeat=plan.repeat, seed=plan.seed, max_tokens=plan.output_tokens
         )

@@ -424,3 +424,30 @@ def test_a_tasks_files_run_code_only_when_the_class_allows_it(tmp_path: Path) ->
         ALLOW_CODE = True
 
     assert len(Trusted(config).to_pack()) == 1
+
+
+class _CountingTask(MyConversationTask):
+    """The guide's task, counting how often its conversation hooks run."""
+
+    evaluations = 0
+
+    def evaluate_conversation(self, doc, conversation_turns):  # type: ignore[no-untyped-def]
+        type(self).evaluations += 1
+        return super().evaluate_conversation(doc, conversation_turns)
+
+
+def test_two_runs_of_a_document_scored_in_turn_keep_their_own_evaluation() -> None:
+    """Trials of a document are scored at the same time, their metrics interleaved: each
+    conversation's hooks run once, whichever of its metrics asks, and each asks for its
+    own records' results."""
+    pack = _CountingTask().to_pack()
+    (first,) = convsim.run_sync(pack, "scripted", limit=1, metrics=[], seed=1)
+    (second,) = convsim.run_sync(pack, "scripted", limit=1, metrics=[], seed=2)
+    conversation = pack.conversations[0]
+    origin = conversation.origin
+    assert _CountingTask.evaluations == 2  # once per run
+    one = origin.results(conversation, first.turns)
+    other = origin.results(conversation, second.turns)
+    again = origin.results(conversation, first.turns)
+    assert _CountingTask.evaluations == 2  # each run's evaluation is kept, not redone
+    assert again is one and other is not one

@@ -46,6 +46,7 @@ import dataclasses
 import hashlib
 import statistics
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -458,14 +459,23 @@ class _TaskConversation(Conversation):
         return prompt
 
 
+_EVALUATIONS_KEPT = 64
+"""Evaluations a document keeps, the latest: the conversations (trials, runs) of one
+document being scored at once."""
+
+
 @dataclass
 class ConversationDocument:
     """A multi-turn conversation's origin: its task and document. The task's hooks run
-    once per scoring of a conversation, whichever ``task:<key>`` metric asks first."""
+    once per scoring of a conversation, whichever ``task:<key>`` metric asks first; the
+    trials of a document, scored at the same time, each keep their own evaluation and
+    do not wait on each other's hooks (which may call the model)."""
 
     task: MultiTurnTask
     doc: Any
-    _last: _Evaluated | None = field(default=None, repr=False)
+    _evaluations: OrderedDict[tuple[int, ...], _Evaluated] = field(
+        default_factory=OrderedDict, repr=False
+    )
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def prompt(self, turn: PreparedTurn, transcript: Sequence[Message]) -> str:
@@ -479,19 +489,26 @@ class ConversationDocument:
     ) -> dict[str, Any] | str:
         if not turns:
             return "no turn of the conversation completed"
+        # the metrics of one scoring are given the very same records; another run or
+        # trial of the conversation is evaluated anew (its hooks may ask the model again)
+        key = tuple(id(t) for t in turns)  # the entry keeps them alive: ids stay theirs
         with self._lock:
-            last = self._last
-            # the metrics of one scoring are given the very same records; another run
-            # of the conversation is evaluated anew (its hooks may ask the model again)
-            if last is None or not last.of(turns):
+            entry = self._evaluations.get(key)
+            if entry is None or not entry.of(turns):
+                entry = self._evaluations[key] = _Evaluated(tuple(turns))
+                while len(self._evaluations) > _EVALUATIONS_KEPT:
+                    self._evaluations.popitem(last=False)
+            else:
+                self._evaluations.move_to_end(key)
+        with entry.lock:
+            if entry.outcome is None:
                 try:
-                    outcome: dict[str, Any] | Exception = self._evaluate(conversation, turns)
+                    entry.outcome = self._evaluate(conversation, turns)
                 except Exception as exc:  # each metric fails with it, the hooks run once
-                    outcome = exc
-                last = self._last = _Evaluated(tuple(turns), outcome)
-        if isinstance(last.outcome, Exception):
-            raise last.outcome
-        return last.outcome
+                    entry.outcome = exc
+        if isinstance(entry.outcome, Exception):
+            raise entry.outcome
+        return entry.outcome
 
     def _evaluate(self, conversation: Conversation, turns: Sequence[TurnRecord]) -> dict[str, Any]:
         processed = []
@@ -505,12 +522,14 @@ class ConversationDocument:
             return dict(self.task.evaluate_conversation(self.doc, processed))
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Evaluated:
-    """The task's results (or the error its hooks raised) for one scoring's turns."""
+    """The task's results (or the error its hooks raised) for one scoring's turns; None
+    until its hooks have run, under its lock."""
 
     turns: tuple[TurnRecord, ...]
-    outcome: dict[str, Any] | Exception
+    outcome: dict[str, Any] | Exception | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def of(self, turns: Sequence[TurnRecord]) -> bool:
         """Whether these are the very records evaluated."""

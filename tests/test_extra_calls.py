@@ -24,6 +24,7 @@ from convsim._types import Message, Usage
 from convsim.adapters import Budgets, ResponseCache
 from convsim.adapters.mock import MockModelServer, MockServerConfig
 from convsim.lm_eval import ExtraCallFailed, MultiTurnTask
+from convsim.results import turn_rows
 
 pytestmark = pytest.mark.anyio
 
@@ -147,6 +148,14 @@ async def test_a_prompt_of_its_own_is_one_call_through_the_runs_adapter(
     assert line["turns"][0]["extra_calls"][0]["prompt"] == EXTRA
     assert "extra_calls" not in line["turns"][1]  # omitted when there are none
     assert convsim.ConversationResult.model_validate_json(result.model_dump_json()) == result
+    # the turn rows (CSV, frames) say so, and add up to the conversation's usage
+    rows = list(turn_rows(result, "r.jsonl"))
+    assert [r["extra_calls"] for r in rows] == [1, 0]
+    assert rows[0]["extra_prompt_tokens"] == call.usage.prompt_tokens
+    assert rows[1]["extra_prompt_tokens"] is None
+    for side in ("prompt_tokens", "completion_tokens"):
+        total = sum(r[side] + (r[f"extra_{side}"] or 0) for r in rows)
+        assert total == getattr(result.usage, side)
 
 
 async def test_only_a_line_with_extra_calls_is_written_as_schema_3(

@@ -110,6 +110,19 @@ def _turn_row(result: ConversationResult, turn: TurnRecord, file: str) -> dict[s
         "attempts": turn.attempts,
         "error_type": error.type if error else None,
         "error_message": error.message if error else None,
+        **_extra_call_cells(turn),
+    }
+
+
+def _extra_call_cells(turn: TurnRecord) -> dict[str, Any]:
+    """A turn's extra calls (a task's own questions to the model, counted in the
+    conversation's usage): how many, and their tokens (None where none reported usage),
+    so that a conversation's turn rows add up to its usage."""
+    used = [c.usage for c in turn.extra_calls if c.usage is not None]
+    return {
+        "extra_calls": len(turn.extra_calls),
+        "extra_prompt_tokens": sum(u.prompt_tokens for u in used) if used else None,
+        "extra_completion_tokens": sum(u.completion_tokens for u in used) if used else None,
     }
 
 

@@ -108,7 +108,12 @@ class CallTimings(BaseModel):
     retry_wait_s: float = 0.0
     """Time spent on failed attempts and the back-off between them."""
     ttft_s: float | None = None
-    """Time to the first content byte; None when the call did not stream."""
+    """Time to the first token of any kind (reasoning or answer); None when the call
+    did not stream."""
+    ttfot_s: float | None = None
+    """Time to the first output token: the answer's, after any reasoning. The same as
+    ``ttft_s`` for a model that does not reason aloud; None when the call did not
+    stream or no answer text came."""
     total_s: float = 0.0
     """From sending the request (after the queue) to the last byte."""
     inter_token_s: tuple[float, ...] = ()
@@ -135,6 +140,13 @@ class Completion(BaseModel):
     cached: bool = False
     """Answered from the response cache: no call was made, so ``attempts`` is 0 and
     ``timings`` measure nothing."""
+    reasoning: str | None = None
+    """What a reasoning model thought before it answered (``reasoning_content`` or
+    ``reasoning`` on OpenAI-compatible servers, Anthropic thinking blocks); None when
+    the server sent none. Never part of ``text``."""
+    reasoning_tokens: int | None = None
+    """Of ``usage.completion_tokens``, those spent reasoning, as the server reports
+    them (``completion_tokens_details.reasoning_tokens``); None when it reports none."""
 
 
 class GenerationParams(BaseModel):

@@ -112,8 +112,8 @@ class CallTimings(BaseModel):
     did not stream."""
     ttfot_s: float | None = None
     """Time to the first output token: the answer's, after any reasoning. The same as
-    ``ttft_s`` for a model that does not reason aloud; None when the call did not
-    stream or no answer text came."""
+    ``ttft_s`` for a model that does not reason aloud (and when not given); None when
+    the call did not stream or no answer text came."""
     total_s: float = 0.0
     """From sending the request (after the queue) to the last byte."""
     inter_token_s: tuple[float, ...] = ()
@@ -121,6 +121,15 @@ class CallTimings(BaseModel):
     count_s: float = 0.0
     """Time spent after the answer counting its tokens with the server's tokenizer (it
     sent no usage): the client's time, not the model's."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ttfot_defaults_to_ttft(cls, data: Any) -> Any:
+        """An adapter that knows nothing of reasoning gives ``ttft_s`` only: its first
+        token is its first output token."""
+        if isinstance(data, dict) and "ttfot_s" not in data:
+            return {**data, "ttfot_s": data.get("ttft_s")}
+        return data
 
 
 class Completion(BaseModel):

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from convsim._errors import AuthError, BadRequest, ConfigError, RateLimited, ServerError
 from convsim._types import GenerationParams, Message, Usage
@@ -27,6 +27,10 @@ class AnthropicConfig(HttpAdapterConfig):
     anthropic_version: str = "2023-06-01"
     default_max_tokens: int = 1024
     """The API requires max_tokens; used when a turn sets none."""
+    thinking_budget: int | None = Field(default=None, ge=1024)
+    """Turn on extended thinking with this many tokens for it (the API's least is
+    1024; max_tokens must be larger). The thinking is recorded on the turn, apart from
+    the answer; None leaves thinking off."""
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
@@ -126,6 +130,8 @@ class AnthropicAdapter(HttpModelAdapter):
             body["top_p"] = params.top_p
         if params.stop:
             body["stop_sequences"] = list(params.stop)
+        if self.config.thinking_budget is not None:
+            body["thinking"] = {"type": "enabled", "budget_tokens": self.config.thinking_budget}
         if stream:
             body["stream"] = True
         return HttpRequest("/v1/messages", body)
@@ -133,15 +139,24 @@ class AnthropicAdapter(HttpModelAdapter):
     def parse_response(self, data: Any) -> ParsedAnswer:
         if data.get("type") == "error":
             raise ValueError(f"the API reported an error: {data.get('error')}")
-        text = "".join(block["text"] for block in data["content"] if block.get("type") == "text")
-        return ParsedAnswer(text, data.get("stop_reason"), _usage(data.get("usage")))
+        blocks = data["content"]
+        text = "".join(block["text"] for block in blocks if block.get("type") == "text")
+        # a redacted_thinking block carries only ciphertext: nothing a reader can use
+        thinking = "".join(block["thinking"] for block in blocks if block.get("type") == "thinking")
+        return ParsedAnswer(
+            text, data.get("stop_reason"), _usage(data.get("usage")), thinking or None
+        )
 
     def parse_event(self, event: SSEEvent) -> Delta:
         data = json.loads(event.data)
         kind = data.get("type", event.event)
         if kind == "content_block_delta":
             delta = data["delta"]
-            return Delta(text=delta.get("text") if delta.get("type") == "text_delta" else None)
+            kind = delta.get("type")
+            if kind == "thinking_delta":
+                return Delta(reasoning=delta.get("thinking"))
+            # signature_delta (the thinking's checksum) and others carry no text
+            return Delta(text=delta.get("text") if kind == "text_delta" else None)
         if kind == "message_start":
             return Delta(usage=_usage(data["message"].get("usage")))
         if kind == "message_delta":

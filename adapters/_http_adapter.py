@@ -213,6 +213,10 @@ class ParsedAnswer(NamedTuple):
     finish_reason: str | None
     usage: Usage | None
     """None when the server sent none (the adapter then estimates it)."""
+    reasoning: str | None = None
+    """What a reasoning model thought before answering; None when it sent none."""
+    reasoning_tokens: int | None = None
+    """Of the completion tokens, those spent reasoning; None when not reported."""
 
 
 class Delta(NamedTuple):
@@ -222,6 +226,10 @@ class Delta(NamedTuple):
     finish_reason: str | None = None
     usage: Usage | None = None
     done: bool = False
+    reasoning: str | None = None
+    """A piece of reasoning (it arrives before the answer)."""
+    reasoning_tokens: int | None = None
+    """Reasoning tokens, where the event reports usage with them."""
 
 
 class _Answer(NamedTuple):
@@ -236,6 +244,9 @@ class _Answer(NamedTuple):
     ttft_s: float | None = None
     inter_token_s: tuple[float, ...] = ()
     replaced_chars: int = 0
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
+    ttfot_s: float | None = None
 
 
 class Exchange(Protocol):
@@ -282,6 +293,16 @@ def _valid_usage(usage: Usage | None) -> Usage | None:
         if not 0 <= count <= MAX_TOKEN_COUNT:
             raise ValueError(f"usage.{name} is {count}, not a token count")
     return usage
+
+
+def _reasoning_tokens(count: Any) -> int | None:
+    """``count`` if it is a token count (0 to :data:`MAX_TOKEN_COUNT`) or None; anything
+    else raises (a malformed answer)."""
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_TOKEN_COUNT:
+        raise ValueError(f"reasoning_tokens is {count!r}, not a token count")
+    return count
 
 
 def _finish_reason(reason: str | None) -> str | None:
@@ -707,9 +728,10 @@ class HttpModelAdapter(ModelAdapter):
                 replaced_chars=answer.replaced_chars,
                 reason="lone UTF-16 surrogates replaced with U+FFFD",
             )
-        text = answer.text
+        text, reasoning = answer.text, answer.reasoning
         if self._scrub.secrets:  # a server that echoes the key must not get it recorded
             text = self._scrub(text)
+            reasoning = None if reasoning is None else self._scrub(reasoning)
         # every part is checked (text repaired, usage validated where it was read): the
         # answer is assembled without validating it again on this hot path
         return Completion.model_construct(
@@ -720,6 +742,7 @@ class HttpModelAdapter(ModelAdapter):
                 queue_wait_s=(started - queued) + budget_wait,
                 retry_wait_s=max(0.0, spent - budget_wait - answer.total_s),
                 ttft_s=answer.ttft_s,
+                ttfot_s=answer.ttfot_s,
                 total_s=answer.total_s,
                 inter_token_s=answer.inter_token_s,
                 count_s=count_s,
@@ -727,6 +750,8 @@ class HttpModelAdapter(ModelAdapter):
             attempts=attempts,
             model=self.config.model,
             replaced_chars=answer.replaced_chars,
+            reasoning=reasoning,
+            reasoning_tokens=answer.reasoning_tokens,
         )
 
     async def _attempt(
@@ -807,6 +832,8 @@ class HttpModelAdapter(ModelAdapter):
                     text = repair_text(_optional_text(answer.text, "the answer's text") or "")
                     finish = _optional_text(answer.finish_reason, "the finish reason")
                     usage = _valid_usage(answer.usage)
+                    thought = _optional_text(answer.reasoning, "the reasoning")
+                    thought_tokens = _reasoning_tokens(answer.reasoning_tokens)
                 except AdapterError:
                     raise
                 except Exception as exc:  # any misshapen answer, whatever the parser met
@@ -815,12 +842,15 @@ class HttpModelAdapter(ModelAdapter):
                         snippet=self._scrub(body[:400].decode("utf-8", "replace"))[:200],
                         model=self.config.model,
                     ) from exc
+        reasoning = repair_text(thought) if thought else None
         return _Answer(
             text.text,
             _finish_reason(finish),
             usage,
             time.perf_counter() - t0,
-            replaced_chars=text.replaced,
+            replaced_chars=text.replaced + (reasoning.replaced if reasoning else 0),
+            reasoning=reasoning.text if reasoning else None,
+            reasoning_tokens=thought_tokens,
         )
 
     async def _read_stream(
@@ -839,19 +869,22 @@ class HttpModelAdapter(ModelAdapter):
         answer = StreamedAnswer(t0, on_text)
         finish_reason: str | None = None
         usage: Usage | None = None
+        reasoning_tokens: int | None = None
         done = False
         events = 0
         opening = b""
         """The stream's first bytes, shown should no event ever come."""
 
         def take(event: SSEEvent) -> None:
-            nonlocal finish_reason, usage, done, events
+            nonlocal finish_reason, usage, reasoning_tokens, done, events
             events += 1
             try:
                 delta = self.parse_event(event)
                 piece = _optional_text(delta.text, "a streamed piece of text")
+                thought = _optional_text(delta.reasoning, "a streamed piece of reasoning")
                 finish = _optional_text(delta.finish_reason, "the finish reason")
                 reported = _valid_usage(delta.usage)
+                thought_tokens = _reasoning_tokens(delta.reasoning_tokens)
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
@@ -860,8 +893,12 @@ class HttpModelAdapter(ModelAdapter):
                     snippet=self._scrub(event.data)[:200],
                     model=self.config.model,
                 ) from exc
+            if thought:
+                answer.feed_reasoning(thought)
             if piece:
                 answer.feed(piece)  # may hold back half an emoji for the next event
+            if thought_tokens is not None:
+                reasoning_tokens = thought_tokens
             finish_reason = finish or finish_reason
             usage = _merge_usage(usage, reported)
             done = done or delta.done
@@ -896,6 +933,9 @@ class HttpModelAdapter(ModelAdapter):
             answer.ttft_s,
             tuple(answer.gaps),
             answer.replaced_chars,
+            answer.reasoning,
+            reasoning_tokens,
+            answer.ttfot_s,
         )
 
     def _scrub_error(self, exc: AdapterError) -> None:

@@ -315,6 +315,9 @@ class LitellmAdapter(HttpModelAdapter):
                 continue
             choice = chunk.choices[0]
             finish_reason = choice.finish_reason or finish_reason
+            thought = getattr(choice.delta, "reasoning_content", None)
+            if isinstance(thought, str) and thought:
+                answer.feed_reasoning(thought)
             piece = getattr(choice.delta, "content", None)
             if piece:
                 answer.feed(piece)
@@ -329,6 +332,9 @@ class LitellmAdapter(HttpModelAdapter):
             answer.ttft_s,
             tuple(answer.gaps),
             answer.replaced_chars,
+            answer.reasoning,
+            None,
+            answer.ttfot_s,
         )
 
     @staticmethod

@@ -79,6 +79,29 @@ def _usage(data: Any) -> Usage | None:
     )
 
 
+_REASONING_KEYS = ("reasoning_content", "reasoning")
+"""Where OpenAI-compatible servers put a reasoning model's thoughts, in a message or a
+streamed delta: ``reasoning_content`` (vLLM's reasoning parsers, SGLang, DeepSeek,
+llama.cpp), ``reasoning`` (newer vLLM, OpenRouter)."""
+
+
+def _reasoning(message: Mapping[str, Any]) -> str | None:
+    """The reasoning text of a message or delta; None when it carries none."""
+    for key in _REASONING_KEYS:
+        value = message.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise TypeError(f"{key} is {type(value).__name__}, not a string")
+            return value or None
+    return None
+
+
+def _reasoning_tokens(usage: Any) -> int | None:
+    """``usage.completion_tokens_details.reasoning_tokens``; None when not reported."""
+    details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
+    return details.get("reasoning_tokens") if isinstance(details, dict) else None
+
+
 def _sequence(logprobs: Mapping[str, Any], name: str, count: int) -> list[Any]:
     values = logprobs.get(name)
     if not isinstance(values, list) or len(values) != count:
@@ -286,13 +309,22 @@ class OpenAIWireAdapter(HttpModelAdapter):
 
     def parse_response(self, data: Any) -> ParsedAnswer:
         choice = data["choices"][0]
+        reasoning = None
         if self.config.endpoint == "chat":
             text = choice["message"].get("content") or ""
+            reasoning = _reasoning(choice["message"])
         else:
             text = choice["text"]
         if not isinstance(text, str):
             raise TypeError(f"the answer's text is {type(text).__name__}, not a string")
-        return ParsedAnswer(text, choice.get("finish_reason"), _usage(data.get("usage")))
+        usage = data.get("usage")
+        return ParsedAnswer(
+            text,
+            choice.get("finish_reason"),
+            _usage(usage),
+            reasoning,
+            _reasoning_tokens(usage),
+        )
 
     def parse_event(self, event: SSEEvent) -> Delta:
         raw = event.data
@@ -303,16 +335,27 @@ class OpenAIWireAdapter(HttpModelAdapter):
             raise ServerError(
                 f"the stream reported an error: {data['error']}", model=self.config.model
             )
-        usage = _usage(data.get("usage"))
+        reported = data.get("usage")
+        usage = _usage(reported)
+        thought_tokens = _reasoning_tokens(reported)
         choices = data.get("choices") or []
         if not choices:
-            return Delta(usage=usage)
+            return Delta(usage=usage, reasoning_tokens=thought_tokens)
         choice = choices[0]
+        reasoning = None
         if self.config.endpoint == "chat":
-            text = (choice.get("delta") or {}).get("content")
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            reasoning = _reasoning(delta)
         else:
             text = choice.get("text")
-        return Delta(text=text or None, finish_reason=choice.get("finish_reason"), usage=usage)
+        return Delta(
+            text=text or None,
+            finish_reason=choice.get("finish_reason"),
+            usage=usage,
+            reasoning=reasoning,
+            reasoning_tokens=thought_tokens,
+        )
 
 
 class OpenAIAdapter(OpenAIWireAdapter):

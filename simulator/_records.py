@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.dataclasses import dataclass
+from pydantic_core import ArgsKwargs
 
 from ._errors import AdapterError, ProtocolError, RateLimited
 from ._types import Message, Usage
@@ -36,27 +37,46 @@ __all__ = [
 ]
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The newest format of a results line. 1: each turn's ``messages`` in full.
 2: a turn stores ``messages_prefix``, how many leading ``transcript`` messages it sent,
 and in ``messages`` only what follows them, so each message is stored once (a line grows
 with a conversation's length, not with its square). 3: a turn may hold ``extra_calls``
 (a task's own questions to the model); a line without any is still written as 2, so
 an older convsim reads it, and one with them tells an older convsim to upgrade rather
-than failing on an unknown field. Lines of every version read back to the same
+than failing on an unknown field. 4: a turn may hold a reasoning model's ``reasoning``
+and ``reasoning_tokens``, and its timings a ``ttfot_s`` apart from ``ttft_s``; a line
+without them is written as before. Lines of every version read back to the same
 objects."""
 
 _WITHOUT_EXTRA_CALLS = 2
 """The version a line without extra calls is written as."""
+_WITH_EXTRA_CALLS = 3
+"""The version a line with extra calls (and no reasoning) is written as."""
+
+
+def _get(item: object, name: str) -> Any:
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def _reasoned(turn: object) -> bool:
+    """Whether a turn (a record or its dict) holds what only version 4 can."""
+    if _get(turn, "reasoning") is not None or _get(turn, "reasoning_tokens") is not None:
+        return True
+    timings = _get(turn, "timings")
+    if timings is None or (isinstance(timings, dict) and "ttfot_s" not in timings):
+        return False
+    return bool(_get(timings, "ttfot_s") != _get(timings, "ttft_s"))
 
 
 def _written_version(turns: object) -> int:
     """The version a results line with these turns (records or their dicts) is written as."""
-    if isinstance(turns, (list, tuple)) and any(
-        (t.get("extra_calls") if isinstance(t, dict) else getattr(t, "extra_calls", None))
-        for t in turns
-    ):
+    if not isinstance(turns, (list, tuple)):
+        return _WITHOUT_EXTRA_CALLS
+    if any(_reasoned(t) for t in turns):
         return SCHEMA_VERSION
+    if any(_get(t, "extra_calls") for t in turns):
+        return _WITH_EXTRA_CALLS
     return _WITHOUT_EXTRA_CALLS
 
 
@@ -217,8 +237,27 @@ class TurnTimings:
     queue_wait_s: float | None = None
     retry_wait_s: float | None = None
     ttft_s: float | None = None
+    """To the first token of any kind: a reasoning model's first thought counts."""
     user_latency_s: float | None = None
     """The simulated user's call, for ``user`` turns."""
+    ttfot_s: float | None = None
+    """To the first output token, the answer's (what a user waits for). When not
+    given, the same as ``ttft_s``: a model that does not reason aloud; a results line
+    holds it only where it differs."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ttfot_defaults_to_ttft(cls, data: Any) -> Any:
+        if isinstance(data, ArgsKwargs):
+            if data.args:  # positional: ttfot_s is last, after every other field
+                return data
+            fields = dict(data.kwargs or {})
+            if "ttfot_s" not in fields:
+                fields["ttfot_s"] = fields.get("ttft_s")
+            return ArgsKwargs((), fields)
+        if isinstance(data, dict) and "ttfot_s" not in data:
+            return {**data, "ttfot_s": data.get("ttft_s")}
+        return data
 
 
 @dataclass(frozen=True, slots=True, config=_COMPACT)
@@ -282,6 +321,12 @@ class TurnRecord:
     extra_calls: tuple[ExtraCall, ...] = ()
     """Calls to the model under test with prompts of their own, made for this turn
     while its conversation was scored; their tokens count in the conversation's usage."""
+    reasoning: str | None = None
+    """What a reasoning model thought before its ``response`` (never part of it);
+    None when it sent none. Judges see it only with ``--judge-sees-reasoning``."""
+    reasoning_tokens: int | None = None
+    """Of the answer's completion tokens, those spent reasoning, as the server
+    reported them; None when it reported none."""
 
 
 class ConversationTimings(BaseModel):
@@ -454,6 +499,10 @@ class ConversationResult(BaseModel):
                     continue  # lines stay as they were for runs without a cache
                 elif key in _OMITTED_WHEN_EMPTY and not value:
                     continue  # lines stay as they were for turns without extra calls
+                elif key in _OMITTED_WHEN_NONE and value is None:
+                    continue  # lines stay as they were for models that do not reason
+                elif key == "timings" and isinstance(value, dict):
+                    value = _without_plain_ttfot(value)
                 item[key] = value
             compact.append(item)
         return compact
@@ -476,6 +525,17 @@ _OMITTED_WHEN_FALSE = frozenset({"cached", "user_cached"})
 
 _OMITTED_WHEN_EMPTY = frozenset({"extra_calls"})
 """Turn fields a results line carries only when not empty."""
+
+
+_OMITTED_WHEN_NONE = frozenset({"reasoning", "reasoning_tokens"})
+"""Turn fields a results line carries only when set."""
+
+
+def _without_plain_ttfot(timings: dict[str, Any]) -> dict[str, Any]:
+    """``timings`` without ``ttfot_s`` where it says nothing ``ttft_s`` does not."""
+    if "ttfot_s" in timings and timings["ttfot_s"] == timings.get("ttft_s"):
+        return {k: v for k, v in timings.items() if k != "ttfot_s"}
+    return timings
 
 
 def _shared_prefix(messages: tuple[Message, ...], transcript: tuple[Message, ...]) -> int:

@@ -108,7 +108,12 @@ class CallTimings(BaseModel):
     retry_wait_s: float = 0.0
     """Time spent on failed attempts and the back-off between them."""
     ttft_s: float | None = None
-    """Time to the first content byte; None when the call did not stream."""
+    """Time to the first token of any kind (reasoning or answer); None when the call
+    did not stream."""
+    ttfot_s: float | None = None
+    """Time to the first output token: the answer's, after any reasoning. The same as
+    ``ttft_s`` for a model that does not reason aloud (and when not given); None when
+    the call did not stream or no answer text came."""
     total_s: float = 0.0
     """From sending the request (after the queue) to the last byte."""
     inter_token_s: tuple[float, ...] = ()
@@ -116,6 +121,15 @@ class CallTimings(BaseModel):
     count_s: float = 0.0
     """Time spent after the answer counting its tokens with the server's tokenizer (it
     sent no usage): the client's time, not the model's."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ttfot_defaults_to_ttft(cls, data: Any) -> Any:
+        """An adapter that knows nothing of reasoning gives ``ttft_s`` only: its first
+        token is its first output token."""
+        if isinstance(data, dict) and "ttfot_s" not in data:
+            return {**data, "ttfot_s": data.get("ttft_s")}
+        return data
 
 
 class Completion(BaseModel):
@@ -135,6 +149,13 @@ class Completion(BaseModel):
     cached: bool = False
     """Answered from the response cache: no call was made, so ``attempts`` is 0 and
     ``timings`` measure nothing."""
+    reasoning: str | None = None
+    """What a reasoning model thought before it answered (``reasoning_content`` or
+    ``reasoning`` on OpenAI-compatible servers, Anthropic thinking blocks); None when
+    the server sent none. Never part of ``text``."""
+    reasoning_tokens: int | None = None
+    """Of ``usage.completion_tokens``, those spent reasoning, as the server reports
+    them (``completion_tokens_details.reasoning_tokens``); None when it reports none."""
 
 
 class GenerationParams(BaseModel):

@@ -71,7 +71,7 @@ def test_parse_slos() -> None:
     ("text", "reason"),
     [
         ("ttft_p99<=500", "invalid --slo 'ttft_p99<=500'"),
-        ("latency_p99<=1s", "METRIC ttft, tpot, itl or e2e"),
+        ("latency_p99<=1s", "METRIC ttft, ttfot, tpot, itl or e2e"),
         ("ttft_p98<=1s", "invalid --slo"),
         ("ttft_p99>=1s", "invalid --slo"),
         ("ttft_p99<=1s,", "invalid --slo ''"),

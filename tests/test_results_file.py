@@ -37,6 +37,7 @@ from convsim import (
     read_results,
     summarize_file,
 )
+from convsim._records import SCHEMA_VERSION
 from convsim.adapters import Completion, GenerationParams, Message, ScriptedAdapter
 from convsim.cli import main
 
@@ -542,7 +543,7 @@ def test_a_bad_messages_prefix_is_located(tmp_path: Path, change: dict[str, Any]
 
 def test_a_newer_schema_is_refused_clearly(tmp_path: Path) -> None:
     data = json.loads((DATA / "results_v1.jsonl").read_text(encoding="utf-8").splitlines()[0])
-    data["schema_version"] = 4
+    data["schema_version"] = SCHEMA_VERSION + 1
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps(data) + "\n", encoding="utf-8")
     with pytest.raises(ResultsError, match=r"x.jsonl:1: .*newer convsim"):

@@ -29,6 +29,10 @@ class MockServerConfig(BaseModel):
     """Inter-token latency: the gap between streamed tokens (same forms as ``ttft_ms``)."""
     output_tokens: int | None = Field(default=None, gt=0)
     """Every answer has exactly this many words: the reply, then filler (None: the reply)."""
+    reasoning_tokens: int = Field(default=0, ge=0)
+    """Chat answers reason first: this many words of ``reasoning_content`` (streamed one
+    event a word, ``itl_ms`` apart, before the answer), counted in the completion
+    tokens and reported as ``completion_tokens_details.reasoning_tokens``."""
     fault_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     """Fraction of generation requests that get an injected fault (decided by the seed)."""
     faults: dict[FaultKind, float] = Field(default_factory=lambda: dict.fromkeys(FAULT_KINDS, 1.0))

@@ -18,6 +18,7 @@ from ._wire import Echo, error_body
 __all__ = [
     "Reply",
     "usage_json",
+    "reasoning_words",
     "chat_body",
     "completion_body",
     "generate_body",
@@ -39,19 +40,35 @@ class Reply(NamedTuple):
     """The usage object, as JSON text."""
     model: str
     """The model id, as a JSON string."""
+    reasoning: tuple[str, ...] = ()
+    """Reasoning words sent before the answer (chat only), as ``reasoning_content``."""
 
 
-def usage_json(prompt_tokens: int, completion_tokens: int) -> str:
-    """The usage object of an answer, as JSON text."""
+def reasoning_words(count: int) -> tuple[str, ...]:
+    """``count`` words of a reasoning model's thoughts (one token each)."""
+    return tuple("Thinking" if i == 0 else "step" for i in range(count))
+
+
+def usage_json(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> str:
+    """The usage object of an answer, as JSON text; ``completion_tokens`` include the
+    ``reasoning_tokens``, reported apart in ``completion_tokens_details`` as OpenAI's
+    API and vLLM do."""
+    details = (
+        f',"completion_tokens_details":{{"reasoning_tokens":{reasoning_tokens}}}'
+        if reasoning_tokens
+        else ""
+    )
     return (
         f'{{"prompt_tokens":{prompt_tokens},"completion_tokens":{completion_tokens},'
-        f'"total_tokens":{prompt_tokens + completion_tokens}}}'
+        f'"total_tokens":{prompt_tokens + completion_tokens}{details}}}'
     )
 
 
 def chat_body(reply: Reply, number: int, created: int) -> bytes:
     """A ``chat.completion`` (``number`` makes its id)."""
     text = json.dumps(" ".join(reply.words))
+    if reply.reasoning:
+        text += ',"reasoning_content":' + json.dumps(" ".join(reply.reasoning))
     return (
         f'{{"id":"chatcmpl-mock{number:x}","object":"chat.completion",'
         f'"created":{created},"model":{reply.model},"choices":[{{"index":0,'
@@ -148,6 +165,10 @@ def stream_events(
         before = head + '"delta":{"content":'
         after = '},"logprobs":null,"finish_reason":null}]' + more + "\n\n"
         events = [before + p + after for p in pieces]
+        if reply.reasoning:  # a reasoning model's thoughts come first, one event a word
+            thinking = head + '"delta":{"reasoning_content":'
+            thoughts = [thinking + p + after for p in _json_pieces(reply.reasoning)]
+            events = [*thoughts, *events]
         end = f'{head}"delta":{{}},"logprobs":null,"finish_reason":"{finish}"}}]{more}\n\n'
     else:
         role = ""

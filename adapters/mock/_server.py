@@ -51,6 +51,7 @@ from ._replies import (
     completion_body,
     echo_body,
     generate_body,
+    reasoning_words,
     stream_events,
     usage_json,
 )
@@ -356,10 +357,11 @@ class MockModelServer:
             prompt_tokens += cfg.message_overhead_tokens * len(turns)
         if fault == "lone_surrogate":  # the last word ends in half an emoji
             words = (*words[:-1], (words[-1] if words else "") + HALF_EMOJI)
-        n = len(words)
+        thoughts = reasoning_words(cfg.reasoning_tokens) if path == CHAT else ()
+        n = len(words) + len(thoughts)
         model = self._model_json if params.model == cfg.model else json.dumps(params.model)
-        usage = usage_json(prompt_tokens, n) if cfg.usage else "null"
-        reply = Reply(words, finish, usage, model)
+        usage = usage_json(prompt_tokens, n, len(thoughts)) if cfg.usage else "null"
+        reply = Reply(words, finish, usage, model, thoughts)
         if params.stream:
             include_usage = params.include_usage and cfg.usage
             return await self._stream(request, path == CHAT, reply, include_usage, fault)

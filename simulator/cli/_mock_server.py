@@ -69,6 +69,13 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     help="Every answer has exactly N words.",
 )
 @click.option(
+    "--reasoning-tokens",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Chat answers reason first: N words of reasoning_content before the answer.",
+)
+@click.option(
     "--fault-rate",
     type=click.FloatRange(0, 1),
     default=0.0,
@@ -131,6 +138,7 @@ def mock_server(
     ttft_ms: Any,
     itl_ms: Any,
     output_tokens: int | None,
+    reasoning_tokens: int,
     fault_rate: float,
     faults: dict[str, float] | None,
     retry_after_s: float,
@@ -161,6 +169,7 @@ def mock_server(
         "ttft_ms": ttft_ms,
         "itl_ms": itl_ms,
         "output_tokens": output_tokens,
+        "reasoning_tokens": reasoning_tokens,
         "fault_rate": fault_rate,
         "retry_after_s": retry_after_s,
         "rpm": rpm,

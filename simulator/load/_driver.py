@@ -492,6 +492,8 @@ class _Driver:
                 usage.completion_tokens,
                 output_from_chunks=from_chunks,
                 token_source=usage.source,
+                ttfot_s=timings.ttfot_s,
+                reasoning_tokens=completion.reasoning_tokens,
             )
         )
         self.completed += 1

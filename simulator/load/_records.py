@@ -26,7 +26,8 @@ class RequestRecord:
         scheduled_s: when the request was due to be sent; None when nothing scheduled it.
         sent_s: when it was actually sent.
         ttfb_s: time from sending to the first byte of the answer; None if none came.
-        ttft_s: time from sending to the first token; None if none came or not streamed.
+        ttft_s: time from sending to the first token of any kind (a reasoning model's
+            first thought counts); None if none came or not streamed.
         inter_token_gaps_s: the gaps between consecutive streamed tokens (chunks).
         end_s: when the answer ended (or the request failed).
         input_tokens: prompt tokens, as the adapter reports them (see ``token_source``);
@@ -54,6 +55,13 @@ class RequestRecord:
     token_source: UsageSource | None = None
     """Where the token counts came from: ``server``, ``tokenizer`` (the server's
     tokenize endpoint) or ``estimate``; None for a failed request."""
+    ttfot_s: float | None = None
+    """Time from sending to the first output (answer) token, after any reasoning: what
+    a user waits for. The same as ``ttft_s`` for a model that does not reason aloud;
+    None if no answer text came or not streamed."""
+    reasoning_tokens: int | None = None
+    """Of ``output_tokens``, those spent reasoning, as the server reported them
+    (``completion_tokens_details.reasoning_tokens``); None when it reported none."""
 
     @property
     def ok(self) -> bool:

@@ -29,15 +29,16 @@ from ._stats import LatencySummary
 
 __all__ = ["SLO", "SLOs", "SLOMetric", "SLOStatistic", "Goodput", "parse_slos", "goodput"]
 
-SLOMetric = Literal["ttft", "tpot", "itl", "e2e"]
+SLOMetric = Literal["ttft", "ttfot", "tpot", "itl", "e2e"]
 SLOStatistic = Literal["mean", "p50", "p90", "p95", "p99", "p999"]
 _PERCENTILE = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 _SLO_RE = re.compile(
-    r"^(?P<metric>ttft|tpot|itl|e2e)_(?P<stat>mean|p50|p90|p95|p99|p999)\s*"
+    r"^(?P<metric>ttft|ttfot|tpot|itl|e2e)_(?P<stat>mean|p50|p90|p95|p99|p999)\s*"
     r"(?P<op><=|<)\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s)$"
 )
 _FORM = (
-    "expected METRIC_STAT<=VALUE with METRIC ttft, tpot, itl or e2e, STAT mean, p50, p90, "
+    "expected METRIC_STAT<=VALUE with METRIC ttft, ttfot, tpot, itl or e2e, STAT mean, "
+    "p50, p90, "
     "p95, p99 or p999, < or <=, and a unit ms or s (ttft_p99<=500ms)"
 )
 
@@ -61,6 +62,8 @@ class SLO(BaseModel):
         """The value this objective judges for one request, in ms; None if it has none."""
         if self.metric == "ttft":
             value = record.ttft_s
+        elif self.metric == "ttfot":
+            value = record.ttfot_s
         elif self.metric == "tpot":
             value = record.tpot_s
         elif self.metric == "e2e":

@@ -30,6 +30,12 @@ backoff); a convsim :class:`~convsim.AdapterError` counts as it declares; any ot
 exception fails the turn at once as :class:`~convsim.AdapterCodeError` naming it, and
 the conversation and the run go on as they do after a failed model call.
 
+Named on the command line, the module is imported from ``sys.path`` and, failing that,
+from the current directory (as ``python -m`` would); the user names the code, so no
+``--allow-code`` is asked for. ``--model-arg`` takes ``concurrency``, ``timeout``,
+``max_retries`` and ``stream=false`` (an application answers whole; ``convsim load``
+needs to be told so).
+
 A synchronous function runs in a worker thread (the event loop never waits on it), as
 the guide-style adapters' ``generate_response`` does
 (:mod:`convsim.adapters._sync_bridge`): a thread cannot be stopped, so a call past its
@@ -41,14 +47,17 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 import re
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from convsim._errors import (
     AdapterCodeError,
@@ -116,6 +125,19 @@ class AppOptions(BaseModel):
     """Seconds one attempt may take; None: only the conversation's deadline."""
     max_retries: int = Field(default=3, ge=0)
     """Retries of a ``retry_on`` error after the first attempt."""
+    stream: bool = False
+    """An application answers whole: only ``false`` is taken (``convsim load`` asks
+    for streaming unless told ``--model-arg stream=false``)."""
+
+    @field_validator("stream")
+    @classmethod
+    def _whole(cls, stream: bool) -> bool:
+        if stream:
+            raise ValueError(
+                "an application answers whole and does not stream: give stream=false "
+                "(convsim load then measures whole-reply latency, no time to first token)"
+            )
+        return stream
 
 
 class _Answer(NamedTuple):
@@ -486,7 +508,7 @@ def load_app(reference: str) -> AppAdapter:
         raise ConfigError(f"invalid application {spec!r}: expected python:package.module:function")
     module_name = match["module"]
     try:
-        module = importlib.import_module(module_name)
+        module = _imported(module_name)
     except ModuleNotFoundError as exc:
         if exc.name != module_name and not module_name.startswith(f"{exc.name}."):
             raise ConfigError(f"{spec}: importing {module_name} failed: {exc}") from exc
@@ -508,6 +530,22 @@ def load_app(reference: str) -> AppAdapter:
             f"{spec} is a ModelAdapter class: name it without python: (--model {reference})"
         )
     return AppAdapter(found, name=spec)
+
+
+def _imported(module_name: str) -> ModuleType:
+    """``module_name`` imported; a module not found on ``sys.path`` is looked for in the
+    current directory too, as ``python -m`` would find it (the ``convsim`` command's
+    path starts at its own folder instead). The directory is appended, so it shadows
+    nothing installed."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        if exc.name != module_name.partition(".")[0] or here in sys.path or "" in sys.path:
+            raise
+    sys.path.append(here)
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
 
 
 def python_app(config: Mapping[str, Any]) -> AppAdapter:

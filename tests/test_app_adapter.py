@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -398,3 +399,25 @@ async def test_cancelling_a_run_cancels_the_apps_calls(tmp_path: Path) -> None:
     written = read_results(out)
     assert len(written) == 3 and {r.status for r in written} == {Status.CANCELLED}
     assert {r.turns[0].error.type for r in written if r.turns[0].error} == {"Cancelled"}
+
+
+def test_an_app_in_the_current_directory_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``convsim`` command's path starts at its own folder, not the current one."""
+    (tmp_path / "my_cwd_app.py").write_text(
+        "async def answer(messages, tools):\n    return 'from the current directory'\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_cwd_app", raising=False)
+    adapter = create_adapter("python:my_cwd_app:answer")
+    assert adapter.model_info().model_id == "python:my_cwd_app:answer"
+    assert sys.path[-1] == str(tmp_path)  # after everything installed: it shadows nothing
+    monkeypatch.delitem(sys.modules, "my_cwd_app")
+
+
+def test_an_app_does_not_stream_and_says_how_to_load_test_it() -> None:
+    with pytest.raises(ConfigError, match="give stream=false"):
+        create_adapter("python:_rag_app:answer", {"stream": "true"})
+    assert create_adapter("python:_rag_app:answer", {"stream": "false", "max_retries": "0"})

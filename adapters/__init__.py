@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from convsim._types import Role as Role
     from convsim._types import Usage as Usage
 
+    from ._app import AppAdapter as AppAdapter
+    from ._app import AppOptions as AppOptions
+    from ._app import AppReply as AppReply
+    from ._app import app as app
+    from ._app import load_app as load_app
     from ._budget import Budgets as Budgets
     from ._cache import CachedAdapter as CachedAdapter
     from ._cache import CacheStatistics as CacheStatistics

@@ -43,6 +43,7 @@ ADAPTERS.register("anthropic", "convsim.adapters._anthropic:AnthropicAdapter")
 ADAPTERS.register("http", "convsim.adapters._custom_http:CustomHttpAdapter")
 ADAPTERS.register("custom", "convsim.adapters._custom_http:GuideCustomAdapter")
 ADAPTERS.register("litellm", "convsim.adapters._litellm:LitellmAdapter")
+ADAPTERS.register("python", "convsim.adapters._app:python_app")
 
 _SPEC = re.compile(r"^(?P<type>[A-Za-z][A-Za-z0-9_\-.]*)(?::(?P<model>.+))?$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -35,7 +35,13 @@ from ._prompt import estimate_tokens, render_prompt
 from ._retry import RetryPolicy, quota_exhausted, refused_call
 from ._text import repair_text
 
-__all__ = ["BridgeSettings", "SyncBridge", "DEFAULT_CONCURRENCY", "DEFAULT_TIMEOUT_S"]
+__all__ = [
+    "BridgeSettings",
+    "SyncBridge",
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_TIMEOUT_S",
+    "read_usage",
+]
 
 log = get_logger("convsim.adapters")
 
@@ -249,7 +255,7 @@ class SyncBridge:
             if finish is not None and not isinstance(finish, str):
                 raise TypeError(f"finish_reason is {type(finish).__name__}, not a string")
             named = result.get("model")
-            usage = _usage(result.get("usage"), text)
+            usage = read_usage(result.get("usage"), text)
         except TypeError as exc:
             raise ProtocolError(
                 f"generate_response returned an unusable answer: {exc}",
@@ -278,10 +284,11 @@ class SyncBridge:
         )
 
 
-def _usage(data: Any, text: str) -> Usage | None:
-    """The ``usage`` of an answer; None when it gives no figures (absent, or all three
-    0 for an answer that has text: the guide's example fills 0 in for a server that
-    sent none), so that the usage is estimated instead.
+def read_usage(data: Any, text: str) -> Usage | None:
+    """The ``usage`` of an answer (a guide-style adapter's, an application's); None
+    when it gives no figures (absent, or all three 0 for an answer that has text: the
+    guide's example fills 0 in for a server that sent none), so that the usage is
+    estimated instead.
 
     Raises:
         TypeError: a count that is not a whole number from 0 to 10**9.

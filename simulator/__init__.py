@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from ._runtime._simulator import Simulator as Simulator
     from ._runtime._simulator import run_sync as run_sync
     from ._runtime._state import ConversationState as ConversationState
+    from .adapters import AppReply as AppReply
+    from .adapters import app as app
     from .results._report import RunReport as RunReport
     from .results._report import Summarizer as Summarizer
     from .results._report import summarize as summarize

@@ -68,7 +68,8 @@ if TYPE_CHECKING:
     "model_spec",
     default="scripted",
     show_default=True,
-    help="Model under test: scripted, or TYPE:MODEL.",
+    help="Model under test: scripted, TYPE:MODEL, module:AdapterClass, or an application "
+    "python:package.module:function (an async function of the messages and tools).",
 )
 @click.option(
     "--model-arg",

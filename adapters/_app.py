@@ -77,7 +77,7 @@ from convsim._types import (
     Usage,
 )
 
-from ._prompt import estimate_tokens, render_prompt
+from ._prompt import estimated_usage, render_prompt
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy
 from ._sync_bridge import DEFAULT_CONCURRENCY, read_usage
@@ -379,14 +379,7 @@ def _fields(result: Any) -> Mapping[str, Any]:
 
 
 def _estimated(messages: Sequence[Message], text: str) -> Usage:
-    prompt = estimate_tokens(render_prompt(messages))
-    completion = estimate_tokens(text) if text else 0
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        source="estimate",
-    )
+    return estimated_usage(render_prompt(messages), text)
 
 
 def _shown(exc: BaseException) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from convsim._types import Message
+from convsim._types import Message, Usage
 
-__all__ = ["render_prompt", "estimate_tokens"]
+__all__ = ["render_prompt", "estimate_tokens", "estimated_usage"]
 
 
 def render_prompt(messages: Sequence[Message]) -> str:
@@ -23,3 +23,16 @@ def render_prompt(messages: Sequence[Message]) -> str:
 def estimate_tokens(text: str) -> int:
     """A client-side token estimate (about four characters a token)."""
     return max(1, (len(text) + 3) // 4)
+
+
+def estimated_usage(prompt: str, text: str) -> Usage:
+    """The usage of a call whose backend reported none: both sides estimated, and
+    marked so (``source="estimate"``)."""
+    prompt_tokens = estimate_tokens(prompt)
+    completion = estimate_tokens(text) if text else 0
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=prompt_tokens + completion,
+        source="estimate",
+    )

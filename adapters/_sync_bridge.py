@@ -31,7 +31,7 @@ from convsim._types import CallTimings, Completion, GenerationParams, Message, U
 from ._budget import BudgetLimits, Budgets, ProviderBudget, Refusal
 from ._code_errors import adapter_error_for
 from ._guide_shapes import settings_dict
-from ._prompt import estimate_tokens, render_prompt
+from ._prompt import estimate_tokens, estimated_usage, render_prompt
 from ._retry import RetryPolicy, quota_exhausted, refused_call
 from ._text import repair_text
 
@@ -274,14 +274,7 @@ class SyncBridge:
 
     @staticmethod
     def _estimated(prompt: str, text: str) -> Usage:
-        prompt_tokens = estimate_tokens(prompt)
-        completion = estimate_tokens(text) if text else 0
-        return Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion,
-            total_tokens=prompt_tokens + completion,
-            source="estimate",
-        )
+        return estimated_usage(prompt, text)
 
 
 def read_usage(data: Any, text: str) -> Usage | None:

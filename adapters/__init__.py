@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from convsim._types import ModelInfo as ModelInfo
     from convsim._types import RateLimits as RateLimits
     from convsim._types import Role as Role
+    from convsim._types import ToolCall as ToolCall
+    from convsim._types import ToolChoice as ToolChoice
+    from convsim._types import ToolSpec as ToolSpec
     from convsim._types import Usage as Usage
 
     from ._app import AppAdapter as AppAdapter

@@ -45,5 +45,12 @@ if TYPE_CHECKING:
     from ._sources import LoadOptions as LoadOptions
     from ._sources import PackSource as PackSource
     from ._templates import Template as Template
+    from ._tool_schema import ExpectedToolCall as ExpectedToolCall
+    from ._tool_schema import StateCheck as StateCheck
+    from ._tool_schema import ToolDefinition as ToolDefinition
+    from ._tool_schema import ToolOperation as ToolOperation
+    from ._tool_schema import ToolResponse as ToolResponse
+    from ._tool_schema import ToolsFile as ToolsFile
+    from ._tool_schema import TrajectoryMode as TrajectoryMode
 
 __getattr__, __dir__ = _lazy_module(__name__, globals())

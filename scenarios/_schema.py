@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ._tool_schema import TOOL_NAME_PATTERN, ExpectedToolCall, StateCheck, TrajectoryMode
+
 __all__ = [
     "BUILTIN_VARIABLES",
     "LANGUAGE_PATTERN",
@@ -88,6 +90,15 @@ class TurnConfig(_Input):
     repeat: int = Field(default=1, ge=1, le=200)
     """Run this turn up to this many times in a row (ids ``ID``, ``ID.2``, ...): with
     ``role: user``, a stretch of simulated conversation that its stop conditions end."""
+    tools: list[Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]] | None = None
+    """The pack's tools offered on this turn; None offers every tool of the pack (none
+    in a pack without ``tools.yml``), an empty list none."""
+    tool_choice: str | None = Field(default=None, pattern=TOOL_NAME_PATTERN)
+    """``auto``, ``required`` (the model must call a tool), ``none`` (it must not) or
+    a tool's name (it must call that one); None leaves the model's default."""
+    max_tool_rounds: int | None = Field(default=None, ge=0, le=50)
+    """Model calls of this turn that may ask for tools before it must answer; the
+    flow's when None."""
 
 
 class Flow(_Input):
@@ -102,6 +113,9 @@ class Flow(_Input):
     """A system message sent before the first turn (a scenario's own one wins)."""
     metrics: list[str] = Field(default_factory=list)
     """Conversation-level metrics for scenarios of this type."""
+    max_tool_rounds: int = Field(default=5, ge=0, le=50)
+    """Model calls of a turn that may ask for tools before the turn ends without an
+    answer (``tool_round_limit``)."""
     turns: list[TurnConfig] = Field(min_length=1)
 
 
@@ -127,8 +141,10 @@ class Probe(_Input):
 class Criterion(_Input):
     """One success criterion of a goal, checked against a response."""
 
-    kind: Literal["contains", "regex", "number", "json_schema", "python", "judge"]
+    kind: Literal["contains", "regex", "number", "json_schema", "python", "judge", "state"]
     value: Any
+    """What the criterion checks for; for ``state``, a :class:`StateCheck` on the tools'
+    environment document after the conversation (``{"path": ..., "equals": ...}``)."""
     tolerance: float | None = Field(default=None, ge=0)
     turn_id: str | None = None
     """The turn whose response is checked; the final response when None."""
@@ -176,6 +192,16 @@ class Scenario(_Input):
     """Reference answers by turn_id; the scripted model replays them."""
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] | None = None
+    """The tools' environment document this scenario starts from; None starts from the
+    pack's (``tools.yml`` ``environment``)."""
+    expected_tool_calls: list[ExpectedToolCall] = Field(default_factory=list)
+    """The calls the model should make, in order (``tool_call_accuracy``,
+    ``trajectory_match``)."""
+    trajectory_mode: TrajectoryMode = "strict"
+    """How ``trajectory_match`` compares the calls made with ``expected_tool_calls``."""
+    final_state: list[StateCheck] = Field(default_factory=list)
+    """What the environment document must hold after the conversation (``final_state``)."""
 
     @field_validator("variables")
     @classmethod

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ._records import Score as Score
     from ._records import Status as Status
     from ._records import TerminationReason as TerminationReason
+    from ._records import ToolCallRecord as ToolCallRecord
     from ._records import TurnRecord as TurnRecord
     from ._records import TurnStatus as TurnStatus
     from ._runtime._config import JudgeConfig as JudgeConfig

@@ -30,6 +30,8 @@ __all__ = [
     "Score",
     "TurnTimings",
     "ExtraCall",
+    "ToolCallRecord",
+    "ToolErrorKind",
     "TurnRecord",
     "ConversationTimings",
     "ConversationResult",
@@ -37,7 +39,7 @@ __all__ = [
 ]
 
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The newest format of a results line. 1: each turn's ``messages`` in full.
 2: a turn stores ``messages_prefix``, how many leading ``transcript`` messages it sent,
 and in ``messages`` only what follows them, so each message is stored once (a line grows
@@ -46,13 +48,17 @@ with a conversation's length, not with its square). 3: a turn may hold ``extra_c
 an older convsim reads it, and one with them tells an older convsim to upgrade rather
 than failing on an unknown field. 4: a turn may hold a reasoning model's ``reasoning``
 and ``reasoning_tokens``, and its timings a ``ttfot_s`` apart from ``ttft_s``; a line
-without them is written as before. Lines of every version read back to the same
+without them is written as before. 5: messages may be tool calls and tool results, and a
+turn may hold its ``tool_calls``, ``tool_rounds`` and tool ``environment``; a line
+without tools is written as before. Lines of every version read back to the same
 objects."""
 
 _WITHOUT_EXTRA_CALLS = 2
 """The version a line without extra calls is written as."""
 _WITH_EXTRA_CALLS = 3
 """The version a line with extra calls (and no reasoning) is written as."""
+_WITH_REASONING = 4
+"""The version a line with reasoning (and no tools) is written as."""
 
 
 def _get(item: object, name: str) -> Any:
@@ -69,12 +75,29 @@ def _reasoned(turn: object) -> bool:
     return bool(_get(timings, "ttfot_s") != _get(timings, "ttft_s"))
 
 
-def _written_version(turns: object) -> int:
-    """The version a results line with these turns (records or their dicts) is written as."""
+def _used_tools(turn: object) -> bool:
+    """Whether a turn (a record or its dict) holds what only version 5 can."""
+    if _get(turn, "tool_calls") or _get(turn, "tool_rounds") or _get(turn, "environment"):
+        return True
+    messages = _get(turn, "messages")
+    return isinstance(messages, (list, tuple)) and any(_tool_message(m) for m in messages)
+
+
+def _tool_message(message: object) -> bool:
+    return _get(message, "role") == "tool" or bool(_get(message, "tool_calls"))
+
+
+def _written_version(turns: object, transcript: object = ()) -> int:
+    """The version a results line with these turns (records or their dicts) and this
+    transcript is written as."""
     if not isinstance(turns, (list, tuple)):
         return _WITHOUT_EXTRA_CALLS
-    if any(_reasoned(t) for t in turns):
+    if any(_used_tools(t) for t in turns) or (
+        isinstance(transcript, (list, tuple)) and any(_tool_message(m) for m in transcript)
+    ):
         return SCHEMA_VERSION
+    if any(_reasoned(t) for t in turns):
+        return _WITH_REASONING
     if any(_get(t, "extra_calls") for t in turns):
         return _WITH_EXTRA_CALLS
     return _WITHOUT_EXTRA_CALLS
@@ -281,6 +304,33 @@ class ExtraCall:
     """Why the call failed."""
 
 
+ToolErrorKind = Literal[
+    "unknown_tool", "invalid_arguments", "precondition", "tool_error", "timeout", "raised"
+]
+"""Why a tool call got an error for its result: the model named no such tool, its
+arguments were not JSON or failed the tool's schema, a precondition of the tool's
+operation did not hold, the tool answered with an error, it took longer than its
+timeout, or its code raised."""
+
+
+@dataclass(frozen=True, slots=True, config=_COMPACT)
+class ToolCallRecord:
+    """One tool call of an assistant turn, and what the model was told in answer."""
+
+    round: int
+    """The model call of the turn that asked for it (0: the turn's first)."""
+    id: str
+    name: str
+    arguments: str
+    """As the model wrote them (JSON text, perhaps malformed)."""
+    result: str
+    """The tool message's content: the tool's result, or the error the model was told."""
+    error: ToolErrorKind | None = None
+    """Why the result is an error; None when the tool ran and answered."""
+    latency_s: float | None = None
+    """From the start of the tool's run to its result."""
+
+
 @dataclass(frozen=True, slots=True, config=_COMPACT)
 class TurnRecord:
     """Everything about one turn; emitted to scorers as soon as the turn ends."""
@@ -327,6 +377,16 @@ class TurnRecord:
     reasoning_tokens: int | None = None
     """Of the answer's completion tokens, those spent reasoning, as the server
     reported them; None when it reported none."""
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    """The tools the model called during this turn, in order, with their results."""
+    tool_rounds: int = 0
+    """Model calls of this turn that asked for tools (its calls are this plus one when
+    it ended with an answer)."""
+    tool_round_limit: bool = False
+    """The turn stopped at its ``max_tool_rounds`` with the model still asking for tools."""
+    environment: Any = None
+    """The tools' environment document after this turn, when a tool call of the turn
+    changed it; None otherwise (the latest one set is the conversation's final state)."""
 
 
 class ConversationTimings(BaseModel):
@@ -431,7 +491,10 @@ class ConversationResult(BaseModel):
                 f"(this one reads up to {SCHEMA_VERSION}); upgrade convsim"
             )
         if "schema_version" not in data:
-            data = {**data, "schema_version": _written_version(data.get("turns"))}
+            data = {
+                **data,
+                "schema_version": _written_version(data.get("turns"), data.get("transcript")),
+            }
         turns, transcript = data.get("turns"), data.get("transcript")
         if not isinstance(turns, (list, tuple)) or not isinstance(transcript, (list, tuple)):
             return data
@@ -460,7 +523,7 @@ class ConversationResult(BaseModel):
 
     @field_serializer("schema_version")
     def _written_version(self, _version: int) -> int:
-        return _written_version(self.turns)
+        return _written_version(self.turns, self.transcript)
 
     @field_serializer("turns", mode="wrap")
     def _store_messages_once(
@@ -520,14 +583,14 @@ def _with_messages(turn: TurnRecord, messages: tuple[Message, ...]) -> TurnRecor
 
 _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord))
 
-_OMITTED_WHEN_FALSE = frozenset({"cached", "user_cached"})
+_OMITTED_WHEN_FALSE = frozenset({"cached", "user_cached", "tool_round_limit"})
 """Turn fields a results line carries only when true."""
 
-_OMITTED_WHEN_EMPTY = frozenset({"extra_calls"})
+_OMITTED_WHEN_EMPTY = frozenset({"extra_calls", "tool_calls", "tool_rounds"})
 """Turn fields a results line carries only when not empty."""
 
 
-_OMITTED_WHEN_NONE = frozenset({"reasoning", "reasoning_tokens"})
+_OMITTED_WHEN_NONE = frozenset({"reasoning", "reasoning_tokens", "environment"})
 """Turn fields a results line carries only when set."""
 
 

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from pydantic.dataclasses import dataclass
 from pydantic_core import ArgsKwargs
 
 __all__ = [
     "Role",
+    "ToolCall",
+    "ToolSpec",
+    "ToolChoice",
     "Message",
     "Usage",
     "UsageSource",
@@ -23,7 +34,7 @@ __all__ = [
     "Cost",
 ]
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 
 UsageSource = Literal["server", "tokenizer", "estimate"]
 """Where a usage figure came from: the server's own count, the server's tokenizer (or
@@ -40,11 +51,74 @@ _COMPACT = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True, slots=True, config=_COMPACT)
+class ToolCall:
+    """A model's request to run one tool, as the model wrote it."""
+
+    id: str
+    """The call's id, which the tool's answer quotes (``tool_call_id``)."""
+    name: str
+    arguments: str
+    """The arguments as the JSON text the model sent: kept as written, so arguments that
+    are not valid JSON are recorded, answered with a tool error and scored as such."""
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as a JSON object; ValueError when they are not one."""
+        try:
+            value = json.loads(self.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"arguments are not valid JSON: {exc.msg} (at {exc.pos})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"arguments are a JSON {type(value).__name__}, not an object")
+        return value
+
+
+@dataclass(frozen=True, slots=True, config=_COMPACT)
 class Message:
-    """One chat message."""
+    """One chat message.
+
+    Text messages have a role and content only. An assistant message may ask for tools
+    (``tool_calls``; its content may then be empty) and may carry what a reasoning model
+    thought (``reasoning``: recorded, never sent back to a model). A ``tool`` message
+    answers one call: ``tool_call_id`` and the tool's ``name``, its result as content.
+    """
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    """The tool a ``tool`` message answers for."""
+    reasoning: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_what_is_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A text message as ``{role, content}``, as results files always held it; tool
+        fields only where set."""
+        if not (self.tool_calls or self.tool_call_id or self.name or self.reasoning):
+            return {"role": self.role, "content": self.content}
+        data = handler(self)
+        return {k: v for k, v in data.items() if v or k in ("role", "content")}
+
+    @property
+    def plain(self) -> bool:
+        """A text message: no tool call, no tool result."""
+        return not self.tool_calls and self.role != "tool"
+
+
+class ToolSpec(BaseModel):
+    """A tool offered to the model: its name, what it does, and its arguments' JSON
+    schema (sent as OpenAI ``tools[].function`` and Anthropic ``tools[]``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+ToolChoice = str
+"""``auto`` (the model decides), ``required`` (it must call a tool), ``none`` (it
+must not) or a tool's name (it must call that one)."""
 
 
 @dataclass(frozen=True, slots=True, config=_COMPACT)
@@ -156,6 +230,9 @@ class Completion(BaseModel):
     reasoning_tokens: int | None = None
     """Of ``usage.completion_tokens``, those spent reasoning, as the server reports
     them (``completion_tokens_details.reasoning_tokens``); None when it reports none."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tools the model asked to run (``finish_reason`` is then usually ``tool_calls``);
+    ``text`` may be empty or say something beside them."""
 
 
 class GenerationParams(BaseModel):
@@ -184,12 +261,24 @@ class GenerationParams(BaseModel):
     reference: str | None = None
     """A reference answer the pack gives for this turn. Offline adapters (scripted) may
     answer with it; adapters that call a real model never send it."""
+    tools: tuple[ToolSpec, ...] | None = None
+    """Tools the model may call; None (or empty) offers none."""
+    tool_choice: ToolChoice | None = None
+    """``auto``, ``required``, ``none`` or a tool's name; None leaves the backend's
+    default (``auto`` when tools are offered)."""
+    parallel_tool_calls: bool | None = None
+    """Whether the model may ask for several tools in one answer (OpenAI); None leaves
+    the backend's default."""
     metadata: Mapping[str, str] = Field(default_factory=dict)
     """conversation_id, scenario_id, turn_id and role, for tracing; never sent as text."""
 
     def merged(self, overrides: GenerationParams | Mapping[str, Any]) -> GenerationParams:
         """Return a copy where every non-None field of ``overrides`` wins."""
-        data = overrides.model_dump() if isinstance(overrides, BaseModel) else dict(overrides)
+        data = (
+            {name: getattr(overrides, name) for name in type(overrides).model_fields}
+            if isinstance(overrides, BaseModel)
+            else dict(overrides)
+        )
         update = {k: v for k, v in data.items() if v is not None and v != {}}
         return self.model_copy(update=update) if update else self
 

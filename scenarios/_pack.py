@@ -13,6 +13,7 @@ from convsim._types import Message
 
 from ._schema import BUILTIN_VARIABLES, Flow, Scenario, TurnConfig
 from ._templates import Template
+from ._toolset import ToolSet
 
 __all__ = ["Pack", "PackKind", "PreparedFlow", "PreparedTurn", "Conversation", "render_context"]
 
@@ -58,6 +59,8 @@ class Conversation:
     allow_code: bool = False
     """The pack was loaded with ``allow_code``: scorers may run the code it carries
     (``validate_logic`` runs its test cases against the answers' code)."""
+    tools: ToolSet | None = field(default=None, compare=False, repr=False)
+    """The pack's tools (``tools.yml``); None for a pack without tools."""
 
     @property
     def conversation_id(self) -> str:

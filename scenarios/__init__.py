@@ -44,6 +44,11 @@ if TYPE_CHECKING:
     from ._sources import PACK_SOURCES as PACK_SOURCES
     from ._sources import LoadOptions as LoadOptions
     from ._sources import PackSource as PackSource
+    from ._state_checks import MISSING as MISSING
+    from ._state_checks import StateVerdict as StateVerdict
+    from ._state_checks import check_state as check_state
+    from ._state_checks import fill_placeholders as fill_placeholders
+    from ._state_checks import resolve_path as resolve_path
     from ._templates import Template as Template
     from ._tool_schema import ExpectedToolCall as ExpectedToolCall
     from ._tool_schema import StateCheck as StateCheck

@@ -95,9 +95,12 @@ def _builtins(kind: PackKind) -> frozenset[str]:
 
 
 def render_context(transcript: Sequence[Message]) -> str:
-    """The conversation so far as text, for the ``{context}`` template variable."""
+    """The conversation so far as text, for the ``{context}`` template variable: what
+    the user and the assistant said (tool calls and results left out)."""
     return "\n".join(
-        f"{m.role.capitalize()}: {m.content}" for m in transcript if m.role != "system"
+        f"{m.role.capitalize()}: {m.content}"
+        for m in transcript
+        if m.role not in ("system", "tool") and (m.content or not m.tool_calls)
     )
 
 

@@ -26,10 +26,10 @@ from typing import Any
 import anyio
 
 from convsim._errors import AdapterError, ProtocolError, TemplateError, Timeout, TranscriptTooLong
-from convsim._types import Completion, Message, Usage
+from convsim._types import Completion, GenerationParams, Message, Usage
 from convsim.adapters import ModelAdapter
 from convsim.metrics import Metric, ScoredConversation, ScoringSession
-from convsim.scenarios import Conversation, PreparedTurn
+from convsim.scenarios import Conversation, PreparedTurn, ToolBox
 
 from .._log import get_logger
 from .._records import (
@@ -44,6 +44,7 @@ from .._records import (
     TurnStatus,
     TurnTimings,
 )
+from ._agent_loop import AgentTurn, ToolRunner, run_agent_turn
 from ._call_settings import CallSettings
 from ._state import ConversationState, Finish, Skip, StateMachine, TurnPlanner
 from ._user import SimulatedUser, ends_on_goal
@@ -105,6 +106,8 @@ class _InFlight:
     messages: tuple[Message, ...] = ()
     clipped_from: int | None = None
     """The pack's max_tokens once a call of the turn asked for fewer (the user's cap)."""
+    agent: AgentTurn | None = None
+    """The model calls and tool calls of the turn so far."""
 
 
 _ENDED_BY = {
@@ -155,6 +158,12 @@ class ConversationActor:
         """The turns that ran, by turn_id (an extra call takes its turn's settings)."""
         self._extra_calls: dict[tuple[str, str], ExtraCall] = {}
         """Extra calls made, by turn_id and prompt, in the order they were made."""
+        self.tools: ToolRunner | None = (
+            ToolBox(conversation.tools, conversation.scenario, allow_code=conversation.allow_code)
+            if conversation.tools is not None
+            else None
+        )
+        """The conversation's tools, with an environment document of its own."""
 
     # -- the actor loop -------------------------------------------------------------
 
@@ -261,15 +270,32 @@ class ConversationActor:
             return self._fail(turn, exc, side=side)
         inflight.messages = (*self.transcript, Message(role="user", content=inflight.user_message))
         self.machine.advance(_S.ASSISTANT_TURN)
-        params = self.settings.assistant.for_call(self.conversation, turn, self.seed)
+        params = self._offer_tools(
+            turn, self.settings.assistant.for_call(self.conversation, turn, self.seed)
+        )
         inflight.clipped_from = inflight.clipped_from or self.settings.assistant.clipped_from(turn)
+        agent = inflight.agent = AgentTurn()
         try:
-            completion = _checked(await self.model.generate(inflight.messages, params))
-        except Exception as exc:
+            await run_agent_turn(
+                self._generate,
+                inflight.messages,
+                params,
+                tools=self.tools,
+                max_rounds=self._max_tool_rounds(turn),
+                turn=agent,
+            )
+        except BaseException as exc:
+            self._usage = self._usage + agent.usage  # the calls before the failure were spent
+            if not isinstance(exc, Exception):  # cancelled, or the deadline passed
+                raise
             return self._fail(turn, exc, side="assistant")
-        if not completion.cached:  # spent, whatever becomes of it; a cached answer cost nothing
-            self._usage = self._usage + completion.usage
-        added = len(inflight.user_message or "") + len(completion.text)
+        completion = agent.final
+        self._usage = self._usage + agent.usage  # spent, whatever becomes of it
+        added = (
+            len(inflight.user_message or "")
+            + len(completion.text)
+            + sum(_chars(m) for m in agent.messages)
+        )
         if limit is not None and self._chars + added > limit:
             too_long = TranscriptTooLong(
                 f"the answer takes the conversation's transcript past max_transcript_chars"
@@ -279,13 +305,41 @@ class ConversationActor:
             return self._fail(turn, too_long, side="assistant")
         self._inflight = None
         self._chars += added
-        self.transcript = [*inflight.messages, Message(role="assistant", content=completion.text)]
+        self.transcript = [
+            *inflight.messages,
+            *agent.messages,
+            Message(role="assistant", content=completion.text),
+        ]
         self.machine.advance(_S.SCORING)
         self._emit(self._completed(inflight, completion))
         self._responses[turn.turn_id] = completion.text
         if ends_on_goal(self.conversation.scenario, self._responses, completion.text):
             return TerminationReason.GOAL_REACHED
         return None
+
+    async def _generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
+        return _checked(await self.model.generate(messages, params))
+
+    def _offer_tools(self, turn: PreparedTurn, params: GenerationParams) -> GenerationParams:
+        """``params`` with the tools ``turn`` offers (every tool of the pack unless the
+        turn names some) and its tool_choice."""
+        tools = self.conversation.tools
+        if tools is None:
+            return params
+        specs = tools.specs(turn.config.tools)
+        if not specs:
+            return params
+        choice = turn.config.tool_choice
+        return params.model_copy(
+            update={
+                "tools": specs,
+                "tool_choice": choice if choice is not None else params.tool_choice,
+            }
+        )
+
+    def _max_tool_rounds(self, turn: PreparedTurn) -> int:
+        own = turn.config.max_tool_rounds
+        return own if own is not None else self.conversation.flow.flow.max_tool_rounds
 
     async def _user_turn(self, inflight: _InFlight) -> TerminationReason | None:
         """The simulated user turns the rendered instruction into the user's message;
@@ -436,8 +490,11 @@ class ConversationActor:
         )
 
     def _completed(self, inflight: _InFlight, completion: Completion) -> TurnRecord:
-        turn, timings = inflight.turn, completion.timings
-        measured = not completion.cached  # a cached answer's timings measure nothing
+        turn, agent = inflight.turn, inflight.agent
+        assert agent is not None
+        first = agent.completions[0]
+        measured = [c for c in agent.completions if not c.cached]
+        fresh = not agent.cached  # a cached answer's timings measure nothing
         return self._record(
             turn,
             TurnStatus.COMPLETED,
@@ -445,23 +502,24 @@ class ConversationActor:
             messages=inflight.messages,
             response=completion.text,
             finish_reason=completion.finish_reason,
-            usage=completion.usage,
+            usage=_tokens(agent.completions),
             timings=TurnTimings(
                 started_at=inflight.started_at,
                 duration_s=time.perf_counter() - inflight.t0,
-                latency_s=timings.total_s if measured else None,
-                queue_wait_s=timings.queue_wait_s if measured else None,
-                retry_wait_s=timings.retry_wait_s if measured else None,
-                ttft_s=timings.ttft_s if measured else None,
-                ttfot_s=timings.ttfot_s if measured else None,
+                latency_s=agent.latency_s if fresh else None,
+                queue_wait_s=sum(c.timings.queue_wait_s for c in measured) if fresh else None,
+                retry_wait_s=sum(c.timings.retry_wait_s for c in measured) if fresh else None,
+                ttft_s=first.timings.ttft_s if not first.cached else None,
+                ttfot_s=first.timings.ttfot_s if not first.cached else None,
                 user_latency_s=inflight.user_latency_s,
             ),
             reasoning=completion.reasoning,
             reasoning_tokens=completion.reasoning_tokens,
-            attempts=completion.attempts,
-            cached=completion.cached,
+            attempts=agent.attempts,
+            cached=agent.cached,
             user_attempts=inflight.user_attempts,
             evaluation_metrics=tuple(turn.config.evaluation_metrics),
+            **_tool_fields(agent, self.tools),
         )
 
     def _skipped(
@@ -479,9 +537,10 @@ class ConversationActor:
             timings=TurnTimings(
                 started_at=inflight.started_at, duration_s=time.perf_counter() - inflight.t0
             ),
-            attempts=error.attempts or 0,
+            attempts=(error.attempts or 0) + (inflight.agent.attempts if inflight.agent else 0),
             error=error,
             evaluation_metrics=tuple(turn.config.evaluation_metrics),
+            **(_tool_fields(inflight.agent, self.tools) if inflight.agent is not None else {}),
         )
 
     def _build(self, reason: TerminationReason, started_at: float, t0: float) -> ConversationResult:
@@ -516,6 +575,31 @@ class ConversationActor:
                 started_at=started_at, finished_at=started_at + duration, duration_s=duration
             ),
         )
+
+
+def _chars(message: Message) -> int:
+    """Characters a message adds to the transcript: its text, its calls' arguments."""
+    return len(message.content) + sum(len(c.name) + len(c.arguments) for c in message.tool_calls)
+
+
+def _tokens(completions: Sequence[Completion]) -> Usage:
+    """The tokens of a turn's model calls, cached ones included (the turn's own count)."""
+    total = completions[0].usage
+    for completion in completions[1:]:
+        total = total + completion.usage
+    return total
+
+
+def _tool_fields(agent: AgentTurn, tools: ToolRunner | None) -> dict[str, Any]:
+    """A turn record's tool fields; none for a turn that called no tool."""
+    if not agent.calls and not agent.round_limit:
+        return {}
+    return {
+        "tool_calls": tuple(agent.calls),
+        "tool_rounds": agent.rounds,
+        "tool_round_limit": agent.round_limit,
+        "environment": agent.environment_after(tools),
+    }
 
 
 def _language(metadata: dict[str, Any]) -> str | None:

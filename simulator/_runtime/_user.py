@@ -58,7 +58,7 @@ class SimulatedUser:
         flipped = [
             Message(role="user" if m.role == "assistant" else "assistant", content=m.content)
             for m in transcript
-            if m.role != "system"
+            if _seen_by_user(m)
         ]
         if not flipped or flipped[-1].role != "user":
             flipped.append(Message(role="user", content="(Write your next message.)"))
@@ -68,6 +68,14 @@ class SimulatedUser:
     def stops(self, text: str) -> bool:
         """Whether the user said its stop marker."""
         return self.profile.stop_marker in text
+
+
+def _seen_by_user(message: Message) -> bool:
+    """What a user of the assistant sees: what either side said, not the system prompt,
+    not tool calls and results (an assistant's words beside its calls are seen)."""
+    if message.role in ("system", "tool"):
+        return False
+    return bool(message.content) or not message.tool_calls
 
 
 def ends_on_goal(scenario: Scenario, responses: Mapping[str, str], latest: str) -> bool:

@@ -14,6 +14,7 @@ import pytest
 from convsim import MalformedResponse
 from convsim._types import Completion, GenerationParams, Message, ToolCall, ToolSpec
 from convsim.adapters._anthropic import AnthropicAdapter
+from convsim.adapters._cache import ResponseCache, cache_key
 from convsim.adapters._http import HttpxTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters._tool_stream import ToolCallJoiner, ToolCallPiece
@@ -560,3 +561,46 @@ async def test_anthropic_tool_choice(choice: str | None, parallel: bool | None, 
     params = TOOLS.model_copy(update={"tool_choice": choice, "parallel_tool_calls": parallel})
     await _anthropic(server, ASK, params)
     assert server.requests[0]["tool_choice"] == sent
+
+
+# -- the response cache ----------------------------------------------------------------
+
+IDENTITY = {"model_type": "openai-compatible", "model": "m"}
+
+
+def test_cache_keys_differ_with_tools_and_tool_choice() -> None:
+    plain = cache_key(IDENTITY, ASK, GenerationParams())
+    offered = cache_key(IDENTITY, ASK, TOOLS)
+    required = cache_key(IDENTITY, ASK, TOOLS.model_copy(update={"tool_choice": "required"}))
+    fewer = cache_key(IDENTITY, ASK, GenerationParams(tools=(ORDER_TOOL,)))
+    assert len({plain, offered, required, fewer}) == 4
+
+
+def test_cache_keys_differ_with_tool_calls_and_results() -> None:
+    call = Message(role="assistant", content="", tool_calls=EXPECTED[:1])
+    other = Message(
+        role="assistant",
+        content="",
+        tool_calls=(ToolCall(id="call_abc123", name="look_up_order", arguments="{}"),),
+    )
+    result = Message(role="tool", content="{}", tool_call_id="call_abc123")
+    to_other = Message(role="tool", content="{}", tool_call_id="call_zzz")
+    keys = {
+        cache_key(IDENTITY, [*ASK, call, result], TOOLS),
+        cache_key(IDENTITY, [*ASK, other, result], TOOLS),
+        cache_key(IDENTITY, [*ASK, call, to_other], TOOLS),
+    }
+    assert len(keys) == 3
+    # what a model never sees (its reasoning) does not change a key
+    thought = Message(role="assistant", content="", tool_calls=EXPECTED[:1], reasoning="hmm")
+    assert cache_key(IDENTITY, [*ASK, thought, result], TOOLS) in keys
+
+
+def test_cached_tool_calls_come_back(tmp_path: Any) -> None:
+    cache = ResponseCache(tmp_path)
+    try:
+        cache.store("k", Completion(text="", finish_reason="tool_calls", tool_calls=EXPECTED))
+        hit = cache.lookup("k")
+    finally:
+        cache.close()
+    assert hit is not None and hit.tool_calls == EXPECTED

@@ -17,6 +17,8 @@ from convsim.adapters._anthropic import AnthropicAdapter
 from convsim.adapters._cache import ResponseCache, cache_key
 from convsim.adapters._http import HttpxTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter
+from convsim.adapters._scripted import ScriptedAdapter
+from convsim.adapters._tool_policy import named_tools, tool_arguments
 from convsim.adapters._tool_stream import ToolCallJoiner, ToolCallPiece
 
 pytestmark = pytest.mark.anyio
@@ -604,3 +606,121 @@ def test_cached_tool_calls_come_back(tmp_path: Any) -> None:
     finally:
         cache.close()
     assert hit is not None and hit.tool_calls == EXPECTED
+
+
+# -- the naming policy and the scripted model -------------------------------------------
+
+DESK = (
+    ToolSpec(
+        name="look_up_order",
+        parameters={
+            "type": "object",
+            "properties": {"order_id": {"type": "string", "pattern": "^[A-Z]-\\d{4}$"}},
+            "required": ["order_id"],
+        },
+    ),
+    ToolSpec(
+        name="cancel_order",
+        parameters={
+            "type": "object",
+            "properties": {
+                "order_id": {"type": "string", "pattern": "^[A-Z]-\\d{4}$"},
+                "reason": {"type": "string", "enum": ["damaged", "late", "changed_mind"]},
+                "quantity": {"type": "integer"},
+                "refund": {"type": "boolean"},
+                "amount": {"type": "number"},
+            },
+            "required": ["order_id", "reason"],
+        },
+    ),
+    ToolSpec(name="refund-payment", parameters={"type": "object", "properties": {}}),
+)
+
+
+def test_tools_are_named_by_every_word_in_order_of_first_word() -> None:
+    names = [t.name for t in named_tools("Please CANCEL my order; look up nothing", DESK)]
+    assert names == ["cancel_order", "look_up_order"]
+    assert named_tools("Can you look up my order?", DESK)[0].name == "look_up_order"
+    # a whole word each: "ordered" and "looking" name nothing, "payment" alone neither
+    assert named_tools("I ordered it while looking; refund payment", DESK) == [DESK[2]]
+    assert named_tools("the order is late", DESK) == []
+
+
+def test_arguments_are_taken_from_the_message() -> None:
+    cancel = DESK[1]
+    assert tool_arguments("Cancel order B-2002, it came late.", cancel) == {
+        "order_id": "B-2002",
+        "reason": "late",
+    }
+    said = 'cancel order_id=A-1001 reason: "changed_mind" quantity=3, refund=yes amount: 2.5!'
+    assert tool_arguments(said, cancel) == {
+        "order_id": "A-1001",
+        "reason": "changed_mind",
+        "quantity": 3,
+        "refund": True,
+        "amount": 2.5,
+    }
+    # a value not of the property's type is left as written (the schema check says so)
+    assert tool_arguments("quantity=many amount=7", cancel) == {"quantity": "many", "amount": 7}
+
+
+def _round(messages: list[Message], completion: Completion, result: str) -> None:
+    messages.append(
+        Message(role="assistant", content=completion.text, tool_calls=completion.tool_calls)
+    )
+    for call in completion.tool_calls:
+        messages.append(Message(role="tool", content=result, tool_call_id=call.id, name=call.name))
+
+
+async def test_scripted_model_looks_up_then_cancels_then_answers() -> None:
+    model = ScriptedAdapter()
+    params = GenerationParams(tools=DESK)
+    messages = [
+        Message(role="user", content="Hello"),
+        Message(role="assistant", content="Hi, how can I help?"),
+        Message(role="user", content="Look up order A-1001 and cancel it, it is damaged."),
+    ]
+    first = await model.generate(messages, params)
+    assert first.finish_reason == "tool_calls" and first.text == ""
+    assert first.tool_calls == (
+        ToolCall(id="call_1_0", name="look_up_order", arguments='{"order_id": "A-1001"}'),
+    )
+    _round(messages, first, '{"status": "open"}')
+    second = await model.generate(messages, params)
+    assert second.tool_calls == (
+        ToolCall(
+            id="call_1_1",
+            name="cancel_order",
+            arguments='{"order_id": "A-1001", "reason": "damaged"}',
+        ),
+    )
+    _round(messages, second, '{"status": "cancelled"}')
+    third = await model.generate(messages, params)
+    assert third.tool_calls == () and third.finish_reason == "stop"
+    assert third.text == 'look_up_order: {"status": "open"}\ncancel_order: {"status": "cancelled"}'
+    assert third.usage.prompt_tokens > first.usage.prompt_tokens
+    # with a reference answer for the turn, the final answer is the reference
+    done = await model.generate(messages, params.model_copy(update={"reference": "Cancelled."}))
+    assert done.text == "Cancelled."
+
+
+async def test_scripted_model_tool_choice() -> None:
+    model = ScriptedAdapter()
+    ask = [Message(role="user", content="What can you do?")]
+    auto = await model.generate(ask, GenerationParams(tools=DESK))
+    assert auto.tool_calls == ()
+    required = await model.generate(ask, GenerationParams(tools=DESK, tool_choice="required"))
+    assert [c.name for c in required.tool_calls] == ["look_up_order"]
+    assert required.tool_calls[0].arguments == "{}"  # nothing to take: schema check fails
+    forced = GenerationParams(tools=DESK, tool_choice="refund-payment")
+    named = [Message(role="user", content="look up order A-1001")]
+    call = await model.generate(named, forced)
+    assert [c.name for c in call.tool_calls] == ["refund-payment"]
+    _round(named, call, "ok")
+    after = await model.generate(named, forced)
+    assert after.tool_calls == () and after.text == "refund-payment: ok"  # called once
+    none = GenerationParams(tools=DESK, tool_choice="none")
+    assert (await model.generate(named[:1], none)).tool_calls == ()
+    # no tools offered: the model answers as it always did
+    plain = await model.generate(named[:1], GenerationParams())
+    assert plain.tool_calls == () and plain.text

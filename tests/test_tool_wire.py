@@ -20,6 +20,7 @@ from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters._scripted import ScriptedAdapter
 from convsim.adapters._tool_policy import named_tools, tool_arguments
 from convsim.adapters._tool_stream import ToolCallJoiner, ToolCallPiece
+from convsim.adapters.mock import MockModelServer
 
 pytestmark = pytest.mark.anyio
 
@@ -724,3 +725,99 @@ async def test_scripted_model_tool_choice() -> None:
     # no tools offered: the model answers as it always did
     plain = await model.generate(named[:1], GenerationParams())
     assert plain.tool_calls == () and plain.text
+
+
+# -- the mock server --------------------------------------------------------------------
+
+
+async def _desk_rounds(
+    base_url: str, *, stream: bool, rounds: int = 3
+) -> tuple[list[Completion], list[Message]]:
+    """Up to ``rounds`` model calls of one turn against the mock, each call's tools
+    answered with a fixed result."""
+    adapter = OpenAICompatibleAdapter(
+        {"model": "mock-model", "base_url": base_url, "stream": stream, "max_retries": 0},
+        env={},
+    )
+    messages = [Message(role="user", content="Look up order A-1001 and cancel it, it is late.")]
+    completions = []
+    try:
+        for _ in range(rounds):
+            completion = await adapter.generate(messages, GenerationParams(tools=DESK))
+            completions.append(completion)
+            if not completion.tool_calls:
+                break
+            _round(messages, completion, '{"ok": true}')
+    finally:
+        await adapter.aclose()
+    return completions, messages
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+async def test_mock_server_follows_the_policy(stream: bool) -> None:
+    async with MockModelServer() as server:
+        completions, messages = await _desk_rounds(server.base_url, stream=stream)
+    expected = [
+        await ScriptedAdapter().generate(messages[: i * 2 + 1], GenerationParams(tools=DESK))
+        for i in range(3)
+    ]
+    assert [c.tool_calls for c in completions] == [e.tool_calls for e in expected]
+    assert [c.tool_calls[0].name for c in completions[:2]] == ["look_up_order", "cancel_order"]
+    assert json.loads(completions[1].tool_calls[0].arguments) == {
+        "order_id": "A-1001",
+        "reason": "late",
+    }
+    assert [c.finish_reason for c in completions] == ["tool_calls", "tool_calls", "stop"]
+    assert completions[2].text == 'look_up_order: {"ok": true}\ncancel_order: {"ok": true}'
+    assert completions[0].usage.source == "server"
+
+
+async def test_mock_server_streams_a_call_over_several_events() -> None:
+    body = {
+        "model": "mock-model",
+        "stream": True,
+        "messages": [{"role": "user", "content": "look up order A-1001"}],
+        "tools": [{"type": "function", "function": d.model_dump()} for d in DESK],
+    }
+    async with MockModelServer() as server, httpx.AsyncClient() as client:
+        answer = await client.post(server.base_url + "/chat/completions", json=body)
+    events = [line[6:] for line in answer.text.splitlines() if line.startswith("data: {")]
+    pieces = [
+        json.loads(e)["choices"][0]["delta"]["tool_calls"][0]
+        for e in events
+        if "tool_calls" in json.loads(e)["choices"][0]["delta"]
+    ]
+    assert pieces[0]["id"] == "call_0_0" and pieces[0]["function"]["arguments"] == ""
+    assert len(pieces) >= 3  # the arguments come in pieces after the name
+    assert "".join(p["function"]["arguments"] for p in pieces) == '{"order_id": "A-1001"}'
+
+
+async def test_mock_server_refuses_malformed_tools() -> None:
+    body = {
+        "model": "mock-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "bad name!"}}],
+    }
+    async with MockModelServer() as server, httpx.AsyncClient() as client:
+        answer = await client.post(server.base_url + "/chat/completions", json=body)
+    assert answer.status_code == 400
+    assert "tools[0].function.name" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+async def test_mock_server_malformed_tool_arguments_fault(stream: bool) -> None:
+    config = {"fault_rate": 1.0, "faults": {"malformed_tool_args": 1}}
+    async with MockModelServer(config) as server:
+        completions, _ = await _desk_rounds(server.base_url, stream=stream, rounds=1)
+        # an answer without a tool call has nothing to malform: no fault is counted
+        plain = OpenAICompatibleAdapter({"model": "m", "base_url": server.base_url}, env={})
+        try:
+            text = await plain.generate(ASK, GenerationParams())
+        finally:
+            await plain.aclose()
+        faults = server.statistics().faults_injected
+    call = completions[0].tool_calls[0]
+    assert call.name == "look_up_order" and call.arguments == '{"order_id": "A-1001"'
+    with pytest.raises(ValueError, match="not valid JSON"):
+        call.parsed_arguments()
+    assert text.text and faults["malformed_tool_args"] == 1

@@ -15,6 +15,7 @@ from convsim import MalformedResponse
 from convsim._types import Completion, GenerationParams, Message, ToolCall, ToolSpec
 from convsim.adapters._anthropic import AnthropicAdapter
 from convsim.adapters._cache import ResponseCache, cache_key
+from convsim.adapters._custom_http import CustomHttpAdapter
 from convsim.adapters._http import HttpxTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters._scripted import ScriptedAdapter
@@ -821,3 +822,81 @@ async def test_mock_server_malformed_tool_arguments_fault(stream: bool) -> None:
     with pytest.raises(ValueError, match="not valid JSON"):
         call.parsed_arguments()
     assert text.text and faults["malformed_tool_args"] == 1
+
+
+# -- the custom HTTP backend and LiteLLM ----------------------------------------------
+
+
+async def _custom(server: _Server, messages: list[Message], params: GenerationParams) -> Completion:
+    adapter = CustomHttpAdapter(
+        {"model": "m", "base_url": "http://llm.test", "max_retries": 0},
+        transport=server.transport(),
+        env={},
+    )
+    try:
+        return await adapter.generate(messages, params)
+    finally:
+        await adapter.aclose()
+
+
+async def test_custom_http_passes_tools_through_and_reads_calls_back() -> None:
+    answer = {
+        "choices": [{"tool_calls": _OPENAI_ANSWER["choices"][0]["message"]["tool_calls"]}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+    }
+    server = _Server(json.dumps({**answer}).encode(), stream=False)
+    params = TOOLS.model_copy(update={"tool_choice": "cancel_order"})
+    completion = await _custom(server, HISTORY, params)
+    assert completion.tool_calls == EXPECTED and completion.text == ""
+    body = server.requests[0]
+    assert body["prompt"].startswith("System: You run the order desk.")
+    assert body["tools"][1]["function"]["name"] == "cancel_order"
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "cancel_order"}}
+    assert body["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": "call_abc123",
+        "content": '{"status": "open"}',
+    }
+
+
+async def test_custom_http_text_calls_keep_the_guides_body() -> None:
+    server = _Server(b'{"choices": [{"text": "hi"}]}', stream=False)
+    completion = await _custom(server, ASK, GenerationParams())
+    assert completion.text == "hi" and completion.tool_calls == ()
+    assert set(server.requests[0]) == {
+        "model",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Items? .* the `ReadOnly` qualifier")
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince211")
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+async def test_litellm_sends_tools_and_reads_calls(stream: bool) -> None:
+    pytest.importorskip("litellm")
+    from convsim.adapters._litellm import LitellmAdapter
+
+    async with MockModelServer() as server:
+        adapter = LitellmAdapter(
+            {
+                "model": "openai/mock-model",
+                "base_url": server.base_url,
+                "api_key": "sk-test",
+                "stream": stream,
+                "max_retries": 0,
+            },
+            env={},
+        )
+        messages = [Message(role="user", content="Look up order A-1001 and cancel it")]
+        first = await adapter.generate(messages, GenerationParams(tools=DESK))
+        _round(messages, first, '{"ok": true}')
+        second = await adapter.generate(messages, GenerationParams(tools=DESK))
+    assert first.tool_calls == (
+        ToolCall(id="call_0_0", name="look_up_order", arguments='{"order_id": "A-1001"}'),
+    )
+    assert first.finish_reason == "tool_calls"
+    assert [c.name for c in second.tool_calls] == ["cancel_order"]  # it saw the first round

@@ -1,4 +1,16 @@
-"""The Anthropic Messages API."""
+"""The Anthropic Messages API, tools included.
+
+Tools go as ``tools`` (``[{name, description, input_schema}]``) with ``tool_choice``
+(``auto``, ``required`` as ``any``, ``none``, a name as ``{type: tool, name}``;
+``parallel_tool_calls=false`` as ``disable_parallel_tool_use``). An assistant message
+that called tools becomes ``tool_use`` blocks after its text; tool answers become
+``tool_result`` blocks, all those answering one assistant message in the one user
+message that follows it, as the API requires. Arguments that are not a JSON object
+(a malformed call, answered with a tool error) cannot be a ``tool_use`` block's
+``input``: the block carries ``{}`` and the call keeps its text in the results.
+Answers are read from ``tool_use`` blocks (their ``input`` as JSON text), streamed as
+``content_block_start`` and ``input_json_delta`` pieces.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +21,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from convsim._errors import AuthError, BadRequest, ConfigError, RateLimited, ServerError
-from convsim._types import GenerationParams, Message, Usage
+from convsim._types import GenerationParams, Message, ToolCall, Usage
 
 from ._http import SSEEvent
 from ._http_adapter import (
@@ -19,6 +31,7 @@ from ._http_adapter import (
     HttpRequest,
     ParsedAnswer,
 )
+from ._tool_stream import ToolCallPiece
 
 __all__ = ["AnthropicConfig", "AnthropicAdapter"]
 
@@ -54,6 +67,82 @@ def _usage(data: Any) -> Usage | None:
         total_tokens=prompt + completion,
         cached_prompt_tokens=cached,
     )
+
+
+def _input(call: ToolCall) -> dict[str, Any]:
+    """A call's arguments as a ``tool_use`` input: ``{}`` when they are not an object."""
+    try:
+        return call.parsed_arguments()
+    except ValueError:
+        return {}
+
+
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    """A message as content blocks (a tool call's or answer's, or text beside them)."""
+    if message.role == "tool":
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id or ""}
+        if message.content:
+            block["content"] = message.content
+        return [block]
+    blocks: list[dict[str, Any]] = []
+    if message.content.strip():
+        blocks.append({"type": "text", "text": message.content})
+    blocks.extend(
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)}
+        for c in message.tool_calls
+    )
+    return blocks
+
+
+def anthropic_turns(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The ``messages`` of a request: system messages left out; consecutive messages of
+    one role merged (a tool answer is the user's); text as a string where a turn is
+    text only, else as content blocks."""
+    turns: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "system":
+            continue
+        role = "user" if m.role == "tool" else m.role
+        if m.plain:
+            # the API refuses empty text, so an empty earlier reply is marked as such
+            content: str | list[dict[str, Any]] = m.content if m.content.strip() else "(no reply)"
+        else:
+            content = _blocks(m)
+        if not turns or turns[-1]["role"] != role:
+            turns.append({"role": role, "content": content})
+            continue
+        last = turns[-1]
+        if isinstance(last["content"], str) and isinstance(content, str):
+            last["content"] += "\n\n" + content
+            continue
+        if isinstance(last["content"], str):
+            last["content"] = [{"type": "text", "text": last["content"]}]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        last["content"].extend(content)
+    return turns
+
+
+def anthropic_tool_fields(params: GenerationParams) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` for a request; none when no tools are offered."""
+    if not params.tools:
+        return {}
+    fields: dict[str, Any] = {
+        "tools": [
+            {"name": t.name, "description": t.description, "input_schema": t.parameters}
+            for t in params.tools
+        ]
+    }
+    choice = params.tool_choice
+    kinds = {"auto": "auto", "required": "any", "none": "none"}
+    chosen: dict[str, Any] | None = None
+    if choice is not None:
+        chosen = {"type": kinds[choice]} if choice in kinds else {"type": "tool", "name": choice}
+    if params.parallel_tool_calls is False and (chosen is None or chosen["type"] != "none"):
+        chosen = {**(chosen or {"type": "auto"}), "disable_parallel_tool_use": True}
+    if chosen is not None:
+        fields["tool_choice"] = chosen
+    return fields
 
 
 class AnthropicAdapter(HttpModelAdapter):
@@ -107,20 +196,10 @@ class AnthropicAdapter(HttpModelAdapter):
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
     ) -> HttpRequest:
         system = "\n\n".join(m.content for m in messages if m.role == "system")
-        turns: list[dict[str, str]] = []
-        for m in messages:
-            if m.role == "system":
-                continue
-            # the API refuses empty text, so an empty earlier reply is marked as such
-            content = m.content if m.content.strip() else "(no reply)"
-            if turns and turns[-1]["role"] == m.role:
-                turns[-1]["content"] += "\n\n" + content
-            else:
-                turns.append({"role": m.role, "content": content})
         body: dict[str, Any] = {
             "model": self.config.model,
             "max_tokens": params.max_tokens or self.config.default_max_tokens,
-            "messages": turns,
+            "messages": anthropic_turns(messages),
         }
         if system:
             body["system"] = system
@@ -130,6 +209,7 @@ class AnthropicAdapter(HttpModelAdapter):
             body["top_p"] = params.top_p
         if params.stop:
             body["stop_sequences"] = list(params.stop)
+        body.update(anthropic_tool_fields(params))
         if self.config.thinking_budget is not None:
             body["thinking"] = {"type": "enabled", "budget_tokens": self.config.thinking_budget}
         if stream:
@@ -143,8 +223,21 @@ class AnthropicAdapter(HttpModelAdapter):
         text = "".join(block["text"] for block in blocks if block.get("type") == "text")
         # a redacted_thinking block carries only ciphertext: nothing a reader can use
         thinking = "".join(block["thinking"] for block in blocks if block.get("type") == "thinking")
+        calls = tuple(
+            ToolCall(
+                id=block["id"],
+                name=block["name"],
+                arguments=json.dumps(block.get("input") or {}, ensure_ascii=False),
+            )
+            for block in blocks
+            if block.get("type") == "tool_use"
+        )
         return ParsedAnswer(
-            text, data.get("stop_reason"), _usage(data.get("usage")), thinking or None
+            text,
+            data.get("stop_reason"),
+            _usage(data.get("usage")),
+            thinking or None,
+            tool_calls=calls,
         )
 
     def parse_event(self, event: SSEEvent) -> Delta:
@@ -155,8 +248,18 @@ class AnthropicAdapter(HttpModelAdapter):
             kind = delta.get("type")
             if kind == "thinking_delta":
                 return Delta(reasoning=delta.get("thinking"))
+            if kind == "input_json_delta":
+                piece = ToolCallPiece(data["index"], arguments=delta.get("partial_json"))
+                return Delta(tool_calls=(piece,))
             # signature_delta (the thinking's checksum) and others carry no text
             return Delta(text=delta.get("text") if kind == "text_delta" else None)
+        if kind == "content_block_start":
+            block = data.get("content_block") or {}
+            if block.get("type") != "tool_use":
+                return Delta()
+            # its input is {} here: the arguments follow as input_json_delta pieces
+            piece = ToolCallPiece(data["index"], id=block.get("id"), name=block.get("name"))
+            return Delta(tool_calls=(piece,))
         if kind == "message_start":
             return Delta(usage=_usage(data["message"].get("usage")))
         if kind == "message_delta":
@@ -177,4 +280,4 @@ class AnthropicAdapter(HttpModelAdapter):
                 raise BadRequest(message, model=self.config.model)
             # overloaded_error, api_error and whatever else the server ran into
             raise ServerError(message, model=self.config.model, status_code=529)
-        return Delta()  # ping, content_block_start, content_block_stop
+        return Delta()  # ping, content_block_stop

@@ -129,12 +129,24 @@ def cache_key(
     request = {
         "version": KEY_VERSION,
         "adapter": dict(identity),
-        "messages": [[m.role, m.content] for m in messages],
+        "messages": [_seen(m) for m in messages],
         "settings": settings,
         "position": dict(sorted(params.metadata.items())),
     }
     text = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _seen(message: Message) -> list[Any]:
+    """A message as the model sees it: role and content, then (only where there are
+    some, so text messages keep their keys) its tool calls or the call it answers.
+    Reasoning is never sent to a model, so it is not part of a key."""
+    seen: list[Any] = [message.role, message.content]
+    if message.tool_calls:
+        seen.append([[c.id, c.name, c.arguments] for c in message.tool_calls])
+    if message.tool_call_id is not None:
+        seen.append(message.tool_call_id)
+    return seen
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from ._http_adapter import (
     ParsedAnswer,
 )
 from ._openai import _usage as openai_usage
+from ._openai_tools import openai_messages, openai_tool_calls, openai_tool_fields
 from ._prompt import render_prompt
 
 __all__ = ["CustomHttpConfig", "CustomHttpAdapter", "GuideCustomAdapter"]
@@ -31,7 +32,14 @@ class CustomHttpAdapter(HttpModelAdapter):
     """``http:MODEL``: the guide's request {model, prompt, max_tokens, temperature,
     top_p, stop} with a Bearer key (CONVSIM_HTTP_API_KEY), answered by
     ``choices[0].text``, ``usage`` and ``finish_reason``. It does not stream, and
-    sends no penalties (the guide's request has no such fields)."""
+    sends no penalties (the guide's request has no such fields).
+
+    Tools pass through in OpenAI's shapes: a call that offers tools, or whose
+    conversation holds tool calls or results, also sends ``tools``, ``tool_choice``,
+    ``parallel_tool_calls`` and the ``messages`` (with their ``tool_calls`` and
+    ``tool`` messages) beside the prompt; an answer's ``choices[0].tool_calls`` (or
+    ``choices[0].message.tool_calls``) are read back. A text-only call is as before.
+    """
 
     model_type: ClassVar[str] = "http"
     provider: ClassVar[str] = "custom_provider"
@@ -55,25 +63,33 @@ class CustomHttpAdapter(HttpModelAdapter):
     def request(
         self, messages: Sequence[Message], params: GenerationParams, stream: bool
     ) -> HttpRequest:
-        return HttpRequest(
-            "/generate",
-            {
-                "model": self.config.model,
-                "prompt": render_prompt(messages),
-                "max_tokens": params.max_tokens or 1024,
-                "temperature": 0.7 if params.temperature is None else params.temperature,
-                "top_p": 1.0 if params.top_p is None else params.top_p,
-                "stop": list(params.stop or ()),
-            },
-        )
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "prompt": render_prompt(messages),
+            "max_tokens": params.max_tokens or 1024,
+            "temperature": 0.7 if params.temperature is None else params.temperature,
+            "top_p": 1.0 if params.top_p is None else params.top_p,
+            "stop": list(params.stop or ()),
+        }
+        if params.tools or not all(m.plain for m in messages):
+            body["messages"] = openai_messages(messages)
+            body.update(openai_tool_fields(params))
+        return HttpRequest("/generate", body)
 
     def parse_response(self, data: Any) -> ParsedAnswer:
         choice = data["choices"][0]
-        text = choice["text"]
+        message = choice.get("message")
+        calls = openai_tool_calls(message if isinstance(message, dict) else choice)
+        text = choice.get("text")
+        if text is None and calls:  # a reply of tool calls alone may carry no text
+            text = ""
         if not isinstance(text, str):
             raise TypeError(f"choices[0].text is {type(text).__name__}, not a string")
         return ParsedAnswer(
-            text, choice.get("finish_reason", "stop"), openai_usage(data.get("usage"))
+            text,
+            choice.get("finish_reason", "stop"),
+            openai_usage(data.get("usage")),
+            tool_calls=calls,
         )
 
     def parse_event(self, event: SSEEvent) -> Delta:

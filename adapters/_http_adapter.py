@@ -46,6 +46,7 @@ from convsim._types import (
     Message,
     ModelInfo,
     RateLimits,
+    ToolCall,
     Usage,
 )
 
@@ -69,12 +70,13 @@ from ._http import (
 )
 from ._inflight import BytesInFlight, InflightStatistics
 from ._pricing import PRICING_ENV, Price, PriceTable, price_table
-from ._prompt import estimate_tokens
+from ._prompt import estimate_tokens, tool_calls_text
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy, error_for_status, quota_exhausted, refused_call
 from ._streamed_answer import StreamedAnswer
 from ._text import repair_text
 from ._tokenizer import MESSAGE_OVERHEAD_TOKENS, ServerTokenizer
+from ._tool_stream import ToolCallPiece
 
 __all__ = [
     "HttpAdapterConfig",
@@ -217,6 +219,8 @@ class ParsedAnswer(NamedTuple):
     """What a reasoning model thought before answering; None when it sent none."""
     reasoning_tokens: int | None = None
     """Of the completion tokens, those spent reasoning; None when not reported."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tools the model asked to run."""
 
 
 class Delta(NamedTuple):
@@ -230,6 +234,8 @@ class Delta(NamedTuple):
     """A piece of reasoning (it arrives before the answer)."""
     reasoning_tokens: int | None = None
     """Reasoning tokens, where the event reports usage with them."""
+    tool_calls: tuple[ToolCallPiece, ...] = ()
+    """Pieces of tool calls, joined by their index across events."""
 
 
 class _Answer(NamedTuple):
@@ -247,6 +253,7 @@ class _Answer(NamedTuple):
     reasoning: str | None = None
     reasoning_tokens: int | None = None
     ttfot_s: float | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class Exchange(Protocol):
@@ -321,7 +328,21 @@ def _merge_usage(old: Usage | None, new: Usage | None) -> Usage | None:
 
 
 def _prompt_tokens(messages: Sequence[Message]) -> int:
-    return sum(estimate_tokens(m.content) + MESSAGE_OVERHEAD_TOKENS for m in messages)
+    return sum(
+        estimate_tokens(m.content + tool_calls_text(m.tool_calls)) + MESSAGE_OVERHEAD_TOKENS
+        for m in messages
+    )
+
+
+def _checked_tool_calls(calls: Any) -> tuple[ToolCall, ...]:
+    """``calls`` if it is a tuple of ToolCalls; a wrong shape raises (a malformed
+    answer). Names and arguments are repaired as answer text is."""
+    if not isinstance(calls, tuple) or not all(isinstance(c, ToolCall) for c in calls):
+        raise TypeError("the answer's tool calls are not ToolCalls")
+    return tuple(
+        ToolCall(id=c.id, name=repair_text(c.name).text, arguments=repair_text(c.arguments).text)
+        for c in calls
+    )
 
 
 _NOT_SHAPING_ANSWERS = frozenset(
@@ -686,7 +707,9 @@ class HttpModelAdapter(ModelAdapter):
                     deliver if on_text is not None else None,
                     exchange=exchange,
                 )
-                usage = answer.usage or self._estimated(messages, answer.text)
+                usage = answer.usage or self._estimated(
+                    messages, answer.text + tool_calls_text(answer.tool_calls)
+                )
                 used, ok = usage.total_tokens, True
                 return answer
             except AdapterError as exc:
@@ -719,7 +742,8 @@ class HttpModelAdapter(ModelAdapter):
             if usage is None:  # the server sent none: its tokenizer counts, or an estimate
                 # within the slot: counting calls the server too, under the same cap
                 streamed = None if answer.ttft_s is None else len(answer.inter_token_s) + 1
-                usage = await self._counted_usage(messages, answer.text, exchange, streamed)
+                said = answer.text + tool_calls_text(answer.tool_calls)
+                usage = await self._counted_usage(messages, said, exchange, streamed)
                 count_s = time.perf_counter() - started - spent
         if answer.replaced_chars:
             log.warning(
@@ -728,10 +752,13 @@ class HttpModelAdapter(ModelAdapter):
                 replaced_chars=answer.replaced_chars,
                 reason="lone UTF-16 surrogates replaced with U+FFFD",
             )
-        text, reasoning = answer.text, answer.reasoning
+        text, reasoning, calls = answer.text, answer.reasoning, answer.tool_calls
         if self._scrub.secrets:  # a server that echoes the key must not get it recorded
             text = self._scrub(text)
             reasoning = None if reasoning is None else self._scrub(reasoning)
+            calls = tuple(
+                ToolCall(id=c.id, name=c.name, arguments=self._scrub(c.arguments)) for c in calls
+            )
         # every part is checked (text repaired, usage validated where it was read): the
         # answer is assembled without validating it again on this hot path
         return Completion.model_construct(
@@ -752,6 +779,7 @@ class HttpModelAdapter(ModelAdapter):
             replaced_chars=answer.replaced_chars,
             reasoning=reasoning,
             reasoning_tokens=answer.reasoning_tokens,
+            tool_calls=calls,
         )
 
     async def _attempt(
@@ -834,6 +862,7 @@ class HttpModelAdapter(ModelAdapter):
                     usage = _valid_usage(answer.usage)
                     thought = _optional_text(answer.reasoning, "the reasoning")
                     thought_tokens = _reasoning_tokens(answer.reasoning_tokens)
+                    calls = _checked_tool_calls(answer.tool_calls)
                 except AdapterError:
                     raise
                 except Exception as exc:  # any misshapen answer, whatever the parser met
@@ -851,6 +880,7 @@ class HttpModelAdapter(ModelAdapter):
             replaced_chars=text.replaced + (reasoning.replaced if reasoning else 0),
             reasoning=reasoning.text if reasoning else None,
             reasoning_tokens=thought_tokens,
+            tool_calls=calls,
         )
 
     async def _read_stream(
@@ -885,6 +915,8 @@ class HttpModelAdapter(ModelAdapter):
                 finish = _optional_text(delta.finish_reason, "the finish reason")
                 reported = _valid_usage(delta.usage)
                 thought_tokens = _reasoning_tokens(delta.reasoning_tokens)
+                for call_piece in delta.tool_calls:
+                    answer.feed_tool_call(call_piece)
             except AdapterError:
                 raise
             except Exception as exc:  # any misshapen answer, whatever the parser tripped on
@@ -915,6 +947,14 @@ class HttpModelAdapter(ModelAdapter):
         for event in decoder.flush():
             take(event)
         answer.close()
+        try:
+            calls = answer.tool_calls
+        except ValueError as exc:
+            raise MalformedResponse(
+                f"unreadable stream from {url}: {exc}",
+                snippet=self._scrub(opening.decode("utf-8", "replace")),
+                model=self.config.model,
+            ) from exc
         if not done:
             if not events:  # not a stream cut short: no stream at all (a proxy's page?)
                 raise MalformedResponse(
@@ -936,6 +976,7 @@ class HttpModelAdapter(ModelAdapter):
             answer.reasoning,
             reasoning_tokens,
             answer.ttfot_s,
+            calls,
         )
 
     def _scrub_error(self, exc: AdapterError) -> None:

@@ -29,7 +29,7 @@ from convsim._errors import (
 )
 from convsim._extras import needs_extra
 from convsim._secrets import redact_url
-from convsim._types import Cost, GenerationParams, Message, ModelInfo, Usage
+from convsim._types import Cost, GenerationParams, Message, ModelInfo, ToolCall, Usage
 
 from ._budget import Budgets
 from ._egress import EgressPolicy
@@ -47,11 +47,13 @@ from ._http_adapter import (
     _unreachable,
     _valid_usage,
 )
+from ._openai_tools import arguments_text, openai_messages, openai_tool_fields
 from ._pricing import price_of
 from ._protocol import LogprobsUnsupported
 from ._retry import error_for_status
 from ._streamed_answer import StreamedAnswer
 from ._text import repair_text
+from ._tool_stream import ToolCallPiece
 
 __all__ = ["LitellmConfig", "LitellmAdapter", "import_litellm"]
 
@@ -225,7 +227,7 @@ class LitellmAdapter(HttpModelAdapter):
         cfg = self.config
         kwargs: dict[str, Any] = {
             "model": cfg.model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": openai_messages(messages),
             "timeout": cfg.timeout,
             # convsim retries and caches; LiteLLM (and the SDKs under it) must not
             "num_retries": 0,
@@ -249,6 +251,7 @@ class LitellmAdapter(HttpModelAdapter):
                 kwargs[name] = value
         if params.stop:
             kwargs["stop"] = list(params.stop)
+        kwargs.update(openai_tool_fields(params))  # LiteLLM maps them for each provider
         if stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
@@ -283,6 +286,14 @@ class LitellmAdapter(HttpModelAdapter):
             text = repair_text(choice.message.content or "")
             finish = choice.finish_reason
             usage = _valid_usage(self._server_usage(getattr(response, "usage", None)))
+            calls = tuple(
+                ToolCall(
+                    id=call.id or f"call_{i}",
+                    name=call.function.name,
+                    arguments=repair_text(arguments_text(call.function.arguments)).text,
+                )
+                for i, call in enumerate(getattr(choice.message, "tool_calls", None) or ())
+            )
         except Exception as exc:  # any misshapen answer, whatever LiteLLM made of it
             raise MalformedResponse(
                 f"unreadable response from {self.config.model}: {exc}",
@@ -295,6 +306,7 @@ class LitellmAdapter(HttpModelAdapter):
             usage,  # None: the base counts or estimates it once the call is over
             time.perf_counter() - t0,
             replaced_chars=text.replaced,
+            tool_calls=calls,
         )
 
     async def _read_chunks(
@@ -321,6 +333,16 @@ class LitellmAdapter(HttpModelAdapter):
             piece = getattr(choice.delta, "content", None)
             if piece:
                 answer.feed(piece)
+            for call in getattr(choice.delta, "tool_calls", None) or ():
+                function = getattr(call, "function", None)
+                answer.feed_tool_call(
+                    ToolCallPiece(
+                        getattr(call, "index", None),
+                        id=getattr(call, "id", None),
+                        name=getattr(function, "name", None),
+                        arguments=arguments_text(getattr(function, "arguments", None)),
+                    )
+                )
         answer.close()
         if not _server_counted(chunks):
             usage = None  # LiteLLM's own count of the text, not the provider's
@@ -335,6 +357,7 @@ class LitellmAdapter(HttpModelAdapter):
             answer.reasoning,
             None,
             answer.ttfot_s,
+            answer.tool_calls,
         )
 
     @staticmethod

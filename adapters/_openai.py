@@ -27,9 +27,9 @@ from typing import Any, ClassVar, Literal
 
 import anyio.to_thread
 
-from convsim._errors import BadRequest, ProtocolError, ServerError
+from convsim._errors import BadRequest, ConfigError, ProtocolError, ServerError
 from convsim._plural import counted
-from convsim._types import GenerationParams, Message, Usage
+from convsim._types import GenerationParams, Message, ToolCall, Usage
 
 from ._http import SSEEvent
 from ._http_adapter import (
@@ -39,9 +39,16 @@ from ._http_adapter import (
     HttpRequest,
     ParsedAnswer,
 )
-from ._prompt import render_prompt
+from ._openai_tools import (
+    openai_messages,
+    openai_tool_calls,
+    openai_tool_fields,
+    openai_tool_pieces,
+)
+from ._prompt import render_prompt, tool_calls_text
 from ._protocol import LogprobsUnsupported, PromptLogprobs
 from ._tokenizer import TokenCounter, tiktoken_counter, tokenizer_root
+from ._tool_stream import ToolCallPiece
 
 __all__ = [
     "OpenAIConfig",
@@ -282,8 +289,14 @@ class OpenAIWireAdapter(HttpModelAdapter):
         body: dict[str, Any] = {"model": self.config.model}
         if self.config.endpoint == "chat":
             path = "/chat/completions"
-            body["messages"] = [{"role": m.role, "content": m.content} for m in messages]
+            body["messages"] = openai_messages(messages)
+            body.update(openai_tool_fields(params))
         else:
+            if params.tools:
+                raise ConfigError(
+                    f"{self.model_type}:{self.config.model}: tools need the chat endpoint; "
+                    "drop endpoint=completions"
+                )
             path = "/completions"
             body["prompt"] = render_prompt(messages)
         sampling = _sampling_values(params)
@@ -310,9 +323,12 @@ class OpenAIWireAdapter(HttpModelAdapter):
     def parse_response(self, data: Any) -> ParsedAnswer:
         choice = data["choices"][0]
         reasoning = None
+        calls: tuple[ToolCall, ...] = ()
         if self.config.endpoint == "chat":
-            text = choice["message"].get("content") or ""
-            reasoning = _reasoning(choice["message"])
+            message = choice["message"]
+            text = message.get("content") or ""
+            reasoning = _reasoning(message)
+            calls = openai_tool_calls(message)
         else:
             text = choice["text"]
         if not isinstance(text, str):
@@ -324,6 +340,7 @@ class OpenAIWireAdapter(HttpModelAdapter):
             _usage(usage),
             reasoning,
             _reasoning_tokens(usage),
+            calls,
         )
 
     def parse_event(self, event: SSEEvent) -> Delta:
@@ -343,10 +360,12 @@ class OpenAIWireAdapter(HttpModelAdapter):
             return Delta(usage=usage, reasoning_tokens=thought_tokens)
         choice = choices[0]
         reasoning = None
+        pieces: tuple[ToolCallPiece, ...] = ()
         if self.config.endpoint == "chat":
             delta = choice.get("delta") or {}
             text = delta.get("content")
             reasoning = _reasoning(delta)
+            pieces = openai_tool_pieces(delta)
         else:
             text = choice.get("text")
         return Delta(
@@ -355,6 +374,7 @@ class OpenAIWireAdapter(HttpModelAdapter):
             usage=usage,
             reasoning=reasoning,
             reasoning_tokens=thought_tokens,
+            tool_calls=pieces,
         )
 
 
@@ -415,7 +435,13 @@ class OpenAIAdapter(OpenAIWireAdapter):
             return counter(render_prompt(messages))
         # OpenAI's chat format (its cookbook's count): each message is its role, its
         # content and 3 tokens of framing; the answer is primed with 3 more
-        return sum(counter(m.role) + counter(m.content) + 3 for m in messages) + 3
+        return (
+            sum(
+                counter(m.role) + counter(m.content + tool_calls_text(m.tool_calls)) + 3
+                for m in messages
+            )
+            + 3
+        )
 
 
 class OpenAICompatibleAdapter(OpenAIWireAdapter):

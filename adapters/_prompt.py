@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from convsim._types import Message, Usage
+from convsim._types import Message, ToolCall, Usage
 
-__all__ = ["render_prompt", "estimate_tokens", "estimated_usage"]
+__all__ = ["render_prompt", "estimate_tokens", "estimated_usage", "tool_calls_text"]
 
 
 def render_prompt(messages: Sequence[Message]) -> str:
@@ -18,6 +18,12 @@ def render_prompt(messages: Sequence[Message]) -> str:
         return messages[0].content
     lines = [f"{m.role.capitalize()}: {m.content}" for m in messages]
     return "\n\n".join([*lines, "Assistant:"])
+
+
+def tool_calls_text(calls: Sequence[ToolCall]) -> str:
+    """The text of tool calls a model wrote (names and arguments), for counting their
+    tokens where the server counts none; empty for none."""
+    return "".join(f" {c.name} {c.arguments}" for c in calls)
 
 
 def estimate_tokens(text: str) -> int:

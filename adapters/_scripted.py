@@ -20,11 +20,14 @@ from convsim._types import (
     Message,
     ModelInfo,
     RateLimits,
+    ToolCall,
     Usage,
 )
 
+from ._prompt import tool_calls_text
 from ._protocol import ModelAdapter
 from ._recall import recall_reply
+from ._tool_policy import next_tool_step
 
 __all__ = ["ScriptedAdapter", "ScriptedConfig"]
 
@@ -57,7 +60,9 @@ class ScriptedAdapter(ModelAdapter):
 
     Where the pack gives a reference response for the turn it answers with that;
     otherwise it replies by rule from the conversation it can see (see ``memory_turns``).
-    The same seed and conversation always give the same answer.
+    Offered tools, it calls those the user's message names, one a call, with arguments
+    taken from the message (:mod:`convsim.adapters._tool_policy`). The same seed and
+    conversation always give the same answer.
     """
 
     def __init__(self, config: ScriptedConfig | Mapping[str, Any] | None = None) -> None:
@@ -86,19 +91,30 @@ class ScriptedAdapter(ModelAdapter):
             raise ServerError(
                 f"scripted failure (fail_rate={cfg.fail_rate})", model=cfg.model, status_code=500
             )
-        if cfg.use_references and params.reference is not None:
-            text = params.reference
+        reference = params.reference if cfg.use_references else None
+        step = next_tool_step(messages, params.tools, params.tool_choice, reference)
+        calls: tuple[ToolCall, ...] = ()
+        if isinstance(step, ToolCall):
+            text, calls = "", (step,)
+        elif step is not None:
+            text = step
+        elif reference is not None:
+            text = reference
         else:
             text = recall_reply(messages, memory_turns=cfg.memory_turns, seed=seed)
-        finish_reason = "stop"
-        if params.max_tokens is not None:
+        finish_reason = "tool_calls" if calls else "stop"
+        if params.max_tokens is not None and not calls:
             words = text.split()
             if len(words) > params.max_tokens:
                 text, finish_reason = " ".join(words[: params.max_tokens]), "length"
-        prompt_tokens = sum(_count_tokens(m.content) for m in messages)
-        completion_tokens = _count_tokens(text)
+        prompt_tokens = sum(
+            _count_tokens(m.content) + _count_tokens(tool_calls_text(m.tool_calls))
+            for m in messages
+        )
+        completion_tokens = _count_tokens(text + tool_calls_text(calls))
         return Completion(
             text=text,
+            tool_calls=calls,
             finish_reason=finish_reason,
             usage=Usage(
                 prompt_tokens=prompt_tokens,

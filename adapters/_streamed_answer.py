@@ -10,6 +10,10 @@ vLLM, SGLang, DeepSeek and llama.cpp; ``reasoning`` on newer vLLM; Anthropic's t
 blocks). Both kinds are tokens: the time to the first token (TTFT) and the gaps count
 either, while the time to the first output token (TTFOT) waits for the answer, as the
 user does. Only the answer is handed to ``on_text``.
+
+Tool calls stream as pieces of their name and arguments (:class:`ToolCallPiece`). They
+are the model's output as much as text is: a piece counts as a token for the TTFT, the
+TTFOT and the gaps, and the pieces are joined into calls (:class:`ToolCallJoiner`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from convsim._types import ToolCall
+
 from ._text import StreamedText
+from ._tool_stream import ToolCallJoiner, ToolCallPiece
 
 __all__ = ["StreamedAnswer"]
 
@@ -35,6 +42,7 @@ class StreamedAnswer:
         "_repair",
         "_repair_reasoning",
         "_t0",
+        "_tools",
         "gaps",
     )
 
@@ -48,6 +56,7 @@ class StreamedAnswer:
         self._first: float | None = None
         self._first_output: float | None = None
         self._last = 0.0
+        self._tools = ToolCallJoiner()
         self.gaps: list[float] = []
         """Seconds between consecutive pieces handed on, reasoning and answer alike."""
 
@@ -63,6 +72,14 @@ class StreamedAnswer:
         if text:
             self._tick()
             self._reasoning.append(text)
+
+    def feed_tool_call(self, piece: ToolCallPiece) -> None:
+        """Take one event's piece of a tool call (a TypeError for a misshapen one)."""
+        self._tools.feed(piece)
+        if piece.name or piece.arguments or piece.id:
+            now = self._tick()
+            if self._first_output is None:
+                self._first_output = now
 
     def close(self) -> None:
         """At the end of the stream: hand on what repair still held back."""
@@ -101,14 +118,19 @@ class StreamedAnswer:
         return "".join(self._reasoning) if self._reasoning else None
 
     @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The tool calls streamed, joined (ValueError: a call came without a name)."""
+        return self._tools.calls() if self._tools else ()
+
+    @property
     def ttft_s(self) -> float | None:
         """Seconds from sending to the first piece of any kind; None when none came."""
         return None if self._first is None else self._first - self._t0
 
     @property
     def ttfot_s(self) -> float | None:
-        """Seconds from sending to the first piece of the answer; None when no answer
-        text came."""
+        """Seconds from sending to the first piece of the answer (text or a tool call);
+        None when neither came."""
         return None if self._first_output is None else self._first_output - self._t0
 
     @property

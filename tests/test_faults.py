@@ -16,7 +16,7 @@ from convsim import Status, TurnStatus
 from convsim.adapters import create_adapter
 from convsim.adapters._openai import OpenAICompatibleAdapter
 from convsim.adapters.mock import MockModelServer, MockServerConfig
-from convsim.adapters.mock._faults import FAULT_KINDS
+from convsim.adapters.mock._faults import DEFAULT_FAULTS
 
 pytestmark = pytest.mark.anyio
 
@@ -91,7 +91,7 @@ async def test_a_run_against_twenty_percent_faults_ends_cleanly(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-@pytest.mark.parametrize("kind", FAULT_KINDS)
+@pytest.mark.parametrize("kind", DEFAULT_FAULTS)  # the tool fault: test_tool_wire
 async def test_each_fault_kind_on_eight_percent_of_calls_is_retried_away(
     tmp_path: Path, kind: str, stream: bool
 ) -> None:

@@ -891,7 +891,8 @@ def test_config_defaults_and_validation() -> None:
     config = MockServerConfig(ttft_ms=50, itl_ms="uniform:1,3")
     assert config.ttft_ms == Delay("fixed", (50.0,))
     assert config.itl_ms.kind == "uniform"
-    assert config.faults == dict.fromkeys(FAULT_KINDS, 1)
+    # every kind but the one that only changes tool calls
+    assert config.faults == dict.fromkeys(FAULT_KINDS[:-1], 1)
     assert FAULT_KINDS == (
         "429",
         "500",
@@ -903,6 +904,7 @@ def test_config_defaults_and_validation() -> None:
         "stream_drop",
         "lone_surrogate",
         "split_surrogate",
+        "malformed_tool_args",
     )
     assert MockServerConfig().ttft_ms.is_zero and MockServerConfig().port == 0
     assert config.model_dump()["itl_ms"] == "uniform:1,3"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ._delay import Delay
-from ._faults import FAULT_KINDS, FaultKind
+from ._faults import DEFAULT_FAULTS, FAULT_KINDS, FaultKind
 
 __all__ = ["MockServerConfig", "MockServerStatistics"]
 
@@ -35,8 +35,11 @@ class MockServerConfig(BaseModel):
     tokens and reported as ``completion_tokens_details.reasoning_tokens``."""
     fault_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     """Fraction of generation requests that get an injected fault (decided by the seed)."""
-    faults: dict[FaultKind, float] = Field(default_factory=lambda: dict.fromkeys(FAULT_KINDS, 1.0))
-    """Relative weight of each fault kind; kinds left out never happen."""
+    faults: dict[FaultKind, float] = Field(
+        default_factory=lambda: dict.fromkeys(DEFAULT_FAULTS, 1.0)
+    )
+    """Relative weight of each fault kind; kinds left out never happen (by default every
+    kind but ``malformed_tool_args``, equally)."""
     retry_after_s: float = Field(default=1.0, ge=0.0)
     """Retry-After of an injected 429, in seconds."""
     rpm: int | None = Field(default=None, ge=1)

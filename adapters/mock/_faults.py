@@ -19,6 +19,8 @@ from ._wire import error
 __all__ = [
     "FaultKind",
     "FAULT_KINDS",
+    "TOOL_FAULTS",
+    "DEFAULT_FAULTS",
     "NOT_STREAMED",
     "HALF_EMOJI",
     "OTHER_HALF",
@@ -38,6 +40,7 @@ FaultKind = Literal[
     "stream_drop",
     "lone_surrogate",
     "split_surrogate",
+    "malformed_tool_args",
 ]
 """What an injected fault does:
 
@@ -52,13 +55,21 @@ FaultKind = Literal[
 - ``stream_drop``: a couple of words, then the connection drops mid-stream;
 - ``lone_surrogate``: the answer ends in half an emoji (``"\\ud83d"`` escaped in JSON);
 - ``split_surrogate``: an emoji whose two UTF-16 halves come in two stream events, as
-  JavaScript gateways send them.
+  JavaScript gateways send them;
+- ``malformed_tool_args``: a tool call whose arguments are cut short (not valid JSON),
+  as small models write them. Only an answer that calls a tool gets it (others are
+  answered as usual, and no fault is counted), and only when named in ``faults``: the
+  default mix leaves it out.
 
 Stream-only kinds in a non-streaming call do what comes closest and count as that:
 ``truncated_sse`` as ``malformed``, ``stream_error`` as ``500``, ``stream_drop`` as
 ``drop``, ``split_surrogate`` as ``lone_surrogate``.
 """
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
+TOOL_FAULTS: frozenset[FaultKind] = frozenset({"malformed_tool_args"})
+"""Kinds that change a tool call, left out of the default mix."""
+DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(k for k in FAULT_KINDS if k not in TOOL_FAULTS)
+"""The kinds of the default mix, equally likely."""
 NOT_STREAMED: Mapping[FaultKind, FaultKind] = MappingProxyType(
     {
         "truncated_sse": "malformed",

@@ -11,6 +11,8 @@ import json
 from functools import lru_cache
 from typing import NamedTuple
 
+from convsim._types import ToolCall
+
 from ._faults import HALF_EMOJI, OTHER_HALF, FaultKind
 from ._tokens import mock_logprobs
 from ._wire import Echo, error_body
@@ -19,6 +21,8 @@ __all__ = [
     "Reply",
     "usage_json",
     "reasoning_words",
+    "argument_pieces",
+    "TOOL_PIECES",
     "chat_body",
     "completion_body",
     "generate_body",
@@ -42,6 +46,27 @@ class Reply(NamedTuple):
     """The model id, as a JSON string."""
     reasoning: tuple[str, ...] = ()
     """Reasoning words sent before the answer (chat only), as ``reasoning_content``."""
+    tool_call: ToolCall | None = None
+    """A tool the answer calls (chat only; ``words`` are then empty)."""
+
+
+TOOL_PIECES = 3
+"""How many stream events a tool call's arguments are split over (at most)."""
+
+
+def argument_pieces(arguments: str) -> tuple[str, ...]:
+    """A call's arguments in up to :data:`TOOL_PIECES` pieces, as servers stream them."""
+    size = max(1, -(-len(arguments) // TOOL_PIECES))
+    return tuple(arguments[i : i + size] for i in range(0, len(arguments), size))
+
+
+def _tool_calls_json(call: ToolCall) -> str:
+    entry = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+    return json.dumps([entry])
 
 
 def reasoning_words(count: int) -> tuple[str, ...]:
@@ -67,6 +92,8 @@ def usage_json(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int
 def chat_body(reply: Reply, number: int, created: int) -> bytes:
     """A ``chat.completion`` (``number`` makes its id)."""
     text = json.dumps(" ".join(reply.words))
+    if reply.tool_call is not None:
+        text = 'null,"tool_calls":' + _tool_calls_json(reply.tool_call)
     if reply.reasoning:
         text += ',"reasoning_content":' + json.dumps(" ".join(reply.reasoning))
     return (
@@ -131,6 +158,22 @@ def _json_pieces(words: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(json.dumps(w if i == 0 else " " + w) for i, w in enumerate(words))
 
 
+def _tool_events(call: ToolCall, head: str, after: str) -> list[str]:
+    """A tool call as OpenAI streams it: id, type and name with empty arguments, then
+    the arguments in pieces, each under the call's index."""
+    opening = {
+        "index": 0,
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": ""},
+    }
+    events = [head + '"delta":{"tool_calls":' + json.dumps([opening]) + after]
+    for piece in argument_pieces(call.arguments):
+        entry = {"index": 0, "function": {"arguments": piece}}
+        events.append(head + '"delta":{"tool_calls":' + json.dumps([entry]) + after)
+    return events
+
+
 def stream_events(
     reply: Reply,
     *,
@@ -165,6 +208,8 @@ def stream_events(
         before = head + '"delta":{"content":'
         after = '},"logprobs":null,"finish_reason":null}]' + more + "\n\n"
         events = [before + p + after for p in pieces]
+        if reply.tool_call is not None:
+            events = _tool_events(reply.tool_call, head, after)
         if reply.reasoning:  # a reasoning model's thoughts come first, one event a word
             thinking = head + '"delta":{"reasoning_content":'
             thoughts = [thinking + p + after for p in _json_pieces(reply.reasoning)]

@@ -33,7 +33,9 @@ from aiohttp import web
 from convsim._errors import parse_config
 from convsim._log import get_logger
 from convsim._plural import counted
+from convsim._types import ToolCall
 
+from .._tool_policy import next_tool_step
 from ._answer import answer, cut
 from ._config import MockServerConfig, MockServerStatistics
 from ._delay import Delay
@@ -66,6 +68,7 @@ from ._wire import (
     parse_params,
     prompt_text,
     read_json,
+    tool_request,
 )
 
 __all__ = ["MockModelServer", "ENDPOINTS", "Sleep", "Clock"]
@@ -326,11 +329,15 @@ class MockModelServer:
             return refused
         cfg = self.config
         echo = NO_ECHO
+        step: ToolCall | str | None = None
         try:
             body = await read_json(request)
             if path == CHAT:
                 turns = chat_messages(body)
                 params = parse_params(body, cfg.model)
+                tools = tool_request(body)
+                if tools is not None:
+                    step = next_tool_step(tools.messages, tools.tools, tools.choice)
             else:
                 turns = (Turn("user", prompt_text(body)),)
                 if path == COMPLETIONS:
@@ -344,6 +351,9 @@ class MockModelServer:
         except BadRequest as exc:
             return bad_request(str(exc))
         fault = self._draw_fault() if cfg.fault_rate else None
+        call = step if isinstance(step, ToolCall) else None
+        if fault == "malformed_tool_args" and call is None:
+            fault = None  # nothing to malform: answered as usual
         if fault is not None:
             fault = self._injected(fault, params.stream)
             response = fault_response(request, fault, cfg.retry_after_s)
@@ -351,17 +361,25 @@ class MockModelServer:
                 return response
         seed = cfg.seed if params.seed is None else params.seed
         answered = answer(turns, cfg.memory_turns, seed, cfg.output_tokens)
-        sent = cut(answered.words, params)
-        words, finish, prompt_tokens = sent.words, sent.finish_reason, answered.prompt_tokens
+        if isinstance(step, str):  # the policy's answer after the tools it called
+            sent = cut(tuple(step.split(" ")), params)
+        else:
+            sent = cut(() if call else answered.words, params)
+        words, prompt_tokens = sent.words, answered.prompt_tokens
+        finish: str = sent.finish_reason
+        if call is not None:
+            finish = "tool_calls"
+            if fault == "malformed_tool_args":  # cut short: no longer valid JSON
+                call = ToolCall(id=call.id, name=call.name, arguments=call.arguments[:-1])
         if cfg.message_overhead_tokens and path == CHAT:
             prompt_tokens += cfg.message_overhead_tokens * len(turns)
         if fault == "lone_surrogate":  # the last word ends in half an emoji
             words = (*words[:-1], (words[-1] if words else "") + HALF_EMOJI)
         thoughts = reasoning_words(cfg.reasoning_tokens) if path == CHAT else ()
-        n = len(words) + len(thoughts)
+        n = len(words) + len(thoughts) + (len(call.arguments.split()) + 1 if call else 0)
         model = self._model_json if params.model == cfg.model else json.dumps(params.model)
         usage = usage_json(prompt_tokens, n, len(thoughts)) if cfg.usage else "null"
-        reply = Reply(words, finish, usage, model, thoughts)
+        reply = Reply(words, finish, usage, model, thoughts, call)
         if params.stream:
             include_usage = params.include_usage and cfg.usage
             return await self._stream(request, path == CHAT, reply, include_usage, fault)

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from aiohttp import web
+from pydantic import ValidationError
 
+from convsim._types import Message, ToolCall, ToolSpec
+
+from .._openai_tools import arguments_text
 from ._delay import format_number
 
 __all__ = [
@@ -26,6 +30,8 @@ __all__ = [
     "Turn",
     "chat_messages",
     "prompt_text",
+    "ToolRequest",
+    "tool_request",
     "Echo",
     "NO_ECHO",
     "MAX_LOGPROBS",
@@ -218,6 +224,98 @@ def chat_messages(body: dict[str, Any]) -> tuple[Turn, ...]:
                 f"messages[{i}].role must be one of system, developer, user, assistant, tool"
             )
     return tuple(turns)
+
+
+class ToolRequest(NamedTuple):
+    """What a chat request says of tools: what it offers, its choice, and the
+    conversation as messages with their tool calls and results."""
+
+    tools: tuple[ToolSpec, ...]
+    choice: str | None
+    """``auto``, ``required``, ``none``, a tool's name, or None (the default)."""
+    messages: tuple[Message, ...]
+
+
+def _tool_specs(body: dict[str, Any]) -> tuple[ToolSpec, ...]:
+    tools = body["tools"]
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list")
+    specs = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type") != "function"
+            or not isinstance(function, dict)
+        ):
+            raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")
+        try:
+            specs.append(
+                ToolSpec(
+                    name=function.get("name"),
+                    description=function.get("description") or "",
+                    parameters=function.get("parameters") or {"type": "object", "properties": {}},
+                )
+            )
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(str(p) for p in problem["loc"])
+            raise BadRequest(f"tools[{i}].function.{where}: {problem['msg']}") from None
+    return tuple(specs)
+
+
+def _choice(body: dict[str, Any]) -> str | None:
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "required", "none"):
+        return choice
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise BadRequest(
+            "'tool_choice' must be auto, required, none or "
+            "{'type': 'function', 'function': {'name': ...}}"
+        )
+    return name
+
+
+def _history(body: dict[str, Any]) -> tuple[Message, ...]:
+    """The messages with their tool calls and results (checked by chat_messages)."""
+    messages = []
+    for i, message in enumerate(body["messages"]):
+        role = _ROLES.get(message["role"], "tool")
+        text = _content_text(message.get("content"), i)
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            messages.append(Message(role="tool", content=text, tool_call_id=str(call_id or "")))
+            continue
+        entries = message.get("tool_calls") or []
+        if not isinstance(entries, list):
+            raise BadRequest(f"messages[{i}].tool_calls must be a list")
+        calls = []
+        for j, entry in enumerate(entries):
+            function = entry.get("function") if isinstance(entry, dict) else None
+            if not isinstance(function, dict) or not function.get("name"):
+                raise BadRequest(f"messages[{i}].tool_calls[{j}] needs function.name")
+            name = str(function["name"])
+            try:
+                arguments = arguments_text(function.get("arguments"))
+            except TypeError as exc:
+                raise BadRequest(f"messages[{i}].tool_calls[{j}]: {exc}") from None
+            calls.append(ToolCall(id=str(entry.get("id") or ""), name=name, arguments=arguments))
+        messages.append(Message(role=role, content=text, tool_calls=tuple(calls)))
+    return tuple(messages)
+
+
+def tool_request(body: dict[str, Any]) -> ToolRequest | None:
+    """The tools of a chat request (its messages checked by :func:`chat_messages`
+    first); None when it offers none.
+
+    Raises:
+        BadRequest: ``tools``, ``tool_choice`` or a tool call is malformed.
+    """
+    if not body.get("tools"):
+        return None
+    return ToolRequest(_tool_specs(body), _choice(body), _history(body))
 
 
 def prompt_text(body: dict[str, Any]) -> str:

@@ -91,7 +91,8 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     "broken JSON); html (a 200 with a proxy's HTML page); truncated_sse, stream_error, "
     "stream_drop (a stream that ends, reports an error, or drops after a few words); "
     "lone_surrogate (half an emoji in the text); split_surrogate (an emoji split across two "
-    "stream events). Default: all equally.",
+    "stream events); malformed_tool_args (a tool call's arguments cut short, in answers "
+    "that call a tool). Default: all but malformed_tool_args, equally.",
 )
 @click.option(
     "--retry-after",

@@ -35,7 +35,7 @@ def answer(
     turns: tuple[Turn, ...], memory_turns: int | None, seed: int, length: int | None
 ) -> Answer:
     """The reply to ``turns``; conversations repeat, so cached."""
-    messages = [Message(role=t.role, content=t.text) for t in turns if t.role]
+    messages = [Message(role=t.role, content=t.text) for t in turns if t.role]  # type: ignore[arg-type]
     words = recall_reply(messages, memory_turns=memory_turns, seed=seed).split()
     if length is not None:
         words = [

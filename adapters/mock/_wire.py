@@ -252,7 +252,7 @@ def _tool_specs(body: dict[str, Any]) -> tuple[ToolSpec, ...]:
         try:
             specs.append(
                 ToolSpec(
-                    name=function.get("name"),
+                    name=str(function.get("name") or ""),
                     description=function.get("description") or "",
                     parameters=function.get("parameters") or {"type": "object", "properties": {}},
                 )
@@ -302,7 +302,7 @@ def _history(body: dict[str, Any]) -> tuple[Message, ...]:
             except TypeError as exc:
                 raise BadRequest(f"messages[{i}].tool_calls[{j}]: {exc}") from None
             calls.append(ToolCall(id=str(entry.get("id") or ""), name=name, arguments=arguments))
-        messages.append(Message(role=role, content=text, tool_calls=tuple(calls)))
+        messages.append(Message(role=role, content=text, tool_calls=tuple(calls)))  # type: ignore[arg-type]
     return tuple(messages)
 
 

@@ -103,6 +103,25 @@ def _points_tables(points: list[PointResult], slo: bool, console: Console) -> li
                 ],
             )
         )
+    if any(p.tools is not None for p in points):
+        rows.append(
+            (
+                "tool-call replies",
+                [
+                    "-" if p.tools is None else f"{p.tools.replies_with_tool_calls:,}"
+                    for p in points
+                ],
+            )
+        )
+        rows.append(
+            (
+                "tool calls / rounds",
+                [
+                    "-" if p.tools is None else f"{p.tools.tool_calls:,} / {p.tools.tool_rounds:,}"
+                    for p in points
+                ],
+            )
+        )
     rows.append(("send delay p99", [_fmt(p.schedule_delay_ms.p99, 2) for p in points]))
     rows.append(
         (

@@ -8,7 +8,9 @@ the first answer token: the same for a model that does not reason aloud), ``tpot
 ``output_tokens``, ``output_from_chunks`` (true when the stream carried no usage and
 its chunks were counted), ``token_source`` (``server``, ``tokenizer`` or ``estimate``),
 ``reasoning_tokens`` (of the output tokens, those the server reported spent reasoning;
-empty when it reported none), ``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
+empty when it reported none), ``tool_round`` (the model call of its turn: 0 the first,
+n the one sent with the tool results of the n-th reply asking for tools), ``tool_calls``
+(tool calls its reply asked for), ``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
 ``itl_count`` and ``itl_mean_ms``.
 """
 
@@ -44,6 +46,8 @@ REQUEST_COLUMNS = (
     "output_from_chunks",
     "token_source",
     "reasoning_tokens",
+    "tool_round",
+    "tool_calls",
     "error",
 )
 
@@ -71,6 +75,8 @@ def _row(point: int, r: RequestRecord) -> dict[str, Any]:
         "output_from_chunks": r.output_from_chunks,
         "token_source": r.token_source,
         "reasoning_tokens": r.reasoning_tokens,
+        "tool_round": r.tool_round,
+        "tool_calls": r.tool_calls,
         "error": r.error,
     }
 

@@ -2,8 +2,8 @@
 
 Field names are a contract (plots, dashboards and CI checks read them): ``valid``,
 ``invalid_reasons``, ``target_rate``, ``achieved_rate``, ``requests``, ``throughput``,
-``latency_ms``, ``schedule_delay_ms``, ``goodput``, ``by_turn``, ``reasoning_tokens``;
-a sweep has ``points`` and ``max_rate_meeting_slo``; ``partial`` and ``partial_reason``
+``latency_ms``, ``schedule_delay_ms``, ``goodput``, ``by_turn``, ``reasoning_tokens``,
+``tools``; a sweep has ``points`` and ``max_rate_meeting_slo``; ``partial`` and ``partial_reason``
 say that a run was stopped early. Raise :data:`SCHEMA_VERSION` when one changes meaning.
 
 A request belongs to the measured window when it was sent inside it, so warm-up and
@@ -31,6 +31,7 @@ __all__ = [
     "Throughput",
     "LatencyMs",
     "ReasoningTokens",
+    "ToolFigures",
     "TurnLatency",
     "TurnFigures",
     "ConversationFigures",
@@ -113,6 +114,22 @@ class ReasoningTokens(_Model):
     total: int
     per_request: LatencySummary
     """Each reporting request's count (tokens, not ms)."""
+
+
+class ToolFigures(_Model):
+    """Tool turns' requests in the window (the workload answers every tool call with
+    its given result: no tool runs, so these are the model's figures alone)."""
+
+    requests: int
+    """Completed requests that offered tools."""
+    replies_with_tool_calls: int
+    """Of those, the replies that asked for tools rather than answering in text."""
+    tool_calls: int
+    """Tool calls those replies asked for (several per reply with parallel calls)."""
+    tool_rounds: int
+    """Completed requests sent with the tool results of a previous reply."""
+    failed: int
+    """Requests that offered tools and failed."""
 
 
 class TurnLatency(_Model):
@@ -241,6 +258,8 @@ class PointResult(_Model):
     reasoning_tokens: ReasoningTokens | None = None
     """Null when no completed request of the window reported reasoning tokens: nothing
     was measured (a server that does not report them, or a model that does not reason)."""
+    tools: ToolFigures | None = None
+    """Null when no request of the window offered tools."""
     token_sources: dict[str, int] = {}
     """Completed requests by where their token counts came from: ``server`` (its
     usage), ``tokenizer`` (its tokenize endpoint, as ``convsim run`` counts) or
@@ -317,6 +336,20 @@ def _reasoning_tokens(done: Sequence[RequestRecord]) -> ReasoningTokens | None:
     return ReasoningTokens(requests=len(counts), total=sum(counts), per_request=summarize(counts))
 
 
+def _tool_figures(measured: Sequence[RequestRecord]) -> ToolFigures | None:
+    offered = [r for r in measured if r.offered_tools]
+    if not offered:
+        return None
+    done = [r for r in offered if r.ok]
+    return ToolFigures(
+        requests=len(done),
+        replies_with_tool_calls=sum(1 for r in done if r.tool_calls),
+        tool_calls=sum(r.tool_calls for r in done),
+        tool_rounds=sum(1 for r in done if r.tool_round),
+        failed=len(offered) - len(done),
+    )
+
+
 def point_result(
     records: Iterable[RequestRecord],
     window: Window,
@@ -350,7 +383,7 @@ def point_result(
         ttfot=summarize([r.ttfot_s for r in done if r.ttfot_s is not None], _MS),
     )
     delays = summarize([d for r in measured if (d := r.schedule_delay_s) is not None], _MS)
-    started = sum(1 for r in measured if r.turn_index == 0)
+    started = sum(1 for r in measured if r.opens_session)
     reasons = list(invalid_reasons)
     if not done:
         reasons.append("no request completed in the measured window")
@@ -363,7 +396,7 @@ def point_result(
         due = sum(
             1
             for r in every
-            if r.turn_index == 0 and r.scheduled_s is not None and r.scheduled_s in window
+            if r.opens_session and r.scheduled_s is not None and r.scheduled_s in window
         )
         if due and started < min_rate_ratio * due:
             reasons.append(
@@ -391,6 +424,7 @@ def point_result(
         meets_slo=None if slos is None else slos.judge(dict(latency), valid=not reasons),
         by_turn=_by_turn(done),
         reasoning_tokens=_reasoning_tokens(done),
+        tools=_tool_figures(measured),
         token_sources=dict(Counter(r.token_source for r in done if r.token_source is not None)),
     )
 

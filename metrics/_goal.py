@@ -229,6 +229,9 @@ class _GoalScorer:
         self.goal: Goal | None = scenario.goal
         self.responses: dict[str, str] = {}
         self.final: str | None = None
+        self.reasonings: dict[str, str | None] = {}
+        """Each answered turn's reasoning (None when it had none): a judge may see it."""
+        self.final_reasoning: str | None = None
         self.completed = 0
         self.turns_to_goal: int | None = None
 
@@ -237,6 +240,9 @@ class _GoalScorer:
             return
         self.responses[turn.turn_id] = turn.response
         self.final = turn.response
+        reasoning = getattr(turn, "reasoning", None)
+        self.reasonings[turn.turn_id] = reasoning
+        self.final_reasoning = reasoning
         self.completed += 1
         if self.turns_to_goal is None and self._credit().value == 1.0:
             self.turns_to_goal = self.completed
@@ -333,8 +339,17 @@ class _JudgedGoalScorer(AsyncConversationScorer):
                     )
                     if criterion.kind != "judge" or text is None:
                         continue
-                    prompt = GOAL_PROMPT.format(
-                        goal=inner.goal.description, criterion=criterion.value, response=text
+                    reasoning = (
+                        inner.reasonings.get(criterion.turn_id)
+                        if criterion.turn_id
+                        else inner.final_reasoning
+                    )
+                    prompt = self.judge.framed(
+                        GOAL_PROMPT.format(
+                            goal=inner.goal.description,
+                            criterion=criterion.value,
+                            response=self.judge.answer(text, reasoning),
+                        )
                     )
                     answer = await ask_judge(self.judge, prompt)
                     calls += answer.calls

@@ -14,6 +14,12 @@ adapter raised, retries included) loses only its own sample: it is listed under
 ``failures`` with the error, the other grades and the usage so far are kept, and the
 score fails (status "failed") only when no grade at all survived. Cancellation is
 never caught.
+
+A judge sees the assistant's answers only: what a reasoning model thought before it
+answered is not what the user got. With ``sees_reasoning`` (``--judge-sees-reasoning``)
+each answer that has reasoning is preceded by it between ``<reasoning>`` and
+``</reasoning>``, and the prompt says so (so the judge's prompt, and with it the
+response cache's key, differs from the one that hides the reasoning).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ __all__ = [
     "Grade",
     "parse_grade",
     "JUDGE_PROMPT",
+    "REASONING_NOTE",
+    "with_reasoning",
 ]
 
 GUIDE_RUBRICS = {
@@ -72,6 +80,20 @@ The assistant's reply:
 Grade the reply against the rubric from 1 (very poor) to 5 (excellent). Answer with a
 JSON object only, for example {{"score": 4, "reason": "one short sentence"}}."""
 
+REASONING_NOTE = (
+    "The assistant's reasoning before a reply, where it gave any, is shown just before "
+    "that reply between <reasoning> and </reasoning>; the user never saw it."
+)
+"""Put at the head of a judge's prompt when the judge sees the reasoning."""
+
+
+def with_reasoning(answer: str, reasoning: str | None) -> str:
+    """``answer`` preceded by ``reasoning``, marked, when there is any."""
+    if not reasoning:
+        return answer
+    return f"<reasoning>\n{reasoning}\n</reasoning>\n{answer}"
+
+
 REASK = (
     'That was not a JSON object with an integer "score" from 1 to 5. Answer again with '
     'only the JSON object, e.g. {"score": 3, "reason": "..."}.'
@@ -88,6 +110,17 @@ class JudgeSettings:
     max_reasks: int = 1
     max_tokens: int = 200
     temperature: float | None = 0.0
+    sees_reasoning: bool = False
+    """Each answer is shown with the reasoning before it (see the module's docstring)."""
+
+    def framed(self, prompt: str) -> str:
+        """``prompt`` as this judge is asked it: with :data:`REASONING_NOTE` first when
+        it sees the reasoning."""
+        return f"{REASONING_NOTE}\n\n{prompt}" if self.sees_reasoning else prompt
+
+    def answer(self, text: str, reasoning: str | None) -> str:
+        """An assistant's answer as this judge sees it."""
+        return with_reasoning(text, reasoning) if self.sees_reasoning else text
 
 
 class Grade(NamedTuple):
@@ -246,15 +279,22 @@ class _JudgeScorer(AsyncConversationScorer):
     async def update(self, turn: TurnRecord) -> None:
         if turn.status is not TurnStatus.COMPLETED or turn.response is None:
             return
+        judge = self.judge
         context = (
-            "\n".join(f"{m.role}: {m.content}" for m in turn.messages[:-1] if m.role != "system")
+            "\n".join(
+                f"{m.role}: {judge.answer(m.content, m.reasoning)}"
+                for m in turn.messages[:-1]
+                if m.role != "system"
+            )
             or "(none)"
         )
-        prompt = JUDGE_PROMPT.format(
-            rubric=self.rubric,
-            context=context,
-            user=turn.user_message or "",
-            response=turn.response,
+        prompt = judge.framed(
+            JUDGE_PROMPT.format(
+                rubric=self.rubric,
+                context=context,
+                user=turn.user_message or "",
+                response=judge.answer(turn.response, turn.reasoning),
+            )
         )
         # the samples are asked at once: one after another they multiply the latency
         answers: list[JudgeAnswer | None] = [None] * self.judge.samples

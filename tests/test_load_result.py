@@ -48,6 +48,7 @@ def record(
         sent_s=sent,
         ttfb_s=None if ttft is None else ttft / 2,
         ttft_s=ttft,
+        ttfot_s=ttft,  # as the driver records a model that does not reason aloud
         inter_token_gaps_s=gaps,
         end_s=end,
         input_tokens=tokens[0],
@@ -139,6 +140,8 @@ def test_point_result_figures_by_hand() -> None:
     assert point.throughput.total_tokens_per_s == (350 + 7) / 4
     latency = point.latency_ms
     assert latency.ttft.count == 3 and latency.ttft.p50 == 500.0
+    assert latency.ttfot == latency.ttft  # no reasoning: TTFOT is TTFT
+    assert point.reasoning_tokens is None  # none reported: none invented
     assert latency.ttft.mean == pytest.approx(1750 / 3)
     assert latency.ttft.p99 == pytest.approx(500 + 0.98 * 500)
     assert latency.tpot.count == 2 and latency.tpot.mean == 375.0  # 250 and 500
@@ -159,6 +162,7 @@ def test_point_result_figures_by_hand() -> None:
         "mean_history_messages": 1.0,
         "ttft_ms": {"p50": 625.0, "p99": pytest.approx(992.5)},
         "e2e_ms": {"p50": 1500.0, "p99": pytest.approx(1990.0)},
+        "ttfot_ms": {"p50": 625.0, "p99": pytest.approx(992.5)},
     }
     assert (turn1.turn_index, turn1.count, turn1.mean_history_messages) == (1, 1, 3.0)
     assert turn1.ttft_ms.p50 == turn1.ttft_ms.p99 == 500.0

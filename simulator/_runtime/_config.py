@@ -108,6 +108,9 @@ class JudgeConfig(BaseModel):
     """Grades per turn."""
     combine: Literal["mean", "majority"] = "mean"
     """How several grades of a turn combine (a majority tie goes to the lowest)."""
+    sees_reasoning: bool = False
+    """Each answer is shown to the judge with a reasoning model's reasoning before it,
+    marked; by default the judge sees the answers only, as the user did."""
 
 
 class SimulatorConfig(BaseModel):
@@ -244,6 +247,7 @@ class SimulatorConfig(BaseModel):
         judge_args: Mapping[str, Any] | None = None,
         judge_samples: int = 1,
         judge_combine: str = "mean",
+        judge_sees_reasoning: bool = False,
         **settings: Any,
     ) -> SimulatorConfig:
         """The config for the keyword arguments :class:`~convsim.Simulator` takes.
@@ -263,13 +267,20 @@ class SimulatorConfig(BaseModel):
                 raise ConfigError(f"judge_samples must be >= 1, not {judge_samples!r}")
             if judge_combine not in ("mean", "majority"):
                 raise ConfigError(f"judge_combine must be mean or majority, not {judge_combine!r}")
+            if not isinstance(judge_sees_reasoning, bool):
+                raise ConfigError(
+                    f"judge_sees_reasoning must be True or False, not {judge_sees_reasoning!r}"
+                )
             data["judge"] = {
                 "model": _reference(judge, judge_args, "judge_args"),
                 "samples": judge_samples,
                 "combine": judge_combine,
+                "sees_reasoning": judge_sees_reasoning,
             }
         elif judge_args:
             raise ConfigError("judge_args given without a judge")
+        elif judge_sees_reasoning:
+            raise ConfigError("judge_sees_reasoning given without a judge")
         return parse_config(cls, data, "simulator setting")
 
 

@@ -68,6 +68,8 @@ class Simulator:
         judge_args: adapter arguments when ``judge`` is a spec.
         judge_samples: grades per turn.
         judge_combine: how several grades of a turn combine: ``mean`` or ``majority``.
+        judge_sees_reasoning: show the judge a reasoning model's reasoning before each
+            answer, marked (by default it sees the answers only).
         concurrency: at most this many conversations run at once, across every run of
             this simulator.
         metrics: conversation metrics to score (default: latency, response_length,
@@ -147,7 +149,10 @@ class Simulator:
         if config.judge is not None:
             adapter, self.judge_name = self._adapter(config.judge.model, "judge")
             self.judge = JudgeSettings(
-                adapter, samples=config.judge.samples, combine=config.judge.combine
+                adapter,
+                samples=config.judge.samples,
+                combine=config.judge.combine,
+                sees_reasoning=config.judge.sees_reasoning,
             )
         self.metric_names = tuple(DEFAULT_METRICS if config.metrics is None else config.metrics)
         self.metric_registry = metric_registry
@@ -302,6 +307,7 @@ class Simulator:
                 "judge_args": _redacted(judge.model if judge else None),
                 "judge_samples": judge.samples if judge else None,
                 "judge_combine": judge.combine if judge else None,
+                "judge_sees_reasoning": judge.sees_reasoning if judge else None,
                 "user_model_args": _redacted(self.config.user_model),
                 "limit": limit,
                 "grace_period": self.grace_period,

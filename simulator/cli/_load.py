@@ -73,7 +73,7 @@ def _points_tables(points: list[PointResult], slo: bool, console: Console) -> li
         ("requests/s", [_fmt(p.throughput.requests_per_s, 1) for p in points]),
         ("output tokens/s", [_fmt(p.throughput.output_tokens_per_s, 0) for p in points]),
     ]
-    for name in ("ttft", "tpot", "itl", "e2e"):
+    for name in ("ttft", "ttfot", "tpot", "itl", "e2e"):
         for stat in ("p50", "p99"):
             rows.append(
                 (
@@ -81,6 +81,47 @@ def _points_tables(points: list[PointResult], slo: bool, console: Console) -> li
                     [_fmt(getattr(getattr(p.latency_ms, name), stat)) for p in points],
                 )
             )
+    if any(p.reasoning_tokens is not None for p in points):
+        rows.append(
+            (
+                "reasoning tokens",
+                [
+                    _fmt(None if p.reasoning_tokens is None else p.reasoning_tokens.total, 0)
+                    for p in points
+                ],
+            )
+        )
+        rows.append(
+            (
+                "reasoning tokens/req",
+                [
+                    _fmt(
+                        None if p.reasoning_tokens is None else p.reasoning_tokens.per_request.mean,
+                        1,
+                    )
+                    for p in points
+                ],
+            )
+        )
+    if any(p.tools is not None for p in points):
+        rows.append(
+            (
+                "tool-call replies",
+                [
+                    "-" if p.tools is None else f"{p.tools.replies_with_tool_calls:,}"
+                    for p in points
+                ],
+            )
+        )
+        rows.append(
+            (
+                "tool calls / rounds",
+                [
+                    "-" if p.tools is None else f"{p.tools.tool_calls:,} / {p.tools.tool_rounds:,}"
+                    for p in points
+                ],
+            )
+        )
     rows.append(("send delay p99", [_fmt(p.schedule_delay_ms.p99, 2) for p in points]))
     rows.append(
         (
@@ -131,11 +172,12 @@ def _turn_tables(point: PointResult, console: Console) -> list[Any]:
             str(t.count),
             f"{t.mean_history_messages:.1f}",
             f"{_fmt(t.ttft_ms.p50)} / {_fmt(t.ttft_ms.p99)}",
+            f"{_fmt(t.ttfot_ms.p50)} / {_fmt(t.ttfot_ms.p99)}",
             f"{_fmt(t.e2e_ms.p50)} / {_fmt(t.e2e_ms.p99)}",
         ]
         for t in point.by_turn
     ]
-    heads = ["turn", "requests", "messages sent", "TTFT", "E2E"]
+    heads = ["turn", "requests", "messages sent", "TTFT", "TTFOT", "E2E"]
     return row_table(console, "By turn depth (ms: p50 / p99)", heads, rows)
 
 
@@ -463,7 +505,12 @@ _Option = Callable[[Any], Any]
     default=None,
     help="Rates (or with --concurrency, concurrencies) R1,R2,...; or auto[:N].",
 )
-@click.option("--slo", default=None, help="e.g. ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=10s")
+@click.option(
+    "--slo",
+    default=None,
+    help="e.g. ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=10s (ttfot: to the first answer "
+    "token, after a reasoning model's thoughts).",
+)
 @click.option(
     "-o",
     "--out",

@@ -135,8 +135,8 @@ def pack_reading_options(func: F) -> F:
 
 
 def judge_options(func: F) -> F:
-    """--judge, --judge-arg, --judge-base-url, --judge-samples and --judge-combine, for
-    run and score."""
+    """--judge, --judge-arg, --judge-base-url, --judge-samples, --judge-combine and
+    --judge-sees-reasoning, for run and score."""
     options = [
         click.option(
             "--judge",
@@ -164,6 +164,13 @@ def judge_options(func: F) -> F:
             default="mean",
             show_default=True,
             help="How several grades of a turn combine (a majority tie: the lowest).",
+        ),
+        click.option(
+            "--judge-sees-reasoning",
+            is_flag=True,
+            default=False,
+            help="Show the judge a reasoning model's reasoning before each answer "
+            "(by default it sees the answers only, as the user did).",
         ),
     ]
     for option in reversed(options):

@@ -272,6 +272,7 @@ def run(
     judge_base_url: str | None,
     judge_samples: int,
     judge_combine: str,
+    judge_sees_reasoning: bool,
     cache: str | None,
     cache_expiry: str | None,
     preflight: bool,
@@ -326,6 +327,8 @@ def run(
         raise click.UsageError("--user-base-url needs --user-model")
     if judge_base_url is not None and not judge_spec:
         raise click.UsageError("--judge-base-url needs --judge")
+    if judge_sees_reasoning and not judge_spec:
+        raise click.UsageError("--judge-sees-reasoning needs --judge")
     model_args = with_base_url(model_args, base_url, option="--base-url", args_option="--model-arg")
     user_model_args = with_base_url(
         user_model_args, user_base_url, option="--user-base-url", args_option="--user-model-arg"
@@ -371,6 +374,7 @@ def run(
         judge_args=parse_model_args(judge_args) if judge_spec else None,
         judge_samples=judge_samples,
         judge_combine=judge_combine,
+        judge_sees_reasoning=judge_sees_reasoning,
         preflight=preflight,
         circuit_breaker=circuit_breaker,
         max_cost=max_cost,

@@ -62,6 +62,7 @@ def score(
     judge_base_url: str | None,
     judge_samples: int,
     judge_combine: str,
+    judge_sees_reasoning: bool,
     cache: str | None,
     cache_expiry: str | None,
 ) -> None:
@@ -77,6 +78,8 @@ def score(
 
     if judge_base_url is not None and judge_spec is None:
         raise click.UsageError("--judge-base-url needs --judge")
+    if judge_sees_reasoning and judge_spec is None:
+        raise click.UsageError("--judge-sees-reasoning needs --judge")
     judge_args = with_base_url(
         judge_args, judge_base_url, option="--judge-base-url", args_option="--judge-arg"
     )
@@ -108,6 +111,7 @@ def score(
             models.get(judge_spec, parse_model_args(judge_args), role="judge"),
             samples=judge_samples,
             combine="majority" if judge_combine == "majority" else "mean",
+            sees_reasoning=judge_sees_reasoning,
         )
 
     async def scoring() -> Any:

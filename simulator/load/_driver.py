@@ -31,7 +31,7 @@ import numpy as np
 
 from convsim._errors import AdapterError, ConfigError, QuotaExhausted, RateLimited
 from convsim._gauges import InFlight, LoopMonitor
-from convsim._types import GenerationParams, Message
+from convsim._types import Completion, GenerationParams, Message, ToolSpec
 from convsim.adapters import ModelAdapter
 
 from .._plural import counted
@@ -41,7 +41,7 @@ from ._monitor import Progress, TimelinePoint
 from ._records import RequestRecord
 from ._result import Window
 from ._stop import NothingMeasured, StopRequest
-from ._workloads import SessionScript, Workload
+from ._workloads import SessionScript, TurnScript, Workload
 
 __all__ = [
     "LoadShape",
@@ -134,6 +134,13 @@ class SessionRecord:
     turns_planned: int
     turns_done: int
     failed: bool
+
+
+class _Answer(NamedTuple):
+    """A turn's answer; not ``whole`` when sending stopped between its tool rounds."""
+
+    text: str
+    whole: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,14 +401,16 @@ class _Driver:
                     break
                 text = turn.user if isinstance(turn.user, str) else turn.user(messages)
                 messages.append(Message(role="user", content=text))
-                answer = await self.request(script, index, messages, turn, due)
+                answer = await self.answer(script, index, messages, turn, due)
                 if answer is None:
                     failed = True
                     break
+                if not answer.whole:
+                    break
                 done += 1
-                messages.append(Message(role="assistant", content=answer))
+                messages.append(Message(role="assistant", content=answer.text))
                 if kept is not None:
-                    kept.append(_transcript_turn(turn, text, answer, self.records[-1]))
+                    kept.append(_transcript_turn(turn, text, answer.text, self.records[-1]))
         finally:
             if kept is not None and done == len(script.turns):
                 self.transcripts.append(
@@ -420,15 +429,49 @@ class _Driver:
                 )
             )
 
+    async def answer(
+        self,
+        script: SessionScript,
+        index: int,
+        messages: list[Message],
+        turn: TurnScript,
+        due: float,
+    ) -> _Answer | None:
+        """One turn's answer: one request, or for a tool turn as many as the model's
+        calls for tools take (each answered with the workload's results, appended to
+        ``messages``, and sent at once), each measured as a request; None when one
+        failed."""
+        completion = await self.request(script, index, messages, turn, due)
+        rounds = 0
+        while (
+            completion is not None
+            and completion.tool_calls
+            and turn.tools
+            and rounds < turn.max_tool_rounds
+        ):
+            if not self.sending or self.now() >= self.send_until:
+                return _Answer(completion.text, whole=False)
+            messages.append(
+                Message(role="assistant", content=completion.text, tool_calls=completion.tool_calls)
+            )
+            messages.extend(turn.tool_message(call) for call in completion.tool_calls)
+            rounds += 1
+            completion = await self.request(
+                script, index, messages, turn, self.now(), tool_round=rounds
+            )
+        return None if completion is None else _Answer(completion.text)
+
     async def request(
         self,
         script: SessionScript,
         index: int,
         messages: Sequence[Message],
-        turn: Any,
+        turn: TurnScript,
         due: float,
-    ) -> str | None:
-        params = self.params(turn.max_tokens, turn.exact_output)
+        *,
+        tool_round: int = 0,
+    ) -> Completion | None:
+        params = self.params(turn.max_tokens, turn.exact_output, turn.tools)
         called = self.now()
         measured = called >= self.window_start
         if measured:
@@ -458,6 +501,8 @@ class _Driver:
                     None,
                     None,
                     type(exc).__name__,
+                    tool_round=tool_round,
+                    offered_tools=bool(turn.tools),
                 )
             )
             self.failed += 1
@@ -494,10 +539,13 @@ class _Driver:
                 token_source=usage.source,
                 ttfot_s=timings.ttfot_s,
                 reasoning_tokens=completion.reasoning_tokens,
+                tool_round=tool_round,
+                tool_calls=len(completion.tool_calls),
+                offered_tools=bool(turn.tools),
             )
         )
         self.completed += 1
-        return completion.text
+        return completion
 
     def rate_limited(self, exc: RateLimited, at: float) -> None:
         """Note the pause a 429 caused; a used-up quota stops the run (the server asked
@@ -516,8 +564,13 @@ class _Driver:
             else:
                 self.pauses.append(Pause(at, end))
 
-    def params(self, max_tokens: int | None, exact: bool) -> GenerationParams:
-        """The settings of a request, made once per length (validated, then shared)."""
+    def params(
+        self, max_tokens: int | None, exact: bool, tools: tuple[ToolSpec, ...] = ()
+    ) -> GenerationParams:
+        """The settings of a request, made once per length (validated, then shared);
+        a tool turn's each time (a tool's schema is a dict: no key for a cache)."""
+        if tools:
+            return self.params(max_tokens, exact).model_copy(update={"tools": tools})
         key = (max_tokens, exact)
         params = self.params_by_length.get(key)
         if params is None:

@@ -70,7 +70,7 @@ def _conversations(
         for r in records:
             met[r.session_id] = met[r.session_id] and slos.met_by(r)
     sessions = [s for o in outcomes for s in o.sessions]
-    started = sum(1 for r in records if r.turn_index == 0 and r.sent_s in window)
+    started = sum(1 for r in records if r.opens_session and r.sent_s in window)
     ended = [s for s in sessions if s.ended_s in window]
     completed = [s for s in ended if not s.failed and s.turns_done == s.turns_planned]
     failed = sum(1 for s in ended if s.failed)
@@ -137,7 +137,7 @@ def _input_accuracy(
         * (r.input_tokens - check.base_tokens[r.session_id] - check.asked[r.session_id])
         / check.asked[r.session_id]
         for r in records
-        if r.turn_index == 0
+        if r.opens_session
         and r.ok
         and r.sent_s in window
         and r.input_tokens is not None

@@ -228,7 +228,7 @@ def _input_check(
     asked: dict[str, int] = {}
     for outcome in outcomes:
         for record in outcome.records:
-            if record.turn_index != 0 or record.session_id in asked:
+            if not record.opens_session or record.session_id in asked:
                 continue
             index = int(record.session_id[1:])
             script = workload.session(index)

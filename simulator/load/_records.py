@@ -62,6 +62,18 @@ class RequestRecord:
     reasoning_tokens: int | None = None
     """Of ``output_tokens``, those spent reasoning, as the server reported them
     (``completion_tokens_details.reasoning_tokens``); None when it reported none."""
+    tool_round: int = 0
+    """The model call of its turn: 0 the first; n the one sent after the n-th reply
+    that asked for tools was answered with the workload's tool results."""
+    tool_calls: int = 0
+    """Tool calls the reply asked for (0 for a text answer or a failed request)."""
+    offered_tools: bool = False
+    """The request offered tools (a tool turn's)."""
+
+    @property
+    def opens_session(self) -> bool:
+        """The first request of its session (a session's start)."""
+        return self.turn_index == 0 and self.tool_round == 0
 
     @property
     def ok(self) -> bool:

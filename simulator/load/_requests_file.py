@@ -2,10 +2,15 @@
 
 Columns: ``point`` (the sweep point, 0 without a sweep), ``session_id``, ``turn_index``,
 ``history_messages``, ``scheduled_s``, ``sent_s``, ``end_s`` (run clock, seconds),
-``schedule_delay_ms``, ``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``input_tokens``,
+``schedule_delay_ms``, ``ttft_ms`` (to the first token of any kind), ``ttfot_ms`` (to
+the first answer token: the same for a model that does not reason aloud), ``tpot_ms``,
+``e2e_ms``, ``input_tokens``,
 ``output_tokens``, ``output_from_chunks`` (true when the stream carried no usage and
 its chunks were counted), ``token_source`` (``server``, ``tokenizer`` or ``estimate``),
-``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
+``reasoning_tokens`` (of the output tokens, those the server reported spent reasoning;
+empty when it reported none), ``tool_round`` (the model call of its turn: 0 the first,
+n the one sent with the tool results of the n-th reply asking for tools), ``tool_calls``
+(tool calls its reply asked for), ``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
 ``itl_count`` and ``itl_mean_ms``.
 """
 
@@ -33,12 +38,16 @@ REQUEST_COLUMNS = (
     "end_s",
     "schedule_delay_ms",
     "ttft_ms",
+    "ttfot_ms",
     "tpot_ms",
     "e2e_ms",
     "input_tokens",
     "output_tokens",
     "output_from_chunks",
     "token_source",
+    "reasoning_tokens",
+    "tool_round",
+    "tool_calls",
     "error",
 )
 
@@ -58,12 +67,16 @@ def _row(point: int, r: RequestRecord) -> dict[str, Any]:
         "end_s": round(r.end_s, 6),
         "schedule_delay_ms": _ms(r.schedule_delay_s),
         "ttft_ms": _ms(r.ttft_s),
+        "ttfot_ms": _ms(r.ttfot_s),
         "tpot_ms": _ms(r.tpot_s),
         "e2e_ms": _ms(r.e2e_s),
         "input_tokens": r.input_tokens,
         "output_tokens": r.output_tokens,
         "output_from_chunks": r.output_from_chunks,
         "token_source": r.token_source,
+        "reasoning_tokens": r.reasoning_tokens,
+        "tool_round": r.tool_round,
+        "tool_calls": r.tool_calls,
         "error": r.error,
     }
 

@@ -2,9 +2,9 @@
 
 Field names are a contract (plots, dashboards and CI checks read them): ``valid``,
 ``invalid_reasons``, ``target_rate``, ``achieved_rate``, ``requests``, ``throughput``,
-``latency_ms``, ``schedule_delay_ms``, ``goodput``, ``by_turn``; a sweep has ``points``
-and ``max_rate_meeting_slo``; ``partial`` and ``partial_reason`` say that a run was
-stopped early. Raise :data:`SCHEMA_VERSION` when one changes meaning.
+``latency_ms``, ``schedule_delay_ms``, ``goodput``, ``by_turn``, ``reasoning_tokens``,
+``tools``; a sweep has ``points`` and ``max_rate_meeting_slo``; ``partial`` and ``partial_reason``
+say that a run was stopped early. Raise :data:`SCHEMA_VERSION` when one changes meaning.
 
 A request belongs to the measured window when it was sent inside it, so warm-up and
 cool-down are left out by time. Latencies are those of the completed requests in the
@@ -30,6 +30,8 @@ __all__ = [
     "RequestCounts",
     "Throughput",
     "LatencyMs",
+    "ReasoningTokens",
+    "ToolFigures",
     "TurnLatency",
     "TurnFigures",
     "ConversationFigures",
@@ -91,12 +93,43 @@ class Throughput(_Model):
 
 
 class LatencyMs(_Model):
-    """Latencies of the completed requests, in ms. ``itl`` pools every inter-token gap."""
+    """Latencies of the completed requests, in ms. ``itl`` pools every inter-token gap.
+    ``ttft`` is the time to the first token of any kind, ``ttfot`` to the first answer
+    token (after a reasoning model's thoughts; the same as ``ttft`` for a model that
+    does not reason aloud; no samples in a result written before it was measured)."""
 
     ttft: LatencySummary
     tpot: LatencySummary
     itl: LatencySummary
     e2e: LatencySummary
+    ttfot: LatencySummary = LatencySummary()
+
+
+class ReasoningTokens(_Model):
+    """The reasoning tokens of the completed requests whose server reported them
+    (``completion_tokens_details.reasoning_tokens``): a part of their output tokens."""
+
+    requests: int
+    """Completed requests that reported reasoning tokens (zero included)."""
+    total: int
+    per_request: LatencySummary
+    """Each reporting request's count (tokens, not ms)."""
+
+
+class ToolFigures(_Model):
+    """Tool turns' requests in the window (the workload answers every tool call with
+    its given result: no tool runs, so these are the model's figures alone)."""
+
+    requests: int
+    """Completed requests that offered tools."""
+    replies_with_tool_calls: int
+    """Of those, the replies that asked for tools rather than answering in text."""
+    tool_calls: int
+    """Tool calls those replies asked for (several per reply with parallel calls)."""
+    tool_rounds: int
+    """Completed requests sent with the tool results of a previous reply."""
+    failed: int
+    """Requests that offered tools and failed."""
 
 
 class TurnLatency(_Model):
@@ -115,6 +148,8 @@ class TurnFigures(_Model):
     mean_history_messages: float
     ttft_ms: TurnLatency
     e2e_ms: TurnLatency
+    ttfot_ms: TurnLatency = TurnLatency(p50=None, p99=None)
+    """To the first answer token (null in a result written before it was measured)."""
 
 
 class ConversationFigures(_Model):
@@ -220,6 +255,11 @@ class PointResult(_Model):
     conversations: ConversationFigures | None = None
     client: ClientFigures | None = None
     input_tokens: InputTokenAccuracy | None = None
+    reasoning_tokens: ReasoningTokens | None = None
+    """Null when no completed request of the window reported reasoning tokens: nothing
+    was measured (a server that does not report them, or a model that does not reason)."""
+    tools: ToolFigures | None = None
+    """Null when no request of the window offered tools."""
     token_sources: dict[str, int] = {}
     """Completed requests by where their token counts came from: ``server`` (its
     usage), ``tokenizer`` (its tokenize endpoint, as ``convsim run`` counts) or
@@ -283,9 +323,31 @@ def _by_turn(done: Sequence[RequestRecord]) -> list[TurnFigures]:
             mean_history_messages=sum(r.history_messages for r in group) / len(group),
             ttft_ms=_turn_latency([r.ttft_s for r in group if r.ttft_s is not None]),
             e2e_ms=_turn_latency([r.e2e_s for r in group]),
+            ttfot_ms=_turn_latency([r.ttfot_s for r in group if r.ttfot_s is not None]),
         )
         for turn, group in sorted(groups.items())
     ]
+
+
+def _reasoning_tokens(done: Sequence[RequestRecord]) -> ReasoningTokens | None:
+    counts = [r.reasoning_tokens for r in done if r.reasoning_tokens is not None]
+    if not counts:
+        return None
+    return ReasoningTokens(requests=len(counts), total=sum(counts), per_request=summarize(counts))
+
+
+def _tool_figures(measured: Sequence[RequestRecord]) -> ToolFigures | None:
+    offered = [r for r in measured if r.offered_tools]
+    if not offered:
+        return None
+    done = [r for r in offered if r.ok]
+    return ToolFigures(
+        requests=len(done),
+        replies_with_tool_calls=sum(1 for r in done if r.tool_calls),
+        tool_calls=sum(r.tool_calls for r in done),
+        tool_rounds=sum(1 for r in done if r.tool_round),
+        failed=len(offered) - len(done),
+    )
 
 
 def point_result(
@@ -318,9 +380,10 @@ def point_result(
         tpot=summarize([t for r in done if (t := r.tpot_s) is not None], _MS),
         itl=summarize([g for r in done for g in r.inter_token_gaps_s], _MS),
         e2e=summarize([r.e2e_s for r in done], _MS),
+        ttfot=summarize([r.ttfot_s for r in done if r.ttfot_s is not None], _MS),
     )
     delays = summarize([d for r in measured if (d := r.schedule_delay_s) is not None], _MS)
-    started = sum(1 for r in measured if r.turn_index == 0)
+    started = sum(1 for r in measured if r.opens_session)
     reasons = list(invalid_reasons)
     if not done:
         reasons.append("no request completed in the measured window")
@@ -333,7 +396,7 @@ def point_result(
         due = sum(
             1
             for r in every
-            if r.turn_index == 0 and r.scheduled_s is not None and r.scheduled_s in window
+            if r.opens_session and r.scheduled_s is not None and r.scheduled_s in window
         )
         if due and started < min_rate_ratio * due:
             reasons.append(
@@ -360,6 +423,8 @@ def point_result(
         goodput=None if slos is None else goodput(measured, slos, seconds),
         meets_slo=None if slos is None else slos.judge(dict(latency), valid=not reasons),
         by_turn=_by_turn(done),
+        reasoning_tokens=_reasoning_tokens(done),
+        tools=_tool_figures(measured),
         token_sources=dict(Counter(r.token_source for r in done if r.token_source is not None)),
     )
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from pydantic import ValidationError
 
 from convsim._errors import ConfigError
-from convsim._types import Message
+from convsim._types import Message, ToolCall, ToolSpec
 
 from ._distributions import SyntheticWorkload
 
@@ -54,6 +55,22 @@ class TurnScript:
     input_tokens: int | None = None
     turn_id: str | None = None
     """The pack turn it renders (None for synthetic and ShareGPT turns)."""
+    tools: tuple[ToolSpec, ...] = ()
+    """Tools the turn's requests offer: a tool turn. The model's calls are answered
+    with :attr:`tool_results` (no tool runs) and the answers sent in the turn's next
+    request, until the model answers in text or :attr:`max_tool_rounds` is reached."""
+    tool_results: tuple[tuple[str, str], ...] = ()
+    """The result given for each tool, as ``(name, content)`` pairs."""
+    max_tool_rounds: int = 5
+    """Replies asking for tools that are answered in one turn; one more is not."""
+
+    def tool_message(self, call: ToolCall) -> Message:
+        """The ``tool`` message answering ``call``: the workload's result for its tool,
+        or an error naming a tool the turn does not give a result for."""
+        content = dict(self.tool_results).get(call.name)
+        if content is None:
+            content = json.dumps({"error": f"unknown tool {call.name!r}"})
+        return Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +292,53 @@ class _ShareGPTConversation:
     users: tuple[str, ...]
     reply_words: tuple[int | None, ...]
     """Words of the recorded reply to each user message (None where there is none)."""
+    tools: tuple[ToolSpec, ...] = ()
+    """The tools the recorded conversation offered (``tools``): its turns are tool turns."""
+    tool_results: tuple[tuple[tuple[str, str], ...], ...] = ()
+    """Per user turn, the result given for each tool: the one recorded in that turn, else
+    the first recorded anywhere in the conversation (empty without tools)."""
+
+
+def _tool_specs(raw: Any, where: str) -> tuple[ToolSpec, ...]:
+    """A dataset item's ``tools``: OpenAI ``{"type": "function", "function": {...}}``
+    entries or bare ``{"name", "description", "parameters"}`` ones."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: tools: expected a list of tools")
+    specs = []
+    for k, entry in enumerate(raw):
+        body = entry.get("function", entry) if isinstance(entry, dict) else None
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise ConfigError(f"{where}: tools.{k}.name: expected the tool's name")
+        parameters = body.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise ConfigError(f"{where}: tools.{k}.parameters: expected a JSON schema object")
+        try:
+            spec = ToolSpec(
+                name=body["name"],
+                description=str(body.get("description") or ""),
+                parameters=parameters,
+            )
+        except ValidationError:
+            raise ConfigError(
+                f"{where}: tools.{k}.name: {body['name']!r} is not a tool name (1 to 64 "
+                "letters, digits, _ or -)"
+            ) from None
+        specs.append(spec)
+    return tuple(specs)
+
+
+def _call_names(turn: dict[str, Any], where: str) -> dict[str, str]:
+    """An assistant message's tool calls, by id: their tool's name."""
+    calls = turn.get("tool_calls")
+    if not isinstance(calls, list):
+        raise ConfigError(f"{where}.tool_calls: expected a list of calls")
+    names = {}
+    for j, call in enumerate(calls):
+        body = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise ConfigError(f"{where}.tool_calls.{j}.function.name: expected the tool's name")
+        names[str(call.get("id", j))] = body["name"]
+    return names
 
 
 def _turns_of(item: Any, where: str) -> _ShareGPTConversation | None:
@@ -283,14 +347,19 @@ def _turns_of(item: Any, where: str) -> _ShareGPTConversation | None:
     turns = item.get("conversations", item.get("messages"))
     if not isinstance(turns, list):
         raise ConfigError(f"{where}: conversations: expected a list of turns")
+    tools = _tool_specs(item["tools"], where) if item.get("tools") is not None else ()
     system: str | None = None
     users: list[str] = []
     replies: list[int | None] = []
+    results: list[dict[str, str]] = []
+    calls: dict[str, str] = {}
     for k, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise ConfigError(f"{where}: conversations.{k}: expected an object")
         role = turn.get("from", turn.get("role"))
         text = turn.get("value", turn.get("content"))
+        if text is None and role in ("assistant", "gpt") and turn.get("tool_calls"):
+            text = ""  # a reply that only asked for tools
         if not isinstance(text, str):
             raise ConfigError(f"{where}: conversations.{k}.value: expected text")
         if role in ("system",):
@@ -298,19 +367,44 @@ def _turns_of(item: Any, where: str) -> _ShareGPTConversation | None:
         elif role in ("human", "user"):
             users.append(text)
             replies.append(None)
+            results.append({})
         elif role in ("gpt", "assistant", "chatgpt", "bard", "bing"):
-            if users and replies[-1] is None:
+            if turn.get("tool_calls"):
+                calls.update(_call_names(turn, f"{where}: conversations.{k}"))
+            elif users and replies[-1] is None:
                 replies[-1] = len(text.split())
+        elif role == "tool":
+            name = turn.get("name") or calls.get(str(turn.get("tool_call_id")))
+            if not isinstance(name, str):
+                raise ConfigError(
+                    f"{where}: conversations.{k}.tool_call_id: answers no earlier tool call "
+                    "(and the message has no name)"
+                )
+            if users:
+                results[-1].setdefault(name, text)
         else:
             raise ConfigError(
                 f"{where}: conversations.{k}.from: unknown speaker {role!r}; expected human, "
-                "gpt or system"
+                "gpt, tool or system"
             )
     if not users:
         return None
+    if any(results) and not tools:
+        raise ConfigError(
+            f"{where}: tools: the conversation records tool results but offers no tools"
+        )
+    first: dict[str, str] = {}
+    for answered in results:
+        for name, text in answered.items():
+            first.setdefault(name, text)
     ident = item.get("id")
     return _ShareGPTConversation(
-        str(ident) if ident is not None else where, system, tuple(users), tuple(replies)
+        str(ident) if ident is not None else where,
+        system,
+        tuple(users),
+        tuple(replies),
+        tools,
+        tuple(tuple({**first, **answered}.items()) for answered in results) if tools else (),
     )
 
 
@@ -354,7 +448,11 @@ def read_sharegpt(path: str | Path) -> list[_ShareGPTConversation]:
 class ShareGPTSessions:
     """Sessions replaying a ShareGPT dataset's user turns (every turn, not only the
     first), each asking for as many tokens as the recorded reply had (estimated from
-    its words with the calibrated tokens per word) or ``max_tokens`` when given."""
+    its words with the calibrated tokens per word) or ``max_tokens`` when given.
+
+    A conversation that declares ``tools`` (OpenAI's form) has tool turns: each request
+    offers the tools, and the model's calls are answered with the tool results the
+    conversation recorded (``role: tool`` messages), not by running anything."""
 
     conversations: tuple[_ShareGPTConversation, ...]
     text: TokenText = TokenText()
@@ -373,7 +471,7 @@ class ShareGPTSessions:
         order = np.random.default_rng([self.seed, rounds]).permutation(n)
         conv = self.conversations[int(order[position])]
         turns = []
-        for user, words in zip(conv.users, conv.reply_words, strict=True):
+        for k, (user, words) in enumerate(zip(conv.users, conv.reply_words, strict=True)):
             asked = self.max_tokens
             if asked is None and words is not None:
                 asked = max(1, math.ceil(words * self.text.tokens_per_word))
@@ -381,7 +479,10 @@ class ShareGPTSessions:
                 TurnScript(
                     user=user,
                     max_tokens=asked,
-                    exact_output=self.exact_output and asked is not None,
+                    # a tool turn leaves the model free to stop at its call
+                    exact_output=self.exact_output and asked is not None and not conv.tools,
+                    tools=conv.tools,
+                    tool_results=conv.tool_results[k] if conv.tools else (),
                 )
             )
         return SessionScript(f"{conv.conversation_id}#{rounds}", conv.system, tuple(turns))

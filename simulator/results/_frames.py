@@ -23,11 +23,16 @@ class Results:
 
     conversations: Any
     """One row per conversation: ids, the trial (``--trials``; None without), model,
-    status and termination reason, counts, usage, cost, timing, error, and a
-    ``score.<metric>`` column per metric."""
+    status and termination reason, counts, usage, cost, timing, error, tool calls
+    (``tool_calls``, ``tool_errors``, ``tool_rounds``), reasoning (``reasoning_turns``,
+    ``reasoning_tokens``: None when the server reported none), and a ``score.<metric>``
+    column per metric."""
     turns: Any
     """One row per turn: ids, role, status, the user message and the response, usage,
-    latency, time to first token, attempts, error."""
+    latency, time to first token (``ttft_s``) and to the first output token
+    (``ttfot_s``), attempts, error, tool calls (``tool_calls``, ``tool_errors``,
+    ``tool_rounds``, ``tool_round_limit``) and reasoning (``has_reasoning``,
+    ``reasoning_tokens``)."""
     scores: Any
     """One row per score: conversation scores (``turn_id`` empty) and each turn's own
     metrics, with value, status and reason."""

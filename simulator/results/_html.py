@@ -57,9 +57,15 @@ TURN_FIELDS = (
     "attempts",
     "error",
     "scores",
+    "ttfot_s",
+    "reasoning",
+    "reasoning_tokens",
+    "tools",
+    "tool_round_limit",
 )
 """A turn travels as a list in this order (names once, not per turn: a smaller file).
-Times are in seconds, as everywhere in the report."""
+Times are in seconds, as everywhere in the report. ``tools`` lists the turn's tool
+calls, each as ``[round, name, arguments, result, error kind, latency_s]``."""
 
 
 def _turn(turn: TurnRecord, scores: dict[str, Any]) -> list[Any]:
@@ -79,6 +85,14 @@ def _turn(turn: TurnRecord, scores: dict[str, Any]) -> list[Any]:
         turn.attempts,
         f"{turn.error.type}: {turn.error.message}" if turn.error else None,
         {k: _round(v.value) for k, v in scores.items()},
+        _significant(t.ttfot_s) if t else None,
+        turn.reasoning,
+        turn.reasoning_tokens,
+        [
+            [c.round, c.name, c.arguments, c.result, c.error, _significant(c.latency_s)]
+            for c in turn.tool_calls
+        ],
+        turn.tool_round_limit,
     ]
 
 

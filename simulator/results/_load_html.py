@@ -53,6 +53,11 @@ def _by_turn(plt: Any, point: Any) -> Plot | None:
     for label, values in (
         ("TTFT p50", [t.ttft_ms.p50 for t in turns]),
         ("TTFT p99", [t.ttft_ms.p99 for t in turns]),
+        *(
+            [("TTFOT p50", [t.ttfot_ms.p50 for t in turns])]
+            if any(t.ttfot_ms.p50 != t.ttft_ms.p50 for t in turns)
+            else []
+        ),
         ("E2E p50", [t.e2e_ms.p50 for t in turns]),
     ):
         if any(v is not None for v in values):
@@ -115,6 +120,12 @@ def render_load_html(
     plt = _pyplot()
     latency = {
         "TTFT": [r.ttft_s * 1000 for r in chosen if r.ttft_s is not None],
+        # only where the first answer token came after a first thought: else TTFT's line
+        **(
+            {"TTFOT": [r.ttfot_s * 1000 for r in chosen if r.ttfot_s is not None]}
+            if any(r.ttfot_s != r.ttft_s for r in chosen)
+            else {}
+        ),
         "TPOT": [r.tpot_s * 1000 for r in chosen if r.tpot_s is not None],
         "ITL": [g * 1000 for r in chosen for g in r.inter_token_gaps_s],
         "E2E": [r.e2e_s * 1000 for r in chosen],

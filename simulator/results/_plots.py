@@ -110,6 +110,8 @@ def cdf_plot(
 
 def _latency(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
     series: dict[str, list[float]] = {"end to end": [], "time to first token": []}
+    first_output: list[float] = []
+    reasoned = False
     for r in results:
         for t in r.turns:
             if t.status is TurnStatus.COMPLETED and t.timings is not None:
@@ -117,6 +119,11 @@ def _latency(plt: Any, results: Sequence[ConversationResult]) -> Plot | None:
                     series["end to end"].append(t.timings.latency_s)
                 if t.timings.ttft_s is not None:
                     series["time to first token"].append(t.timings.ttft_s)
+                if t.timings.ttfot_s is not None:
+                    first_output.append(t.timings.ttfot_s)
+                    reasoned = reasoned or t.timings.ttfot_s != t.timings.ttft_s
+    if reasoned:  # else the same line as the first token's
+        series["time to first output token"] = first_output
     return cdf_plot(
         plt,
         series,

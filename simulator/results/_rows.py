@@ -8,7 +8,7 @@ metric gets a column ``score.<metric>`` in the conversation rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from convsim._records import ConversationResult, TurnRecord, TurnStatus
@@ -44,6 +44,11 @@ CONVERSATION_COLUMNS = (
     "duration_s",
     "error_type",
     "error_message",
+    "tool_calls",
+    "tool_errors",
+    "tool_rounds",
+    "reasoning_turns",
+    "reasoning_tokens",
 )
 """Before the ``score.<metric>`` columns."""
 
@@ -80,6 +85,8 @@ def conversation_row(result: ConversationResult, file: str) -> dict[str, Any]:
         "duration_s": result.timings.duration_s,
         "error_type": error.type if error else None,
         "error_message": error.message if error else None,
+        **_tool_cells(result.turns),
+        **_reasoning_cells(result.turns),
     }
     for name, score in result.scores.items():
         row[f"score.{name}"] = score.value
@@ -105,12 +112,38 @@ def _turn_row(result: ConversationResult, turn: TurnRecord, file: str) -> dict[s
         "completion_tokens": usage.completion_tokens if usage else None,
         "latency_s": timings.latency_s if timings else None,
         "ttft_s": timings.ttft_s if timings else None,
+        "ttfot_s": timings.ttfot_s if timings else None,
         "queue_wait_s": timings.queue_wait_s if timings else None,
         "duration_s": timings.duration_s if timings else None,
         "attempts": turn.attempts,
         "error_type": error.type if error else None,
         "error_message": error.message if error else None,
         **_extra_call_cells(turn),
+        **_tool_cells((turn,)),
+        "tool_round_limit": turn.tool_round_limit,
+        "has_reasoning": bool(turn.reasoning),
+        "reasoning_tokens": turn.reasoning_tokens,
+    }
+
+
+def _tool_cells(turns: Iterable[TurnRecord]) -> dict[str, Any]:
+    """Tool calls made (and those whose result was an error) and the model calls that
+    asked for tools, over ``turns``."""
+    calls = [c for t in turns for c in t.tool_calls]
+    return {
+        "tool_calls": len(calls),
+        "tool_errors": sum(1 for c in calls if c.error is not None),
+        "tool_rounds": sum(t.tool_rounds for t in turns),
+    }
+
+
+def _reasoning_cells(turns: Sequence[TurnRecord]) -> dict[str, Any]:
+    """Turns that recorded reasoning, and the reasoning tokens the server reported
+    (None when it reported none for any turn: nothing measured is not zero)."""
+    reported = [t.reasoning_tokens for t in turns if t.reasoning_tokens is not None]
+    return {
+        "reasoning_turns": sum(1 for t in turns if t.reasoning),
+        "reasoning_tokens": sum(reported) if reported else None,
     }
 
 

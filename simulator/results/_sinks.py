@@ -49,6 +49,7 @@ RESULT_SETTINGS = (
     "judge_args",
     "judge_samples",
     "judge_combine",
+    "judge_sees_reasoning",
     "allow_code",
 )
 """Settings that change what results say: resuming with others would mix results. A

@@ -195,12 +195,12 @@ class Scenario(_Input):
     environment: dict[str, Any] | None = None
     """The tools' environment document this scenario starts from; None starts from the
     pack's (``tools.yml`` ``environment``)."""
-    expected_tool_calls: list[ExpectedToolCall] = Field(default_factory=list)
+    expected_tool_calls: tuple[ExpectedToolCall, ...] = ()
     """The calls the model should make, in order (``tool_call_accuracy``,
     ``trajectory_match``)."""
     trajectory_mode: TrajectoryMode = "strict"
     """How ``trajectory_match`` compares the calls made with ``expected_tool_calls``."""
-    final_state: list[StateCheck] = Field(default_factory=list)
+    final_state: tuple[StateCheck, ...] = ()
     """What the environment document must hold after the conversation (``final_state``)."""
 
     @field_validator("variables")

@@ -23,9 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["final_environment", "FinalStateMetric", "NO_DOCUMENT"]
 
-NO_DOCUMENT = (
-    "no environment document (the scenario declares no environment and its pack no tools)"
-)
+NO_DOCUMENT = "no environment document (the scenario declares no environment and its pack no tools)"
 """Why a state check cannot be made."""
 
 
@@ -49,9 +47,7 @@ def final_environment(conversation: Conversation, turns: Iterable[TurnRecord]) -
 class FinalStateMetric:
     """Whether the environment document ends as the scenario's ``final_state`` says."""
 
-    traits: ClassVar[MetricTraits] = MetricTraits(
-        "conversation", needs=frozenset({"final_state"})
-    )
+    traits: ClassVar[MetricTraits] = MetricTraits("conversation", needs=frozenset({"final_state"}))
     name: str = "final_state"
     higher_is_better: bool = True
     description: str = (

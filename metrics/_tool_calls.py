@@ -68,7 +68,11 @@ class MadeCall:
 
     def shown(self) -> dict[str, Any]:
         """As the details list it: the arguments as the model wrote them."""
-        return {"name": self.record.name, "arguments": self.record.arguments, "turn_id": self.turn_id}
+        return {
+            "name": self.record.name,
+            "arguments": self.record.arguments,
+            "turn_id": self.turn_id,
+        }
 
 
 def _number(value: Any) -> int | float | None:
@@ -241,9 +245,7 @@ class TrajectoryMatchMetric:
 
     def scorer(self, conversation: Conversation) -> _TrajectoryScorer:
         scenario = conversation.scenario
-        return _TrajectoryScorer(
-            tuple(scenario.expected_tool_calls), mode=scenario.trajectory_mode
-        )
+        return _TrajectoryScorer(tuple(scenario.expected_tool_calls), mode=scenario.trajectory_mode)
 
 
 @dataclass

@@ -4,7 +4,8 @@ passes validation also works when it is scored.
 ``regex`` patterns must compile with RE2; ``number`` values must be numbers;
 ``json_schema`` values must be valid schemas with RE2 patterns and local ``$ref``s
 only; ``state`` values must be state checks (``{"path": ..., "equals": ...}``) and name
-no turn (they check the tools' environment document after the conversation); ``python`` criteria name code (``module:function``) and are refused unless the
+no turn (they check the tools' environment document after the conversation);
+``python`` criteria name code (``module:function``) and are refused unless the
 caller allows code from packs, in which case the function must import and be callable.
 """
 

@@ -591,16 +591,16 @@ class Summarizer:
             for name, score in r.scores.items():
                 if score.value is not None:
                     self._trials[r.scenario_id][name].append(score.value)
-            goal = next(
+            passed = next(
                 (
-                    score
+                    value
                     for name in PASS_METRICS
-                    if (score := r.scores.get(name)) is not None and score.value is not None
+                    if (value := getattr(r.scores.get(name), "value", None)) is not None
                 ),
                 None,
             )
-            if goal is not None and goal.value is not None:
-                self._goals[r.scenario_id].append(goal.value >= 1.0 - 1e-9)
+            if passed is not None:
+                self._goals[r.scenario_id].append(passed >= 1.0 - 1e-9)
             elif r.status is not Status.DONE:  # a trial that failed did not reach the goal
                 self._goals[r.scenario_id].append(False)
 

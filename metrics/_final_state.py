@@ -52,10 +52,11 @@ class FinalStateMetric:
     higher_is_better: bool = True
     description: str = (
         "1.0 when every check of the scenario's final_state holds on the tools' "
-        "environment document after the conversation (the last one a tool call left, "
-        "else the one it started from), else 0.0, graded pass/fail as tau2-bench grades "
-        "the final state; details give each check's verdict. Blind to how the state "
-        "was reached (see trajectory_match and tool_errors)."
+        "environment document after the conversation, else 0.0 (pass/fail, as "
+        "tau2-bench grades the final state); the document is the last one a tool call "
+        "left, else the one the conversation started from, and details give each "
+        "check's verdict. Blind to how the state was reached (see trajectory_match and "
+        "tool_errors)."
     )
 
     def scorer(self, conversation: Conversation) -> _FinalStateScorer:

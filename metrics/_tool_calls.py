@@ -170,12 +170,13 @@ class ToolCallAccuracyMetric:
     name: str = "tool_call_accuracy"
     higher_is_better: bool = True
     description: str = (
-        "F1 of precision (matched calls / calls made) and recall (matched / expected): "
-        "each expected_tool_calls entry, in order, takes the first unused call made with "
-        "its name and every argument it names (numbers by value, numeric strings equal "
-        "to numbers, strings trimmed; extra arguments allowed; malformed ones never "
-        "match; an expected turn_id only that turn's calls). Blind to order (see "
-        "trajectory_match) and to what the calls did (see final_state)."
+        "F1 of precision (matched calls / calls made) and recall (matched / expected "
+        "calls); each expected_tool_calls entry, in order, takes the first unused call "
+        "made with its name and every argument it names, numbers by value, numeric "
+        "strings equal to numbers, strings trimmed, extra arguments allowed, malformed "
+        "ones never matching, an expected turn_id admitting only that turn's calls. "
+        "Blind to order (see trajectory_match) and to what the calls did (see "
+        "final_state)."
     )
 
     def scorer(self, conversation: Conversation) -> _AccuracyScorer:
@@ -236,10 +237,10 @@ class TrajectoryMatchMetric:
     higher_is_better: bool = True
     description: str = (
         "1.0 when the calls made fit expected_tool_calls by the scenario's "
-        "trajectory_mode, else 0.0: strict (the same calls in the same order), unordered "
-        "(the same calls in any order), subset (every call made is an expected one, each "
-        "used once; making none fits), superset (every expected call was made, perhaps "
-        "among others). Calls match as in tool_call_accuracy; details name the first "
+        "trajectory_mode, else 0.0; strict: the same calls in the same order, unordered: "
+        "the same calls in any order, subset: every call made is an expected one, each "
+        "used once (making none fits), superset: every expected call was made, perhaps "
+        "among others. Calls match as in tool_call_accuracy; details name the first "
         "difference."
     )
 

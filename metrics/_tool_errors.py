@@ -42,12 +42,12 @@ class ToolErrorsMetric:
     name: str = "tool_errors"
     higher_is_better: bool = False
     description: str = (
-        "Share of tool events that went wrong: calls answered with an error (unknown "
-        "tool, arguments not JSON or failing the schema, a precondition, the tool's own "
-        "error, a timeout, code that raised), calls repeating an earlier successful one "
-        "(same tool, JSON-equal arguments), and turns stopped at max_tool_rounds, over "
-        "calls made plus those turns; details count each kind. Not applicable where no "
-        "tool was called. Blind to whether a call that worked was the right one."
+        "Share of tool events that went wrong (calls made, and turns stopped at "
+        "max_tool_rounds); a call goes wrong when answered with an error (unknown tool, "
+        "arguments not JSON or failing the schema, a precondition, the tool's own error, "
+        "a timeout, code that raised) or when it repeats an earlier successful call "
+        "(same tool, JSON-equal arguments), and details count each kind. Not applicable "
+        "where no tool was called. Blind to whether a call that worked was the right one."
     )
 
     def scorer(self, conversation: Conversation) -> _ToolErrorsScorer:

@@ -537,6 +537,45 @@ def test_pass_hat_k_counts_final_state_where_no_goal_is_scored(one_result) -> No
     assert summarize(_trials(one_result, {"a": [1.0, 0.0]}, "tool_call_accuracy")).pass_hat_k == {}
 
 
+def _desk_pack(folder: Path, *scenarios: dict[str, Any]) -> Path:
+    folder.mkdir()
+    (folder / "turn_configs.yml").write_text(
+        "desk:\n  turns:\n    - turn_id: ask\n      role: assistant\n"
+        "      prompt_template: Please refund order A-1.\n"
+    )
+    (folder / "scenarios.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scenarios))
+    return folder
+
+
+def test_a_run_with_trials_gives_pass_hat_k_by_final_state(tmp_path: Path) -> None:
+    """Trials scored by final_state alone (no goal): one scenario whose document holds,
+    one whose does not."""
+    desk = {"scenario_type": "desk", "scenario_description": "refund", "final_state": [IS_REFUNDED]}
+    pack = _desk_pack(
+        tmp_path / "desk",
+        {**desk, "scenario_id": "held", "environment": REFUNDED},
+        {**desk, "scenario_id": "not-held", "environment": ORDERS},
+    )
+    out = tmp_path / "trials.jsonl"
+    ran = CliRunner().invoke(
+        main,
+        ["run", str(pack), "--model", "scripted", "--trials", "2", "--metrics", "final_state",
+         "--out", str(out), "--no-progress"],
+    )  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    values = {
+        (r.scenario_id, r.trial): r.scores["final_state"].value for r in convsim.read_results(out)
+    }
+    assert values == {
+        ("held", 1): 1.0,
+        ("held", 2): 1.0,
+        ("not-held", 1): 0.0,
+        ("not-held", 2): 0.0,
+    }
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["pass_hat_k"] == {"1": 0.5, "2": 0.5}
+
+
 # -- rescoring from a results file -----------------------------------------------------------
 
 SCENARIO = {
@@ -559,13 +598,7 @@ TOOL_METRICS = [
 
 
 def test_tool_scores_are_the_same_from_a_results_file_read_back(tmp_path: Path) -> None:
-    pack = tmp_path / "desk"
-    pack.mkdir()
-    (pack / "turn_configs.yml").write_text(
-        "desk:\n  turns:\n    - turn_id: ask\n      role: assistant\n"
-        "      prompt_template: Please refund order A-1.\n"
-    )
-    (pack / "scenarios.jsonl").write_text(json.dumps(SCENARIO) + "\n")
+    pack = _desk_pack(tmp_path / "desk", SCENARIO)
     path = tmp_path / "run.jsonl"
     (run,) = convsim.run_sync(str(pack), "scripted", metrics=TOOL_METRICS, out=path)
     assert run.scores["final_state"].value == 0.0  # no tools called: the starting document

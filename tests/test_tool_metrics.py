@@ -27,7 +27,7 @@ from convsim.results._report import summarize
 from convsim.scenarios import Conversation, Goal, load_pack
 from convsim.scenarios._criteria import goal_problems
 from convsim.scenarios._schema import Criterion
-from convsim.scenarios._tool_schema import ExpectedToolCall, ToolDefinition
+from convsim.scenarios._tool_schema import ExpectedToolCall, StateCheck, ToolDefinition
 from convsim.scenarios._toolset import ToolSet
 
 GUIDE = Path(__file__).parent / "data" / "guide_example"
@@ -635,3 +635,55 @@ def test_tool_scores_are_the_same_from_a_results_file_read_back(tmp_path: Path) 
     )
     assert scores["tool_errors"]["value"] == pytest.approx(1 / 3)
     assert scores["tool_errors"]["details"]["kinds"] == {"precondition": 1, "repeated": 1}
+
+
+# -- in the live scoring session, on the agent loop's records ---------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_live_session_scores_what_the_agent_loop_recorded(tmp_path: Path) -> None:
+    """The runtime's records (calls, errors, the environment after the turn) scored as
+    the conversation runs: a refund made, a repeat refused by its precondition."""
+    from test_agent_turns import ToolModel, conversation  # the agent loop's harness
+
+    from convsim._runtime._actor import ActorSettings, ConversationActor
+    from convsim._runtime._call_settings import CallSettings
+    from convsim.adapters import GenerationParams
+
+    base = conversation(tmp_path)
+    scenario = base.scenario.model_copy(
+        update={
+            "expected_tool_calls": [
+                ExpectedToolCall(name="cancel_order", arguments={"order_id": "A-1"})
+            ],
+            "final_state": [StateCheck(path="orders.A-1.status", equals="cancelled")],
+            "goal": Goal(
+                description="cancelled",
+                all_of=[
+                    Criterion(
+                        kind="state", value={"path": "orders.A-1.status", "equals": "cancelled"}
+                    )
+                ],
+            ),
+        }
+    )
+    cancel = ("cancel_order", {"order_id": "A-1"})
+    model = ToolModel([[cancel], [cancel], "Order A-1 is cancelled.", "Bye"])
+    metrics = [METRICS.get(name)() for name in TOOL_METRICS]
+    settings = ActorSettings(
+        run_id="r", pack_name="pack", pack_hash="h", model_name="tool-model",
+        assistant=CallSettings(defaults=GenerationParams(), side="assistant"),
+    )  # fmt: skip
+    live = ConversationActor(
+        dataclasses.replace(base, scenario=scenario),
+        model=model,
+        settings=settings,
+        metrics=metrics,
+    )
+    result = await live.run()
+    scores = result.scores
+    assert result.turns[0].tool_calls[1].error == "precondition"  # already cancelled
+    assert scores["final_state"].value == 1.0 and scores["goal_achievement"].value == 1.0
+    assert scores["tool_call_accuracy"].value == pytest.approx(2 / 3)  # precision 1/2
+    assert scores["trajectory_match"].details["first_difference"].startswith("call 2: made")
+    assert scores["tool_errors"].details["kinds"] == {"precondition": 1, "repeated": 1}

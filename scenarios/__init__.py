@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from ._tool_schema import ToolResponse as ToolResponse
     from ._tool_schema import ToolsFile as ToolsFile
     from ._tool_schema import TrajectoryMode as TrajectoryMode
+    from ._toolbox import ToolBox as ToolBox
+    from ._toolbox import ToolOutcome as ToolOutcome
     from ._toolset import ToolSet as ToolSet
 
 __getattr__, __dir__ = _lazy_module(__name__, globals())

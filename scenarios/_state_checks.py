@@ -14,7 +14,14 @@ from typing import Any
 
 from ._tool_schema import StateCheck
 
-__all__ = ["MISSING", "StateVerdict", "fill_placeholders", "resolve_path", "check_state"]
+__all__ = [
+    "MISSING",
+    "StateVerdict",
+    "fill_placeholders",
+    "resolve_path",
+    "check_state",
+    "same_json",
+]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -72,7 +79,7 @@ def resolve_path(document: Any, path: str) -> Any:
     return value
 
 
-def _same(actual: Any, expected: Any) -> bool:
+def same_json(actual: Any, expected: Any) -> bool:
     """JSON equality, numbers by value (1 == 1.0) but never a bool for a number."""
     if isinstance(actual, bool) or isinstance(expected, bool):
         return type(actual) is type(expected) and actual == expected
@@ -80,11 +87,11 @@ def _same(actual: Any, expected: Any) -> bool:
         return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-12)
     if isinstance(actual, Mapping) and isinstance(expected, Mapping):
         return actual.keys() == expected.keys() and all(
-            _same(actual[k], expected[k]) for k in actual
+            same_json(actual[k], expected[k]) for k in actual
         )
     if isinstance(actual, list) and isinstance(expected, list):
         return len(actual) == len(expected) and all(
-            _same(a, e) for a, e in zip(actual, expected, strict=True)
+            same_json(a, e) for a, e in zip(actual, expected, strict=True)
         )
     return bool(actual == expected)
 
@@ -114,13 +121,13 @@ def check_state(
         wanted = "to exist" if expected else "not to exist"
         return StateVerdict(held, path, actual, f"{path}: expected {wanted}, found {found}")
     if test == "equals":
-        held = actual is not MISSING and _same(actual, expected)
+        held = actual is not MISSING and same_json(actual, expected)
         wanted = _shown(expected)
     elif test == "not_equals":
-        held = actual is MISSING or not _same(actual, expected)
+        held = actual is MISSING or not same_json(actual, expected)
         wanted = f"anything but {_shown(expected)}"
     elif test == "one_of":
-        held = actual is not MISSING and any(_same(actual, e) for e in expected)
+        held = actual is not MISSING and any(same_json(actual, e) for e in expected)
         wanted = f"one of {_shown(expected)}"
     else:
         number = _number(actual)

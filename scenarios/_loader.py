@@ -865,20 +865,9 @@ class _MultiTurnLoader(_Loader):
             self.problem(*at, "requires a tool, but the turn offers none (tools: [])")
 
     def _check_scenario_tools(self, sc: Scenario, turn_ids: set[str], lineno: int) -> None:
-        """A scenario's tool fields: only with tools.yml; expected calls name declared
-        tools and the flow's turns; final-state checks take no placeholders."""
-        states = [
-            f"goal.{group}.{i}.value"
-            for group in ("all_of", "any_of")
-            for i, c in enumerate(getattr(sc.goal, group) if sc.goal else ())
-            if c.kind == "state"
-        ]
-        if self.tools_file is None:
-            given = [f for f in ("environment", "expected_tool_calls", "final_state")
-                     if f in sc.model_fields_set and getattr(sc, f)]  # fmt: skip
-            for field in (*given, *states):
-                self.no_tools(self.DATA, lineno, field)
-            return
+        """A scenario's tool fields: expected calls name the pack's tools (when it
+        declares some: an application under test may call tools of its own) and the
+        flow's turns; final-state checks take no placeholders."""
         names = self.tools.names if self.tools is not None else None
         for k, expected in enumerate(sc.expected_tool_calls):
             if names is not None and expected.name not in names:

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from convsim._records import Score, TurnRecord
+from convsim._records import Score, TurnRecord, TurnStatus
 from convsim.scenarios._state_checks import check_state
 
 from ._protocol import MetricTraits
+from ._tool_calls import NOTHING_DONE
 
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
@@ -69,9 +70,12 @@ class _FinalStateScorer:
     last: list[TurnRecord] = field(default_factory=list)
     """The latest record that left a document (at most one)."""
     turns: int = 0
+    """Turns where the model acted: it answered, or called a tool before its turn
+    failed. A conversation with none measured nothing (a server that was down)."""
 
     def update(self, turn: TurnRecord) -> None:
-        self.turns += 1
+        if turn.status is TurnStatus.COMPLETED or turn.tool_calls:
+            self.turns += 1
         if turn.environment is not None:
             self.last[:] = [turn]
 
@@ -80,7 +84,7 @@ class _FinalStateScorer:
         if not checks:
             return Score.not_applicable("the scenario declares no final_state checks")
         if not self.turns:
-            return Score.not_applicable("no turn was recorded")
+            return Score.not_applicable(NOTHING_DONE)
         document = final_environment(self.conversation, self.last)
         if document is None:
             return Score.not_applicable(NO_DOCUMENT)

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from convsim._records import Score, ToolCallRecord, TurnRecord
+from convsim._records import Score, ToolCallRecord, TurnRecord, TurnStatus
 from convsim._types import ToolCall
 from convsim.scenarios._tool_schema import ExpectedToolCall
 
@@ -46,6 +46,8 @@ __all__ = [
 
 _NUMBER_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 NO_EXPECTED = "the scenario declares no expected_tool_calls"
+NOTHING_DONE = "no turn completed and no tool was called"
+"""Why a tool metric measured nothing: every turn failed before the model acted."""
 
 
 @dataclass(frozen=True)
@@ -144,16 +146,19 @@ class _CallsScorer:
     expected: Sequence[ExpectedToolCall]
     made: list[MadeCall] = field(default_factory=list)
     turns: int = 0
+    """Turns where the model acted: it answered, or called a tool before its turn
+    failed. A conversation with none measured nothing (a server that was down)."""
 
     def update(self, turn: TurnRecord) -> None:
-        self.turns += 1
+        if turn.status is TurnStatus.COMPLETED or turn.tool_calls:
+            self.turns += 1
         self.made.extend(MadeCall.of(turn.turn_id, r) for r in turn.tool_calls)
 
     def _not_applicable(self) -> Score | None:
         if not self.expected:
             return Score.not_applicable(NO_EXPECTED)
         if not self.turns:
-            return Score.not_applicable("no turn was recorded")
+            return Score.not_applicable(NOTHING_DONE)
         return None
 
 

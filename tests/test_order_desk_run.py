@@ -82,3 +82,29 @@ def test_the_mock_server_drives_the_pack_with_trials(
         assert ConversationResult.model_validate_json(result.model_dump_json()) == result
     summary = json.loads((tmp_path / "r.summary.json").read_text())
     assert summary["trials"] == 4 and summary["pass_hat_k"]
+
+
+def test_a_server_that_is_down_measures_no_tool_use(tmp_path: Path) -> None:
+    """Every call refused by the server: the model never acted, so the tool metrics are
+    not applicable rather than zero (a zero would blame the model for the outage)."""
+    config = MockServerConfig(fault_rate=1.0, faults={"500": 1.0})
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(MockModelServer(config)) as down,
+    ):
+        out = tmp_path / "r.jsonl"
+        result = CliRunner().invoke(
+            main,
+            [
+                "run", "order_desk", "--limit", "2",
+                "--model", "openai-compatible:mock",
+                "--model-arg", f"base_url={down.base_url}",
+                "--model-arg", "max_retries=0",
+                "--out", str(out),
+            ],
+        )  # fmt: skip
+    assert result.exit_code != 0
+    for conversation in read_results(out):
+        for name in ("tool_call_accuracy", "trajectory_match", "final_state", "tool_errors"):
+            score = conversation.scores[name]
+            assert score.status == "not_applicable", (name, score)

@@ -222,7 +222,7 @@ async def test_a_reply_may_be_text_or_a_message_with_usage(
         (None, "it is a NoneType"),
         ({"answer": "x"}, "it has no content"),
         ({"content": 3}, "its content is int"),
-        ({"content": "", "tool_calls": [{"name": "lookup"}]}, "asks for tool calls"),
+        ({"content": "", "tool_calls": [{"name": "lookup"}]}, "this turn offers no tools"),
         ({"content": "x", "usage": {"prompt_tokens": -1}}, "usage.prompt_tokens"),
     ],
 )

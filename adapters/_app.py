@@ -31,12 +31,14 @@ own and are left alone.
 
 Tools, two ways:
 
-- The pack's tools: a reply with ``tool_calls`` (:class:`~convsim.adapters.ToolCall` objects or
-  OpenAI-style dicts; arguments as JSON text or a dict; an id made up when missing)
-  asks convsim to run them, as a model's would: the pack's tools run on the
+- The pack's tools: a reply with ``tool_calls`` (:class:`~convsim.adapters.ToolCall`
+  objects or OpenAI-style dicts; arguments as JSON text or a dict; an id made up when
+  missing) asks convsim to run them, as a model's would: the pack's tools run on the
   conversation's environment, and the function is called again with the calls and
   their results at the end of ``messages``, until it answers with text or the turn's
-  round limit. These calls are recorded and graded like a model's.
+  round limit. These calls are recorded and graded like a model's. A forced
+  ``tool_choice`` (``required``, a tool's name) is not passed on: the application
+  decides.
 - Its own tools: an application that runs tools itself (its retriever, its own
   agent graph) returns its final text. convsim sees only that text: the tools it ran
   are not recorded as tool calls, and the pack's environment (its final state) does
@@ -124,8 +126,8 @@ class AppReply:
     """The reply's text: the assistant's message (may be empty beside tool calls)."""
     tool_calls: Sequence[ToolCall | Mapping[str, Any]] = ()
     """The pack's tools to run before the application is called again:
-    :class:`~convsim.adapters.ToolCall` objects or OpenAI-style dicts (``{id, type: function,
-    function: {name, arguments}}``, arguments as JSON text or a dict)."""
+    :class:`~convsim.adapters.ToolCall` objects or OpenAI-style dicts (``{id, type:
+    function, function: {name, arguments}}``, arguments as JSON text or a dict)."""
     usage: Usage | Mapping[str, int] | None = None
     """Tokens the application spent, if it counts them (``prompt_tokens``,
     ``completion_tokens``, ``total_tokens``); None: estimated from the text."""

@@ -10,9 +10,9 @@ answer as that API answers:
   and reasoning is never given back;
 - the turn's tools as ``[{type: function, function: {name, description,
   parameters}}]``;
-- calls back as :class:`~convsim.adapters.ToolCall` objects, OpenAI-style dicts (or the OpenAI
-  SDK's call objects) or flat ``{id, name, arguments}`` dicts; arguments as JSON text
-  or a dict.
+- calls back as :class:`~convsim.adapters.ToolCall` objects, OpenAI-style dicts (or
+  the OpenAI SDK's call objects) or flat ``{id, name, arguments}`` dicts; arguments as
+  JSON text or a dict.
 """
 
 from __future__ import annotations

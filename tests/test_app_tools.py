@@ -198,6 +198,23 @@ async def test_calls_may_be_toolcalls_or_dicts(reply: Any) -> None:
     assert completion.usage.source == "estimate" and completion.usage.completion_tokens > 1
 
 
+async def test_the_openai_sdks_message_may_be_returned_as_it_came() -> None:
+    chat = pytest.importorskip("openai.types.chat")
+    message = chat.ChatCompletionMessage.model_validate(
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", **_cancel("A-1")}]}
+    )
+
+    async def agent(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        return message  # an agent passing on its model's answer
+
+    completion = await convsim.app(agent).generate(
+        [Message(role="user", content="cancel A-1")], offering(CANCEL)
+    )
+    assert completion.tool_calls == (
+        ToolCall(id="c1", name="cancel_order", arguments='{"order_id": "A-1"}'),
+    )
+
+
 def offering(*tools: ToolDefinition, choice: str | None = None) -> GenerationParams:
     return GenerationParams(
         tools=tuple(

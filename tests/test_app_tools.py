@@ -58,7 +58,9 @@ def tools_pack(
     thanks: bool = True,
 ) -> convsim.Pack:
     """A pack whose turns offer ``tools``: ask to cancel an order, then say thanks."""
-    turns = [{"turn_id": "ask", "prompt_template": "Please cancel order {order}."}]
+    turns: list[dict[str, Any]] = [
+        {"turn_id": "ask", "prompt_template": "Please cancel order {order}."}
+    ]
     if thanks:
         turns.append({"turn_id": "thanks", "depends_on": ["ask"], "prompt_template": "Thanks."})
     pack = load_pack(

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from ._embedding import Embedder as Embedder
     from ._embedding import TfidfEmbedder as TfidfEmbedder
     from ._embedding import cosine as cosine
+    from ._final_state import FinalStateMetric as FinalStateMetric
+    from ._final_state import final_environment as final_environment
     from ._goal import goal_met as goal_met
     from ._judge import JudgeSettings as JudgeSettings
     from ._judge import RubricJudgeMetric as RubricJudgeMetric
@@ -58,6 +60,9 @@ if TYPE_CHECKING:
     from ._session import ScoringSession as ScoringSession
     from ._stats import mean as mean
     from ._stats import percentile as percentile
+    from ._tool_calls import ToolCallAccuracyMetric as ToolCallAccuracyMetric
+    from ._tool_calls import TrajectoryMatchMetric as TrajectoryMatchMetric
+    from ._tool_errors import ToolErrorsMetric as ToolErrorsMetric
     from ._transcripts import Transcript as Transcript
     from ._transcripts import TranscriptScores as TranscriptScores
     from ._transcripts import ascore_transcript as ascore_transcript

@@ -9,12 +9,17 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NamedTuple
 
-from convsim._records import Score
+from pydantic import ValidationError
+
+from convsim._records import Score, TurnRecord
 from convsim._registry import import_object
 from convsim._types import Usage
 from convsim.scenarios._regex import RegexError, compile_pack_regex, pack_regex_search
 from convsim.scenarios._schema import Criterion, Goal
+from convsim.scenarios._state_checks import check_state
+from convsim.scenarios._tool_schema import StateCheck
 
+from ._final_state import NO_DOCUMENT, final_environment
 from ._judge import ask_judge, judge_details
 from ._once import LoadedOnce
 from ._protocol import AsyncConversationScorer, MetricTraits
@@ -23,6 +28,8 @@ __all__ = [
     "check_criterion",
     "criterion_credit",
     "goal_met",
+    "state_verdict",
+    "StateCriterionVerdict",
     "GoalAchievementMetric",
     "DETERMINISTIC_KINDS",
 ]
@@ -55,16 +62,47 @@ def check_criterion(criterion: Criterion, text: str) -> bool | None:
     return None
 
 
-def goal_met(goal: Goal, responses: Mapping[str, str], final: str | None) -> bool:
+class StateCriterionVerdict(NamedTuple):
+    """Whether a ``state`` criterion holds on a document, and what was found."""
+
+    held: bool
+    message: str
+
+
+def state_verdict(criterion: Criterion, environment: Any) -> StateCriterionVerdict:
+    """A ``state`` criterion (its value a :class:`StateCheck`) checked on the tools'
+    environment document ``environment``; not met, saying why, when there is no
+    document (None) or the value is no state check."""
+    if environment is None:
+        return StateCriterionVerdict(False, NO_DOCUMENT)
+    try:
+        check = StateCheck.model_validate(criterion.value)
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+        return StateCriterionVerdict(False, f"the criterion is no state check: {problem}")
+    verdict = check_state(environment, check)
+    return StateCriterionVerdict(verdict.held, verdict.message)
+
+
+def goal_met(
+    goal: Goal,
+    responses: Mapping[str, str],
+    final: str | None,
+    environment: Any = None,
+) -> bool:
     """True when every ``all_of`` and at least one ``any_of`` criterion hold.
 
     Criteria name the turn whose response they check (``turn_id``), else the final
-    response. A criterion of a kind that cannot be decided here counts as not met.
+    response; ``state`` criteria check ``environment``, the tools' environment document
+    as it is now (not met without one). A criterion of a kind that cannot be decided
+    here counts as not met.
     """
     if not goal.all_of and not goal.any_of:
         return False
 
     def holds(criterion: Criterion) -> bool:
+        if criterion.kind == "state":
+            return state_verdict(criterion, environment).held
         text = responses.get(criterion.turn_id) if criterion.turn_id else final
         return text is not None and check_criterion(criterion, text) is True
 
@@ -200,7 +238,8 @@ class GoalAchievementMetric:
         "all_of criteria met, and whether any any_of criterion is, averaged; plus "
         "turns_to_goal, the first completed turn after which every deterministic criterion "
         "held. Criteria: contains, regex, number (with tolerance), json_schema, a Python "
-        "checker (module:function), and judge rubrics (graded by --judge)."
+        "checker (module:function), state (a check on the tools' environment document "
+        "after the conversation) and judge rubrics (graded by --judge)."
     )
 
     def with_judge(self, judge: Any) -> GoalAchievementMetric:
@@ -212,8 +251,8 @@ class GoalAchievementMetric:
             c.kind == "judge" for c in [*goal.all_of, *goal.any_of]
         )
         if self.judge is not None and has_judge_criteria:
-            return _JudgedGoalScorer(conversation.scenario, self.judge)
-        return _GoalScorer(conversation.scenario)
+            return _JudgedGoalScorer(conversation, self.judge)
+        return _GoalScorer(conversation)
 
 
 class GoalCredit(NamedTuple):
@@ -224,9 +263,10 @@ class GoalCredit(NamedTuple):
 
 
 class _GoalScorer:
-    def __init__(self, scenario: Any) -> None:
-        self.scenario = scenario
-        self.goal: Goal | None = scenario.goal
+    def __init__(self, conversation: Any) -> None:
+        self.conversation = conversation
+        self.scenario = conversation.scenario
+        self.goal: Goal | None = self.scenario.goal
         self.responses: dict[str, str] = {}
         self.final: str | None = None
         self.reasonings: dict[str, str | None] = {}
@@ -234,8 +274,16 @@ class _GoalScorer:
         self.final_reasoning: str | None = None
         self.completed = 0
         self.turns_to_goal: int | None = None
+        self.changed: list[TurnRecord] = []
+        """The latest record that left an environment document (at most one): a turn
+        that failed after its tool calls changed the document still changed it."""
+        self.has_state = self.goal is not None and any(
+            c.kind == "state" for c in [*self.goal.all_of, *self.goal.any_of]
+        )
 
     def update(self, turn: Any) -> None:
+        if turn.environment is not None:
+            self.changed[:] = [turn]
         if turn.status.value != "completed" or turn.response is None or self.goal is None:
             return
         self.responses[turn.turn_id] = turn.response
@@ -259,14 +307,23 @@ class _GoalScorer:
         assert self.goal is not None
         rows: list[dict[str, Any]] = []
         parts: list[float] = []
+        document = final_environment(self.conversation, self.changed) if self.has_state else None
         for group in ("all_of", "any_of"):
             credits = []
             for i, criterion in enumerate(getattr(self.goal, group)):
                 text = self.responses.get(criterion.turn_id) if criterion.turn_id else self.final
-                credit = None if text is None else criterion_credit(criterion, text, self.scenario)
+                row: dict[str, Any] = {"group": group, "index": i, "kind": criterion.kind}
+                if criterion.kind == "state":
+                    verdict = state_verdict(criterion, document)
+                    credit: float | None = 1.0 if verdict.held else 0.0
+                    row["message"] = verdict.message
+                elif text is None:
+                    credit = None
+                else:
+                    credit = criterion_credit(criterion, text, self.scenario)
                 if criterion.kind == "judge":
                     credit = (judged or {}).get((group, i))
-                rows.append({"group": group, "index": i, "kind": criterion.kind, "credit": credit})
+                rows.append({**row, "credit": credit})
                 if (group, i) in ungraded:
                     credits.append(fill)
                 elif credit is not None or text is None:
@@ -320,8 +377,8 @@ class _JudgedGoalScorer(AsyncConversationScorer):
     ``all_of[1]``. The judge's calls, usage and cost are in the details either way.
     """
 
-    def __init__(self, scenario: Any, judge: Any) -> None:
-        self.inner = _GoalScorer(scenario)
+    def __init__(self, conversation: Any, judge: Any) -> None:
+        self.inner = _GoalScorer(conversation)
         self.judge = judge
 
     async def update(self, turn: Any) -> None:

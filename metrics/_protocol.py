@@ -53,11 +53,24 @@ MetricKind = Literal["turn", "conversation"]
 a conversation, it scores over the answers); ``conversation``: the conversation as a
 whole, what was said before counting."""
 
-MetricInput = Literal["judge", "reference", "facts", "goal", "keywords", "domain", "task", "tests"]
+MetricInput = Literal[
+    "judge",
+    "reference",
+    "facts",
+    "goal",
+    "keywords",
+    "domain",
+    "task",
+    "tests",
+    "expected_calls",
+    "final_state",
+]
 """What a metric may read besides the answers: a judge model (``--judge``), the
 scenario's reference responses, its facts and probes, its goal, its required keywords,
-its domain (``metadata.domain`` or a tag), the task of an lm-eval or task-API pack, or
-its test cases (``metadata.tests``, run only with ``allow_code``)."""
+its domain (``metadata.domain`` or a tag), the task of an lm-eval or task-API pack, its
+test cases (``metadata.tests``, run only with ``allow_code``), the tool calls it
+expects (``expected_tool_calls``), or the checks its tools' environment must pass at
+the end (``final_state``)."""
 
 INPUTS: tuple[MetricInput, ...] = get_args(MetricInput)
 

@@ -51,6 +51,10 @@ METRICS.register("domain_expertise", "convsim.metrics._domain:DomainExpertiseMet
 METRICS.register("financial_reasoning", "convsim.metrics._domain:FinancialReasoningMetric")
 METRICS.register("validate_logic", "convsim.metrics._logic:LogicMetric")
 METRICS.register("response_quality", "convsim.metrics._quality:ResponseQualityMetric")
+METRICS.register("tool_call_accuracy", "convsim.metrics._tool_calls:ToolCallAccuracyMetric")
+METRICS.register("trajectory_match", "convsim.metrics._tool_calls:TrajectoryMatchMetric")
+METRICS.register("final_state", "convsim.metrics._final_state:FinalStateMetric")
+METRICS.register("tool_errors", "convsim.metrics._tool_errors:ToolErrorsMetric")
 
 
 def _rubric(name: str) -> Metric:

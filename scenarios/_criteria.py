@@ -3,7 +3,9 @@ passes validation also works when it is scored.
 
 ``regex`` patterns must compile with RE2; ``number`` values must be numbers;
 ``json_schema`` values must be valid schemas with RE2 patterns and local ``$ref``s
-only; ``python`` criteria name code (``module:function``) and are refused unless the
+only; ``state`` values must be state checks (``{"path": ..., "equals": ...}``) and name
+no turn (they check the tools' environment document after the conversation);
+``python`` criteria name code (``module:function``) and are refused unless the
 caller allows code from packs, in which case the function must import and be callable.
 """
 
@@ -13,8 +15,11 @@ import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from pydantic import ValidationError
+
 from ._regex import RegexError, compile_pack_regex
 from ._schema import Criterion, Goal
+from ._tool_schema import StateCheck
 
 __all__ = ["CriterionProblem", "goal_problems", "CODE_REFUSED"]
 
@@ -41,6 +46,12 @@ def goal_problems(goal: Goal | None, *, allow_code: bool) -> Iterator[CriterionP
             wrong = _criterion_problem(criterion, allow_code)
             if wrong is not None:
                 yield CriterionProblem(f"goal.{group}.{i}.value", wrong)
+            if criterion.kind == "state" and criterion.turn_id is not None:
+                yield CriterionProblem(
+                    f"goal.{group}.{i}.turn_id",
+                    "a state criterion checks the tools' environment after the conversation: "
+                    "it names no turn",
+                )
 
 
 def _criterion_problem(criterion: Criterion, allow_code: bool) -> str | None:
@@ -66,6 +77,20 @@ def _criterion_problem(criterion: Criterion, allow_code: bool) -> str | None:
         return _schema_problem(value)
     elif criterion.kind == "python":
         return _code_problem(value, allow_code)
+    elif criterion.kind == "state":
+        return _state_problem(value)
+    return None
+
+
+def _state_problem(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return f"a state criterion needs a state check object, not {type(value).__name__}"
+    try:
+        StateCheck.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"not a state check: {where + ': ' if where else ''}{first['msg']}"
     return None
 
 

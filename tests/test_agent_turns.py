@@ -270,3 +270,68 @@ async def test_the_conversation_deadline_ends_a_tool_that_never_answers(tmp_path
     assert result.termination_reason is TerminationReason.CONVERSATION_TIMEOUT
     assert result.turns[0].status is TurnStatus.FAILED and result.turns[0].tool_calls == ()
     assert result.usage.total_tokens == 6
+
+
+async def test_a_simulated_user_stops_once_the_state_goal_holds(tmp_path: Path) -> None:
+    class User(ModelAdapter):
+        def model_info(self) -> ModelInfo:
+            return ModelInfo(model_id="user", model_type="fake", provider="tests")
+
+        async def generate(
+            self, messages: Sequence[Message], params: GenerationParams
+        ) -> Completion:
+            return Completion(text="Please cancel order A-1.")
+
+    pack = load_pack(
+        write_pack(
+            tmp_path / "pack",
+            {
+                "default": {
+                    "turns": [
+                        {"turn_id": "talk", "role": "user", "prompt_template": "go", "repeat": 3}
+                    ]
+                }
+            },
+            [
+                {
+                    "scenario_id": "s0",
+                    "scenario_description": "cancel",
+                    "user": {"persona": "a customer"},
+                    "goal": {
+                        "description": "A-1 cancelled",
+                        "all_of": [
+                            {
+                                "kind": "state",
+                                "value": {"path": "orders.A-1.status", "equals": "cancelled"},
+                            }
+                        ],
+                    },
+                }
+            ],
+        )
+    )
+    conv = dataclasses.replace(
+        pack.conversations[0], tools=ToolSet(definitions=(CANCEL,), environment=ORDERS)
+    )
+    model = ToolModel(["Let me check.", [("cancel_order", {"order_id": "A-1"})], "Done."])
+    running = ConversationActor(
+        conv,
+        model=model,
+        user_model=User(),
+        settings=ActorSettings(
+            run_id="r",
+            pack_name="pack",
+            pack_hash="h",
+            model_name="tool-model",
+            assistant=CallSettings(defaults=GenerationParams(), side="assistant"),
+            user=CallSettings(defaults=GenerationParams(), side="user"),
+        ),
+    )
+    result = await running.run()
+    assert result.termination_reason is TerminationReason.GOAL_REACHED
+    # the first answer changed nothing; the second cancelled the order and ended it
+    assert [t.status for t in result.turns] == [
+        TurnStatus.COMPLETED,
+        TurnStatus.COMPLETED,
+        TurnStatus.SKIPPED,
+    ]

@@ -315,3 +315,44 @@ def test_an_output_whose_folder_cannot_be_made_stops_before_the_load(tmp_path: P
     )  # fmt: skip
     assert code == 2 and f"{out}: cannot create its folder" in stderr  # not 4: no request
     assert "Traceback" not in stderr
+
+
+def test_tool_turns_run_against_the_mock_server(server: Any, tmp_path: Path) -> None:
+    """A recorded conversation with tools: the mock calls the tool the user names, the
+    workload answers it with the recorded result, and both requests are measured."""
+    lookup = {
+        "type": "function",
+        "function": {
+            "name": "look_up_order",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string", "pattern": "^A-\\d{4}$"}},
+                "required": ["order_id"],
+            },
+        },
+    }
+    dataset = tmp_path / "tools.jsonl"
+    conversation = {
+        "tools": [lookup],
+        "messages": [
+            {"role": "user", "content": "Please look up order A-1001."},
+            {"role": "tool", "name": "look_up_order", "content": '{"status": "shipped"}'},
+            {"role": "assistant", "content": "It shipped."},
+        ],
+    }
+    dataset.write_text(json.dumps(conversation) + "\n")
+    out, reqs = tmp_path / "r.json", tmp_path / "r.jsonl"
+    code, _, stderr = invoke(
+        *target(server),
+        "--dataset", str(dataset),
+        "--concurrency", "2",
+        "--max-requests", "8",
+        "--out", str(out),
+        "--requests", str(reqs),
+    )  # fmt: skip
+    assert code == 0, stderr
+    tools = json.loads(out.read_text())["tools"]
+    assert tools["replies_with_tool_calls"] >= 4 and tools["failed"] == 0
+    rows = [json.loads(line) for line in reqs.read_text().splitlines()]
+    # each session: the request answered with a call, then the one carrying its result
+    assert {(r["tool_round"], r["tool_calls"]) for r in rows} == {(0, 1), (1, 0)}

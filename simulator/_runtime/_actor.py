@@ -313,7 +313,8 @@ class ConversationActor:
         self.machine.advance(_S.SCORING)
         self._emit(self._completed(inflight, completion))
         self._responses[turn.turn_id] = completion.text
-        if ends_on_goal(self.conversation.scenario, self._responses, completion.text):
+        environment = self.tools.environment if self.tools is not None else None
+        if ends_on_goal(self.conversation.scenario, self._responses, completion.text, environment):
             return TerminationReason.GOAL_REACHED
         return None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from convsim._types import Completion, GenerationParams, Message
 from convsim.adapters import ModelAdapter
@@ -78,13 +79,17 @@ def _seen_by_user(message: Message) -> bool:
     return bool(message.content) or not message.tool_calls
 
 
-def ends_on_goal(scenario: Scenario, responses: Mapping[str, str], latest: str) -> bool:
+def ends_on_goal(
+    scenario: Scenario, responses: Mapping[str, str], latest: str, environment: Any = None
+) -> bool:
     """Whether a simulated conversation (a scenario with a ``user`` section) ends here
-    because its goal's criteria hold (``stop_on_goal``)."""
+    because its goal's criteria hold (``stop_on_goal``). ``environment`` is the tools'
+    environment document as it is now, which ``state`` criteria check (never met
+    without it)."""
     profile, goal = scenario.user, scenario.goal
     return (
         profile is not None
         and profile.stop_on_goal
         and goal is not None
-        and goal_met(goal, responses, latest)
+        and goal_met(goal, responses, latest, environment)
     )

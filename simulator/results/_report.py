@@ -41,6 +41,11 @@ __all__ = [
 UNSPECIFIED = "unspecified"
 """The group of conversations whose scenario gives no difficulty (or language)."""
 
+PASS_METRICS = ("goal_achievement", "final_state")
+"""What tells whether a trial passed (pass@k, pass^k): the first of these it has a value
+for, at 1. A scenario graded by its tools' final state alone (tau2-bench's way) passes
+on ``final_state``."""
+
 
 def shown_ks(most: int) -> list[int]:
     """The k of pass@k and pass^k a person reads: 1, 2, 4, 8, ... up to ``most``, and
@@ -138,7 +143,8 @@ class RunReport(BaseModel):
     """The most trials any scenario ran (``--trials``); None when each ran once."""
     pass_at_k: dict[int, float] = Field(default_factory=dict)
     """By k: the chance that at least one of k trials of a scenario achieves its goal
-    (goal_achievement 1), estimated without bias from each scenario's n trials
+    (goal_achievement 1, or where a trial has no goal score, final_state 1: see
+    :data:`PASS_METRICS`), estimated without bias from each scenario's n trials
     (1 - C(n-c, k) / C(n, k)) and averaged over scenarios."""
     pass_hat_k: dict[int, float] = Field(default_factory=dict)
     """By k: the chance that all k trials achieve the goal (tau-bench's pass^k:
@@ -585,9 +591,16 @@ class Summarizer:
             for name, score in r.scores.items():
                 if score.value is not None:
                     self._trials[r.scenario_id][name].append(score.value)
-            goal = r.scores.get("goal_achievement")
-            if goal is not None and goal.value is not None:
-                self._goals[r.scenario_id].append(goal.value >= 1.0 - 1e-9)
+            passed = next(
+                (
+                    value
+                    for name in PASS_METRICS
+                    if (value := getattr(r.scores.get(name), "value", None)) is not None
+                ),
+                None,
+            )
+            if passed is not None:
+                self._goals[r.scenario_id].append(passed >= 1.0 - 1e-9)
             elif r.status is not Status.DONE:  # a trial that failed did not reach the goal
                 self._goals[r.scenario_id].append(False)
 

@@ -23,7 +23,7 @@ from convsim._plural import counted
 from convsim._records import MetricTiers
 
 from ._code_tests import code_tests_problems
-from ._criteria import goal_problems
+from ._criteria import _code_problem, _schema_problem, goal_problems  # checked as goal criteria are
 from ._datasets import (
     DEFAULT_SAMPLE_SEED,
     DatasetRow,
@@ -56,6 +56,8 @@ from ._schema import (
 )
 from ._sources import PACK_SOURCES, LoadOptions
 from ._templates import Template
+from ._tool_schema import ToolDefinition, ToolsFile
+from ._toolset import ToolSet
 
 __all__ = [
     "load_pack",
@@ -68,6 +70,11 @@ __all__ = [
 
 BUNDLED_PACKS_DIR = Path(__file__).parent / "packs"
 MULTI_TURN_FILES = ("scenarios.jsonl", "turn_configs.yml")
+TOOLS_FILE = "tools.yml"
+"""A multi-turn pack's tools, when it has any."""
+TOOL_CHOICES = ("auto", "required", "none")
+"""The ``tool_choice`` values that are not a tool's name."""
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SINGLE_TURN_FILES = ("problems.jsonl", "config.yml")
 #: The variables a single-turn prompt template may use.
 SINGLE_TURN_VARIABLES = frozenset({"question", "context", "difficulty", "domain", "examples"})
@@ -459,6 +466,19 @@ def _context(text: str, mode: str) -> str:
     return text
 
 
+def _placeholders(value: Any) -> Iterator[str]:
+    """The ``{name}`` placeholders of every string (and key) in ``value``."""
+    if isinstance(value, str):
+        yield from _PLACEHOLDER.findall(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _placeholders(key)
+            yield from _placeholders(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _placeholders(item)
+
+
 def _yaml_line(node: Any, loc: tuple) -> int | None:
     """The line of the deepest node along ``loc`` (1-based)."""
     if node is None:
@@ -523,6 +543,7 @@ class _MultiTurnLoader(_Loader):
     DATA = "scenarios.jsonl"
 
     def load(self) -> Pack:
+        self.tools = self._tools()
         flows = self.flows = self._flows()
         conversations = []
         seen: dict[str, int] = {}
@@ -557,7 +578,9 @@ class _MultiTurnLoader(_Loader):
                     f"no flow {scenario.scenario_type!r} in {self.CONFIG} and no 'default'",
                 )
                 continue
-            conv = Conversation(scenario, flow, "multi_turn", f"{self.DATA}:{lineno}")
+            conv = Conversation(
+                scenario, flow, "multi_turn", f"{self.DATA}:{lineno}", tools=self.tools
+            )
             self._check_scenario(conv, lineno)
             conversations.append(conv)
         if not conversations and not self.problems:
@@ -634,6 +657,7 @@ class _MultiTurnLoader(_Loader):
                 line_of((*where, "evaluation_metrics")),
                 f"{name}.turns.{i}.evaluation_metrics",
             )
+            self._check_turn_tools(turn, where, line_of)
             template = self.parse_template(
                 turn.prompt_template,
                 self.CONFIG,
@@ -643,6 +667,10 @@ class _MultiTurnLoader(_Loader):
             ok = ok and template is not None
             templates.append(template)
         self.check_metrics(flow.metrics, self.CONFIG, line_of((name, "metrics")), f"{name}.metrics")
+        if "max_tool_rounds" in flow.model_fields_set and self.tools_file is None:
+            self.no_tools(
+                self.CONFIG, line_of((name, "max_tool_rounds")), f"{name}.max_tool_rounds"
+            )
         if not ok:
             return None
         order, cycle = _execution_order(flow.turns)
@@ -727,6 +755,143 @@ class _MultiTurnLoader(_Loader):
             self.problem(self.DATA, lineno, wrong.field, wrong.message)
         for wrong in code_tests_problems(sc.metadata, turn_ids):
             self.problem(self.DATA, lineno, wrong.field, wrong.message)
+        self._check_scenario_tools(sc, turn_ids, lineno)
+
+    # -- tools ----------------------------------------------------------------------
+
+    def no_tools(self, file: str, line: int | None, field: str) -> None:
+        self.problem(file, line, field, f"the pack declares no tools (it has no {TOOLS_FILE})")
+
+    def _tools(self) -> ToolSet | None:
+        """The pack's tools from tools.yml, validated; None when it has none or they
+        are invalid (``tools_file`` says whether it has the file)."""
+        self.tools_file: str | None = None
+        if not os.path.lexists(self.folder / TOOLS_FILE):
+            return None
+        self.tools_file = TOOLS_FILE
+        data, root = self.read_yaml(TOOLS_FILE)
+        if data is None:
+            if root is None and not self.problems:
+                self.problem(TOOLS_FILE, None, None, "is empty")
+            return None
+        line_of = lambda loc: _yaml_line(root, loc)  # noqa: E731
+        parsed = self.validate(ToolsFile, data, TOOLS_FILE, line_of)
+        if parsed is None:
+            return None
+        before = len(self.problems)
+        seen: set[str] = set()
+        for i, tool in enumerate(parsed.tools):
+            if tool.name in seen:
+                field = f"tools.{i}.name"
+                self.problem(TOOLS_FILE, line_of(("tools", i, "name")), field, "declared twice")
+            seen.add(tool.name)
+            self._check_tool(tool, ("tools", i), line_of)
+        if len(self.problems) > before:
+            return None
+        return ToolSet(tuple(parsed.tools), parsed.environment, TOOLS_FILE)
+
+    def _check_tool(self, tool: ToolDefinition, where: tuple, line_of: Any) -> None:
+        """A tool's schema, the parameters its placeholders and matches name, and its
+        Python function."""
+
+        def report(loc: tuple, message: str) -> None:
+            at = (*where, *loc)
+            self.problem(TOOLS_FILE, line_of(at), ".".join(str(p) for p in at), message)
+
+        parameters = tool.parameters
+        wrong = _schema_problem(parameters)
+        if wrong is None and parameters.get("type") != "object":
+            wrong = "must be a JSON schema of type object (the arguments are an object)"
+        if wrong is not None:
+            report(("parameters",), wrong)
+        properties = parameters.get("properties")
+        names = set(properties) if isinstance(properties, dict) else set()
+        listed = ", ".join(sorted(names)) or "none"
+
+        def check_names(loc: tuple, used: Iterable[str], what: str) -> None:
+            for name in used:
+                if name not in names:
+                    report(loc, f"{what} {name!r} is not a parameter of {tool.name!r} "
+                                f"(parameters: {listed})")  # fmt: skip
+
+        for j, operation in enumerate(tool.operations or []):
+            at = ("operations", j)
+            check_names((*at, "path"), _placeholders(operation.path), "placeholder")
+            check_names((*at, "value"), _placeholders(operation.value), "placeholder")
+            for k, check in enumerate(operation.preconditions):
+                loc = (*at, "preconditions", k, "path")
+                check_names(loc, _placeholders(check.path), "placeholder")
+        if "result" in tool.model_fields_set:
+            check_names(("result",), _placeholders(tool.result), "placeholder")
+        for j, response in enumerate(tool.responses or []):
+            check_names(("responses", j, "match"), response.match, "match key")
+        if tool.python is not None:
+            wrong = _code_problem(tool.python, self.allow_code)
+            if wrong is not None:
+                report(("python",), wrong)
+
+    def _check_turn_tools(self, turn: TurnConfig, where: tuple, line_of: Any) -> None:
+        """A turn's tools and tool_choice name declared tools; none without tools.yml."""
+        fields = [
+            f for f in ("tools", "tool_choice", "max_tool_rounds") if getattr(turn, f) is not None
+        ]
+        for field in fields:
+            at = (*where, field)
+            if self.tools_file is None:
+                self.no_tools(self.CONFIG, line_of(at), ".".join(str(p) for p in at))
+        if self.tools is None:
+            return
+        declared = self.tools.names
+        listed = ", ".join(declared)
+        dotted = ".".join(str(p) for p in where)
+        for name in turn.tools or ():
+            if name not in declared:
+                self.problem(
+                    self.CONFIG,
+                    line_of((*where, "tools")),
+                    f"{dotted}.tools",
+                    f"unknown tool {name!r} (tools: {listed})",
+                )
+        choice = turn.tool_choice
+        at = (self.CONFIG, line_of((*where, "tool_choice")), f"{dotted}.tool_choice")
+        if choice is not None and choice not in TOOL_CHOICES:
+            if choice not in declared:
+                self.problem(
+                    *at, f"{choice!r} is not {', '.join(TOOL_CHOICES)} or a tool (tools: {listed})"
+                )
+            elif turn.tools is not None and choice not in turn.tools:
+                self.problem(*at, f"names {choice!r}, which the turn's tools leave out")
+        elif choice == "required" and turn.tools == []:
+            self.problem(*at, "requires a tool, but the turn offers none (tools: [])")
+
+    def _check_scenario_tools(self, sc: Scenario, turn_ids: set[str], lineno: int) -> None:
+        """A scenario's tool fields: expected calls name the pack's tools (when it
+        declares some: an application under test may call tools of its own) and the
+        flow's turns; final-state checks take no placeholders."""
+        names = self.tools.names if self.tools is not None else None
+        for k, expected in enumerate(sc.expected_tool_calls):
+            if names is not None and expected.name not in names:
+                self.problem(
+                    self.DATA,
+                    lineno,
+                    f"expected_tool_calls.{k}.name",
+                    f"unknown tool {expected.name!r} (tools: {', '.join(names)})",
+                )
+            if expected.turn_id is not None and expected.turn_id not in turn_ids:
+                self.problem(
+                    self.DATA,
+                    lineno,
+                    f"expected_tool_calls.{k}.turn_id",
+                    f"unknown turn {expected.turn_id!r} (turns: {', '.join(sorted(turn_ids))})",
+                )
+        for k, check in enumerate(sc.final_state):
+            if _PLACEHOLDER.search(check.path):
+                self.problem(
+                    self.DATA,
+                    lineno,
+                    f"final_state.{k}.path",
+                    "placeholders take a call's arguments: a final state has none",
+                )
 
     def _flow_notes(self, flows: dict[str, PreparedFlow]) -> Iterator[str]:
         for name, prepared in flows.items():

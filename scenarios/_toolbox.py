@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import anyio
 import anyio.to_thread
 
+from convsim._plural import counted
 from convsim._records import ToolErrorKind
 from convsim._registry import import_object
 from convsim._types import ToolCall
@@ -186,7 +187,8 @@ def _bounded(text: str) -> str:
     if len(data) <= MAX_RESULT_BYTES:
         return text
     kept = data[:MAX_RESULT_BYTES].decode("utf-8", "ignore")
-    return f"{kept}\n[result cut: {len(data):,} bytes, the first {MAX_RESULT_BYTES:,} shown]"
+    whole = counted(len(data), "byte", grouped=True)
+    return f"{kept}\n[result cut: {whole}, the first {MAX_RESULT_BYTES:,} shown]"
 
 
 def _respond(tool: ToolDefinition, arguments: Mapping[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import anyio
 import anyio.lowlevel
 import pytest
+import yaml
 from conftest import clock, manual_clock, write_pack
 
 from convsim import ConversationResult, Status, TerminationReason, TurnStatus, load_pack
@@ -82,19 +83,19 @@ class ToolModel(ModelAdapter):
 def conversation(
     tmp_path: Path, *tools: ToolDefinition, flow: dict[str, Any] | None = None
 ) -> Conversation:
+    """The first conversation of a pack whose tools.yml declares ``tools``."""
     turns = [
         {"turn_id": "ask", "prompt_template": "Please cancel order A-1."},
         {"turn_id": "thanks", "depends_on": ["ask"], "prompt_template": "Thanks."},
     ]
-    pack = load_pack(
-        write_pack(
-            tmp_path / "pack",
-            {"default": {"turns": turns, **(flow or {})}},
-            [{"scenario_id": "s0", "scenario_description": "cancel"}],
-        )
+    folder = write_pack(
+        tmp_path / "pack",
+        {"default": {"turns": turns, **(flow or {})}},
+        [{"scenario_id": "s0", "scenario_description": "cancel"}],
     )
-    toolset = ToolSet(definitions=tools or (CANCEL,), environment=ORDERS)
-    return dataclasses.replace(pack.conversations[0], tools=toolset, allow_code=True)
+    declared = [t.model_dump(mode="json", exclude_unset=True) for t in tools or (CANCEL,)]
+    (folder / "tools.yml").write_text(yaml.safe_dump({"environment": ORDERS, "tools": declared}))
+    return load_pack(folder, allow_code=True).conversations[0]
 
 
 def actor(conv: Conversation, model: ModelAdapter, **settings: Any) -> ConversationActor:

@@ -24,7 +24,13 @@ def invoke(*args: str) -> tuple[int, str, str]:
 def test_list_shows_every_bundled_pack() -> None:
     code, out, _ = invoke("list")
     assert code == 0
-    for name in ("customer_support", "multi_session_memory", "coding_help", "single_turn_qa"):
+    for name in (
+        "customer_support",
+        "multi_session_memory",
+        "coding_help",
+        "order_desk",
+        "single_turn_qa",
+    ):
         assert name in out
 
 

@@ -25,6 +25,7 @@ BUNDLED = {
     "customer_support": "multi_turn",
     "multi_session_memory": "multi_turn",
     "coding_help": "multi_turn",
+    "order_desk": "multi_turn",
     "single_turn_qa": "single_turn",
 }
 

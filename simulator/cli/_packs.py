@@ -37,10 +37,12 @@ def validate(pack: str, reading: PackReading) -> None:
     tune_gc_for_throughput()  # a big pack is millions of objects that live on
     loaded = reading.load(pack)
     flows = sorted({c.flow.scenario_type for c in loaded.conversations})
+    tools = next((c.tools for c in loaded.conversations if c.tools is not None), None)
+    listed = f", tools: {', '.join(tools.names)}" if tools is not None else ""
     out = _stdout()
     out.print(
         f"ok: {loaded.name} ({loaded.kind}, {counted(len(loaded), 'conversation')}, "
-        f"flows: {', '.join(flows)}) hash {loaded.pack_hash[:12]}",
+        f"flows: {', '.join(flows)}{listed}) hash {loaded.pack_hash[:12]}",
         highlight=False,
     )
     for note in loaded.notes:

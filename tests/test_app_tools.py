@@ -4,80 +4,78 @@ refused."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+import yaml
 from conftest import write_pack
 
 import convsim
-from convsim import ConversationResult, ProtocolError, Simulator, Status, TurnStatus, load_pack
+from convsim import ConversationResult, ProtocolError, Simulator, Status, TurnStatus
 from convsim.adapters import AppReply, GenerationParams, Message, ToolCall, ToolSpec
-from convsim.scenarios import ToolDefinition, ToolSet
+from convsim.scenarios import ToolDefinition
 
 pytestmark = pytest.mark.anyio
 
 ORDERS = {"orders": {"A-1": {"status": "open"}, "A-2": {"status": "shipped"}}}
-CANCEL = ToolDefinition.model_validate(
-    {
-        "name": "cancel_order",
-        "description": "Cancel an open order.",
-        "parameters": {
-            "type": "object",
-            "properties": {"order_id": {"type": "string"}},
-            "required": ["order_id"],
-        },
-        "operations": [
-            {
-                "op": "set",
-                "path": "orders.{order_id}.status",
-                "value": "cancelled",
-                "preconditions": [
-                    {"path": "orders.{order_id}.status", "equals": "open", "error": "not open"}
-                ],
-            }
-        ],
-    }
-)
-LOOK_UP = ToolDefinition.model_validate(
-    {
-        "name": "look_up_order",
-        "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
-        "operations": [{"op": "get", "path": "orders.{order_id}"}],
-    }
-)
+CANCEL_TOOL: dict[str, Any] = {
+    "name": "cancel_order",
+    "description": "Cancel an open order.",
+    "parameters": {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}},
+        "required": ["order_id"],
+    },
+    "operations": [
+        {
+            "op": "set",
+            "path": "orders.{order_id}.status",
+            "value": "cancelled",
+            "preconditions": [
+                {"path": "orders.{order_id}.status", "equals": "open", "error": "not open"}
+            ],
+        }
+    ],
+}
+LOOK_UP_TOOL: dict[str, Any] = {
+    "name": "look_up_order",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+    "operations": [{"op": "get", "path": "orders.{order_id}"}],
+}
+CANCEL = ToolDefinition.model_validate(CANCEL_TOOL)
+LOOK_UP = ToolDefinition.model_validate(LOOK_UP_TOOL)
 
 
 def tools_pack(
     folder: Path,
-    *tools: ToolDefinition,
+    *tools: dict[str, Any],
     scenarios: list[dict[str, Any]] | None = None,
     thanks: bool = True,
-) -> convsim.Pack:
-    """A pack whose turns offer ``tools``: ask to cancel an order, then say thanks."""
+) -> Path:
+    """A pack with ``tools`` (tools.yml) on the ``ORDERS`` document: ask to cancel an
+    order, then say thanks."""
     turns: list[dict[str, Any]] = [
         {"turn_id": "ask", "prompt_template": "Please cancel order {order}."}
     ]
     if thanks:
         turns.append({"turn_id": "thanks", "depends_on": ["ask"], "prompt_template": "Thanks."})
-    pack = load_pack(
-        write_pack(
-            folder,
-            {"default": {"turns": turns}},
-            scenarios
-            or [{"scenario_id": "s0", "scenario_description": "c", "variables": {"order": "A-1"}}],
-        )
+    write_pack(
+        folder,
+        {"default": {"turns": turns}},
+        scenarios
+        or [{"scenario_id": "s0", "scenario_description": "c", "variables": {"order": "A-1"}}],
     )
-    toolset = ToolSet(definitions=tools or (CANCEL,), environment=ORDERS)
-    return dataclasses.replace(
-        pack, conversations=tuple(dataclasses.replace(c, tools=toolset) for c in pack.conversations)
+    (folder / "tools.yml").write_text(
+        yaml.safe_dump({"environment": ORDERS, "tools": list(tools or (CANCEL_TOOL,))}),
+        encoding="utf-8",
     )
+    return folder
 
 
-async def run_all(model: Any, pack: convsim.Pack, **settings: Any) -> dict[str, ConversationResult]:
+async def run_all(model: Any, pack: Path, **settings: Any) -> dict[str, ConversationResult]:
     async with Simulator(model, **settings) as sim:
         return {r.conversation_id: r async for r in sim.run(pack)}
 
@@ -354,7 +352,7 @@ async def test_a_tool_using_app_runs_64_conversations_at_once(tmp_path: Path) ->
         }
         for n in range(64)
     ]
-    pack = tools_pack(tmp_path / "pack", LOOK_UP, scenarios=scenarios, thanks=False)
+    pack = tools_pack(tmp_path / "pack", LOOK_UP_TOOL, scenarios=scenarios, thanks=False)
     crowd = ToolCrowd(64)
     results = await run_all(convsim.app(crowd), pack, concurrency=64)
     assert {r.status for r in results.values()} == {Status.DONE}

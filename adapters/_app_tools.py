@@ -117,11 +117,10 @@ def _call(entry: Any, where: str, default_id: str) -> ToolCall:
         if not isinstance(name, str) or not name.strip():
             raise TypeError(f"{where}.name is {name!r}: each call needs the tool's name")
         arguments = _arguments(function.get("arguments"), f"{where}.arguments")
-        call_id = entry.get("id")
-        if call_id is None or call_id == "":
-            call_id = default_id
-        elif not isinstance(call_id, str):
-            raise TypeError(f"{where.split('.')[0]}.id is {type(call_id).__name__}, not a string")
+        given = entry.get("id")
+        if given is not None and not isinstance(given, str):
+            raise TypeError(f"{where.split('.')[0]}.id is {type(given).__name__}, not a string")
+        call_id = given or default_id
     else:
         raise TypeError(
             f"{where} is {type(entry).__name__}: give a ToolCall or a dict "

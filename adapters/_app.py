@@ -13,17 +13,36 @@ else estimated and marked so), and results and manifests that name it
 
 What it is given:
 
-- ``messages``: the conversation so far as plain dicts, ``{"role", "content"}``
-  (system, user and assistant turns, oldest first); a fresh list per call.
-- ``tools``: the tools the turn offers, a list of dicts; always empty until packs
-  declare tools. A function that takes only ``messages`` is called without it.
+- ``messages``: the conversation so far as plain dicts, oldest first, a fresh list
+  per call, in the OpenAI chat shapes (:mod:`convsim.adapters._app_tools`): a text
+  message is ``{"role", "content"}``; an assistant message that called tools adds
+  ``tool_calls`` (``[{id, type: "function", function: {name, arguments}}]``); a tool's
+  answer is ``{"role": "tool", "tool_call_id", "name", "content"}``.
+- ``tools``: the tools the turn offers, as OpenAI ``tools`` entries (``[{type:
+  "function", function: {name, description, parameters}}]``); empty when the pack has
+  no tools or the turn forbids them (``tool_choice: none``). A function that takes only
+  ``messages`` is called without it.
 
 What it returns: the reply's text (a ``str``), an :class:`AppReply`, or a mapping, a
 dataclass or a pydantic model with the text as ``content`` (or ``text``) and optionally
-``usage`` (``prompt_tokens``, ``completion_tokens``, ``total_tokens``),
-``finish_reason`` and ``model``; other keys are the application's own and are left
-alone. ``tool_calls`` (a reply that asks the caller to run tools) is refused until the
-runtime runs tools.
+``tool_calls``, ``usage`` (``prompt_tokens``, ``completion_tokens``,
+``total_tokens``), ``finish_reason`` and ``model``; other keys are the application's
+own and are left alone.
+
+Tools, two ways:
+
+- The pack's tools: a reply with ``tool_calls`` (:class:`~convsim.adapters.ToolCall`
+  objects or OpenAI-style dicts; arguments as JSON text or a dict; an id made up when
+  missing) asks convsim to run them, as a model's would: the pack's tools run on the
+  conversation's environment, and the function is called again with the calls and
+  their results at the end of ``messages``, until it answers with text or the turn's
+  round limit. These calls are recorded and graded like a model's. A forced
+  ``tool_choice`` (``required``, a tool's name) is not passed on: the application
+  decides.
+- Its own tools: an application that runs tools itself (its retriever, its own
+  agent graph) returns its final text. convsim sees only that text: the tools it ran
+  are not recorded as tool calls, and the pack's environment (its final state) does
+  not see what they did.
 
 Errors: an exception of a ``retry_on`` type is retried (three retries by default, with
 backoff); a convsim :class:`~convsim.AdapterError` counts as it declares; any other
@@ -74,10 +93,12 @@ from convsim._types import (
     Message,
     ModelInfo,
     RateLimits,
+    ToolCall,
     Usage,
 )
 
-from ._prompt import estimated_usage, render_prompt
+from ._app_tools import app_messages, app_tool_calls, app_tools
+from ._prompt import estimated_usage, render_prompt, tool_calls_text
 from ._protocol import ModelAdapter
 from ._retry import RetryPolicy
 from ._sync_bridge import DEFAULT_CONCURRENCY, read_usage
@@ -98,17 +119,20 @@ class AppReply:
     """An application's reply.
 
     The fields a model's answer has; an application with nothing more to say may
-    return the text alone. (Tool calls, and the messages of the application's own tool
-    use before its final answer, will be fields of this class once the runtime runs
-    tools.)
+    return the text alone.
     """
 
-    content: str
-    """The reply's text: the assistant's message."""
+    content: str = ""
+    """The reply's text: the assistant's message (may be empty beside tool calls)."""
+    tool_calls: Sequence[ToolCall | Mapping[str, Any]] = ()
+    """The pack's tools to run before the application is called again:
+    :class:`~convsim.adapters.ToolCall` objects or OpenAI-style dicts (``{id, type:
+    function, function: {name, arguments}}``, arguments as JSON text or a dict)."""
     usage: Usage | Mapping[str, int] | None = None
     """Tokens the application spent, if it counts them (``prompt_tokens``,
     ``completion_tokens``, ``total_tokens``); None: estimated from the text."""
-    finish_reason: str | None = "stop"
+    finish_reason: str | None = None
+    """None: ``tool_calls`` when the reply asks for tools, else ``stop``."""
     model: str | None = None
     """The model the application used, if it says; the results name the application."""
 
@@ -144,6 +168,7 @@ class _Answer(NamedTuple):
     """One attempt's reply, read and checked."""
 
     text: str
+    tool_calls: tuple[ToolCall, ...]
     finish_reason: str | None
     usage: Usage | None
     model: str | None
@@ -240,8 +265,9 @@ class AppAdapter(ModelAdapter):
     # -- one call -------------------------------------------------------------------
 
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
-        """Ask the application for the next assistant message (``params`` are the
-        turn's sampling settings, which an application does not take).
+        """Ask the application for the next assistant message: text, or tool calls
+        (``params`` give the tools the turn offers; its sampling settings an
+        application does not take).
 
         Raises:
             AdapterError: the application failed, after retries where they apply.
@@ -254,14 +280,15 @@ class AppAdapter(ModelAdapter):
         async with self._slots:
             started = time.perf_counter()
             answer, attempts = await policy.call(
-                lambda _number: self._attempt(messages),
+                lambda _number: self._attempt(messages, params),
                 sleep=self.sleep,
                 should_retry=self.should_retry,
             )
             spent = time.perf_counter() - started
-        usage = answer.usage or _estimated(messages, answer.text)
+        usage = answer.usage or _estimated(messages, answer)
         return Completion(
             text=answer.text,
+            tool_calls=answer.tool_calls,
             finish_reason=answer.finish_reason,
             usage=usage,
             timings=CallTimings(
@@ -274,11 +301,12 @@ class AppAdapter(ModelAdapter):
             replaced_chars=answer.replaced_chars,
         )
 
-    async def _attempt(self, messages: Sequence[Message]) -> _Answer:
+    async def _attempt(self, messages: Sequence[Message], params: GenerationParams) -> _Answer:
         """One call of the application, within the per-attempt timeout if set."""
-        arguments: list[Any] = [[{"role": m.role, "content": m.content} for m in messages]]
+        tools = app_tools(params)
+        arguments: list[Any] = [app_messages(messages)]
         if self.takes_tools:
-            arguments.append([])
+            arguments.append(tools)
         timeout = self.options.timeout
         t0 = time.perf_counter()
         with anyio.move_on_after(timeout) as scope:
@@ -305,7 +333,7 @@ class AppAdapter(ModelAdapter):
                 f"{abandoned}",
                 model=self.name,
             )
-        return self._read(result, time.perf_counter() - t0)
+        return self._read(result, time.perf_counter() - t0, len(messages), offered=bool(tools))
 
     def _call_sync(self, arguments: list[Any]) -> Any:
         result = self.function(*arguments)
@@ -318,42 +346,47 @@ class AppAdapter(ModelAdapter):
             )
         return result
 
-    def _read(self, result: Any, total_s: float) -> _Answer:
-        """The application's reply, checked."""
+    def _read(self, result: Any, total_s: float, position: int, *, offered: bool) -> _Answer:
+        """The application's reply, checked; ``position``: where it stands in the
+        conversation (its calls' ids are made from it when it gives none)."""
         try:
             fields = _fields(result)
+            calls = app_tool_calls(fields.get("tool_calls") or (), position)
+            if calls and not offered:
+                raise TypeError(
+                    "it asks for tool calls, and this turn offers no tools (the pack "
+                    "declares none, or the turn forbids them): return the reply's text"
+                )
             text = fields.get("content", fields.get("text"))
+            if text is None and calls:
+                text = ""
             if not isinstance(text, str):
                 raise TypeError(
                     f"its content is {type(text).__name__}, not a string"
                     if "content" in fields or "text" in fields
                     else "it has no content (or text)"
                 )
-            if fields.get("tool_calls"):
-                raise TypeError(
-                    "it asks for tool calls, which convsim does not run for applications "
-                    "yet: return the final reply"
-                )
-            finish = fields.get("finish_reason", "stop")
-            if finish is not None and not isinstance(finish, str):
+            finish = fields.get("finish_reason") or ("tool_calls" if calls else "stop")
+            if not isinstance(finish, str):
                 raise TypeError(f"finish_reason is {type(finish).__name__}, not a string")
             model = fields.get("model")
             if model is not None and not isinstance(model, str):
                 raise TypeError(f"model is {type(model).__name__}, not a string")
             usage = fields.get("usage")
             if not isinstance(usage, Usage):
-                usage = read_usage(usage, text)
+                usage = read_usage(usage, text + tool_calls_text(calls))
         except TypeError as exc:
             raise ProtocolError(
                 f"the application {self.name} returned an unusable reply: {exc} (return a "
-                "string, an AppReply, or a mapping with 'content')",
+                "string, an AppReply, or a mapping with 'content' or 'tool_calls')",
                 snippet=repr(result)[:200],
                 model=self.name,
             ) from None
         repaired = repair_text(text)
         return _Answer(
             repaired.text,
-            None if finish is None else repair_text(finish).text,
+            calls,
+            repair_text(finish).text,
             usage,
             model or None,
             total_s,
@@ -378,8 +411,10 @@ def _fields(result: Any) -> Mapping[str, Any]:
     raise TypeError(f"it is {_described(result)}")
 
 
-def _estimated(messages: Sequence[Message], text: str) -> Usage:
-    return estimated_usage(render_prompt(messages), text)
+def _estimated(messages: Sequence[Message], answer: _Answer) -> Usage:
+    """Usage estimated from the prompt and the reply, tool calls counted with both."""
+    prompt = render_prompt(messages) + "".join(tool_calls_text(m.tool_calls) for m in messages)
+    return estimated_usage(prompt, answer.text + tool_calls_text(answer.tool_calls))
 
 
 def _shown(exc: BaseException) -> str:
@@ -459,9 +494,11 @@ def app(
             ...
 
     ``function`` takes the conversation's messages (dicts with ``role`` and
-    ``content``) and the turn's tools (always an empty list until packs declare tools;
-    a function of ``messages`` alone is called without it) and returns the reply: text,
-    an :class:`AppReply`, or a mapping with ``content``. It may be async (awaited on the
+    ``content``, and the OpenAI tool fields where tools were called) and the turn's
+    tools (OpenAI ``tools`` entries, empty when the turn offers none; a function of
+    ``messages`` alone is called without it) and returns the reply: text, an
+    :class:`AppReply` (with ``tool_calls`` to have the pack's tools run), or a mapping
+    with ``content`` or ``tool_calls``. It may be async (awaited on the
     event loop) or not (run in a worker thread). A module-level ``app(...)`` may be
     named on the command line (``--model python:module:name``), its settings kept.
 

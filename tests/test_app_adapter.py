@@ -117,6 +117,19 @@ def test_resume_asks_the_app_only_for_what_is_missing(tmp_path: Path) -> None:
     assert results[0] == first[0]
 
 
+def test_convsim_load_measures_an_app_answering_whole(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    app = ("--model", "python:_rag_app:answer", "--pack", "single_turn_qa", "--repeat", "1")
+    code, output = invoke("load", *app, "-c", "8", "--model-arg", "stream=false", "-o", str(out))
+    assert code == 0, output
+    report = json.loads(out.read_text())
+    assert report["requests"]["completed"] == 30 and report["requests"]["failed"] == 0
+    assert report["latency_ms"]["e2e"]["count"] == 30
+    assert report["latency_ms"]["ttft"]["count"] == 0  # answered whole: no first token seen
+    code, output = invoke("load", *app, "-c", "8", "-o", str(tmp_path / "streamed.json"))
+    assert code == 2 and "give stream=false" in output
+
+
 @pytest.mark.parametrize(
     ("model", "args", "message"),
     [
@@ -222,7 +235,7 @@ async def test_a_reply_may_be_text_or_a_message_with_usage(
         (None, "it is a NoneType"),
         ({"answer": "x"}, "it has no content"),
         ({"content": 3}, "its content is int"),
-        ({"content": "", "tool_calls": [{"name": "lookup"}]}, "asks for tool calls"),
+        ({"content": "", "tool_calls": [{"name": "lookup"}]}, "this turn offers no tools"),
         ({"content": "x", "usage": {"prompt_tokens": -1}}, "usage.prompt_tokens"),
     ],
 )

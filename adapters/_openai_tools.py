@@ -3,8 +3,9 @@
 Sent: ``tools`` (``[{type: function, function: {name, description, parameters}}]``),
 ``tool_choice`` (``auto``, ``required``, ``none`` or ``{type: function, function:
 {name}}``), ``parallel_tool_calls``; an assistant message that called tools as
-``{role: assistant, content: text or null, tool_calls: [...]}`` and a tool's answer as
-``{role: tool, tool_call_id, content}``. A message's reasoning is never sent back.
+``{role: assistant, content: text, tool_calls: [...]}`` (the empty string when it said
+nothing: OpenAI and vLLM take null too, llama-cpp-python's server only a string) and
+a tool's answer as ``{role: tool, tool_call_id, content}``. A message's reasoning is never sent back.
 
 Read: ``choices[0].message.tool_calls`` of an answer, and the ``delta.tool_calls``
 entries of a stream as :class:`ToolCallPiece` s. OpenAI-compatible servers, LiteLLM
@@ -44,7 +45,7 @@ def openai_message(message: Message) -> dict[str, Any]:
     if message.tool_calls:
         return {
             "role": message.role,
-            "content": message.content or None,
+            "content": message.content,
             "tool_calls": [
                 {
                     "id": call.id,

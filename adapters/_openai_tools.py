@@ -5,7 +5,8 @@ Sent: ``tools`` (``[{type: function, function: {name, description, parameters}}]
 {name}}``), ``parallel_tool_calls``; an assistant message that called tools as
 ``{role: assistant, content: text, tool_calls: [...]}`` (the empty string when it said
 nothing: OpenAI and vLLM take null too, llama-cpp-python's server only a string) and
-a tool's answer as ``{role: tool, tool_call_id, content}``. A message's reasoning is never sent back.
+a tool's answer as ``{role: tool, tool_call_id, content}``. A message's reasoning is
+never sent back.
 
 Read: ``choices[0].message.tool_calls`` of an answer, and the ``delta.tool_calls``
 entries of a stream as :class:`ToolCallPiece` s. OpenAI-compatible servers, LiteLLM

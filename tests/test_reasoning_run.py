@@ -103,3 +103,21 @@ def test_timings_from_an_older_line_read_ttfot_as_ttft() -> None:
     timings = TurnTimings(started_at=0.0, duration_s=1.0, ttft_s=0.25)
     assert timings.ttfot_s == 0.25
     assert TurnTimings(started_at=0.0, duration_s=1.0, ttft_s=0.25, ttfot_s=0.5).ttfot_s == 0.5
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
+async def test_the_run_summary_gives_ttft_and_ttfot_where_they_were_measured(
+    thinker: MockModelServer, tmp_path: Any, stream: bool
+) -> None:
+    result = await _run(thinker, tmp_path, stream=stream)
+    report = convsim.summarize([result])
+    summary = json.loads(report.model_dump_json())
+    if not stream:  # nothing streamed: no figure, not a zero
+        assert "ttft_s" not in summary and "ttfot_s" not in summary
+        assert "TTFT" not in report.to_markdown()
+        return
+    (turn,) = result.turns
+    assert summary["ttft_s"]["p50"] == turn.timings.ttft_s
+    assert summary["ttfot_s"]["p50"] == turn.timings.ttfot_s
+    assert summary["ttft_s"]["max"] < summary["ttfot_s"]["max"]  # the thinking came first
+    assert "| TTFOT |" in report.to_markdown()

@@ -118,6 +118,13 @@ class RunReport(BaseModel):
     latency_s: dict[str, float] = Field(default_factory=dict)
     """Model-call latency over all completed turns: mean, p50, p95, p99, max (answers
     from the response cache have none)."""
+    ttft_s: dict[str, float] = Field(default_factory=dict)
+    """Time to the first token of any kind (reasoning counts) over the completed turns
+    that streamed: mean, p50, p95, p99, max; empty (and left out of the JSON) when no
+    turn streamed."""
+    ttfot_s: dict[str, float] = Field(default_factory=dict)
+    """Time to the first answer token, the same way: what a user of a reasoning model
+    waits for (equal to ``ttft_s`` for a model that does not reason aloud)."""
     cache: dict[str, int] = Field(default_factory=dict)
     """Answers of the model under test and the simulated user taken from the response
     cache (``hits``) and asked of the model (``misses``); empty when none was cached."""
@@ -172,6 +179,10 @@ class RunReport(BaseModel):
             data.pop("metric_tiers", None)
         if not self.by_language and isinstance(data, dict):  # no scenario has a language
             data.pop("by_language", None)
+        if isinstance(data, dict):  # no turn streamed: nothing measured, no empty table
+            for key in ("ttft_s", "ttfot_s"):
+                if not data.get(key):
+                    data.pop(key, None)
         if isinstance(data, dict):  # no simulated user, no judge, every model priced
             for key in ("user_cost_usd", "judge_cost_usd", "unpriced"):
                 if not data.get(key):
@@ -310,13 +321,18 @@ class RunReport(BaseModel):
                     f"| {d} | {_fmt(m.mean)} | {_fmt(m.ci_low)} - {_fmt(m.ci_high)} | {m.n} |"
                 )
         if self.latency_s:
+            rows = [("end to end", self.latency_s), ("TTFT", self.ttft_s), ("TTFOT", self.ttfot_s)]
             lines += [
                 "",
                 "## Latency (s)",
                 "",
-                "| " + " | ".join(self.latency_s) + " |",
-                "|" + "---:|" * len(self.latency_s),
-                "| " + " | ".join(f"{v:.4f}" for v in self.latency_s.values()) + " |",
+                "| | " + " | ".join(self.latency_s) + " |",
+                "|---|" + "---:|" * len(self.latency_s),
+            ]
+            lines += [
+                f"| {name} | " + " | ".join(f"{v:.4f}" for v in figures.values()) + " |"
+                for name, figures in rows
+                if figures
             ]
         if self.errors:
             lines += ["", "## Errors", "", "| error | conversations |", "|---|---:|"]
@@ -494,6 +510,8 @@ class Summarizer:
         self._turns: Counter[str] = Counter()
         self._clipped = 0
         self._latencies: list[float] = []
+        self._ttfts: list[float] = []
+        self._ttfots: list[float] = []
         self._cache: Counter[str] = Counter()
         self._usage: Counter[str] = Counter()
         self._sources: Counter[str] = Counter()
@@ -559,6 +577,10 @@ class Summarizer:
                 and t.timings.latency_s is not None
             ):
                 self._latencies.append(t.timings.latency_s)
+                if t.timings.ttft_s is not None:
+                    self._ttfts.append(t.timings.ttft_s)
+                if t.timings.ttfot_s is not None:
+                    self._ttfots.append(t.timings.ttfot_s)
         if r.cost_usd is not None:
             self._costs.append(r.cost_usd)
         elif r.usage.total_tokens:
@@ -649,16 +671,7 @@ class Summarizer:
         """The summary of everything fed so far."""
         hib = _higher_is_better(self._names)
         hib.update(self._given_hib)
-        latency: dict[str, float] = {}
-        if self._latencies:
-            latencies = self._latencies
-            latency = {
-                "mean": mean(latencies),
-                "p50": percentile(latencies, 50),
-                "p95": percentile(latencies, 95),
-                "p99": percentile(latencies, 99),
-                "max": max(latencies),
-            }
+        latency = _distribution(self._latencies)
         duration = None
         if self._started is not None and self._finished is not None:
             duration = self._finished - self._started
@@ -680,6 +693,8 @@ class Summarizer:
             by_language=_groups(self._by_language, hib, whole) if self._languages else {},
             retention_curve={d: _summary(v, 0, True) for d, v in sorted(self._retention.items())},
             latency_s=latency,
+            ttft_s=_distribution(self._ttfts),
+            ttfot_s=_distribution(self._ttfots),
             cache={k: self._cache[k] for k in ("hits", "misses")} if self._cache["hits"] else {},
             usage=dict(self._usage),
             token_sources={s: self._sources[s] for s in USAGE_SOURCES} if self._sources else {},
@@ -767,3 +782,16 @@ def summarize_file(path: str | Path) -> RunReport:
         if line.number in counted:
             summary.add(validate_line(path, line))
     return summary.report()
+
+
+def _distribution(values: list[float]) -> dict[str, float]:
+    """Mean, p50, p95, p99 and max of ``values``; empty when there are none."""
+    if not values:
+        return {}
+    return {
+        "mean": mean(values),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }

@@ -148,10 +148,13 @@ def print_report(report: RunReport, out: Console) -> None:
         ]
         title = "context_retention by distance (turns between fact and probe)"
         print_all(out, row_table(out, title, ["distance", "recalled", "95% CI", "checks"], curve))
-    if report.latency_s:
-        _prose(
-            out, "latency (s): " + ", ".join(f"{k} {v:.4g}" for k, v in report.latency_s.items())
-        )
+    for label, spread in (
+        ("latency", report.latency_s),
+        ("TTFT", report.ttft_s),
+        ("TTFOT", report.ttfot_s),
+    ):
+        if spread:
+            _prose(out, f"{label} (s): " + ", ".join(f"{k} {v:.4g}" for k, v in spread.items()))
     if report.errors:
         _prose(out, "errors: " + ", ".join(f"{k} x{v}" for k, v in report.errors.items()))
     if report.trials is not None:

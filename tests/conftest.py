@@ -38,6 +38,23 @@ def write_pack(folder: Path, flows: dict[str, Any], scenarios: list[dict[str, An
     return folder
 
 
+_SERIAL_GROUPS = {
+    "test_ray.py": "ray",  # each test starts a Ray of its own: one at a time
+    "test_guide_service.py": "guide-service",  # the guide's service on port 8000
+    "test_guide_service_fixture.py": "guide-service",
+    "test_integration.py": "guide-service",
+}
+"""Test files whose tests run in one worker, one after another (pytest-xdist's
+``--dist loadgroup``): they hold a fixed port, or take every core themselves."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _SERIAL_GROUPS.get(item.path.name)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_logs() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

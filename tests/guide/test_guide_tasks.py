@@ -135,7 +135,7 @@ def test_the_guides_config_yml_is_a_single_turn_pack(tmp_path: Path) -> None:
 
 def test_the_guides_unit_tests_of_its_task() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", str(HERE / "custom_task_tests.py"), "-q",
+        [sys.executable, "-m", "pytest", str(HERE / "custom_task_tests.py"), "-q", "-n", "0",
          "-p", "no:randomly", "-p", "no:cacheprovider", "--rootdir", str(HERE.parent.parent)],
         env=_env(), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

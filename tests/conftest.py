@@ -44,15 +44,22 @@ _SERIAL_GROUPS = {
     "test_guide_service_fixture.py": "guide-service",
     "test_integration.py": "guide-service",
 }
-"""Test files whose tests run in one worker, one after another (pytest-xdist's
-``--dist loadgroup``): they hold a fixed port, or take every core themselves."""
+"""Test files whose tests run in one pytest-xdist worker, one after another: they hold a
+fixed port, or take every core themselves. Every other test may run on any worker."""
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _SERIAL_GROUPS.get(item.path.name)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scope scheduling, with each test its own scope except the groups
+    above. (Its ``xdist_group`` marks do not group under pytest 9.2: xdist renames the
+    node ids through an attribute pytest no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _Grouped(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return _SERIAL_GROUPS.get(file, nodeid)
+
+    return _Grouped(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -275,6 +275,8 @@ class _JudgeScorer(AsyncConversationScorer):
     """Each graded turn's sample grades (1-5)."""
     asked: int = 0
     unparsable: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Details a subclass adds to every score (its prompt's version and hash)."""
 
     async def update(self, turn: TurnRecord) -> None:
         if turn.status is not TurnStatus.COMPLETED or turn.response is None:
@@ -296,6 +298,11 @@ class _JudgeScorer(AsyncConversationScorer):
                 response=judge.answer(turn.response, turn.reasoning),
             )
         )
+        await self.grade(prompt, turn.turn_id)
+
+    async def grade(self, prompt: str, unit_id: str) -> None:
+        """Ask the judge ``prompt`` ``samples`` times and fold the grades in as one
+        graded unit (a turn, or a whole conversation) called ``unit_id``."""
         # the samples are asked at once: one after another they multiply the latency
         answers: list[JudgeAnswer | None] = [None] * self.judge.samples
 
@@ -308,12 +315,12 @@ class _JudgeScorer(AsyncConversationScorer):
         samples: list[int] = []
         for k, answer in enumerate(answers):
             assert answer is not None
-            grade = self._take(answer, seed=k, turn_id=turn.turn_id)
+            grade = self._take(answer, seed=k, turn_id=unit_id)
             if grade is not None:
                 samples.append(grade)
         self.asked += len(answers)
         if not samples:
-            self.failures.append(turn.turn_id)
+            self.failures.append(unit_id)
             return
         self.samples.append(samples)
         self.grades.append((combine_grades(samples, self.judge.combine) - 1) / 4)
@@ -344,6 +351,7 @@ class _JudgeScorer(AsyncConversationScorer):
             "samples_asked": self.asked,
             "samples_unparsable": self.unparsable,
             "samples_failed": len(self.errors),
+            **self.extra,
         }
         if not self.grades:
             if self.errors:  # an outage is a failure to measure, not "nothing to measure"

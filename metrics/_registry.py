@@ -57,7 +57,21 @@ METRICS.register("final_state", "convsim.metrics._final_state:FinalStateMetric")
 METRICS.register("tool_errors", "convsim.metrics._tool_errors:ToolErrorsMetric")
 
 
+DIALOGUE_JUDGES = (
+    "judge:conversation_completeness",
+    "judge:knowledge_retention",
+    "judge:role_adherence",
+    "judge:turn_relevancy",
+)
+"""The built-in conversational judge metrics: names under the ``judge:`` prefix that
+are not rubric text (registered by name too, so that ``convsim metrics`` lists them)."""
+
+
 def _rubric(name: str) -> Metric:
+    if name in DIALOGUE_JUDGES:
+        from ._dialogue_judges import dialogue_judge
+
+        return dialogue_judge(name)
     from ._judge import rubric_metric
 
     return rubric_metric(name)
@@ -72,6 +86,8 @@ for _name in (
     "accuracy",
     "depth_of_analysis",
 ):
+    METRICS.register(_name, partial(_rubric, _name))
+for _name in DIALOGUE_JUDGES:
     METRICS.register(_name, partial(_rubric, _name))
 METRICS.register_prefix("judge:", _rubric)
 

@@ -164,3 +164,29 @@ async def test_the_prompts_and_so_the_cache_keys_differ_per_metric() -> None:
         messages, _ = judge.calls[-1]
         keys.add(cache_key({"model": "judge"}, list(messages), params))
     assert len(keys) == len(DIALOGUE_JUDGES)
+
+
+def test_a_runs_summary_counts_the_judges_samples_and_prints_them() -> None:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    import convsim
+    from convsim.results._report import MetricSummary, summarize
+    from convsim.results._terminal import _metric_parts
+
+    guide = Path(__file__).parent / "data" / "guide_example"
+    judge = judge_answering("prose", "prose", grade(5))  # the first unparsable, re-asked
+    results = convsim.run_sync(guide, "scripted", judge=judge, metrics=["judge:turn_relevancy"])
+    summary = summarize(results).metrics["judge:turn_relevancy"]
+    counts = summary.judge_samples
+    assert counts is not None and counts["unparsable"] == 1 and counts["failed"] == 0
+    assert counts["asked"] == counts["graded"] + 1 and counts["graded"] > 0
+    plain = MetricSummary(mean=None, n=0, not_applicable=1)
+    assert "judge_samples" not in plain.model_dump()  # a metric no judge graded
+    console = Console(width=200, record=True)
+    for part in _metric_parts(console, "metrics", "conversations", {"j": summary}):
+        console.print(part)
+    assert f"{counts['graded']}/{counts['asked']} graded, 1 unparsable, 0 failed" in (
+        console.export_text()
+    )

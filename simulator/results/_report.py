@@ -75,12 +75,26 @@ class MetricSummary(BaseModel):
     corpus: float | None = None
     """The metric's own reduction of the whole run, for corpus-level metrics (an lm-eval
     task's bleu, chrf or ter): what lm-eval reports for the same answers."""
+    judge_samples: dict[str, int] | None = None
+    """For a judge metric: its judge's samples over the run (``asked``, ``graded``,
+    ``unparsable``, ``failed``), failed and not-applicable scores included, so that
+    answers the judge gave in prose or calls that failed show beside the mean; None
+    for a metric no judge graded."""
 
     @computed_field  # type: ignore[prop-decorator]  # pydantic's documented use
     @property
     def applicable(self) -> int:
         """Conversations the metric applied to: scored, or failed while scoring."""
         return self.n + self.failed
+
+    @model_serializer(mode="wrap")
+    def _without_judge_samples(self, handler: Any) -> Any:
+        """A metric no judge graded says nothing about judge samples (and reads as
+        before)."""
+        data = handler(self)
+        if self.judge_samples is None and isinstance(data, dict):
+            data.pop("judge_samples", None)
+        return data
 
 
 class GroupSummary(BaseModel):
@@ -370,9 +384,15 @@ class _ScoreFold:
         self.missing: Counter[str] = Counter()
         self.failed: Counter[str] = Counter()
         self.corpus: dict[str, _CorpusFold] = {}
+        self.judged: dict[str, Counter[str]] = {}
 
     def add(self, scores: dict[str, Score]) -> None:
         for name, score in scores.items():
+            if "samples_asked" in score.details:
+                counts = self.judged.setdefault(name, Counter())
+                for key in _JUDGE_SAMPLES:
+                    value = score.details.get(f"samples_{key}")
+                    counts[key] += value if isinstance(value, int) else 0
             if score.value is not None:
                 self.values[name].append(score.value)
                 fold = self.corpus.get(name)
@@ -391,7 +411,13 @@ class _ScoreFold:
         }
         for name, fold in self.corpus.items():
             summaries[name].corpus = fold.value()
+        for name, counts in self.judged.items():
+            summaries[name].judge_samples = {key: counts[key] for key in _JUDGE_SAMPLES}
         return summaries
+
+
+_JUDGE_SAMPLES = ("asked", "graded", "unparsable", "failed")
+"""The judge's sample counts a judge metric's details carry (``samples_<key>``)."""
 
 
 class _CorpusFold:

@@ -37,6 +37,7 @@ def _metric_parts(
     and failed counts and direction a row; whole at any width (applicable is scored plus
     failed: said in the title with the ``legend``, a column is too wide)."""
     corpus = any(m.corpus is not None for m in summaries.values())
+    judged = any(m.judge_samples is not None for m in summaries.values())
     heads = [
         "metric",
         "mean",
@@ -45,6 +46,7 @@ def _metric_parts(
         "scored",
         "n/a",
         "failed",
+        *(["judge samples"] if judged else []),
         "",
     ]
     rows: list[list[str]] = []
@@ -53,12 +55,24 @@ def _metric_parts(
         ci = "" if m.ci_low is None else f"{m.ci_low:.3g}-{m.ci_high:.3g}"
         whole = ["" if m.corpus is None else f"{m.corpus:.4g}"] if corpus else []
         row = [mean_cell(m), ci, *whole, str(m.n), str(m.not_applicable), str(m.failed)]
+        if judged:
+            row.append(_judge_samples_cell(m.judge_samples))
         rows.append([name, *row, better])
     if legend:
         title += (
             f"; scored: {unit} with a value (applicable: scored + failed); \u2191 higher is better"
         )
     return row_table(console, title, heads, rows)
+
+
+def _judge_samples_cell(counts: dict[str, int] | None) -> str:
+    """A judge metric's samples: graded of asked, then the unparsable and failed ones."""
+    if counts is None:
+        return ""
+    return (
+        f"{counts['graded']}/{counts['asked']} graded, "
+        f"{counts['unparsable']} unparsable, {counts['failed']} failed"
+    )
 
 
 def _group_tables(

@@ -1088,10 +1088,154 @@ def contradiction_auroc(dataset: Dataset, scores: dict[str, dict[str, Any]]) -> 
     )
 
 
+# --------------------------------------------------------------------------------------
+# Judge metrics (--judge SPEC): the conversational judges beside the offline scorers
+# --------------------------------------------------------------------------------------
+
+JUDGE_FITS = {
+    "Maintains Context": ("judge:turn_relevancy", "judge:knowledge_retention"),
+    "Relevant": ("judge:turn_relevancy",),
+    "coherence": ("judge:turn_relevancy",),
+    "context_coherence": ("judge:turn_relevancy",),
+    "Coherent": ("judge:turn_relevancy", "judge:conversation_completeness"),
+    "Consistent": ("judge:knowledge_retention",),
+    "Understanding": ("judge:turn_relevancy",),
+    "Overall": ("judge:conversation_completeness",),
+}
+"""Per human rating, the judge metrics that measure something like it (ratings absent
+here, such as Uses Knowledge, have none)."""
+
+
+def run_judge_score(
+    dataset: Dataset, folder: Path, spec: str, judge_args: Sequence[str], samples: int
+) -> dict[str, dict[str, Any]]:
+    """Scores by conversation id from ``convsim score --judge SPEC`` with the judge
+    metrics that fit the data set's ratings."""
+    names = sorted({m for d in dataset.dimensions for m in JUDGE_FITS.get(d.rating, ())})
+    transcripts = folder / f"{dataset.key}.judge.jsonl"
+    out = folder / f"{dataset.key}.judge.scores.jsonl"
+    with open(transcripts, "w", encoding="utf-8") as fh:
+        for item in dataset.items:
+            row = {"conversation_id": item.id, "messages": item.messages}
+            if item.metadata:
+                row["metadata"] = item.metadata
+            fh.write(json.dumps(row) + "\n")
+    cmd = [sys.executable, "-m", "convsim", "score", str(transcripts), "--metrics"]
+    cmd += [",".join(names), "--judge", spec, "--judge-samples", str(samples)]
+    for arg in judge_args:
+        cmd += ["--judge-arg", arg]
+    proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, check=False)
+    if proc.returncode not in (0, 1) or not out.exists():
+        raise SystemExit(
+            f"convsim score --judge failed on {dataset.key} (exit {proc.returncode}):\n"
+            f"{proc.stderr[-3000:] or proc.stdout[-3000:]}"
+        )
+    rows = (json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line)
+    return {row["conversation_id"]: row["scores"] for row in rows}
+
+
+def auroc_ci(scores: Sequence[float], low: Sequence[int]) -> tuple[float, float, float] | None:
+    """AUROC of ``-scores`` for telling the low-rated items (``low`` 1) apart, and a
+    seeded bootstrap 95% interval; None without both kinds."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    x, y = np.asarray(scores, dtype=float), np.asarray(low)
+    if len(set(y.tolist())) < 2:
+        return None
+    auc = float(roc_auc_score(y, -x))
+    rng, drawn = np.random.default_rng(0), []
+    for _ in range(1000):
+        pick = rng.integers(0, len(y), len(y))
+        if len(set(y[pick].tolist())) == 2:
+            drawn.append(roc_auc_score(y[pick], -x[pick]))
+    lo, hi = np.percentile(drawn, [2.5, 97.5])
+    return auc, float(lo), float(hi)
+
+
+def judge_agreement(
+    datasets: list[Dataset],
+    offline: dict[str, dict[str, dict[str, Any]]],
+    spec: str,
+    judge_args: Sequence[str],
+    samples: int,
+) -> None:
+    """Per data set and rating: Spearman (95% CI) and AUROC for the low-rated half
+    (rating below the median; bootstrap CI) of each fitting judge metric, beside the
+    primary offline scorer, and the judge's sample counts (unparsable, failed)."""
+    print(f"\n== Judge metrics with --judge {spec} (samples {samples}) ==")
+    with tempfile.TemporaryDirectory(prefix="convsim-agreement-judge-") as tmp:
+        for d in datasets:
+            if not any(JUDGE_FITS.get(dim.rating) for dim in d.dimensions):
+                continue
+            started = time.perf_counter()
+            judged = run_judge_score(d, Path(tmp), spec, judge_args, samples)
+            elapsed = time.perf_counter() - started
+            print(f"\n  -- {d.title}: {len(d.items)} items judged in {elapsed:.1f} s")
+            counts: Counter[str] = Counter()
+            for row in judged.values():
+                for name, score in row.items():
+                    details = score.get("details") or {}
+                    for key in ("asked", "graded", "unparsable", "failed"):
+                        counts[f"{name} {key}"] += int(details.get(f"samples_{key}") or 0)
+            variants = RESPONSE_VARIANTS if d.level == "response" else DIALOGUE_VARIANTS
+            primary = next(v for v in variants if v.primary)
+            for dim in d.dimensions:
+                for name in JUDGE_FITS.get(dim.rating, ()):
+                    _print_judge_row(d, dim, name, judged, offline[d.key], primary)
+            for name in sorted({k.rsplit(" ", 1)[0] for k in counts}):
+                print(
+                    f"     {name}: samples {counts[name + ' asked']} asked, "
+                    f"{counts[name + ' graded']} graded, {counts[name + ' unparsable']} "
+                    f"unparsable, {counts[name + ' failed']} failed"
+                )
+
+
+def _print_judge_row(
+    d: Dataset,
+    dim: Dimension,
+    name: str,
+    judged: dict[str, dict[str, Any]],
+    offline: dict[str, dict[str, Any]],
+    primary: Variant,
+) -> None:
+    items = [i for i in d.items if i.ratings.get(dim.rating) is not None]
+    ys = [i.ratings[dim.rating] for i in items]
+    for label, xs in (
+        (name, [_value(name)(judged.get(i.id, {}), i) for i in items]),
+        (f"(offline) {primary.name}", [primary.extract(offline[i.id], i) for i in items]),
+    ):
+        c = correlate(xs, ys)
+        if c.rho is None:
+            print(f"     {dim.rating:<20} {label[:60]:<60} n={c.n:<5} n/a: {c.why}")
+            continue
+        ci = c.rho_ci()
+        pairs = [(float(x), y) for x, y in zip(xs, ys, strict=True) if isinstance(x, (int, float))]
+        median = sorted(y for _, y in pairs)[len(pairs) // 2]
+        auc = auroc_ci([x for x, _ in pairs], [int(y < median) for _, y in pairs])
+        auc_text = f"AUROC {auc[0]:.2f} [{auc[1]:.2f}, {auc[2]:.2f}]" if auc else "AUROC n/a"
+        ci_text = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "[n/a]"
+        print(
+            f"     {dim.rating:<20} {label[:60]:<60} n={c.n:<5} rho {c.rho:+.3f} {ci_text}  "
+            + auc_text
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path, help="folder with usr/, fed/, grade/, holistic/")
     parser.add_argument("--limit", type=int, default=None, help="at most N items per data set")
+    parser.add_argument(
+        "--judge",
+        default=None,
+        metavar="SPEC",
+        help="also score with the conversational judge metrics, graded by this model "
+        "(an adapter spec, as convsim's --judge)",
+    )
+    parser.add_argument(
+        "--judge-arg", action="append", default=[], metavar="KEY=VALUE", help="as convsim's"
+    )
+    parser.add_argument("--judge-samples", type=int, default=1, help="grades per unit")
     args = parser.parse_args(argv)
     root = args.data_dir.expanduser().resolve()
     if not root.is_dir():
@@ -1131,6 +1275,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for d in datasets:
         if d.key == "fed-dialog":
             contradiction_auroc(d, all_scores[d.key])
+    if args.judge is not None:
+        judge_agreement(datasets, all_scores, args.judge, args.judge_arg, args.judge_samples)
     applicability(all_scores)
     text = summary(comparisons, retention_status(all_scores))
     if args.limit is not None:

@@ -39,6 +39,12 @@ if TYPE_CHECKING:
     from ._logic import LogicMetric as LogicMetric
     from ._logic import answer_code as answer_code
     from ._logic import check_logic as check_logic
+    from ._nli import NliScores as NliScores
+    from ._nli import NliUnavailable as NliUnavailable
+    from ._nli import PairClassifier as PairClassifier
+    from ._nli import load_pair_classifier as load_pair_classifier
+    from ._nli import nli_classifier as nli_classifier
+    from ._nli import set_nli_classifier as set_nli_classifier
     from ._protocol import AsyncConversationScorer as AsyncConversationScorer
     from ._protocol import ConversationScorer as ConversationScorer
     from ._protocol import Metric as Metric

@@ -1,10 +1,10 @@
 """A feature used without its extra says, in one line, which extra to install.
 
 The core install leaves out lm-eval, the HTML report's Jinja2 and matplotlib, the
-service's FastAPI, uvicorn and cryptography, and radon and pycodestyle. Here those
-modules are made unimportable (``sys.modules[name] = None``, what Python does for a
-module that is not there) in a fresh interpreter, and each feature that needs them is
-used.
+service's FastAPI, uvicorn and cryptography, radon and pycodestyle, and the NLI
+scorers' onnxruntime. Here those modules are made unimportable (``sys.modules[name] =
+None``, what Python does for a module that is not there) in a fresh interpreter, and
+each feature that needs them is used.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ LM_EVAL = ("lm_eval", "datasets", "evaluate", "rouge_score", "sacrebleu")
 HTML = ("jinja2", "matplotlib")
 SERVICE = ("fastapi", "starlette", "uvicorn", "cryptography")
 CODE = ("radon", "pycodestyle")
-EVERY_EXTRA = (*LM_EVAL, *HTML, *SERVICE, *CODE, "sklearn", "pandas", "ray", "uvloop")
+NLI = ("onnxruntime",)
+EVERY_EXTRA = (*LM_EVAL, *HTML, *SERVICE, *CODE, *NLI, "sklearn", "pandas", "ray", "uvloop")
 
 
 def _convsim(

@@ -195,3 +195,53 @@ async def test_the_nli_backend_runs_in_a_worker_thread() -> None:
     )
     assert result["consistency"].details["backend"] == "nli"
     assert fake.threads and threading.main_thread().name not in fake.threads
+
+
+# -- nli_coherence --------------------------------------------------------------------
+
+
+def _coherence(classifier: Any) -> Any:
+    from convsim.metrics._nli_coherence import NliCoherenceMetric
+
+    registry = METRICS.copy()
+    registry.register(
+        "nli_coherence", partial(NliCoherenceMetric, classifier=classifier), replace=True
+    )
+    return registry
+
+
+def test_nli_coherence_scores_each_response_given_its_context() -> None:
+    fake = FakeClassifier()
+    chat = [
+        ("I need a table for two tonight.", "Sure, a table for two tonight is booked."),
+        ("Is it by the window?", "It is not by the window, sorry."),
+        ("That is fine.", "Great, see you tonight."),
+        ("Thanks.", "You are welcome, enjoy the dinner."),
+    ]
+    result = score_transcript(_messages(chat), ["nli_coherence"], registry=_coherence(fake))
+    score = result["nli_coherence"]
+    d = score.details
+    assert d["backend"] == "nli" and d["model"] == "fake/not-flips"
+    assert d["by_turn"] == pytest.approx([0.9, 0.1, 0.1, 0.9])  # "not" in the context flips
+    assert score.value == pytest.approx(0.1)  # the 25th percentile
+    premise, hypothesis = fake.pairs[1]
+    assert hypothesis == "It is not by the window, sorry."
+    assert premise.endswith("Is it by the window?")  # the message answered comes last
+    assert len(premise.split(". ")) <= 3
+
+
+def test_coherence_keeps_wordllama_and_nli_coherence_needs_a_model(no_model: None) -> None:
+    chat = _messages([("Hello, I like tea.", "Tea is lovely."), ("Green?", "Green tea, yes.")])
+    scores = score_transcript(chat, ["coherence", "nli_coherence"])
+    assert "backend" not in scores["coherence"].details  # unchanged: the embedder is named
+    failed = scores["nli_coherence"]
+    assert failed.status == "failed" and "CONVSIM_NLI_MODEL" in (failed.reason or "")
+
+
+def test_nli_coherence_with_no_context_is_not_applicable() -> None:
+    result = score_transcript(
+        [{"role": "assistant", "content": "Welcome!"}],
+        ["nli_coherence"],
+        registry=_coherence(FakeClassifier()),
+    )["nli_coherence"]
+    assert result.status == "not_applicable"

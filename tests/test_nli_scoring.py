@@ -245,3 +245,54 @@ def test_nli_coherence_with_no_context_is_not_applicable() -> None:
         registry=_coherence(FakeClassifier()),
     )["nli_coherence"]
     assert result.status == "not_applicable"
+
+
+# -- context_retention (reference-free) --------------------------------------------------
+
+
+def _retention(classifier: Any) -> Any:
+    from convsim.metrics._retention import ContextRetentionMetric
+
+    registry = METRICS.copy()
+    registry.register(
+        "context_retention", partial(ContextRetentionMetric, classifier=classifier), replace=True
+    )
+    return registry
+
+
+def test_retention_reads_stated_otherwise_with_the_classifier() -> None:
+    fake = FakeClassifier()
+    chat = _messages(
+        [
+            ("My flight is BA 249 and I travel with my dog.", "Noted, flight BA 249."),
+            ("What else?", "Your dog is not allowed on flight BA 249, I am afraid."),
+        ]
+    )
+    score = score_transcript(chat, ["context_retention"], registry=_retention(fake))
+    d = score["context_retention"].details
+    assert d["backend"] == "nli" and d["model"] == "fake/not-flips"
+    (contradiction,) = d["contradictions"]
+    assert contradiction["reason"].startswith("stated otherwise (nli 0.90)")
+    assert contradiction["turn_id"] == d["missed"][0]["turn_id"]
+    assert fake.pairs == [
+        (
+            "My flight is BA 249 and I travel with my dog.",
+            "Your dog is not allowed on flight BA 249, I am afraid.",
+        )
+    ]
+
+
+def test_retention_without_the_classifier_keeps_its_patterns(no_model: None) -> None:
+    chat = _messages(
+        [
+            ("I am 30 years old.", "Thirty, noted."),
+            ("And?", "You are 31 years old, so you qualify."),
+        ]
+    )
+    pattern = score_transcript(chat, ["context_retention"])["context_retention"]
+    assert "backend" not in pattern.details
+    assert pattern.details["contradictions"][0]["reason"].startswith("stated age=")
+    nli = score_transcript(chat, ["context_retention"], registry=_retention(FakeClassifier()))
+    # the fake sees no "not": the check is the classifier's, which finds nothing here
+    assert nli["context_retention"].status == "not_applicable"
+    assert "no evidence" in (nli["context_retention"].reason or "")

@@ -296,3 +296,10 @@ def test_retention_without_the_classifier_keeps_its_patterns(no_model: None) -> 
     # the fake sees no "not": the check is the classifier's, which finds nothing here
     assert nli["context_retention"].status == "not_applicable"
     assert "no evidence" in (nli["context_retention"].reason or "")
+
+
+def test_no_backend_module_is_no_classifier(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "convsim.metrics._nli", None)  # the import fails
+    assert _contextual.pair_classifier() is None

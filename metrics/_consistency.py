@@ -28,15 +28,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
+from . import _contextual
+from ._contextual import PairScorer
 from ._protocol import MetricTraits
 from ._words import normal_words
 
 if TYPE_CHECKING:
     from convsim.scenarios import Conversation
+
+    from ._nli_consistency import NliConsistencyScorer
 
 __all__ = ["ConsistencyMetric", "Statement", "statements"]
 
@@ -209,12 +213,30 @@ class ConsistencyMetric:
         "likes/has/is with polarity) on something already stated, by itself or by the "
         "user about themself, or by its persona (metadata ``persona``), that do not "
         "contradict it; not applicable when nothing is stated twice. Sees only what its "
-        "patterns read."
+        "patterns read. With an NLI model (the nli extra, CONVSIM_NLI_MODEL): 1 - the "
+        "highest contradiction probability of each assistant sentence against earlier "
+        "ones, the personas and the user's statements (details: backend, pair)."
     )
 
-    def scorer(self, conversation: Conversation) -> _ConsistencyScorer:
+    def __init__(self, classifier: PairScorer | Literal["auto"] | None = "auto") -> None:
+        self.classifier = _contextual.pair_classifier() if classifier == "auto" else classifier
+        """The NLI pair classifier (the process's, when present); None: the patterns."""
+        self.cpu_heavy = self.classifier is not None
+        """With a classifier the pairs are scored in result(), off the event loop."""
+
+    def scorer(self, conversation: Conversation) -> _ConsistencyScorer | NliConsistencyScorer:
+        scenario = conversation.scenario
+        if self.classifier is not None:
+            from ._nli_consistency import NliConsistencyScorer
+
+            return NliConsistencyScorer.for_conversation(
+                self.classifier,
+                persona_lines(scenario.metadata or {}),
+                scenario.user.persona if scenario.user is not None else "",
+                list(scenario.facts),
+            )
         scorer = _ConsistencyScorer()
-        for line in persona_lines(conversation.scenario.metadata or {}):
+        for line in persona_lines(scenario.metadata or {}):
             for s in statements(line):
                 scorer.assistant.setdefault(s.slot, (s.value, "persona"))
         return scorer
@@ -278,5 +300,5 @@ class _ConsistencyScorer:
             )
         return Score(
             value=1.0 - len(self.contradictions) / self.checks,
-            details={**read, "contradictions": self.contradictions},
+            details={**read, "contradictions": self.contradictions, "backend": "pattern"},
         )

@@ -17,6 +17,13 @@ included). An answer *forgets* a stated thing when it
 - states something else about the user ("you are 31" after "I'm 30");
 - does not state an item the user asks back for ("remind me, what was my flight?").
 
+With a contextual pair classifier (``consistency``'s NLI backend) the third check is the
+classifier's instead of the patterns': each answer sentence that speaks to the user
+("you", "your"; not a question) against each earlier user message that stated something,
+a contradiction probability of 0.5 or more forgetting what that message stated (the
+things the sentence mentions, or else its first); at most ``PAIR_CAP`` pairs, scored in
+``result()``.
+
 The answer just before a user's "I already told you" forgot something too. An answer
 *recalls* a stated thing when it states it again though the message it answers did not
 (an echo of that message is not memory).
@@ -39,6 +46,8 @@ from typing import Any
 from convsim._records import Score
 
 from ._consistency import _END, _PHRASE, statements, values_differ
+from ._contextual import CONTRADICTS, PairScorer, classify_contradiction, sentences
+from ._nli_consistency import PAIR_CAP
 from ._words import normal_words
 
 __all__ = ["FreeRetention", "asked_slots", "salient_items"]
@@ -163,6 +172,7 @@ def _content(text: str) -> set[str]:
     return {w for w in normal_words(text).split() if w not in _STOP and not w.isdigit()}
 
 
+_TO_USER = re.compile(r"\b(?:you|your|you're|yours)\b", re.I)
 _WH = frozenset("what where when which who whose how".split())
 _ABOUT_YOU = frozenset("do did are have".split())
 _FORMULA = frozenset(
@@ -238,6 +248,12 @@ class FreeRetention:
     last_turn: tuple[str, int] | None = None
     forgetting_turns: set[str] = field(default_factory=set)
     """Turns whose answer forgot something."""
+    classifier: PairScorer | None = None
+    """The NLI pair classifier that reads "stated otherwise" instead of the patterns."""
+    said: dict[int, str] = field(default_factory=dict)
+    """The user's messages that stated something, by position (for the classifier)."""
+    pending: list[tuple[int, str, str, int]] = field(default_factory=list)
+    """(premise position, answer sentence, turn id, position) for the classifier."""
 
     def update(self, user: str, answer: str, turn_id: str, position: int) -> None:
         if self.last_turn is not None and _TOLD_ALREADY.search(user):
@@ -256,6 +272,8 @@ class FreeRetention:
             for q in self.open_questions:
                 self.answered.setdefault(q, []).append(answer_to)
         self._read_user(user, turn_id, position)
+        if self.classifier is not None and any(s.position == position for s in self.stated):
+            self.said[position] = user
         questions = _questions(answer)
         self._check(user, answer, questions, turn_id, position)
         self.open_questions = questions
@@ -289,7 +307,9 @@ class FreeRetention:
             if earlier is not None and earlier.position < position:
                 # a question about the message just answered asks for more, not again
                 self._forget(earlier, turn_id, position, f"asked again: {slot}")
-        for s in statements(answer, addressee=True, speaker=False):
+        if self.classifier is not None:
+            self._queue(answer, turn_id, position)
+        for s in statements(answer, addressee=True, speaker=False) if not self.classifier else ():
             earlier = self.slots.get(_slot_key(s.slot))
             if earlier is None or earlier.slot != s.slot:
                 continue
@@ -318,6 +338,35 @@ class FreeRetention:
             ):
                 self._forget(stated, turn_id, position, "not stated when asked back")
 
+    def _queue(self, answer: str, turn_id: str, position: int) -> None:
+        """Queue each answer sentence to the user against each earlier user message that
+        stated something."""
+        earlier = sorted({s.position for s in self.stated if s.kind != "complaint"})
+        for sentence in sentences(answer):
+            if sentence.rstrip().endswith("?") or not _TO_USER.search(sentence):
+                continue
+            for at in earlier:
+                if at < position and at in self.said:
+                    self.pending.append((at, sentence, turn_id, position))
+
+    def _classify(self) -> None:
+        """Score the queued pairs (the latest first when over the cap); a contradiction
+        forgets what its user message stated."""
+        pending, self.pending = self.pending[-PAIR_CAP:], []
+        if self.classifier is None:
+            return
+        pairs = [(self.said[at], sentence) for at, sentence, _, _ in pending]
+        probabilities = classify_contradiction(self.classifier, pairs)
+        for (at, sentence, turn_id, position), p in zip(pending, probabilities, strict=True):
+            if p < CONTRADICTS:
+                continue
+            told = [s for s in self.stated if s.position == at and s.kind != "complaint"]
+            words = set(normal_words(sentence).split())
+            named = [s for s in told if words & set(normal_words(s.value or s.key).split())]
+            for stated in named or told[:1]:
+                what = f"stated otherwise (nli {p:.2f}): {sentence!r}"
+                self._forget(stated, turn_id, position, what)
+
     def _recall(self, stated: _Stated, turn_id: str, position: int) -> None:
         if not stated.recalled or stated.recalled[-1][0] != turn_id:
             stated.recalled.append((turn_id, position - stated.position))
@@ -331,6 +380,8 @@ class FreeRetention:
             )
 
     def result(self) -> Score:
+        if self.pending:
+            self._classify()
         if not self.stated:
             return Score.not_applicable(
                 "the scenario declares no facts and probes, and the user stated nothing "
@@ -372,5 +423,8 @@ class FreeRetention:
                 "contradictions": [m for m in missed if m["reason"].startswith("stated ")],
                 "missed": missed,
                 "unintroduced": 0,
+                **(
+                    {"backend": "nli", "model": self.classifier.model_id} if self.classifier else {}
+                ),
             },
         )

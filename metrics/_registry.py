@@ -43,6 +43,7 @@ METRICS.register("context_retention", "convsim.metrics._retention:ContextRetenti
 METRICS.register("goal_achievement", "convsim.metrics._goal:GoalAchievementMetric")
 METRICS.register("coherence", "convsim.metrics._coherence:CoherenceMetric")
 METRICS.register("lexical_coherence", "convsim.metrics._coherence:LexicalCoherenceMetric")
+METRICS.register("nli_coherence", "convsim.metrics._nli_coherence:NliCoherenceMetric")
 METRICS.register("consistency", "convsim.metrics._consistency:ConsistencyMetric")
 METRICS.register("conversation_flow", "convsim.metrics._coherence:ConversationFlowMetric")
 METRICS.register("semantic_similarity", "convsim.metrics._coherence:SemanticSimilarityMetric")

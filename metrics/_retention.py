@@ -36,10 +36,12 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 from convsim._records import Score, TurnRecord, TurnStatus
 
+from . import _contextual
+from ._contextual import PairScorer
 from ._free_retention import FreeRetention
 from ._protocol import MetricTraits
 from ._words import normal_words
@@ -195,10 +197,18 @@ class ContextRetentionMetric:
         "with fewer than two completed turns."
     )
 
-    def __init__(self, embedder: Any = None, semantic_threshold: float = 0.6) -> None:
+    def __init__(
+        self,
+        embedder: Any = None,
+        semantic_threshold: float = 0.6,
+        classifier: PairScorer | Literal["auto"] | None = "auto",
+    ) -> None:
         self.embedder = embedder
-        self.cpu_heavy = embedder is not None
-        """With an embedder the semantic checks run in result(), off the event loop."""
+        self.classifier = _contextual.pair_classifier() if classifier == "auto" else classifier
+        """The NLI pair classifier of the reference-free "stated otherwise" check (the
+        process's, when present); None: the patterns."""
+        self.cpu_heavy = embedder is not None or self.classifier is not None
+        """With an embedder or a classifier the checks run in result(), off the event loop."""
         """Optional semantic match: a probe that names no value still counts as recalled
         when a sentence of it is this similar to the fact (value and aliases)."""
         self.semantic_threshold = semantic_threshold
@@ -209,6 +219,7 @@ class ContextRetentionMetric:
             facts={f.key: f for f in scenario.facts},
             probes={p.turn_id: list(p.facts) for p in scenario.probes},
             semantic=self._semantic if self.embedder is not None else None,
+            free=FreeRetention(classifier=self.classifier),
         )
 
     def _semantic(self, fact: Fact, text: str) -> bool:

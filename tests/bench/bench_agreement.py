@@ -41,6 +41,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,9 @@ from types import ModuleType
 from typing import Any
 
 METRICS = "coherence,lexical_coherence,consistency,conversation_flow,context_retention"
+NLI_METRICS = "consistency,nli_coherence,context_retention"
+"""Scored a second time when CONVSIM_NLI_MODEL names a model folder; the results are
+kept as ``<metric>@nli`` beside the pattern and WordLlama ones."""
 
 # --------------------------------------------------------------------------------------
 # Published figures, copied from the READMEs in the data folders.
@@ -509,23 +513,32 @@ def spread(items: list[Item], limit: int | None) -> list[Item]:
 # --------------------------------------------------------------------------------------
 
 
-def run_score(dataset: Dataset, folder: Path) -> tuple[dict[str, dict[str, Any]], float]:
-    """Scores by conversation id from ``convsim score``, and the command's wall time."""
+def run_score(
+    dataset: Dataset, folder: Path, nli: bool = False
+) -> tuple[dict[str, dict[str, Any]], float]:
+    """Scores by conversation id from ``convsim score``, and the command's wall time:
+    without an NLI model (the pattern and WordLlama backends), or with ``nli`` the
+    NLI_METRICS with the model of CONVSIM_NLI_MODEL, named ``<metric>@nli``."""
+    suffix = ".nli" if nli else ""
     transcripts = folder / f"{dataset.key}.jsonl"
-    out = folder / f"{dataset.key}.scores.jsonl"
+    out = folder / f"{dataset.key}{suffix}.scores.jsonl"
     with open(transcripts, "w", encoding="utf-8") as fh:
         for item in dataset.items:
             row = {"conversation_id": item.id, "messages": item.messages}
             if item.metadata:
                 row["metadata"] = item.metadata
             fh.write(json.dumps(row) + "\n")
-    cmd = [sys.executable, "-m", "convsim", "score", str(transcripts), "--metrics", METRICS]
+    metrics = NLI_METRICS if nli else METRICS
+    cmd = [sys.executable, "-m", "convsim", "score", str(transcripts), "--metrics", metrics]
+    env = dict(os.environ)
+    if not nli:
+        env.pop("CONVSIM_NLI_MODEL", None)
     started = time.perf_counter()
     proc = subprocess.run(
         [*cmd, "--out", str(out)],
         capture_output=True,
         text=True,
-        env=None,
+        env=env,
         check=False,
     )
     elapsed = time.perf_counter() - started
@@ -538,7 +551,9 @@ def run_score(dataset: Dataset, folder: Path) -> tuple[dict[str, dict[str, Any]]
     for line in out.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
-            scores[row["conversation_id"]] = row["scores"]
+            scores[row["conversation_id"]] = {
+                f"{k}@nli" if nli else k: v for k, v in row["scores"].items()
+            }
     missing = [i.id for i in dataset.items if i.id not in scores]
     if missing:
         raise SystemExit(f"{dataset.key}: no scores for {len(missing)} conversations")
@@ -610,6 +625,12 @@ RESPONSE_VARIANTS = [
     Variant("conversation_flow: value (all turns)", _value("conversation_flow")),
     Variant("context_retention: value", _value("context_retention")),
     Variant("consistency: value (with the persona, where given)", _value("consistency")),
+    Variant(
+        "nli_coherence@nli: the rated response's turn score",
+        _detail("nli_coherence@nli", "last_turn"),
+    ),
+    Variant("consistency@nli: value", _value("consistency@nli")),
+    Variant("context_retention@nli: value", _value("context_retention@nli")),
     Variant("(yardstick) words in the rated response", _words_in_response, reference=True),
 ]
 
@@ -622,6 +643,9 @@ DIALOGUE_VARIANTS = [
     Variant("conversation_flow: progression", _detail("conversation_flow", "progression")),
     Variant("consistency: value", _value("consistency")),
     Variant("context_retention: value", _value("context_retention")),
+    Variant("nli_coherence@nli: value (25th percentile of turns)", _value("nli_coherence@nli")),
+    Variant("consistency@nli: value", _value("consistency@nli")),
+    Variant("context_retention@nli: value", _value("context_retention@nli")),
     Variant("(yardstick) words per assistant message", _words_per_assistant_msg, reference=True),
 ]
 
@@ -767,6 +791,8 @@ def print_by_system(
 
 def evaluate(dataset: Dataset, scores: dict[str, dict[str, Any]]) -> list[Comparison]:
     variants = RESPONSE_VARIANTS if dataset.level == "response" else DIALOGUE_VARIANTS
+    if not any(k.endswith("@nli") for row in scores.values() for k in row):
+        variants = [v for v in variants if "@nli" not in v.name]  # no NLI model given
     comparisons: list[Comparison] = []
     groups = {"all": "all items", **dataset.groups}
     for dim in dataset.dimensions:
@@ -904,6 +930,10 @@ def applicability(all_scores: dict[str, dict[str, dict[str, Any]]]) -> None:
     """Per metric and data set, the share of transcripts scored (with a value): the
     correlations above are over those alone; the others are not applicable or failed."""
     names = METRICS.split(",")
+    if any(
+        k.endswith("@nli") for scores in all_scores.values() for row in scores.values() for k in row
+    ):
+        names += [f"{n}@nli" for n in NLI_METRICS.split(",")]
     print("\n== Applicability: share of transcripts scored, per metric and data set ==")
     print(f"     {'set':<18} {'transcripts':>11}" + "".join(f" {n:>17}" for n in names))
     for key, scores in all_scores.items():
@@ -1053,7 +1083,9 @@ def learned_lodo(datasets: list[Dataset], scores: dict[str, dict[str, dict[str, 
     )
 
 
-def contradiction_auroc(dataset: Dataset, scores: dict[str, dict[str, Any]]) -> None:
+def contradiction_auroc(
+    dataset: Dataset, scores: dict[str, dict[str, Any]], metric: str = "consistency"
+) -> None:
     """consistency against FED's "Consistent" rating as a contradiction detector: AUROC
     for telling the dialogues people found inconsistent (mean rating below 1) apart,
     within dialogues of equal length (longer ones hold more contradictions, so length
@@ -1067,7 +1099,7 @@ def contradiction_auroc(dataset: Dataset, scores: dict[str, dict[str, Any]]) -> 
         rating = item.ratings.get("Consistent")
         if rating is None:
             continue
-        value = (scores[item.id].get("consistency") or {}).get("value")
+        value = (scores[item.id].get(metric) or {}).get("value")
         applicable += value is not None
         rows.append((len(item.messages), int(rating < 1), 1.0 if value is None else value))
     weighted = total = 0.0
@@ -1081,10 +1113,10 @@ def contradiction_auroc(dataset: Dataset, scores: dict[str, dict[str, Any]]) -> 
     auroc = weighted / total if total else float("nan")
     inconsistent = sum(y for _, y, _ in rows)
     print(
-        f"\n== consistency as a contradiction detector (FED dialogues, {inconsistent} of "
+        f"\n== {metric} as a contradiction detector (FED dialogues, {inconsistent} of "
         f"{len(rows)} rated inconsistent) ==\n"
         f"   AUROC within equal lengths {auroc:.3f} over {int(total)} dialogues in lengths "
-        f"with both kinds; consistency applicable on {applicable} of {len(rows)} (target 0.70)"
+        f"with both kinds; {metric} applicable on {applicable} of {len(rows)} (target 0.70)"
     )
 
 
@@ -1250,7 +1282,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     for d in datasets:
         d.items = spread(d.items, args.limit)
 
+    nli_model = os.environ.get("CONVSIM_NLI_MODEL", "")
+    if nli_model and not Path(nli_model).expanduser().is_dir():
+        raise SystemExit(f"CONVSIM_NLI_MODEL={nli_model}: not a folder (give a model folder)")
     print(f"convsim agreement benchmark: data {root}")
+    print(
+        "backends: pattern (consistency, context_retention), WordLlama (coherence), "
+        + (
+            f"NLI {nli_model} (<metric>@nli: {NLI_METRICS})"
+            if nli_model
+            else "no NLI (set CONVSIM_NLI_MODEL to a model folder to add it)"
+        )
+    )
     print(
         f"python {sys.version.split()[0]}; scored with: python -m convsim score FILE "
         f"--metrics {METRICS} --out SCORES"
@@ -1260,9 +1303,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         ThreadPoolExecutor(max_workers=2) as pool,
     ):
         results = list(pool.map(lambda d: run_score(d, Path(tmp)), datasets))
+        nli_results = (
+            list(pool.map(lambda d: run_score(d, Path(tmp), nli=True), datasets))
+            if nli_model
+            else []
+        )
     all_scores = {d.key: s for d, (s, _) in zip(datasets, results, strict=True)}
     for d, (_, elapsed) in zip(datasets, results, strict=True):
         print(f"  {d.key}: {len(d.items)} transcripts scored in {elapsed:.1f} s")
+    for d, (nli_scores, elapsed) in zip(datasets, nli_results, strict=False):
+        for conversation_id, row in nli_scores.items():
+            all_scores[d.key][conversation_id].update(row)
+        print(f"  {d.key}: {len(d.items)} transcripts scored with the NLI model in {elapsed:.1f} s")
 
     comparisons: list[Comparison] = []
     for d in datasets:
@@ -1275,6 +1327,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for d in datasets:
         if d.key == "fed-dialog":
             contradiction_auroc(d, all_scores[d.key])
+            if nli_model:
+                contradiction_auroc(d, all_scores[d.key], "consistency@nli")
     if args.judge is not None:
         judge_agreement(datasets, all_scores, args.judge, args.judge_arg, args.judge_samples)
     applicability(all_scores)

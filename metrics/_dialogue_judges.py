@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from convsim._plural import counted
 from convsim._records import Score, TurnRecord, TurnStatus
 from convsim._types import Message
 
@@ -73,7 +74,7 @@ class DialoguePrompt(NamedTuple):
 TURN_RELEVANCY = DialoguePrompt(
     "turn_relevancy/1",
     "Share of assistant replies a judge finds relevant to the message before them, "
-    f"read within the last {WINDOW} messages; 1-5 per reply mapped to 0-1.",
+    f"read within the last {counted(WINDOW, 'message')}; 1-5 per reply mapped to 0-1.",
     """You are checking whether one reply of an AI assistant is relevant.
 
 The latest messages of the conversation, oldest first:

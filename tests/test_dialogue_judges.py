@@ -178,7 +178,8 @@ def test_a_runs_summary_counts_the_judges_samples_and_prints_them() -> None:
     guide = Path(__file__).parent / "data" / "guide_example"
     judge = judge_answering("prose", "prose", grade(5))  # the first unparsable, re-asked
     results = convsim.run_sync(guide, "scripted", judge=judge, metrics=["judge:turn_relevancy"])
-    summary = summarize(results).metrics["judge:turn_relevancy"]
+    report = summarize(results)
+    summary = report.metrics["judge:turn_relevancy"]
     counts = summary.judge_samples
     assert counts is not None and counts["unparsable"] == 1 and counts["failed"] == 0
     assert counts["asked"] == counts["graded"] + 1 and counts["graded"] > 0
@@ -190,3 +191,5 @@ def test_a_runs_summary_counts_the_judges_samples_and_prints_them() -> None:
     assert f"{counts['graded']}/{counts['asked']} graded, 1 unparsable, 0 failed" in (
         console.export_text()
     )
+    row = f"| judge:turn_relevancy | {counts['asked']} | {counts['graded']} | 1 | 0 |"
+    assert row in report.to_markdown()  # summary.md counts them too

@@ -299,6 +299,20 @@ class RunReport(BaseModel):
                 f"| {name} |{tier} {_fmt(m.mean)} | {ci} | {_fmt(m.std)} | {m.applicable} "
                 f"| {m.n} | {m.not_applicable} | {m.failed} |"
             )
+        judged = {n: m.judge_samples for n, m in self.metrics.items() if m.judge_samples}
+        if judged:
+            lines += [
+                "",
+                "Judge samples (answers that could not be parsed and calls that failed are "
+                "counted, never scored):",
+                "",
+                "| metric | asked | graded | unparsable | failed |",
+                "|---|---:|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {name} | {c['asked']} | {c['graded']} | {c['unparsable']} | {c['failed']} |"
+                for name, c in judged.items()
+            ]
         corpus = {n: m.corpus for n, m in self.metrics.items() if m.corpus is not None}
         if corpus:
             lines += ["", "Over the whole run (corpus-level metrics, as lm-eval reduces them):"]

@@ -4,7 +4,7 @@ the NLI backend.
 Run: python tests/bench/bench_nli.py [--dialogues N] [--turns T]
 
 The model is the folder CONVSIM_NLI_MODEL names; without one, the tiny random test
-model of tests/test_nli.py (a few kilobytes: its times measure convsim's own overhead and
+model of tests/_nli_model.py (a few kilobytes: its times measure convsim's own overhead and
 the pair count, not a real cross-encoder's speed; the output says which was used). The
 dialogues are synthetic: a user stating things about themself and an assistant
 answering in two sentences, one of them sometimes negated. Prints the wall time, the
@@ -41,11 +41,11 @@ def dialogue(seed: int, turns: int) -> list[dict[str, str]]:
 
 
 def tiny_model(folder: Path) -> Path:
-    """The random test model of tests/test_nli.py, written to ``folder``."""
+    """The random test model of tests/_nli_model.py, written to ``folder``."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import test_nli
+    import _nli_model
 
-    return Path(test_nli._write_model(folder, test_nli._random_model(0)))
+    return _nli_model.write_model(folder, _nli_model.random_model(0))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -26,35 +26,19 @@ from pydantic import BaseModel
 
 from convsim._types import GenerationParams, Message, ToolCall
 
-from ._openai_tools import openai_tool_fields
+from ._openai_tools import openai_message, openai_tool_fields
 from ._text import repair_text
 
 __all__ = ["app_messages", "app_tools", "app_tool_calls"]
 
 
 def app_message(message: Message) -> dict[str, Any]:
-    """One message as an application is given it."""
+    """One message as an application is given it: as the chat completions API takes it,
+    and a tool message also names its tool (``name``)."""
+    data = openai_message(message)
     if message.role == "tool":
-        return {
-            "role": "tool",
-            "tool_call_id": message.tool_call_id or "",
-            "name": message.name or "",
-            "content": message.content,
-        }
-    if message.tool_calls:
-        return {
-            "role": message.role,
-            "content": message.content,
-            "tool_calls": [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments or "{}"},
-                }
-                for call in message.tool_calls
-            ],
-        }
-    return {"role": message.role, "content": message.content}
+        data["name"] = message.name or ""
+    return data
 
 
 def app_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:

@@ -55,6 +55,7 @@ from ._schema import (
     TurnSettings,
 )
 from ._sources import PACK_SOURCES, LoadOptions
+from ._state_checks import PLACEHOLDER
 from ._templates import Template
 from ._tool_schema import ToolDefinition, ToolsFile
 from ._toolset import ToolSet
@@ -74,7 +75,6 @@ TOOLS_FILE = "tools.yml"
 """A multi-turn pack's tools, when it has any."""
 TOOL_CHOICES = ("auto", "required", "none")
 """The ``tool_choice`` values that are not a tool's name."""
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SINGLE_TURN_FILES = ("problems.jsonl", "config.yml")
 #: The variables a single-turn prompt template may use.
 SINGLE_TURN_VARIABLES = frozenset({"question", "context", "difficulty", "domain", "examples"})
@@ -469,7 +469,7 @@ def _context(text: str, mode: str) -> str:
 def _placeholders(value: Any) -> Iterator[str]:
     """The ``{name}`` placeholders of every string (and key) in ``value``."""
     if isinstance(value, str):
-        yield from _PLACEHOLDER.findall(value)
+        yield from PLACEHOLDER.findall(value)
     elif isinstance(value, dict):
         for key, item in value.items():
             yield from _placeholders(key)
@@ -885,7 +885,7 @@ class _MultiTurnLoader(_Loader):
                     f"unknown turn {expected.turn_id!r} (turns: {', '.join(sorted(turn_ids))})",
                 )
         for k, check in enumerate(sc.final_state):
-            if _PLACEHOLDER.search(check.path):
+            if PLACEHOLDER.search(check.path):
                 self.problem(
                     self.DATA,
                     lineno,

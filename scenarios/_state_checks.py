@@ -16,6 +16,7 @@ from ._tool_schema import StateCheck
 
 __all__ = [
     "MISSING",
+    "PLACEHOLDER",
     "StateVerdict",
     "fill_placeholders",
     "resolve_path",
@@ -23,7 +24,8 @@ __all__ = [
     "same_json",
 ]
 
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""A ``{name}`` placeholder of a tool's paths, values and results: a call's argument."""
 
 
 class _Missing:
@@ -52,7 +54,7 @@ class StateVerdict:
 def fill_placeholders(text: str, arguments: Mapping[str, Any]) -> str:
     """``text`` with each ``{name}`` replaced by the argument's value as text; KeyError
     names an argument the call did not pass."""
-    return _PLACEHOLDER.sub(lambda m: _as_text(arguments[m.group(1)]), text)
+    return PLACEHOLDER.sub(lambda m: _as_text(arguments[m.group(1)]), text)
 
 
 def _as_text(value: Any) -> str:

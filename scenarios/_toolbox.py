@@ -33,6 +33,7 @@ from ._json_schema import ArgumentsValidator, arguments_validator, first_problem
 from ._schema import Scenario
 from ._state_checks import (
     MISSING,
+    PLACEHOLDER,
     check_state,
     fill_placeholders,
     resolve_path,
@@ -45,8 +46,6 @@ __all__ = ["ToolOutcome", "ToolBox", "MAX_RESULT_BYTES"]
 
 MAX_RESULT_BYTES = 64 * 1024
 """The longest result a model is told (UTF-8 bytes); a longer one is cut, with a note."""
-
-_ONE_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True)
@@ -213,7 +212,7 @@ def _filled(value: Any, arguments: Mapping[str, Any]) -> Any:
     """``value`` with placeholders filled: a string that is one ``{name}`` alone takes
     the argument as it is (a number stays a number), others take it as text."""
     if isinstance(value, str):
-        alone = _ONE_PLACEHOLDER.fullmatch(value)
+        alone = PLACEHOLDER.fullmatch(value)
         if alone is not None:
             return copy.deepcopy(arguments[alone.group(1)])
         return fill_placeholders(value, arguments)

@@ -151,6 +151,7 @@ class _SemanticCoherenceScorer:
                     fit *= novelty / ECHO_NOVELTY
             by_turn.append(fit)
         value = percentile(by_turn, 25)
+        embedder = getattr(self.embedder, "name", type(self.embedder).__name__)
         return Score(
             value=value,
             details={
@@ -162,7 +163,9 @@ class _SemanticCoherenceScorer:
                 "echoes": echoes,
                 "turns": len(by_turn),
                 "aggregation": "p25",
-                "embedder": getattr(self.embedder, "name", type(self.embedder).__name__),
+                "embedder": embedder,
+                # which kind of model scored: nli_coherence reports "nli"
+                "backend": embedder if embedder in ("wordllama", "tfidf") else "embedding",
             },
         )
 

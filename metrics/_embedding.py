@@ -33,6 +33,8 @@ class TfidfEmbedder:
     distinct word of the call's texts.
     """
 
+    name = "tfidf"
+
     def embed(self, texts: Sequence[str]) -> Any:
         import numpy as np
 

@@ -2,8 +2,8 @@
 
 The option to ``coherence`` (which keeps WordLlama): a user asks for it by name, as for
 ``lexical_coherence``, since metrics take no arguments in the registry. It needs the
-``nli`` extra and a model (``CONVSIM_NLI_MODEL``); without one each conversation's score
-fails with how to place it.
+``nli`` extra and a model (``CONVSIM_NLI_MODEL``); asked for without one, it stops the run
+before it starts (a ``ConfigError`` saying how to place it) rather than test nothing.
 
 Per response the premise is its context, the last :data:`CONTEXT_UTTERANCES` utterances
 before it (the user message it answers last: a cross-encoder truncates long inputs, so
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from convsim._errors import ConfigError
 from convsim._records import Score, TurnRecord, TurnStatus
 
 from . import _contextual
@@ -58,8 +59,12 @@ class NliCoherenceMetric:
         "a fluent non sequitur is neutral, not contradictory, and scores high."
     )
 
-    def __init__(self, classifier: PairScorer | Literal["auto"] | None = "auto") -> None:
-        self.classifier = _contextual.pair_classifier() if classifier == "auto" else classifier
+    def __init__(self, classifier: PairScorer | Literal["auto"] = "auto") -> None:
+        scorer = _contextual.pair_classifier() if classifier == "auto" else classifier
+        if scorer is None:
+            # asked for by name, it would test nothing: say so before the run starts
+            raise ConfigError(NO_MODEL)
+        self.classifier = scorer
 
     def scorer(self, conversation: Conversation) -> _NliCoherenceScorer:
         return _NliCoherenceScorer(self.classifier)
@@ -67,7 +72,7 @@ class NliCoherenceMetric:
 
 @dataclass
 class _NliCoherenceScorer:
-    classifier: PairScorer | None
+    classifier: PairScorer
     utterances: list[str] = field(default_factory=list)
     pairs: list[tuple[str, str]] = field(default_factory=list)
 
@@ -82,8 +87,6 @@ class _NliCoherenceScorer:
         self.utterances.append(turn.response)
 
     def result(self) -> Score:
-        if self.classifier is None:
-            return Score.failed(NO_MODEL)
         if not self.pairs:
             return Score.not_applicable("no response follows anything said")
         by_turn = [1.0 - p for p in classify_contradiction(self.classifier, self.pairs)]

@@ -193,3 +193,28 @@ def test_a_runs_summary_counts_the_judges_samples_and_prints_them() -> None:
     )
     row = f"| judge:turn_relevancy | {counts['asked']} | {counts['graded']} | 1 | 0 |"
     assert row in report.to_markdown()  # summary.md counts them too
+
+
+def test_the_html_report_shows_the_judges_samples(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    import convsim
+    from convsim.results._html import write_html
+    from convsim.results._report import summarize
+
+    pytest.importorskip("jinja2")
+    guide = Path(__file__).parent / "data" / "guide_example"
+    judge = judge_answering("prose", "prose", grade(4))  # one unparsable sample
+    out = tmp_path / "out.jsonl"
+    results = convsim.run_sync(
+        guide, "scripted", judge=judge, metrics=["judge:turn_relevancy"], out=out
+    )
+    page = write_html(out).read_text(encoding="utf-8")
+    section = page[page.index('id="judge-samples"') :]
+    counts = summarize(results).metrics["judge:turn_relevancy"].judge_samples
+    assert counts is not None and counts["unparsable"] == 1
+    row = (
+        f'<tr><td>judge:turn_relevancy</td><td class="num">{counts["asked"]}</td>'
+        f'<td class="num">{counts["graded"]}</td><td class="num">1</td><td class="num">0</td></tr>'
+    )
+    assert row in section

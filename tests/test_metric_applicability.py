@@ -41,6 +41,10 @@ MEASURES_ANY_ANSWER = {
         "it measures each answer's semantic fit to the message it answers, which any "
         "answer to a user message has"
     ),
+    "nli_coherence": MeasuresAnyAnswer(
+        "it measures whether each answer contradicts the messages before it, which any "
+        "answer to a user message has"
+    ),
     "lexical_coherence": MeasuresAnyAnswer(
         "it measures each answer's word overlap with the message it answers and the "
         "conversation so far, which any answer has"
@@ -74,9 +78,27 @@ def test_every_prefix_and_listed_metric_is_known() -> None:
     assert set(MEASURES_ANY_ANSWER) <= set(METRICS.names())
 
 
+class _NeutralClassifier:
+    """An NLI model that calls every pair neutral: nli_coherence needs one to be built."""
+
+    model_id = "test/neutral"
+
+    def classify(self, pairs: Any) -> list[Any]:
+        from convsim.metrics._nli import NliScores
+
+        return [NliScores(entailment=0.0, neutral=1.0, contradiction=0.0) for _ in pairs]
+
+
 @pytest.fixture(scope="module")
 def metrics() -> dict[str, Metric]:
-    return {name: METRICS.get(name)() for name in metric_names()}
+    from convsim.metrics._nli_coherence import NliCoherenceMetric
+
+    def build(name: str) -> Metric:
+        if name == "nli_coherence":
+            return NliCoherenceMetric(classifier=_NeutralClassifier())
+        return METRICS.get(name)()
+
+    return {name: build(name) for name in metric_names()}
 
 
 # -- conversations with nothing to measure ---------------------------------------------

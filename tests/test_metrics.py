@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -261,8 +263,17 @@ def test_judge_rubrics_say_they_need_a_judge(conversation, name: str) -> None:
 
 
 def test_every_registered_metric_builds_and_describes_itself() -> None:
+    from convsim.metrics._nli_coherence import NliCoherenceMetric
+
+    class NoModel:  # nli_coherence is built with a model or not at all
+        model_id = "none"
+
+        def classify(self, pairs: Any) -> list[Any]:
+            raise AssertionError("not called")
+
     for name in METRICS.names():
-        metric = METRICS.get(name)()
+        factory = partial(NliCoherenceMetric, NoModel()) if name == "nli_coherence" else None
+        metric = (factory or METRICS.get(name))()
         assert metric.name == name
         assert metric.description
         assert metric.higher_is_better in (True, False, None)

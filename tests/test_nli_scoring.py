@@ -230,12 +230,46 @@ def test_nli_coherence_scores_each_response_given_its_context() -> None:
     assert len(premise.split(". ")) <= 3
 
 
-def test_coherence_keeps_wordllama_and_nli_coherence_needs_a_model(no_model: None) -> None:
+def test_coherence_keeps_wordllama_and_says_which_backend_scored(no_model: None) -> None:
     chat = _messages([("Hello, I like tea.", "Tea is lovely."), ("Green?", "Green tea, yes.")])
-    scores = score_transcript(chat, ["coherence", "nli_coherence"])
-    assert "backend" not in scores["coherence"].details  # unchanged: the embedder is named
-    failed = scores["nli_coherence"]
-    assert failed.status == "failed" and "CONVSIM_NLI_MODEL" in (failed.reason or "")
+    details = score_transcript(chat, ["coherence"])["coherence"].details
+    assert details["backend"] == details["embedder"] == "wordllama"
+
+
+def test_nli_coherence_without_a_model_stops_before_testing_nothing(no_model: None) -> None:
+    from convsim import ConfigError
+
+    chat = _messages([("Hello, I like tea.", "Tea is lovely.")])
+    with pytest.raises(ConfigError, match="CONVSIM_NLI_MODEL"):
+        score_transcript(chat, ["coherence", "nli_coherence"])
+
+
+def test_nli_coherence_asked_for_without_a_model_exits_2_before_the_run(
+    no_model: None, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from convsim.cli import main
+
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "customer_support",
+            "--model",
+            "scripted",
+            "--metrics",
+            "nli_coherence",
+            "--limit",
+            "1",
+            "-o",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert "nli_coherence needs an NLI model" in result.output
+    assert "Traceback" not in result.output and not out.exists()
 
 
 def test_nli_coherence_with_no_context_is_not_applicable() -> None:

@@ -121,5 +121,5 @@ def test_keyword_matching_is_whole_words_and_case_insensitive() -> None:
 
 def test_another_embedder_can_measure_relevance() -> None:
     quality = response_quality(ON_TOPIC, prompt=PROMPT, embedder=TfidfEmbedder())
-    assert quality.relevance.details["embedder"] == "TfidfEmbedder"
+    assert quality.relevance.details["embedder"] == "tfidf"
     assert quality.relevance.value is not None and quality.relevance.value > 0

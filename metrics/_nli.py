@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from convsim._errors import ConfigError
 from convsim._extras import needs_extra
@@ -127,10 +127,16 @@ class PairClassifier:
 
         Synchronous and CPU-bound: batched inside, safe to call from several threads.
         """
-        scores: list[NliScores] = []
-        for start in range(0, len(pairs), self._batch_size):
-            scores.extend(self._classify_batch(pairs[start : start + self._batch_size]))
-        return scores
+        # batches of pairs of like length: a batch is padded to its longest pair
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+        scores: list[NliScores | None] = [None] * len(pairs)
+        for start in range(0, len(order), self._batch_size):
+            batch = order[start : start + self._batch_size]
+            for i, score in zip(
+                batch, self._classify_batch([pairs[i] for i in batch]), strict=True
+            ):
+                scores[i] = score
+        return cast("list[NliScores]", scores)
 
     def _classify_batch(self, pairs: Sequence[tuple[str, str]]) -> list[NliScores]:
         import numpy as np

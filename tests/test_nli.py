@@ -144,6 +144,25 @@ def test_a_batch_scores_as_the_pairs_one_by_one(folder: Path) -> None:
         assert _close(scores, single.classify([pair])[0]), pair
 
 
+def test_batches_hold_pairs_of_like_length_and_answers_keep_their_order(folder: Path) -> None:
+    classifier = load_pair_classifier(str(folder), batch_size=2)
+    widths: list[int] = []
+    run = classifier._session.run
+
+    def recording(outputs: Any, feeds: dict[str, Any]) -> Any:
+        widths.append(feeds["input_ids"].shape[1])
+        return run(outputs, feeds)
+
+    classifier._session = type("Recording", (), {"run": staticmethod(recording)})()
+    long, short = " ".join(WORDS * 3), "sky"
+    pairs = [(long, long), (short, short), (long, "it"), ("it", short)]
+    got = classifier.classify(pairs)
+    assert sorted(widths) == [5, 2 * 3 * len(WORDS) + 3]  # the two short pairs together
+    one_by_one = load_pair_classifier(str(folder), batch_size=1)
+    for pair, scores in zip(pairs, got, strict=True):
+        assert _close(scores, one_by_one.classify([pair])[0]), pair
+
+
 def test_inputs_are_truncated_to_the_models_longest(tmp_path: Path, model: TinyModel) -> None:
     short = load_pair_classifier(str(_write_model(tmp_path / "s", model, max_length=8)))
     whole = load_pair_classifier(str(_write_model(tmp_path / "w", model)))

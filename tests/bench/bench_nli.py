@@ -1,11 +1,14 @@
 """Timing benchmark: 1,000 dialogues of 8 turns through consistency and nli_coherence with
 the NLI backend.
 
-Run: python tests/bench/bench_nli.py [--dialogues N] [--turns T]
+Run: python tests/bench/bench_nli.py [--dialogues N] [--turns T] [--sized]
 
-The model is the folder CONVSIM_NLI_MODEL names; without one, the tiny random test
-model of tests/_nli_model.py (a few kilobytes: its times measure convsim's own overhead and
-the pair count, not a real cross-encoder's speed; the output says which was used). The
+The model is the folder CONVSIM_NLI_MODEL names; without one, with ``--sized``, a random
+model of DeBERTa-v3-xsmall's shape and int8 quantisation (tests/bench/_sized_nli_model.py,
+built in about a minute: its times estimate a real model's, its answers mean nothing);
+else the tiny random test model of tests/_nli_model.py (a few kilobytes: its times
+measure convsim's own overhead and the pair count, not a real cross-encoder's speed).
+The output says which was used. The
 dialogues are synthetic: a user stating things about themself and an assistant
 answering in two sentences, one of them sometimes negated. Prints the wall time, the
 pairs scored and the time per dialogue and per pair.
@@ -52,11 +55,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dialogues", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument(
+        "--sized", action="store_true", help="a random model of DeBERTa-v3-xsmall's shape"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="convsim-nli-bench-") as tmp:
         given = os.environ.get("CONVSIM_NLI_MODEL", "")
         if given:
             which = f"model {given}"
+        elif args.sized:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import _sized_nli_model
+
+            texts = [m["content"] for i in range(200) for m in dialogue(i, args.turns)]
+            os.environ["CONVSIM_NLI_MODEL"] = str(
+                _sized_nli_model.write_sized_model(Path(tmp), texts)
+            )
+            which = (
+                "a RANDOM MODEL OF DeBERTa-v3-xsmall's SHAPE (int8): the times estimate a "
+                "real model's; its scores mean nothing"
+            )
         else:
             os.environ["CONVSIM_NLI_MODEL"] = str(tiny_model(Path(tmp)))
             which = (

@@ -23,6 +23,30 @@ from _guide_service import guide_service, live_service_for_integration_tests  # 
 
 from convsim.adapters import Completion, GenerationParams, Message, ModelAdapter, ModelInfo, Usage
 
+_DATASETS_CACHE = "HF_DATASETS_CACHE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Datasets the tests load from files are cached in a folder of the run's own, not in
+    the user's ~/.cache/huggingface (each run left thousands of entries there)."""
+    if _DATASETS_CACHE not in os.environ:
+        import tempfile
+
+        os.environ[_DATASETS_CACHE] = tempfile.mkdtemp(prefix="convsim-tests-datasets-")
+        config.stash[_OWN_CACHE] = os.environ[_DATASETS_CACHE]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_CACHE, None)
+    if own is not None:
+        import shutil
+
+        shutil.rmtree(own, ignore_errors=True)
+
+
+_OWN_CACHE = pytest.StashKey[str]()
+
+
 DATA = Path(__file__).parent / "data"
 
 

@@ -238,6 +238,7 @@ class AnthropicAdapter(HttpModelAdapter):
             _usage(data.get("usage")),
             thinking or None,
             tool_calls=calls,
+            response_id=data.get("id"),
         )
 
     def parse_event(self, event: SSEEvent) -> Delta:
@@ -261,7 +262,8 @@ class AnthropicAdapter(HttpModelAdapter):
             piece = ToolCallPiece(data["index"], id=block.get("id"), name=block.get("name"))
             return Delta(tool_calls=(piece,))
         if kind == "message_start":
-            return Delta(usage=_usage(data["message"].get("usage")))
+            message = data["message"]
+            return Delta(usage=_usage(message.get("usage")), response_id=message.get("id"))
         if kind == "message_delta":
             return Delta(
                 finish_reason=data.get("delta", {}).get("stop_reason"),

@@ -13,8 +13,10 @@ import functools
 import hashlib
 import json
 import os
+import re
 import socket
 import time
+import uuid
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, NoReturn, Protocol
@@ -38,6 +40,7 @@ from convsim._errors import (
 )
 from convsim._log import get_logger
 from convsim._secrets import Redactor, redact_url
+from convsim._telemetry import Telemetry, current_telemetry
 from convsim._types import (
     CallTimings,
     Completion,
@@ -46,6 +49,7 @@ from convsim._types import (
     Message,
     ModelInfo,
     RateLimits,
+    RequestIds,
     ToolCall,
     Usage,
 )
@@ -162,6 +166,23 @@ class HttpAdapterConfig(BaseModel):
     """The guide's name for ``base_url`` (checked the same way; base_url wins)."""
     model_name: str | None = None
     """The guide's name for ``model`` (model wins)."""
+    request_id_header: str | None = None
+    """A header to send a fresh id in with every attempt (``x-request-id``), recorded
+    with the call's ids so that it can be found in the server's logs; None sends none."""
+
+    @field_validator("request_id_header")
+    @classmethod
+    def _plain_header(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not _HEADER_NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not an HTTP header name (letters, digits, '-')")
+        if value.lower() in _RESERVED_HEADERS:
+            raise ValueError(
+                f"{value!r} is a header convsim or the server needs for itself; choose "
+                "another name, such as x-request-id"
+            )
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -189,6 +210,38 @@ class HttpAdapterConfig(BaseModel):
                 "be read; raise max_inflight_bytes"
             )
         return self
+
+
+_HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_RESERVED_HEADERS = frozenset(
+    {
+        *("authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"),
+        *("content-type", "content-length", "content-encoding", "host", "accept"),
+        *("traceparent", "tracestate", "anthropic-version", "transfer-encoding"),
+    }
+)
+"""Headers a request id may not be sent in: credentials, the body's framing, the trace."""
+
+_MAX_ID_CHARS = 200
+"""The longest request id recorded; a longer header value is cut (it is not an id)."""
+
+
+class _Seen:
+    """What one attempt learnt of its exchange, kept however the attempt ends."""
+
+    __slots__ = ("server", "status", "url")
+
+    def __init__(self) -> None:
+        self.server: str | None = None
+        self.status: int | None = None
+        self.url: str | None = None
+
+
+def _server_request_id(headers: Mapping[str, str]) -> str | None:
+    """The request id a server answered with: ``x-request-id`` (vLLM, OpenAI, most
+    proxies), else ``request-id`` (Anthropic)."""
+    value = headers.get("x-request-id") or headers.get("request-id")
+    return value[:_MAX_ID_CHARS] if value else None
 
 
 def _usable(url: Any) -> bool:
@@ -221,6 +274,8 @@ class ParsedAnswer(NamedTuple):
     """Of the completion tokens, those spent reasoning; None when not reported."""
     tool_calls: tuple[ToolCall, ...] = ()
     """Tools the model asked to run."""
+    response_id: str | None = None
+    """The provider's id of the answer (``chatcmpl-...``, ``msg_...``); None if none."""
 
 
 class Delta(NamedTuple):
@@ -236,6 +291,8 @@ class Delta(NamedTuple):
     """Reasoning tokens, where the event reports usage with them."""
     tool_calls: tuple[ToolCallPiece, ...] = ()
     """Pieces of tool calls, joined by their index across events."""
+    response_id: str | None = None
+    """The provider's id of the answer, where the event carries it."""
 
 
 class _Answer(NamedTuple):
@@ -254,6 +311,7 @@ class _Answer(NamedTuple):
     reasoning_tokens: int | None = None
     ttfot_s: float | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    response_id: str | None = None
 
 
 class Exchange(Protocol):
@@ -312,6 +370,12 @@ def _reasoning_tokens(count: Any) -> int | None:
     return count
 
 
+def _response_id(value: Any) -> str | None:
+    """The answer's id if it is a string (cut to a sensible length); None otherwise: an
+    id in a strange shape is no reason to fail an answer."""
+    return value[:_MAX_ID_CHARS] if isinstance(value, str) and value else None
+
+
 def _finish_reason(reason: str | None) -> str | None:
     return None if reason is None else repair_text(reason).text
 
@@ -352,6 +416,7 @@ _NOT_SHAPING_ANSWERS = frozenset(
         *("max_retry_time", "max_retry_after", "max_body_bytes", "max_event_bytes"),
         *("max_inflight_bytes", "input_price", "output_price", "context_length"),
         *("api_endpoint", "model_name"),  # the guide's names of base_url and model
+        "request_id_header",
     }
 )
 """Adapter arguments that change how a call is made, paced or priced, not its answer:
@@ -670,6 +735,9 @@ class HttpModelAdapter(ModelAdapter):
         )
         delivered = False
         budget_wait = 0.0
+        ids: list[RequestIds] = []
+        """Each attempt's ids, in order."""
+        telemetry = current_telemetry()
 
         def deliver(text: str) -> None:
             nonlocal delivered
@@ -700,12 +768,15 @@ class HttpModelAdapter(ModelAdapter):
             used = 0  # a failed call gives its whole token claim back
             ok = False
             try:
-                answer = await self._attempt(
+                answer = await self._identified_attempt(
+                    number,
+                    ids,
+                    telemetry,
                     messages,
                     params,
                     stream,
                     deliver if on_text is not None else None,
-                    exchange=exchange,
+                    exchange,
                 )
                 usage = answer.usage or self._estimated(
                     messages, answer.text + tool_calls_text(answer.tool_calls)
@@ -721,6 +792,7 @@ class HttpModelAdapter(ModelAdapter):
                     failure = quota_exhausted(exc, max_retry_after, exc.paused_s) or exc
                 if delivered:  # text already reached the caller: it cannot be taken back
                     failure.retryable = False
+                failure.request_ids = tuple(ids)
                 self._scrub_error(failure)
                 if failure is exc:
                     raise
@@ -780,7 +852,64 @@ class HttpModelAdapter(ModelAdapter):
             reasoning=reasoning,
             reasoning_tokens=answer.reasoning_tokens,
             tool_calls=calls,
+            request_ids=tuple(ids),
         )
+
+    async def _identified_attempt(
+        self,
+        number: int,
+        ids: list[RequestIds],
+        telemetry: Telemetry | None,
+        messages: Sequence[Message],
+        params: GenerationParams,
+        stream: bool,
+        on_text: Callable[[str], None] | None,
+        exchange: Exchange | None,
+    ) -> _Answer:
+        """Attempt ``number`` of a call, its ids added to ``ids`` however it ends: the
+        one sent (``request_id_header``), the server's and the answer's. With telemetry,
+        inside a span of its own whose trace context goes to the server."""
+        header = self.config.request_id_header
+        sent = uuid.uuid4().hex if header is not None else None
+        headers = self._headers if header is None else {**self._headers, header: sent}
+        seen = _Seen()
+        if telemetry is None:
+            try:
+                answer = await self._attempt(
+                    messages, params, stream, on_text, exchange=exchange, headers=headers, seen=seen
+                )
+            except AdapterError:
+                self._keep_ids(ids, sent, seen, None)
+                raise
+            self._keep_ids(ids, sent, seen, answer.response_id)
+            return answer
+        with telemetry.attempt(
+            model=self.config.model, url=redact_url(self.base_url), number=number, sent_id=sent
+        ) as span:
+            traced = {**headers, **span.headers()}
+            try:
+                answer = await self._attempt(
+                    messages, params, stream, on_text, exchange=exchange, headers=traced, seen=seen
+                )
+            except AdapterError:
+                span.answered(seen.status, self._keep_ids(ids, sent, seen, None))
+                raise
+            span.answered(seen.status, self._keep_ids(ids, sent, seen, answer.response_id))
+            return answer
+
+    def _keep_ids(
+        self, ids: list[RequestIds], sent: str | None, seen: _Seen, response: str | None
+    ) -> RequestIds | None:
+        """Add an attempt's ids to ``ids`` (none when it learnt none); what was added."""
+        server = seen.server
+        if sent is None and server is None and response is None:
+            return None
+        if self._scrub.secrets:  # an id is the server's text: it must not carry the key
+            server = None if server is None else self._scrub(server)
+            response = None if response is None else self._scrub(response)
+        entry = RequestIds(sent=sent, server=server, response=response)
+        ids.append(entry)
+        return entry
 
     async def _attempt(
         self,
@@ -790,11 +919,15 @@ class HttpModelAdapter(ModelAdapter):
         on_text: Callable[[str], None] | None,
         *,
         exchange: Exchange | None = None,
+        headers: Mapping[str, str] | None = None,
+        seen: _Seen | None = None,
     ) -> _Answer:
         """One attempt; sent again at once (once) without an optional field the
         server refused, where the adapter can leave it out (:meth:`drop_refused_option`)."""
         try:
-            return await self._send(messages, params, stream, on_text, exchange=exchange)
+            return await self._send(
+                messages, params, stream, on_text, exchange=exchange, headers=headers, seen=seen
+            )
         except BadRequest as exc:
             if exchange is not None or not self.drop_refused_option(exc):
                 raise
@@ -803,7 +936,7 @@ class HttpModelAdapter(ModelAdapter):
                 model=self.config.model,
                 reason=self._scrub(str(exc))[:200],  # no key, no credentials of the URL
             )
-        return await self._send(messages, params, stream, on_text)
+        return await self._send(messages, params, stream, on_text, headers=headers, seen=seen)
 
     def drop_refused_option(self, error: BadRequest) -> bool:
         """Whether ``error`` refused an optional field of the request that this adapter
@@ -819,7 +952,11 @@ class HttpModelAdapter(ModelAdapter):
         on_text: Callable[[str], None] | None,
         *,
         exchange: Exchange | None = None,
+        headers: Mapping[str, str] | None = None,
+        seen: _Seen | None = None,
     ) -> _Answer:
+        """Send one request and read its answer; ``seen`` learns the status and the
+        server's request id as soon as the answer starts, also when it then fails."""
         if exchange is not None:
             call = exchange.request()
             stream = False  # an exchange is one JSON answer
@@ -827,10 +964,13 @@ class HttpModelAdapter(ModelAdapter):
             call = self.request(messages, params, stream)
         url = self.url_for(call.path)
         payload = call.body
-        headers = self._headers
+        if headers is None:
+            headers = self._headers
         t0 = time.perf_counter()
         what = f"the answer from {url}"
         async with self._http().stream(url, payload, headers, self._timeouts) as response:
+            if seen is not None:
+                seen.status, seen.server = response.status, _server_request_id(response.headers)
             # the bytes read are held until the answer is parsed, and given back before
             # the connection is closed (a refused call must not hold them meanwhile)
             with self._inflight.holding(what) as holding:
@@ -881,6 +1021,7 @@ class HttpModelAdapter(ModelAdapter):
             reasoning=reasoning.text if reasoning else None,
             reasoning_tokens=thought_tokens,
             tool_calls=calls,
+            response_id=_response_id(answer.response_id),
         )
 
     async def _read_stream(
@@ -900,13 +1041,14 @@ class HttpModelAdapter(ModelAdapter):
         finish_reason: str | None = None
         usage: Usage | None = None
         reasoning_tokens: int | None = None
+        response_id: str | None = None
         done = False
         events = 0
         opening = b""
         """The stream's first bytes, shown should no event ever come."""
 
         def take(event: SSEEvent) -> None:
-            nonlocal finish_reason, usage, reasoning_tokens, done, events
+            nonlocal finish_reason, usage, reasoning_tokens, done, events, response_id
             events += 1
             try:
                 delta = self.parse_event(event)
@@ -934,6 +1076,8 @@ class HttpModelAdapter(ModelAdapter):
             finish_reason = finish or finish_reason
             usage = _merge_usage(usage, reported)
             done = done or delta.done
+            if response_id is None and delta.response_id is not None:
+                response_id = _response_id(delta.response_id)
 
         async for chunk in response.chunks():
             received += len(chunk)
@@ -977,6 +1121,7 @@ class HttpModelAdapter(ModelAdapter):
             reasoning_tokens,
             answer.ttfot_s,
             calls,
+            response_id,
         )
 
     def _scrub_error(self, exc: AdapterError) -> None:

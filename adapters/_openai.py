@@ -341,6 +341,7 @@ class OpenAIWireAdapter(HttpModelAdapter):
             reasoning,
             _reasoning_tokens(usage),
             calls,
+            data.get("id"),
         )
 
     def parse_event(self, event: SSEEvent) -> Delta:
@@ -357,7 +358,7 @@ class OpenAIWireAdapter(HttpModelAdapter):
         thought_tokens = _reasoning_tokens(reported)
         choices = data.get("choices") or []
         if not choices:
-            return Delta(usage=usage, reasoning_tokens=thought_tokens)
+            return Delta(usage=usage, reasoning_tokens=thought_tokens, response_id=data.get("id"))
         choice = choices[0]
         reasoning = None
         pieces: tuple[ToolCallPiece, ...] = ()
@@ -375,6 +376,7 @@ class OpenAIWireAdapter(HttpModelAdapter):
             reasoning=reasoning,
             reasoning_tokens=thought_tokens,
             tool_calls=pieces,
+            response_id=data.get("id"),
         )
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ._errors import TemplateError as TemplateError
     from ._errors import Timeout as Timeout
     from ._errors import TranscriptTooLong as TranscriptTooLong
+    from ._otel import OpenTelemetry as OpenTelemetry
     from ._records import ConversationResult as ConversationResult
     from ._records import ErrorInfo as ErrorInfo
     from ._records import ExtraCall as ExtraCall
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from ._runtime._simulator import Simulator as Simulator
     from ._runtime._simulator import run_sync as run_sync
     from ._runtime._state import ConversationState as ConversationState
+    from ._telemetry import Telemetry as Telemetry
+    from ._types import RequestIds as RequestIds
     from .adapters import AppReply as AppReply
     from .adapters import app as app
     from .results._report import RunReport as RunReport

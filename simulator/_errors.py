@@ -40,11 +40,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from ._plural import counted
+
+if TYPE_CHECKING:
+    from ._types import RequestIds
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -250,6 +253,10 @@ class AdapterError(ConvsimError):
         self.status_code = status_code
         if retryable is not None:
             self.retryable = retryable
+        self.request_ids: tuple[RequestIds, ...] = ()
+        """The :class:`~convsim.RequestIds` of each attempt the call made, where the
+        adapter learnt them (HTTP adapters do), to find the failure in the server's
+        logs."""
 
 
 class RateLimited(AdapterError):

@@ -19,7 +19,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import ArgsKwargs
 
 from ._errors import AdapterError, ProtocolError, RateLimited
-from ._types import Message, Usage
+from ._types import Message, RequestIds, Usage
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The newest format of a results line. 1: each turn's ``messages`` in full.
 2: a turn stores ``messages_prefix``, how many leading ``transcript`` messages it sent,
 and in ``messages`` only what follows them, so each message is stored once (a line grows
@@ -50,8 +50,9 @@ than failing on an unknown field. 4: a turn may hold a reasoning model's ``reaso
 and ``reasoning_tokens``, and its timings a ``ttfot_s`` apart from ``ttft_s``; a line
 without them is written as before. 5: messages may be tool calls and tool results, and a
 turn may hold its ``tool_calls``, ``tool_rounds`` and tool ``environment``; a line
-without tools is written as before. Lines of every version read back to the same
-objects."""
+without tools is written as before. 6: a turn may hold the ``request_ids`` of its
+model calls; a line without them is written as before. Lines of every version read back
+to the same objects."""
 
 _WITHOUT_EXTRA_CALLS = 2
 """The version a line without extra calls is written as."""
@@ -59,6 +60,8 @@ _WITH_EXTRA_CALLS = 3
 """The version a line with extra calls (and no reasoning) is written as."""
 _WITH_REASONING = 4
 """The version a line with reasoning (and no tools) is written as."""
+_WITH_TOOLS = 5
+"""The version a line with tools (and no request ids) is written as."""
 
 
 def _get(item: object, name: str) -> Any:
@@ -92,10 +95,12 @@ def _written_version(turns: object, transcript: object = ()) -> int:
     transcript is written as."""
     if not isinstance(turns, (list, tuple)):
         return _WITHOUT_EXTRA_CALLS
+    if any(_get(t, "request_ids") for t in turns):
+        return SCHEMA_VERSION
     if any(_used_tools(t) for t in turns) or (
         isinstance(transcript, (list, tuple)) and any(_tool_message(m) for m in transcript)
     ):
-        return SCHEMA_VERSION
+        return _WITH_TOOLS
     if any(_reasoned(t) for t in turns):
         return _WITH_REASONING
     if any(_get(t, "extra_calls") for t in turns):
@@ -387,6 +392,10 @@ class TurnRecord:
     environment: Any = None
     """The tools' environment document after this turn, when a tool call of the turn
     changed it; None otherwise (the latest one set is the conversation's final state)."""
+    request_ids: tuple[RequestIds, ...] = ()
+    """The ids of every attempt of the turn's model calls (retries and tool rounds
+    included, in order; a failed turn's failing call too), to find the turn in the
+    server's logs; empty when the adapter learnt none."""
 
 
 class ConversationTimings(BaseModel):
@@ -586,7 +595,7 @@ _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord))
 _OMITTED_WHEN_FALSE = frozenset({"cached", "user_cached", "tool_round_limit"})
 """Turn fields a results line carries only when true."""
 
-_OMITTED_WHEN_EMPTY = frozenset({"extra_calls", "tool_calls", "tool_rounds"})
+_OMITTED_WHEN_EMPTY = frozenset({"extra_calls", "tool_calls", "tool_rounds", "request_ids"})
 """Turn fields a results line carries only when not empty."""
 
 

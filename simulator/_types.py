@@ -27,6 +27,7 @@ __all__ = [
     "UsageSource",
     "USAGE_SOURCES",
     "CallTimings",
+    "RequestIds",
     "Completion",
     "GenerationParams",
     "ModelInfo",
@@ -206,6 +207,33 @@ class CallTimings(BaseModel):
         return data
 
 
+@dataclass(frozen=True, slots=True, config=_COMPACT)
+class RequestIds:
+    """The ids one attempt of a model call is known by, to join it to the server's logs
+    and traces. Ids only: never a header's other content, never a key."""
+
+    sent: str | None = None
+    """The id convsim sent in the request (``--request-id-header``); None when it sent
+    none."""
+    server: str | None = None
+    """The id the server answered with in its ``x-request-id`` header (Anthropic's
+    ``request-id``); None when it sent none."""
+    response: str | None = None
+    """The provider's own id of the answer (OpenAI ``chatcmpl-...``, Anthropic
+    ``msg_...``); None when the answer carried none (a failed attempt)."""
+
+    @model_serializer(mode="wrap")
+    def _only_what_is_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Only the ids there are: a results line carries no nulls for them."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    @property
+    def any(self) -> str | None:
+        """The id to show where one is enough: the one sent, else the server's, else
+        the answer's."""
+        return self.sent or self.server or self.response
+
+
 class Completion(BaseModel):
     """What a model call returned."""
 
@@ -233,6 +261,9 @@ class Completion(BaseModel):
     tool_calls: tuple[ToolCall, ...] = ()
     """Tools the model asked to run (``finish_reason`` is then usually ``tool_calls``);
     ``text`` may be empty or say something beside them."""
+    request_ids: tuple[RequestIds, ...] = ()
+    """The ids of each attempt of the call, in order (the last one answered); empty when
+    the adapter learnt none (no HTTP, or a server that sends no id)."""
 
 
 class GenerationParams(BaseModel):

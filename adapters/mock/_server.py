@@ -83,6 +83,17 @@ Clock = Callable[[], float]
 
 _SSE_HEADERS = {"Cache-Control": "no-cache"}
 
+REQUEST_ID_HEADER = "x-request-id"
+"""A request's id header, which the mock answers with as it came (as vLLM and most
+proxies do), so that a client's ids can be seen to reach the server."""
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Answer every request that sent an ``x-request-id`` with the same header."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is not None:
+        response.headers[REQUEST_ID_HEADER] = given
+
 
 class MockModelServer:
     """An OpenAI-compatible HTTP server answering with a deterministic model.
@@ -156,6 +167,7 @@ class MockModelServer:
         if self._runner is not None:
             raise RuntimeError("this MockModelServer is already started")
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.on_response_prepare.append(_echo_request_id)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post(CHAT, self._chat)
         app.router.add_post(COMPLETIONS, self._completions)

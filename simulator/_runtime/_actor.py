@@ -19,14 +19,14 @@ import dataclasses
 import hashlib
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
 from convsim._errors import AdapterError, ProtocolError, TemplateError, Timeout, TranscriptTooLong
-from convsim._types import Completion, GenerationParams, Message, Usage
+from convsim._types import Completion, GenerationParams, Message, RequestIds, Usage
 from convsim.adapters import ModelAdapter
 from convsim.metrics import Metric, ScoredConversation, ScoringSession
 from convsim.scenarios import Conversation, PreparedTurn, ToolBox
@@ -44,9 +44,11 @@ from .._records import (
     TurnStatus,
     TurnTimings,
 )
+from .._telemetry import Telemetry, using_telemetry
 from ._agent_loop import AgentTurn, ToolRunner, run_agent_turn
 from ._call_settings import CallSettings
 from ._state import ConversationState, Finish, Skip, StateMachine, TurnPlanner
+from ._traced import TracedScoring, TracedTools
 from ._user import SimulatedUser, ends_on_goal
 
 __all__ = ["ConversationActor", "ActorSettings", "conversation_seed"]
@@ -88,6 +90,16 @@ class ActorSettings:
     it (its prompt, or its answer) fails with TranscriptTooLong."""
     metric_tiers: MetricTiers | None = None
     """The pack's metric tiers, recorded on every result for the summaries."""
+    telemetry: Telemetry | None = None
+    """Where conversations, turns, model calls, tool calls and scoring are traced;
+    None (tracing off) by default."""
+
+
+class _Named(NamedTuple):
+    """A model as spans name it."""
+
+    model: str
+    provider: str
 
 
 @dataclass
@@ -158,6 +170,8 @@ class ConversationActor:
         """The turns that ran, by turn_id (an extra call takes its turn's settings)."""
         self._extra_calls: dict[tuple[str, str], ExtraCall] = {}
         """Extra calls made, by turn_id and prompt, in the order they were made."""
+        self._named: dict[str, _Named] = {}
+        """The model of each role, as spans name it (found at its first traced call)."""
         self.tools: ToolRunner | None = (
             ToolBox(conversation.tools, conversation.scenario, allow_code=conversation.allow_code)
             if conversation.tools is not None
@@ -168,9 +182,35 @@ class ConversationActor:
     # -- the actor loop -------------------------------------------------------------
 
     async def run(self) -> ConversationResult:
+        """Run the conversation to its result (traced, when the run traces)."""
+        telemetry = self.settings.telemetry
+        if telemetry is None:
+            return await self._run()
+        conversation = self.conversation
+        with (
+            using_telemetry(telemetry),
+            telemetry.conversation(
+                run_id=self.settings.run_id,
+                conversation_id=conversation.conversation_id,
+                scenario_id=conversation.scenario.scenario_id,
+                model=self.settings.model_name,
+            ) as span,
+        ):
+            try:
+                return await self._run()
+            finally:
+                if self.result is not None:  # left however the run ended
+                    span.finish(self.result)
+
+    async def _run(self) -> ConversationResult:
         started_at, t0 = time.time(), time.perf_counter()
+        scoring = (
+            self.scoring
+            if self.settings.telemetry is None
+            else TracedScoring(self.scoring, self.settings.telemetry)
+        )
         try:
-            async with self.scoring:
+            async with scoring:
                 try:
                     reason = await self._walk_within_deadline()
                 except anyio.get_cancelled_exc_class():
@@ -235,7 +275,7 @@ class ConversationActor:
                 self.machine.advance(_S.DONE if step.failed_turn is None else _S.FAILED)
                 return step.reason
             else:
-                outcome = await self._run_turn(step.turn)
+                outcome = await self._traced_turn(step.turn)
                 if isinstance(outcome, TerminationReason):  # the conversation ends here
                     self._skip_rest(_ENDED_BY[outcome])
                     self.machine.advance(_S.DONE)
@@ -245,6 +285,22 @@ class ConversationActor:
                 else:
                     planner.record(step.turn, TurnStatus.FAILED, failure=_classify(outcome))
         raise AssertionError("TurnPlanner.steps() ends with Finish")  # pragma: no cover
+
+    async def _traced_turn(self, turn: PreparedTurn) -> Exception | TerminationReason | None:
+        """:meth:`_run_turn`, in a span of its own when the run traces."""
+        telemetry = self.settings.telemetry
+        if telemetry is None:
+            return await self._run_turn(turn)
+        with telemetry.turn(
+            conversation_id=self.conversation.conversation_id,
+            turn_index=turn.index,
+            turn_id=turn.turn_id,
+            role=turn.config.role,
+        ) as span:
+            outcome = await self._run_turn(turn)
+            if self.records and self.records[-1].turn_id == turn.turn_id:
+                span.finish(self.records[-1])
+            return outcome
 
     async def _run_turn(self, turn: PreparedTurn) -> Exception | TerminationReason | None:
         """Run one turn.
@@ -280,7 +336,9 @@ class ConversationActor:
                 self._generate,
                 inflight.messages,
                 params,
-                tools=self.tools,
+                tools=self.tools
+                if self.tools is None or self.settings.telemetry is None
+                else TracedTools(self.tools, self.settings.telemetry),
                 max_rounds=self._max_tool_rounds(turn),
                 turn=agent,
             )
@@ -319,7 +377,33 @@ class ConversationActor:
         return None
 
     async def _generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
-        return _checked(await self.model.generate(messages, params))
+        return await self._call(
+            self.model, "assistant", params, lambda: self.model.generate(messages, params)
+        )
+
+    async def _call(
+        self,
+        adapter: ModelAdapter,
+        role: str,
+        params: GenerationParams,
+        call: Callable[[], Awaitable[Completion]],
+    ) -> Completion:
+        """A model call's checked answer, in a span of its own when the run traces."""
+        telemetry = self.settings.telemetry
+        if telemetry is None:
+            return _checked(await call())
+        named = self._named.get(role)
+        if named is None:
+            info = adapter.model_info()
+            prefix = f"{info.provider}/"
+            model = info.model_id.removeprefix(prefix)
+            named = self._named[role] = _Named(model, info.provider)
+        with telemetry.model_call(
+            model=named.model, provider=named.provider, role=role, params=params
+        ) as span:
+            completion = _checked(await call())
+            span.finish(completion)
+            return completion
 
     def _offer_tools(self, turn: PreparedTurn, params: GenerationParams) -> GenerationParams:
         """``params`` with the tools ``turn`` offers (every tool of the pack unless the
@@ -353,7 +437,10 @@ class ConversationActor:
         params = self.settings.user.for_call(self.conversation, turn, self.seed)
         inflight.clipped_from = self.settings.user.clipped_from(turn)
         assert inflight.prompt is not None
-        reply = _checked(await self.user.reply(inflight.prompt, self.transcript, params))
+        user, prompt = self.user, inflight.prompt
+        reply = await self._call(
+            user.model, "user", params, lambda: user.reply(prompt, self.transcript, params)
+        )
         inflight.user_message = reply.text
         inflight.user_attempts = reply.attempts
         inflight.user_usage = reply.usage
@@ -392,7 +479,9 @@ class ConversationActor:
         messages = (*record.messages[:-1], Message(role="user", content=prompt))
         params = self.settings.assistant.for_call(self.conversation, turn, self.seed)
         try:
-            completion = _checked(await self.model.generate(messages, params))
+            completion = await self._call(
+                self.model, "extra", params, lambda: self.model.generate(messages, params)
+            )
         except Exception as exc:
             error = ErrorInfo.from_exception(exc, turn_id=record.turn_id, side="assistant")
             call = ExtraCall(prompt=prompt, attempts=error.attempts or 0, error=error)
@@ -437,7 +526,7 @@ class ConversationActor:
             self._failure = error
         log.debug("turn_failed", turn_id=turn.turn_id, error_type=error.type, error=error.message)
         self.machine.advance(_S.SCORING)
-        self._emit(self._failed(inflight, error))
+        self._emit(self._failed(inflight, error, exc))
         return exc
 
     def _skip_rest(self, reason: str) -> None:
@@ -456,7 +545,7 @@ class ConversationActor:
                 if exc is not None
                 else ErrorInfo(type="Cancelled", message="the run was cancelled", turn_id=turn_id)
             )
-            self._emit(self._failed(self._inflight, error))
+            self._emit(self._failed(self._inflight, error, exc))
             self._failure = self._failure or error
             self._inflight = None
         self._skip_rest(reason)
@@ -520,6 +609,7 @@ class ConversationActor:
             cached=agent.cached,
             user_attempts=inflight.user_attempts,
             evaluation_metrics=tuple(turn.config.evaluation_metrics),
+            request_ids=tuple(i for c in agent.completions for i in c.request_ids),
             **_tool_fields(agent, self.tools),
         )
 
@@ -528,8 +618,14 @@ class ConversationActor:
     ) -> TurnRecord:
         return self._record(turn, TurnStatus.SKIPPED, inflight, skip_reason=reason)
 
-    def _failed(self, inflight: _InFlight, error: ErrorInfo) -> TurnRecord:
+    def _failed(
+        self, inflight: _InFlight, error: ErrorInfo, exc: BaseException | None = None
+    ) -> TurnRecord:
+        """The record of a turn that failed with ``error`` (raised as ``exc``): what it
+        got as far as, and the ids of every call it made, the failing one's too."""
         turn = inflight.turn
+        made = inflight.agent.completions if inflight.agent is not None else ()
+        failing: tuple[RequestIds, ...] = getattr(exc, "request_ids", ())
         return self._record(
             turn,
             TurnStatus.FAILED,
@@ -541,6 +637,7 @@ class ConversationActor:
             attempts=(error.attempts or 0) + (inflight.agent.attempts if inflight.agent else 0),
             error=error,
             evaluation_metrics=tuple(turn.config.evaluation_metrics),
+            request_ids=(*(i for c in made for i in c.request_ids), *failing),
             **(_tool_fields(inflight.agent, self.tools) if inflight.agent is not None else {}),
         )
 

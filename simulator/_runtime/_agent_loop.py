@@ -21,10 +21,10 @@ import anyio
 from convsim._records import ToolCallRecord, ToolErrorKind
 from convsim._types import Completion, GenerationParams, Message, ToolCall, Usage
 
-__all__ = ["ToolRunner", "ToolRun", "AgentTurn", "run_agent_turn"]
+__all__ = ["ToolOutcome", "ToolRunner", "ToolRun", "AgentTurn", "run_agent_turn"]
 
 
-class _Outcome(Protocol):
+class ToolOutcome(Protocol):
     @property
     def result(self) -> str: ...
 
@@ -41,7 +41,7 @@ class ToolRunner(Protocol):
     @property
     def environment(self) -> Any: ...
 
-    async def run(self, call: ToolCall) -> _Outcome: ...
+    async def run(self, call: ToolCall) -> ToolOutcome: ...
 
 
 @dataclass

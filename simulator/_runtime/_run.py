@@ -27,6 +27,7 @@ from convsim.scenarios import Conversation, Pack
 from .._gauges import LoopMonitor
 from .._log import get_logger
 from .._records import ConversationResult, Status, TurnStatus
+from .._telemetry import Telemetry
 from ..plugins import PluginManager
 from ..results._sinks import ResultSink, RunManifest
 from ._actor import ActorSettings, ConversationActor
@@ -80,6 +81,8 @@ class RunContext:
     slots: anyio.Semaphore
     """The simulator's concurrency cap: one slot per conversation alive, across its runs."""
     plugins: PluginManager
+    telemetry: Telemetry | None = None
+    """Where the run is traced; None: not traced."""
 
 
 class Run:
@@ -126,6 +129,7 @@ class Run:
             on_turn=self.plugins.turn if self._hooked else None,
             max_transcript_chars=config.max_transcript_chars,
             metric_tiers=handle.pack.metric_tiers,
+            telemetry=context.telemetry,
         )
 
     @property

@@ -21,6 +21,7 @@ from .._errors import ConfigError, RegistryError
 from .._log import get_logger
 from .._records import ConversationResult
 from .._registry import Registry
+from .._telemetry import Telemetry
 from ..plugins import PLUGINS, BasePlugin, PluginManager
 from ..results._sinks import JsonlSink, ResultSink, RunManifest
 from ._config import ModelChoice, ModelRef, SimulatorConfig
@@ -96,6 +97,10 @@ class Simulator:
             default folder): calls made before are answered from it, without a call.
         metric_registry: where metric names are looked up (default: convsim's).
         adapter_registry: where model specs are looked up (default: convsim's).
+        tracing: trace every conversation with OpenTelemetry (the extra ``otel``):
+            ``True`` sends spans and metrics to the application's global providers; an
+            :class:`~convsim.OpenTelemetry` (or any other telemetry) sends them where it
+            says. Off by default, and then it costs nothing.
 
     Raises:
         ConfigError: a setting is invalid, or a model or metric name is unknown.
@@ -109,6 +114,7 @@ class Simulator:
         adapter_registry: Registry[ModelAdapter] = ADAPTERS,
         plugin_registry: Registry[BasePlugin] = PLUGINS,
         budgets: Budgets | None = None,
+        tracing: bool | Telemetry = False,
         **settings: Any,
     ) -> None:
         if isinstance(model, SimulatorConfig):
@@ -160,6 +166,8 @@ class Simulator:
             metric_registry.get(name)  # unknown names fail now, not mid-run
         self._tg: anyio.abc.TaskGroup | None = None
         self._handles: list[RunHandle] = []
+        self.telemetry = _telemetry(tracing)
+        """Where this simulator's runs are traced; None when tracing is off."""
 
     @property
     def concurrency(self) -> int:
@@ -324,6 +332,7 @@ class Simulator:
             user_model=self.user_model,
             slots=self._slots,
             plugins=self.plugins,
+            telemetry=self.telemetry,
         )
         self._tg.start_soon(Run(handle, plan, context).produce)
         self._handles.append(handle)
@@ -488,3 +497,19 @@ def _cache_settings(cache: ResponseCache | None) -> dict[str, Any]:
     if cache is None:
         return {}
     return {"cache": str(cache.directory), "cache_expiry": cache.expiry}
+
+
+def _telemetry(tracing: bool | Telemetry) -> Telemetry | None:
+    """The telemetry ``tracing`` asks for: none, OpenTelemetry on the application's
+    global providers, or the one given.
+
+    Raises:
+        MissingExtra: ``tracing=True`` without OpenTelemetry installed.
+    """
+    if tracing is False:
+        return None
+    if tracing is True:
+        from .._otel import OpenTelemetry
+
+        return OpenTelemetry()
+    return tracing

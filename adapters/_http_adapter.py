@@ -871,7 +871,9 @@ class HttpModelAdapter(ModelAdapter):
         inside a span of its own whose trace context goes to the server."""
         header = self.config.request_id_header
         sent = uuid.uuid4().hex if header is not None else None
-        headers = self._headers if header is None else {**self._headers, header: sent}
+        headers = self._headers
+        if header is not None and sent is not None:
+            headers = {**headers, header: sent}
         seen = _Seen()
         if telemetry is None:
             try:
@@ -907,7 +909,7 @@ class HttpModelAdapter(ModelAdapter):
         if self._scrub.secrets:  # an id is the server's text: it must not carry the key
             server = None if server is None else self._scrub(server)
             response = None if response is None else self._scrub(response)
-        entry = RequestIds(sent=sent, server=server, response=response)
+        entry = RequestIds.of(sent, server, response)
         ids.append(entry)
         return entry
 

@@ -44,6 +44,7 @@ from ._http_adapter import (
     _Answer,
     _causes,
     _finish_reason,
+    _Seen,
     _unreachable,
     _valid_usage,
 )
@@ -265,10 +266,18 @@ class LitellmAdapter(HttpModelAdapter):
         on_text: Callable[[str], None] | None,
         *,
         exchange: Exchange | None = None,
+        headers: Mapping[str, str] | None = None,
+        seen: _Seen | None = None,
     ) -> _Answer:
+        """One call through LiteLLM; of ``headers``, those beyond the adapter's own (a
+        request id, the trace context) go with it as LiteLLM's ``extra_headers``."""
         if exchange is not None:
             raise LogprobsUnsupported(self.no_prompt_logprobs_reason())
         kwargs = self.arguments(messages, params, stream)
+        if headers is not None and headers is not self._headers:
+            extra = {k: v for k, v in headers.items() if k not in self._headers}
+            if extra:
+                kwargs["extra_headers"] = extra
         t0 = time.perf_counter()
         try:
             response = await self._litellm.acompletion(**kwargs)

@@ -68,11 +68,13 @@ OtelExport = Literal["otlp", "console"]
 
 _SCOPE = "convsim"
 
-_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48)
-_DURATION_BUCKETS += (40.96, 81.92)
-"""gen_ai.client.operation.duration's buckets, as the conventions give them."""
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5)
-_TTFT_BUCKETS += (5.0, 7.5, 10.0)
+_DURATION_BUCKETS: tuple[float, ...] = tuple(0.01 * 2**k for k in range(14))
+"""gen_ai.client.operation.duration's buckets, as the conventions give them: 0.01 s
+doubling to 81.92 s."""
+_TTFT_BUCKETS: tuple[float, ...] = (
+    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75),
+    *(1.0, 2.5, 5.0, 7.5, 10.0),
+)
 """gen_ai.client.operation.time_to_first_chunk's buckets, as the conventions give them."""
 _TOKEN_BUCKETS = tuple(float(4**k) for k in range(14))
 """gen_ai.client.token.usage's buckets: 1, 4, 16, ... 67108864."""
@@ -487,12 +489,11 @@ def set_up_sdk(export: OtelExport, *, out: TextIO | None = None) -> SdkSetup:
             PeriodicExportingMetricReader,
         )
         from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
         from opentelemetry.sdk.trace.export import (
             BatchSpanProcessor,
             ConsoleSpanExporter,
             SimpleSpanProcessor,
-            SpanProcessor,
         )
 
         resource = Resource({"service.name": "convsim", "service.version": __version__}).merge(

@@ -227,11 +227,32 @@ class RequestIds:
         """Only the ids there are: a results line carries no nulls for them."""
         return {k: v for k, v in handler(self).items() if v is not None}
 
+    @classmethod
+    def of(cls, sent: str | None, server: str | None, response: str | None) -> RequestIds:
+        """Ids already checked to be strings or None, without validating them again: an
+        HTTP adapter makes one per call, and validation would cost it more than the
+        rest of reading the ids."""
+        ids = object.__new__(cls)
+        _SET_SENT(ids, sent)  # the slots' own setters: frozen, so __setattr__ refuses
+        _SET_SERVER(ids, server)
+        _SET_RESPONSE(ids, response)
+        return ids
+
+    def as_dict(self) -> dict[str, str]:
+        """The ids there are, by kind (``sent``, ``server``, ``response``)."""
+        pairs = (("sent", self.sent), ("server", self.server), ("response", self.response))
+        return {kind: value for kind, value in pairs if value is not None}
+
     @property
     def any(self) -> str | None:
         """The id to show where one is enough: the one sent, else the server's, else
         the answer's."""
         return self.sent or self.server or self.response
+
+
+_SET_SENT = RequestIds.__dict__["sent"].__set__
+_SET_SERVER = RequestIds.__dict__["server"].__set__
+_SET_RESPONSE = RequestIds.__dict__["response"].__set__
 
 
 class Completion(BaseModel):

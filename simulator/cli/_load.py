@@ -25,6 +25,7 @@ from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
 from convsim.cli._options import junit_option, with_base_url
 from convsim.cli._outputs import make_folder, write_junit_report
 from convsim.cli._spelling import respell_distribution, respell_synthetic
+from convsim.cli._tracing import otel_exported, tracing_options, with_request_id_header
 
 from .._plural import counted
 from ..load._names import ARRIVAL_PATTERNS, DEFAULT_SYNTHETIC
@@ -573,6 +574,7 @@ _Option = Callable[[Any], Any]
     help="Exit 99 when the run is marked invalid (a sweep: any point): the client, not "
     "the server, set the pace, or the run measured a rate limit.",
 )
+@tracing_options
 @clear_errors
 def load_command(
     model_spec: str,
@@ -585,6 +587,7 @@ def load_command(
     fail_on_slo: bool,
     fail_on_invalid: bool,
     junit_out: Path | None,
+    request_id_header: str | None,
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark.
@@ -607,6 +610,7 @@ def load_command(
     from ..load._stop import StopRequest
 
     model_args = with_base_url(model_args, base_url, option="--base-url", args_option="--model-arg")
+    model_args = with_request_id_header(model_args, request_id_header)
     if fail_on_slo and not options.get("slo"):
         raise ConfigError("--fail-on-slo needs --slo: the objectives to judge the run on")
     if actors is not None:
@@ -625,7 +629,7 @@ def load_command(
         check_html_extra("convsim load --html")
     stop = StopRequest()
     try:
-        with _Display() as display:
+        with _Display() as display, otel_exported(plan.otel):
             run: LoadRun = anyio.run(
                 _run_stoppable, plan, display, stop, backend_options=event_loop_options(plan.loop)
             )

@@ -52,6 +52,7 @@ from ._outputs import (
     write_results_junit,
     write_summaries,
 )
+from ._tracing import otel_exported, tracing_options, with_request_id_header
 
 if TYPE_CHECKING:
     from .._runtime._handle import RunHandle, RunStatistics
@@ -238,6 +239,7 @@ if TYPE_CHECKING:
     "one test case per --fail-under gate and one per conversation (failed when it "
     "FAILED or TIMED_OUT, with its error)"
 )
+@tracing_options
 @clear_errors
 def run(
     pack: str,
@@ -284,6 +286,8 @@ def run(
     fail_under: FailUnder,
     min_scored: int,
     junit_out: Path | None,
+    otel: str | None,
+    request_id_header: str | None,
 ) -> None:
     """Run PACK (a bundled pack's name, a folder, or lm-eval:TASK) against a model.
 
@@ -330,6 +334,7 @@ def run(
     if judge_sees_reasoning and not judge_spec:
         raise click.UsageError("--judge-sees-reasoning needs --judge")
     model_args = with_base_url(model_args, base_url, option="--base-url", args_option="--model-arg")
+    model_args = with_request_id_header(model_args, request_id_header)
     user_model_args = with_base_url(
         user_model_args, user_base_url, option="--user-base-url", args_option="--user-model-arg"
     )
@@ -347,6 +352,8 @@ def run(
             )
             if value is not None
         ]
+        if otel is not None:
+            given.append("--otel")
         if given:
             raise click.UsageError(f"{', '.join(given)}: not available with --backend ray yet")
     check_html_extra(html_out)
@@ -383,7 +390,7 @@ def run(
         plugin_config=plugin_settings(plugin_args),
         cache=responses,
     )
-    simulator = Simulator(config)
+    simulator = Simulator(config, tracing=otel is not None)
     simulator.check(loaded)
     if dry_run:
         print_estimate(loaded.name, simulator.estimate(loaded, limit=limit), _stdout())
@@ -411,7 +418,10 @@ def run(
             err.print(f"note: {loaded.name}: {note}", highlight=False)
     show_progress = err.is_terminal if progress is None else progress
     try:
-        outcome = anyio.run(_run_with_progress, simulator, loaded, sink, limit, show_progress, err)
+        with otel_exported(otel):
+            outcome = anyio.run(
+                _run_with_progress, simulator, loaded, sink, limit, show_progress, err
+            )
     except KeyboardInterrupt:  # before the run's own signal handling (the endpoint check)
         sys.exit(EXIT_INTERRUPTED)
     from ..results._report import summarize_file

@@ -31,6 +31,7 @@ import numpy as np
 
 from convsim._errors import AdapterError, ConfigError, QuotaExhausted, RateLimited
 from convsim._gauges import InFlight, LoopMonitor
+from convsim._telemetry import Telemetry, using_telemetry
 from convsim._types import Completion, GenerationParams, Message, ToolSpec
 from convsim.adapters import ModelAdapter
 
@@ -277,8 +278,13 @@ class _Driver:
         on_progress: Callable[[Progress], None] | None = None,
         label: str = "",
         stop_request: StopRequest | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.stop_request = stop_request or StopRequest()
+        self.telemetry = telemetry
+        """Where each request is traced (a span each); None: not traced."""
+        self.model_name: tuple[str, str] | None = None
+        """The model and provider spans name (found at the first traced request)."""
         self.on_progress = on_progress
         self.label = label
         self.adapter = adapter
@@ -484,7 +490,10 @@ class _Driver:
         self.last_send = called
         self.in_flight.change(+1)
         try:
-            completion = await self.adapter.generate(messages, params)
+            if self.telemetry is None:
+                completion = await self.adapter.generate(messages, params)
+            else:
+                completion = await self.traced(script, index, tool_round, messages, params)
         except AdapterError as exc:
             end = self.now()
             self.records.append(
@@ -503,6 +512,7 @@ class _Driver:
                     type(exc).__name__,
                     tool_round=tool_round,
                     offered_tools=bool(turn.tools),
+                    request_ids=exc.request_ids,
                 )
             )
             self.failed += 1
@@ -542,10 +552,36 @@ class _Driver:
                 tool_round=tool_round,
                 tool_calls=len(completion.tool_calls),
                 offered_tools=bool(turn.tools),
+                request_ids=completion.request_ids,
             )
         )
         self.completed += 1
         return completion
+
+    async def traced(
+        self,
+        script: SessionScript,
+        index: int,
+        tool_round: int,
+        messages: Sequence[Message],
+        params: GenerationParams,
+    ) -> Completion:
+        """One request, in a span (a trace) of its own."""
+        assert self.telemetry is not None
+        if self.model_name is None:
+            info = self.adapter.model_info()
+            self.model_name = (info.model_id.removeprefix(f"{info.provider}/"), info.provider)
+        model, provider = self.model_name
+        with self.telemetry.load_request(
+            model=model,
+            provider=provider,
+            session_id=script.session_id,
+            turn_index=index,
+            tool_round=tool_round,
+        ) as span:
+            completion = await self.adapter.generate(messages, params)
+            span.finish(completion)
+            return completion
 
     def rate_limited(self, exc: RateLimited, at: float) -> None:
         """Note the pause a 429 caused; a used-up quota stops the run (the server asked
@@ -813,12 +849,14 @@ async def drive(
     on_progress: Callable[[Progress], None] | None = None,
     label: str = "",
     stop: StopRequest | None = None,
+    telemetry: Telemetry | None = None,
 ) -> DriveOutcome:
     """Offer ``workload`` to ``adapter`` as ``shape`` says and measure every request.
 
     ``start_at`` (on ``clock``) aligns workers on one schedule: the run clock's zero.
     ``on_progress`` gets a snapshot about twice a second. ``stop`` ends the run early:
     the outcome is then ``interrupted`` and its window ends where sending stopped.
+    ``telemetry`` traces each request (a trace each, its attempts within).
 
     Raises:
         NothingMeasured: ``stop`` came before the measured window began.
@@ -833,5 +871,9 @@ async def drive(
         on_progress=on_progress,
         label=label,
         stop_request=stop,
+        telemetry=telemetry,
     )
-    return await driver.run()
+    if telemetry is None:
+        return await driver.run()
+    with using_telemetry(telemetry):  # the adapter's attempts are traced too
+        return await driver.run()

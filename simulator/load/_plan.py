@@ -99,6 +99,11 @@ class LoadPlan(BaseModel):
     interrupt_grace: float = Field(default=5.0, ge=0)
     """Seconds the requests in flight get when the run is stopped early (a first SIGINT
     or SIGTERM); a second stop cancels them at once."""
+    otel: Literal["otlp", "console"] | None = None
+    """Trace every request with OpenTelemetry (the extra ``otel``): in this process
+    through the application's global providers (``convsim load --otel`` sets them up to
+    export as named), in worker processes through providers each sets up to export to
+    ``otlp`` (the ``OTEL_EXPORTER_OTLP_*`` variables) or the ``console``. None: off."""
 
 
 # -- building the pieces ------------------------------------------------------------
@@ -293,6 +298,11 @@ async def _drive_here(
     stop: StopRequest | None = None,
 ) -> DriveOutcome:
     workload = _workload(plan, calibration)
+    telemetry = None
+    if plan.otel is not None:
+        from convsim._otel import OpenTelemetry
+
+        telemetry = OpenTelemetry()
     async with ModelPool(concurrency=_pool_size(plan, shape.concurrency)) as models:
         adapter = models.get(plan.model, _model_args(plan, worker, workers), role=_ROLE)
         return await drive(
@@ -303,6 +313,7 @@ async def _drive_here(
             on_progress=on_progress,
             label=label,
             stop=stop,
+            telemetry=telemetry,
         )
 
 
@@ -334,16 +345,25 @@ def _worker_main(
     tune_gc_for_throughput()
     worker_shape = _worker_shape(shape, share)
     start_at = time.perf_counter() + (share.start_at_wall - time.time())
-    return anyio.run(
-        _drive_stoppable,
-        plan,
-        worker_shape,
-        calibration,
-        start_at,
-        share,
-        stops,
-        backend_options=event_loop_options(plan.loop),
-    )
+    exported = None
+    if plan.otel is not None:  # a process of its own: its own providers
+        from convsim._otel import set_up_sdk
+
+        exported = set_up_sdk(plan.otel)
+    try:
+        return anyio.run(
+            _drive_stoppable,
+            plan,
+            worker_shape,
+            calibration,
+            start_at,
+            share,
+            stops,
+            backend_options=event_loop_options(plan.loop),
+        )
+    finally:
+        if exported is not None:
+            exported.shutdown()
 
 
 def event_loop_options(choice: str) -> dict[str, Any]:

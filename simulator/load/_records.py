@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from convsim._types import UsageSource
+from convsim._types import RequestIds, UsageSource
 
 __all__ = ["RequestRecord"]
 
@@ -69,6 +69,24 @@ class RequestRecord:
     """Tool calls the reply asked for (0 for a text answer or a failed request)."""
     offered_tools: bool = False
     """The request offered tools (a tool turn's)."""
+    request_ids: tuple[RequestIds, ...] = ()
+    """The ids of each attempt of the request (retries included, in order): the one
+    sent (``--request-id-header``), the server's ``x-request-id`` and the answer's id;
+    empty when the adapter learnt none."""
+
+    @property
+    def request_id(self) -> str | None:
+        """The answering (or last) attempt's request id: the one sent, else the
+        server's; None when there is neither."""
+        if not self.request_ids:
+            return None
+        last = self.request_ids[-1]
+        return last.sent or last.server
+
+    @property
+    def response_id(self) -> str | None:
+        """The provider's id of the answer (``chatcmpl-...``); None without one."""
+        return self.request_ids[-1].response if self.request_ids else None
 
     @property
     def opens_session(self) -> bool:

@@ -10,8 +10,11 @@ its chunks were counted), ``token_source`` (``server``, ``tokenizer`` or ``estim
 ``reasoning_tokens`` (of the output tokens, those the server reported spent reasoning;
 empty when it reported none), ``tool_round`` (the model call of its turn: 0 the first,
 n the one sent with the tool results of the n-th reply asking for tools), ``tool_calls``
-(tool calls its reply asked for), ``error``; JSON lines add ``itl_ms`` (the list of gaps), CSV
-``itl_count`` and ``itl_mean_ms``.
+(tool calls its reply asked for), ``error``, ``request_id`` (the answering attempt's id:
+the one sent with ``--request-id-header``, else the server's ``x-request-id``) and
+``response_id`` (the provider's id of the answer); JSON lines add ``itl_ms`` (the list of
+gaps) and, for a retried request, ``request_ids`` (every attempt's), CSV ``itl_count`` and
+``itl_mean_ms``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ REQUEST_COLUMNS = (
     "tool_round",
     "tool_calls",
     "error",
+    "request_id",
+    "response_id",
 )
 
 
@@ -78,6 +83,8 @@ def _row(point: int, r: RequestRecord) -> dict[str, Any]:
         "tool_round": r.tool_round,
         "tool_calls": r.tool_calls,
         "error": r.error,
+        "request_id": r.request_id,
+        "response_id": r.response_id,
     }
 
 
@@ -107,6 +114,8 @@ def write_requests(path: Path, requests: Iterable[tuple[int, RequestRecord]]) ->
                 for point, r in ordered:
                     row = _row(point, r)
                     row["itl_ms"] = [round(g * 1000.0, 4) for g in r.inter_token_gaps_s]
+                    if len(r.request_ids) > 1:  # the retried attempts' ids too
+                        row["request_ids"] = [i.as_dict() for i in r.request_ids]
                     fh.write(json.dumps(row, separators=(",", ":")) + "\n")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write the requests file: {exc}") from exc

@@ -290,7 +290,8 @@ class ResponseCache:
         (a full disk, a lock held too long) is logged and dropped: the cache is an
         optimisation, never a reason for a call to fail."""
         stored = completion.model_copy(
-            update={"cached": False, "timings": CallTimings(), "attempts": 1}
+            # no ids: a replay makes no call, and the ids were those of another run's
+            update={"cached": False, "timings": CallTimings(), "attempts": 1, "request_ids": ()}
         ).model_dump_json()
         created = self._clock()
 
@@ -498,4 +499,6 @@ class CachedAdapter(ModelAdapter):
 
 def _replayed(stored: Completion) -> Completion:
     """A stored answer as a call's result: cached, no attempt made, nothing timed."""
-    return stored.model_copy(update={"cached": True, "attempts": 0, "timings": CallTimings()})
+    return stored.model_copy(
+        update={"cached": True, "attempts": 0, "timings": CallTimings(), "request_ids": ()}
+    )

@@ -412,3 +412,16 @@ async def test_a_request_that_never_started_leaves_no_open_span(
     (attempt,) = traced.spans("POST")
     assert attempt.parent is None  # no call span around it here: the attempt alone
     assert traced.counts.started == traced.counts.ended == 1
+
+
+def test_an_answer_replayed_from_the_cache_carries_no_ids(tmp_path: Path) -> None:
+    from convsim.adapters import Completion, ResponseCache
+
+    cache = ResponseCache(tmp_path / "cache")
+    try:
+        answered = Completion(text="Hi.", request_ids=(RequestIds(server="old-run"),))
+        cache.store("k", answered)
+        replayed = cache.lookup("k")
+    finally:
+        cache.close()
+    assert replayed is not None and replayed.text == "Hi." and replayed.request_ids == ()

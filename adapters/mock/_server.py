@@ -6,7 +6,8 @@ HTTP clients at it. Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``
 ``POST /v1/completions``, ``POST /generate`` (the developer guide's backend), and vLLM's
 ``POST /tokenize``. Per request, in this order: the API key (401), the ``rpm`` window
 (429), the body (400), an injected fault (``fault_rate``), then the answer after the
-configured time to first token and inter-token latency.
+configured time to first token and inter-token latency. A request's ``x-request-id``
+header comes back on its answer, as vLLM and most proxies send it.
 
 Replies are cached per conversation (validated ``Message`` objects are built only on a
 cache miss), and a zero delay never reaches the sleep function. One core answers well

@@ -12,7 +12,7 @@ interleaved (before, after, before, ...) so that drift on a shared machine hits 
   (default metrics off, no results file): conversations/s.
 
 The other tree is a ``git worktree`` of REV, assembled into the ``convsim`` package with
-.ci/checks.py's layout and put first on PYTHONPATH. Printed: median and range of three
+.ci/checks.py's reading of pyproject and put first on PYTHONPATH. Printed: median and range of three
 for each tree, the ratio after/before of the medians, and the same with tracing on (an
 SDK TracerProvider with no exporter: spans are made and dropped).
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / ".ci"))
 
-from checks import assemble, read_layout  # noqa: E402
+from checks import read_layout  # noqa: E402
 
 LOAD = """
 import sys, time, anyio
@@ -97,9 +98,16 @@ def before_tree(rev: str, work: Path) -> Path:
         check=True,
         capture_output=True,
     )
+    # the package as pyproject's package-dir lays it out, data files included: the
+    # checkout is a scratch copy, so its folders are linked into one another
+    layout = read_layout(checkout / "pyproject.toml")
+    root = checkout / layout.package_dir["convsim"]
+    for name, folder in layout.package_dir.items():
+        if name.startswith("convsim."):
+            (root / name.removeprefix("convsim.")).symlink_to(checkout / folder)
     tree = work / "tree"
     tree.mkdir()
-    assemble(read_layout(checkout / "pyproject.toml"), checkout, tree)
+    (tree / "convsim").symlink_to(root)
     return tree
 
 
@@ -108,9 +116,24 @@ def measure(code: str, args: list[str], pythonpath: Path | None) -> float:
     if pythonpath is not None:
         env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env.get('PYTHONPATH', '')}"
     out = subprocess.run(
-        [sys.executable, "-c", code, *args], env=env, check=True, capture_output=True, text=True
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
     )
+    if out.returncode:
+        raise SystemExit(f"a measurement failed ({args}):\n{out.stderr[-3000:]}")
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def wait_for_port(port: int, deadline_s: float = 30.0) -> None:
+    """Return once something listens on 127.0.0.1:``port``."""
+    give_up = time.monotonic() + deadline_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.1)
 
 
 def line(name: str, values: list[float], unit: str) -> str:
@@ -136,7 +159,7 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )
         try:
-            time.sleep(2.0)  # the server's start; a bench, not a test
+            wait_for_port(18977)
             url = "http://127.0.0.1:18977/v1"
             results: dict[str, dict[str, list[float]]] = {
                 "load": {"before": [], "after (off)": [], "after (on)": []},

@@ -38,7 +38,10 @@ def test_every_optional_value_is_read_after_equals_only() -> None:
                 assert isinstance(param, OptionalValue), f"{name} {param.opts}"
                 assert isinstance(command, OptionalValueCommand), name
                 found.append(f"{name} {param.opts[0]}")
-    assert sorted(found) == ["report --html", "run --cache", "run --html", "score --cache"]
+    assert sorted(found) == [
+        *("load --otel", "report --html", "run --cache", "run --html", "run --otel"),
+        "score --cache",
+    ]
 
 
 def test_report_html_before_the_results_file_keeps_it_as_the_argument(results: Path) -> None:

@@ -22,7 +22,7 @@ from convsim.cli._console import EXIT_INTERRUPTED, EXIT_THRESHOLD_FAILED, clear_
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
 from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
-from convsim.cli._options import junit_option, with_base_url
+from convsim.cli._options import OptionalValueCommand, junit_option, with_base_url
 from convsim.cli._outputs import make_folder, write_junit_report
 from convsim.cli._spelling import respell_distribution, respell_synthetic
 from convsim.cli._tracing import otel_exported, tracing_options, with_request_id_header
@@ -344,7 +344,7 @@ def _model_args(pairs: tuple[str, ...]) -> dict[str, str]:
 _Option = Callable[[Any], Any]
 
 
-@click.command("load")
+@click.command("load", cls=OptionalValueCommand)
 @click.option(
     "-m",
     "--model",

@@ -10,13 +10,16 @@ from typing import Any, TypeVar
 
 import click
 
+from ._options import OptionalValue
+
 __all__ = ["otel_exported", "tracing_options", "with_request_id_header"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def tracing_options(func: F) -> F:
-    """``--otel [otlp|console]`` and ``--request-id-header NAME``."""
+    """``--otel[=otlp|console]`` and ``--request-id-header NAME``; a command with them is
+    an :class:`~convsim.cli._options.OptionalValueCommand`."""
     func = click.option(
         "--request-id-header",
         "request_id_header",
@@ -28,13 +31,13 @@ def tracing_options(func: F) -> F:
     return click.option(
         "--otel",
         "otel",
+        cls=OptionalValue,
         type=click.Choice(["otlp", "console"]),
-        is_flag=False,
         flag_value="otlp",
         default=None,
-        help="Trace the run with OpenTelemetry (needs convsim[otel]): otlp (the default) "
+        help="Trace the run with OpenTelemetry (needs convsim[otel]): --otel (otlp) "
         "exports spans and metrics over OTLP/HTTP as the standard OTEL_EXPORTER_OTLP_* "
-        "variables say; console prints them to stderr.",
+        "variables say; --otel=console prints them to stderr.",
     )(func)
 
 

@@ -57,7 +57,8 @@ def _usage(data: Any) -> Usage | None:
     if not isinstance(data, dict) or ("input_tokens" not in data and "output_tokens" not in data):
         return None
     # input_tokens leaves out the tokens read from (or written to) the prompt cache
-    cached = max(int(data.get("cache_read_input_tokens") or 0), 0)
+    reported = data.get("cache_read_input_tokens")
+    cached = max(int(reported or 0), 0)
     written = max(int(data.get("cache_creation_input_tokens") or 0), 0)
     prompt = int(data.get("input_tokens") or 0) + cached + written
     completion = int(data.get("output_tokens") or 0)
@@ -66,6 +67,7 @@ def _usage(data: Any) -> Usage | None:
         completion_tokens=completion,
         total_tokens=prompt + completion,
         cached_prompt_tokens=cached,
+        cached_tokens=None if reported is None else cached,
     )
 
 

@@ -387,7 +387,11 @@ def _merge_usage(old: Usage | None, new: Usage | None) -> Usage | None:
     prompt = new.prompt_tokens or old.prompt_tokens
     completion = new.completion_tokens or old.completion_tokens
     return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        cached_prompt_tokens=new.cached_prompt_tokens or old.cached_prompt_tokens,
+        cached_tokens=new.cached_tokens if new.cached_tokens is not None else old.cached_tokens,
     )
 
 

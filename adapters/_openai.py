@@ -77,12 +77,14 @@ def _usage(data: Any) -> Usage | None:
     prompt = int(data.get("prompt_tokens") or 0)
     completion = int(data.get("completion_tokens") or 0)
     details = data.get("prompt_tokens_details")
-    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    reported = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = None if reported is None else min(max(int(reported), 0), prompt)
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=int(data.get("total_tokens") or prompt + completion),
-        cached_prompt_tokens=min(max(cached, 0), prompt),
+        cached_prompt_tokens=cached or 0,
+        cached_tokens=cached,
     )
 
 

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """The newest format of a results line. 1: each turn's ``messages`` in full.
 2: a turn stores ``messages_prefix``, how many leading ``transcript`` messages it sent,
 and in ``messages`` only what follows them, so each message is stored once (a line grows
@@ -51,8 +51,9 @@ and ``reasoning_tokens``, and its timings a ``ttfot_s`` apart from ``ttft_s``; a
 without them is written as before. 5: messages may be tool calls and tool results, and a
 turn may hold its ``tool_calls``, ``tool_rounds`` and tool ``environment``; a line
 without tools is written as before. 6: a turn may hold the ``request_ids`` of its
-model calls; a line without them is written as before. Lines of every version read back
-to the same objects."""
+model calls; a line without them is written as before. 7: a usage may hold
+``cached_tokens`` (the server's prefix-cache hits); a line without them is written as
+before. Lines of every version read back to the same objects."""
 
 _WITHOUT_EXTRA_CALLS = 2
 """The version a line without extra calls is written as."""
@@ -62,6 +63,8 @@ _WITH_REASONING = 4
 """The version a line with reasoning (and no tools) is written as."""
 _WITH_TOOLS = 5
 """The version a line with tools (and no request ids) is written as."""
+_WITH_REQUEST_IDS = 6
+"""The version a line with request ids (and no cached-token counts) is written as."""
 
 
 def _get(item: object, name: str) -> Any:
@@ -90,13 +93,25 @@ def _tool_message(message: object) -> bool:
     return _get(message, "role") == "tool" or bool(_get(message, "tool_calls"))
 
 
+def _counted_cache(turn: object) -> bool:
+    """Whether a turn (a record or its dict) holds what only version 7 can: a usage
+    with the server's ``cached_tokens``."""
+    usages = [_get(turn, "usage"), _get(turn, "user_usage")]
+    extra = _get(turn, "extra_calls")
+    if isinstance(extra, (list, tuple)):
+        usages.extend(_get(call, "usage") for call in extra)
+    return any(u is not None and _get(u, "cached_tokens") is not None for u in usages)
+
+
 def _written_version(turns: object, transcript: object = ()) -> int:
     """The version a results line with these turns (records or their dicts) and this
     transcript is written as."""
     if not isinstance(turns, (list, tuple)):
         return _WITHOUT_EXTRA_CALLS
-    if any(_get(t, "request_ids") for t in turns):
+    if any(_counted_cache(t) for t in turns):
         return SCHEMA_VERSION
+    if any(_get(t, "request_ids") for t in turns):
+        return _WITH_REQUEST_IDS
     if any(_used_tools(t) for t in turns) or (
         isinstance(transcript, (list, tuple)) and any(_tool_message(m) for m in transcript)
     ):

@@ -46,6 +46,10 @@ USAGE_SOURCES: tuple[UsageSource, ...] = ("server", "tokenizer", "estimate")
 """Every source, from the most to the least exact: a sum takes the least exact."""
 
 
+def _is_none(value: object) -> bool:
+    return value is None
+
+
 # Messages and usage are created for every turn and held for a conversation's life:
 # slotted pydantic dataclasses keep them validated but small (no __dict__, no field set).
 _COMPACT = ConfigDict(extra="forbid")
@@ -140,6 +144,12 @@ class Usage:
     cached_prompt_tokens: int = 0
     """Of ``prompt_tokens``, those the server read from its prompt cache (as it reports
     them), priced at the model's cached-input rate."""
+    cached_tokens: int | None = Field(default=None, exclude_if=_is_none)
+    """The same count as the server reported it (OpenAI
+    ``usage.prompt_tokens_details.cached_tokens``, Anthropic
+    ``cache_read_input_tokens``), for prefix-cache hit rates; None when the server did
+    not say, which is not 0 (a miss). Left out of a dump when None, so results lines
+    without it are as before."""
 
     @model_validator(mode="before")
     @classmethod
@@ -170,6 +180,11 @@ class Usage:
             total_tokens=self.total_tokens + other.total_tokens,
             source=source,
             cached_prompt_tokens=self.cached_prompt_tokens + other.cached_prompt_tokens,
+            cached_tokens=(
+                None
+                if self.cached_tokens is None and other.cached_tokens is None
+                else (self.cached_tokens or 0) + (other.cached_tokens or 0)
+            ),
         )
 
 

@@ -11,7 +11,18 @@ import convsim.adapters.mock as mock
 from convsim.adapters.mock import Delay, MockModelServer, MockServerConfig, MockServerStatistics
 
 # Bottom up: each module may import only the ones before it.
-ORDER = ["_delay", "_wire", "_faults", "_config", "_tokens", "_answer", "_replies", "_server"]
+ORDER = [
+    "_delay",
+    "_wire",
+    "_faults",
+    "_config",
+    "_tokens",
+    "_answer",
+    "_replies",
+    "_prefix_cache",
+    "_metrics",
+    "_server",
+]
 
 
 def test_public_classes_name_their_public_path() -> None:

@@ -127,6 +127,7 @@ async def test_chat_completion_in_openai_format() -> None:
         "prompt_tokens": prompt,
         "completion_tokens": len(text.split()),
         "total_tokens": prompt + len(text.split()),
+        "prompt_tokens_details": {"cached_tokens": 0},  # a first prompt: nothing cached
     }
 
 
@@ -805,6 +806,7 @@ async def test_statistics_count_requests_by_endpoint() -> None:
         "/v1/completions": 1,
         "/generate": 1,
         "/tokenize": 0,
+        "/metrics": 0,
     }
     with pytest.raises(AttributeError):
         after.requests = 1  # type: ignore[misc]

@@ -13,7 +13,9 @@ The package, bottom up: ``_delay`` (delays and their forms), ``_wire`` (requests
 and checked, error bodies), ``_faults`` (fault kinds and their responses), ``_config``
 (the config and the statistics), ``_tokens`` (the mock tokenizer and logprobs),
 ``_answer`` (the mock model's reply and its cut), ``_replies`` (answers encoded as JSON
-bodies and server-sent events), ``_server`` (the aiohttp server).
+bodies and server-sent events), ``_prefix_cache`` (the simulated prefix cache),
+``_metrics`` (``/metrics`` in the Prometheus text format), ``_server`` (the aiohttp
+server).
 """
 
 from __future__ import annotations

@@ -74,15 +74,23 @@ def reasoning_words(count: int) -> tuple[str, ...]:
     return tuple("Thinking" if i == 0 else "step" for i in range(count))
 
 
-def usage_json(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> str:
+def usage_json(
+    prompt_tokens: int,
+    completion_tokens: int,
+    reasoning_tokens: int = 0,
+    cached_tokens: int | None = None,
+) -> str:
     """The usage object of an answer, as JSON text; ``completion_tokens`` include the
     ``reasoning_tokens``, reported apart in ``completion_tokens_details`` as OpenAI's
-    API and vLLM do."""
+    API and vLLM do; ``cached_tokens`` (None: not reported) of the prompt tokens in
+    ``prompt_tokens_details``."""
     details = (
         f',"completion_tokens_details":{{"reasoning_tokens":{reasoning_tokens}}}'
         if reasoning_tokens
         else ""
     )
+    if cached_tokens is not None:
+        details += f',"prompt_tokens_details":{{"cached_tokens":{cached_tokens}}}'
     return (
         f'{{"prompt_tokens":{prompt_tokens},"completion_tokens":{completion_tokens},'
         f'"total_tokens":{prompt_tokens + completion_tokens}{details}}}'

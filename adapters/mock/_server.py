@@ -48,6 +48,8 @@ from ._faults import (
     FaultKind,
     fault_response,
 )
+from ._metrics import CONTENT_TYPE, MockMetrics
+from ._prefix_cache import PrefixCache
 from ._replies import (
     Reply,
     chat_body,
@@ -61,6 +63,7 @@ from ._replies import (
 from ._wire import (
     NO_ECHO,
     BadRequest,
+    Echo,
     Turn,
     bad_request,
     chat_messages,
@@ -77,7 +80,7 @@ __all__ = ["MockModelServer", "ENDPOINTS", "Sleep", "Clock"]
 log = get_logger("convsim.mock_server")
 
 CHAT, COMPLETIONS, GENERATE = "/v1/chat/completions", "/v1/completions", "/generate"
-ENDPOINTS = ("/v1/models", CHAT, COMPLETIONS, GENERATE, "/tokenize")
+ENDPOINTS = ("/v1/models", CHAT, COMPLETIONS, GENERATE, "/tokenize", "/metrics")
 
 Sleep = Callable[[float], Awaitable[Any]]
 Clock = Callable[[], float]
@@ -143,6 +146,8 @@ class MockModelServer:
         self._faults: dict[str, int] = dict.fromkeys(FAULT_KINDS, 0)
         self._rate_limited = 0
         self._unauthorized = 0
+        self._prefix_cache = PrefixCache(cfg.prefix_cache_entries)
+        self._metrics = MockMetrics(cfg.model, cfg.kv_cache_tokens)
         self._runner: web.AppRunner | None = None
         self.url = ""
         """``http://HOST:PORT`` once started."""
@@ -174,6 +179,7 @@ class MockModelServer:
         app.router.add_post(COMPLETIONS, self._completions)
         app.router.add_post(GENERATE, self._generate)
         app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/metrics", self._metrics_text)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=self._shutdown_timeout
@@ -277,16 +283,19 @@ class MockModelServer:
         self._faults[kind] += 1
         return kind
 
-    async def _delay(self, delay: Delay, times: int = 1) -> None:
-        """Sleep for ``times`` draws of ``delay``; a zero delay never sleeps."""
+    async def _delay(self, delay: Delay, times: int = 1) -> float:
+        """Sleep for ``times`` draws of ``delay``; a zero delay never sleeps. Returns
+        the seconds slept."""
         if times <= 0 or delay.is_zero:
-            return
+            return 0.0
         if delay.is_fixed:
             ms = delay.params[0] * times
         else:
             ms = sum(delay.sample(self._delay_rng) for _ in range(times))
         if ms > 0:
             await self._sleep(ms / 1000.0)
+            return ms / 1000.0
+        return 0.0
 
     # ------------------------------------------------------------------ handlers
 
@@ -295,6 +304,15 @@ class MockModelServer:
         if refused is not None:
             return refused
         return web.Response(body=self._models_body, content_type="application/json")
+
+    async def _metrics_text(self, request: web.Request) -> web.StreamResponse:
+        """``GET /metrics``: what was served, in the Prometheus text format. Open
+        without the API key, as on vLLM (its key guards ``/v1`` only)."""
+        self._requests += 1
+        self._by_endpoint["/metrics"] += 1
+        return web.Response(
+            body=self._metrics.exposition().encode(), headers={"Content-Type": CONTENT_TYPE}
+        )
 
     async def _not_found(self, request: web.Request) -> web.StreamResponse:
         self._requests += 1
@@ -386,17 +404,47 @@ class MockModelServer:
                 call = ToolCall(id=call.id, name=call.name, arguments=call.arguments[:-1])
         if cfg.message_overhead_tokens and path == CHAT:
             prompt_tokens += cfg.message_overhead_tokens * len(turns)
+        looked_up = None
+        if cfg.prefix_cache and path == CHAT:
+            overhead = cfg.message_overhead_tokens
+            looked_up = self._prefix_cache.lookup(
+                turns, [len(t.text.split()) + overhead for t in turns]
+            )
         if fault == "lone_surrogate":  # the last word ends in half an emoji
             words = (*words[:-1], (words[-1] if words else "") + HALF_EMOJI)
         thoughts = reasoning_words(cfg.reasoning_tokens) if path == CHAT else ()
         n = len(words) + len(thoughts) + (len(call.arguments.split()) + 1 if call else 0)
         model = self._model_json if params.model == cfg.model else json.dumps(params.model)
-        usage = usage_json(prompt_tokens, n, len(thoughts)) if cfg.usage else "null"
+        cached = None
+        if looked_up is not None:
+            cached = looked_up.cached_tokens
+            if call is None:  # a tool call comes back as tool_calls, not as this text
+                self._prefix_cache.answered(looked_up, " ".join(words))
+        usage = usage_json(prompt_tokens, n, len(thoughts), cached) if cfg.usage else "null"
         reply = Reply(words, finish, usage, model, thoughts, call)
-        if params.stream:
-            include_usage = params.include_usage and cfg.usage
-            return await self._stream(request, path == CHAT, reply, include_usage, fault)
-        await self._delay(cfg.ttft_ms)
+        metrics = self._metrics
+        metrics.started(prompt_tokens, n, cached)
+        try:
+            if params.stream:
+                include_usage = params.include_usage and cfg.usage
+                return await self._stream(request, path == CHAT, reply, include_usage, fault)
+            metrics.first_token(await self._delay(cfg.ttft_ms))
+            return await self._answer(path, reply, n, fault, echo, turns, seed)
+        finally:
+            metrics.ended(prompt_tokens, n)
+
+    async def _answer(
+        self,
+        path: str,
+        reply: Reply,
+        n: int,
+        fault: FaultKind | None,
+        echo: Echo,
+        turns: tuple[Turn, ...],
+        seed: int,
+    ) -> web.StreamResponse:
+        """A whole (not streamed) answer, after the time between its tokens."""
+        cfg = self.config
         await self._delay(cfg.itl_ms, n - 1)
         if fault == "malformed":
             return web.Response(body=MALFORMED_BODY, content_type="application/json")
@@ -428,7 +476,7 @@ class MockModelServer:
             fault=fault,
         )
         cfg = self.config
-        await self._delay(cfg.ttft_ms)
+        self._metrics.first_token(await self._delay(cfg.ttft_ms))
         if fault != "stream_drop" and (cfg.itl_ms.is_zero or len(events) == 1):
             return web.Response(
                 body="".join(events).encode(),

@@ -226,6 +226,9 @@ def _print_result(result: LoadResult | SweepResult, slo: bool, out: Console) -> 
                 f"{p.input_tokens.error_pct_max:.1f}% at most ({p.input_tokens.method})"
             )
         _say(out, line)
+        for extra in (_prefix_cache_line(p), _server_line(p)):
+            if extra is not None:
+                _say(out, extra)
         for reason in p.invalid_reasons:
             _say(out, reason, ("invalid:", "bold red"))
     for note in dict.fromkeys(n for p in points for n in p.notes):
@@ -251,6 +254,49 @@ def _print_result(result: LoadResult | SweepResult, slo: bool, out: Console) -> 
             + (f" ({unjudged} invalid, not judged)" if unjudged else ""),
             highlight=False,
         )
+
+
+def _prefix_cache_line(point: PointResult) -> str | None:
+    """The prefix-cache hit rate the requests reported, overall and by turn."""
+    cache = point.prefix_cache
+    if cache is None or cache.hit_rate is None:
+        return None
+    turns = ", ".join(
+        f"turn {t.turn_index} {t.hit_rate:.0%}"
+        for t in cache.hit_rate_by_turn[:8]
+        if t.hit_rate is not None
+    )
+    return (
+        f"{_label(point)} prefix cache: {cache.hit_rate:.1%} of prompt tokens cached "
+        f"({counted(cache.requests, 'request', grouped=True)} reporting; {turns})"
+    )
+
+
+def _server_line(point: PointResult) -> str | None:
+    """What the server's /metrics said over the point, the figures it has."""
+    s = point.server_metrics
+    if s is None:
+        return None
+    parts = []
+    if s.kv_cache_usage is not None:
+        parts.append(f"KV cache {s.kv_cache_usage.mean:.1%} mean, {s.kv_cache_usage.max:.1%} max")
+    for name, gauge in (("running", s.running), ("waiting", s.waiting)):
+        if gauge is not None:
+            parts.append(f"{name} {gauge.mean:.1f} mean, {gauge.max:.0f} max")
+    if s.preemptions is not None:
+        parts.append(f"{s.preemptions:.0f} preemptions")
+    if s.prompt_throughput is not None:
+        parts.append(f"prompt {s.prompt_throughput:,.0f} tok/s")
+    if s.generation_throughput is not None:
+        parts.append(f"generated {s.generation_throughput:,.0f} tok/s")
+    if s.prefix_cache_hit_rate is not None:
+        parts.append(f"prefix-cache hits {s.prefix_cache_hit_rate:.1%}")
+    if s.ttft is not None and s.ttft.mean_ms is not None:
+        parts.append(f"TTFT mean {s.ttft.mean_ms:.1f} ms")
+    family = s.family or "unknown names"
+    return f"{_label(point)} server ({family}, {counted(s.scrapes, 'scrape')}): " + (
+        "; ".join(parts) if parts else "none of the common figures"
+    )
 
 
 class _Display:
@@ -560,6 +606,25 @@ _Option = Callable[[Any], Any]
     default=10.0,
     show_default=True,
     help="Event-loop lag p99 above which the run is invalid.",
+)
+@click.option(
+    "--server-metrics",
+    is_flag=False,
+    flag_value="auto",
+    default=None,
+    metavar="[URL]",
+    help="Scrape the server's Prometheus metrics during the run (KV-cache usage, running "
+    "and waiting requests, preemptions, token throughput, prefix-cache hit rate, TTFT) "
+    "from URL; alone: the base URL's origin + /metrics, skipped with a note when absent. "
+    "vLLM, SGLang, TGI and llama.cpp names are read. Needs convsim[prometheus].",
+)
+@click.option(
+    "--server-metrics-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between scrapes (each point is also scraped at its start and end).",
 )
 @junit_option("one test case for the run's validity and, with --slo, one for its SLOs")
 @click.option(

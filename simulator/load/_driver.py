@@ -553,6 +553,7 @@ class _Driver:
                 tool_calls=len(completion.tool_calls),
                 offered_tools=bool(turn.tools),
                 request_ids=completion.request_ids,
+                cached_tokens=usage.cached_tokens,
             )
         )
         self.completed += 1

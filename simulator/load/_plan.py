@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ from ._names import DEFAULT_SYNTHETIC
 from ._quality import check_metrics, score_transcripts
 from ._records import RequestRecord
 from ._result import LoadResult, PointResult, QualitySummary, SweepResult, sweep_result
+from ._scraper import ServerScraper, check_prometheus_extra, metrics_url
 from ._slo import parse_slos
 from ._stop import NothingMeasured, StopRequest, ThreadedStop
 from ._workers import Ended, Job, collect, run_processes
@@ -104,6 +106,13 @@ class LoadPlan(BaseModel):
     through the application's global providers (``convsim load --otel`` sets them up to
     export as named), in worker processes through providers each sets up to export to
     ``otlp`` (the ``OTEL_EXPORTER_OTLP_*`` variables) or the ``console``. None: off."""
+    server_metrics: str | None = None
+    """Scrape the server's Prometheus metrics from this URL during the run; ``auto``:
+    the base URL's origin with ``/metrics``, given up on (and said so) when it is not
+    there. None: not scraped."""
+    server_metrics_interval: float = Field(default=5.0, gt=0)
+    """Seconds between two scrapes within a point (each point is also scraped at its
+    start and its end)."""
 
 
 # -- building the pieces ------------------------------------------------------------
@@ -642,6 +651,8 @@ class _Runner:
     stop: StopRequest
     points: list[PointResult] = field(default_factory=list)
     measure: _Measure = _run_point
+    scraper: ServerScraper | None = None
+    """Reads the server's ``/metrics`` over each point (``--server-metrics``)."""
 
     async def point(self, *, concurrency: int | None, rate: float | None) -> PointResult | None:
         """The next point, kept in :attr:`points`; None when a stop came before it
@@ -652,20 +663,24 @@ class _Runner:
         label = f"concurrency {concurrency}" if concurrency is not None else f"rate {rate:.3g}/s"
         if rate is None and concurrency is None:
             label = "trace"
-        done = await self.measure(
-            self.plan,
-            concurrency=concurrency,
-            rate=rate,
-            calibration=self.calibration,
-            on_progress=self.on_progress,
-            label=label,
-            stop=self.stop,
-        )
+        async with self.scraper.watching(index) if self.scraper is not None else _nothing():
+            done = await self.measure(
+                self.plan,
+                concurrency=concurrency,
+                rate=rate,
+                calibration=self.calibration,
+                on_progress=self.on_progress,
+                label=label,
+                stop=self.stop,
+            )
         if done is None:
             return None
+        result = done.result
+        if self.scraper is not None:
+            result = result.model_copy(update={"server_metrics": self.scraper.figures(index)})
         self.records.extend((index, r) for r in done.records)
-        self.points.append(done.result)
-        return done.result
+        self.points.append(result)
+        return result
 
     async def sweep(self) -> SweepResult | None:
         """The sweep's points (those measured before a stop, if one came)."""
@@ -720,6 +735,11 @@ class _Runner:
                 return
 
 
+@asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -769,11 +789,15 @@ async def run_load(
         raise ConfigError(f"--workers {plan.workers} is far above this machine's CPUs")
     _workload(plan, None)  # a bad pack or dataset fails before any request
     _check_metrics(plan)
+    if plan.server_metrics is not None:
+        check_prometheus_extra()
     stop = stop or StopRequest()
     calibration: Calibration | None = None
+    base_url: str | None = None
     async with ModelPool(concurrency=8) as models:
         # probes are not streamed: some servers (llama-cpp-python) send usage only then
         probe = models.get(plan.model, _model_args(plan, stream=False), role=_ROLE)
+        base_url = _base_url(plan, probe)
         # nothing is measured yet: a stop ends the checks at once
         with anyio.CancelScope() as probing, stop.listening(lambda _: probing.cancel()):
             if plan.preflight:
@@ -782,7 +806,33 @@ async def run_load(
                 report("calibrating input lengths against the server")
                 calibration = await calibrate(probe, exact_output=plan.exact_output)
     runner = _Runner(plan, calibration, report, on_progress, [], stop)
-    if plan.sweep is not None:
-        return LoadRun(await runner.sweep(), runner.records)
-    point = await runner.point(concurrency=plan.concurrency, rate=plan.rate)
-    return LoadRun(None if point is None else LoadResult.of(point), runner.records)
+    async with AsyncExitStack() as stack:
+        if plan.server_metrics is not None:
+            url = metrics_url(plan.server_metrics, base_url)
+            if url is None:
+                report(
+                    "server metrics: the model has no base URL to find /metrics by; "
+                    "give it: --server-metrics URL. Going on without them"
+                )
+            else:
+                runner.scraper = await stack.enter_async_context(
+                    ServerScraper(url, interval_s=plan.server_metrics_interval, report=report)
+                )
+        if plan.sweep is not None:
+            result: LoadResult | SweepResult | None = await runner.sweep()
+        else:
+            point = await runner.point(concurrency=plan.concurrency, rate=plan.rate)
+            result = None if point is None else LoadResult.of(point)
+    if result is not None and runner.scraper is not None:
+        result = result.model_copy(update={"server_metrics_timeline": runner.scraper.timeline()})
+    return LoadRun(result, runner.records)
+
+
+def _base_url(plan: LoadPlan, adapter: Any) -> str | None:
+    """The model's base URL: given in its arguments, or its adapter's default."""
+    given = plan.model_args.get("base_url")
+    if given:
+        return given
+    config = getattr(adapter, "config", None)
+    url = getattr(config, "base_url", None)
+    return url if isinstance(url, str) else None

@@ -73,6 +73,9 @@ class RequestRecord:
     """The ids of each attempt of the request (retries included, in order): the one
     sent (``--request-id-header``), the server's ``x-request-id`` and the answer's id;
     empty when the adapter learnt none."""
+    cached_tokens: int | None = None
+    """Of ``input_tokens``, those the server read from its prefix cache, as it reported
+    them (``usage.prompt_tokens_details.cached_tokens``); None when it did not say."""
 
     @property
     def request_id(self) -> str | None:

@@ -4,7 +4,8 @@ Columns: ``point`` (the sweep point, 0 without a sweep), ``session_id``, ``turn_
 ``history_messages``, ``scheduled_s``, ``sent_s``, ``end_s`` (run clock, seconds),
 ``schedule_delay_ms``, ``ttft_ms`` (to the first token of any kind), ``ttfot_ms`` (to
 the first answer token: the same for a model that does not reason aloud), ``tpot_ms``,
-``e2e_ms``, ``input_tokens``,
+``e2e_ms``, ``input_tokens``, ``cached_tokens`` (of the input tokens, those the server
+reported its prefix cache held; empty when it did not say),
 ``output_tokens``, ``output_from_chunks`` (true when the stream carried no usage and
 its chunks were counted), ``token_source`` (``server``, ``tokenizer`` or ``estimate``),
 ``reasoning_tokens`` (of the output tokens, those the server reported spent reasoning;
@@ -45,6 +46,7 @@ REQUEST_COLUMNS = (
     "tpot_ms",
     "e2e_ms",
     "input_tokens",
+    "cached_tokens",
     "output_tokens",
     "output_from_chunks",
     "token_source",
@@ -76,6 +78,7 @@ def _row(point: int, r: RequestRecord) -> dict[str, Any]:
         "tpot_ms": _ms(r.tpot_s),
         "e2e_ms": _ms(r.e2e_s),
         "input_tokens": r.input_tokens,
+        "cached_tokens": r.cached_tokens,
         "output_tokens": r.output_tokens,
         "output_from_chunks": r.output_from_chunks,
         "token_source": r.token_source,

@@ -3,7 +3,8 @@
 Field names are a contract (plots, dashboards and CI checks read them): ``valid``,
 ``invalid_reasons``, ``target_rate``, ``achieved_rate``, ``requests``, ``throughput``,
 ``latency_ms``, ``schedule_delay_ms``, ``goodput``, ``by_turn``, ``reasoning_tokens``,
-``tools``; a sweep has ``points`` and ``max_rate_meeting_slo``; ``partial`` and ``partial_reason``
+``tools``, ``prefix_cache``, ``server_metrics``; a run has ``server_metrics_timeline``;
+a sweep has ``points`` and ``max_rate_meeting_slo``; ``partial`` and ``partial_reason``
 say that a run was stopped early. Raise :data:`SCHEMA_VERSION` when one changes meaning.
 
 A request belongs to the measured window when it was sent inside it, so warm-up and
@@ -20,7 +21,9 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from .._plural import counted
+from ..results._prefix_cache import PrefixCacheFigures, PrefixCacheFold
 from ._records import RequestRecord
+from ._server_figures import ServerFigures, ServerSample
 from ._slo import Goodput, SLOs, goodput
 from ._stats import LatencySummary, summarize
 
@@ -277,12 +280,21 @@ class PointResult(_Model):
     until then (the window ends where sending stopped; requests cut short are left out)."""
     partial_reason: str | None = None
     """Why it is partial: ``interrupted`` (SIGINT or SIGTERM, or a caller's stop request)."""
+    prefix_cache: PrefixCacheFigures | None = None
+    """The server's prefix-cache hit rate over the completed requests of the window that
+    reported cached tokens, overall and by turn depth (``hit_rate`` null, with a
+    ``reason``, when none did); null in a result written before it was measured."""
+    server_metrics: ServerFigures | None = None
+    """The server's own figures scraped from its ``/metrics`` over the point
+    (``--server-metrics``); null when not asked or not available."""
 
 
 class LoadResult(PointResult):
     """A whole run's result, as written to ``--out``."""
 
     schema_version: int = SCHEMA_VERSION
+    server_metrics_timeline: list[ServerSample] | None = None
+    """Each scrape of the server's ``/metrics`` over the run (``--server-metrics``)."""
 
     @classmethod
     def of(cls, point: PointResult) -> LoadResult:
@@ -305,6 +317,15 @@ class SweepResult(_Model):
     """The sweep was stopped before its end: ``points`` holds what was measured."""
     partial_reason: str | None = None
     """Why it is partial: ``interrupted``."""
+    server_metrics_timeline: list[ServerSample] | None = None
+    """Each scrape of the server's ``/metrics`` over the sweep (``--server-metrics``)."""
+
+
+def _prefix_cache(done: Sequence[RequestRecord]) -> PrefixCacheFigures:
+    fold = PrefixCacheFold()
+    for r in done:
+        fold.add(r.turn_index, r.input_tokens or 0, r.cached_tokens)
+    return fold.figures()
 
 
 def _turn_latency(values: Sequence[float]) -> TurnLatency:
@@ -425,6 +446,7 @@ def point_result(
         by_turn=_by_turn(done),
         reasoning_tokens=_reasoning_tokens(done),
         tools=_tool_figures(measured),
+        prefix_cache=_prefix_cache(done),
         token_sources=dict(Counter(r.token_source for r in done if r.token_source is not None)),
     )
 

@@ -70,6 +70,53 @@ def _by_turn(plt: Any, point: Any) -> Plot | None:
     return Plot("by_turn", "Latency by turn depth", _svg(fig))
 
 
+def _hit_rate_by_turn(plt: Any, point: Any) -> Plot | None:
+    cache = getattr(point, "prefix_cache", None)
+    turns = [t for t in cache.hit_rate_by_turn if t.hit_rate is not None] if cache else []
+    if not turns:
+        return None
+    fig, ax = plt.subplots(figsize=_SIZE)
+    ax.plot([t.turn_index for t in turns], [t.hit_rate for t in turns], marker="o")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("cached / prompt tokens")
+    return Plot("prefix_cache", "Prefix-cache hit rate by turn depth (as reported)", _svg(fig))
+
+
+def _server_timeline(plt: Any, result: Any) -> Plot | None:
+    samples = getattr(result, "server_metrics_timeline", None) or []
+    if len(samples) < 2:
+        return None
+    t = [s.t_s for s in samples]
+    fig, ax = plt.subplots(figsize=_SIZE)
+    for label, values in (
+        ("running", [s.running for s in samples]),
+        ("waiting", [s.waiting for s in samples]),
+    ):
+        if any(v is not None for v in values):
+            ax.plot(t, [float("nan") if v is None else v for v in values], label=label)
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel("requests")
+    right = ax.twinx()
+    for label, values, color in (
+        ("KV-cache usage", [s.kv_cache_usage for s in samples], "#c44e52"),
+        ("prefix-cache hit rate", [s.prefix_cache_hit_rate for s in samples], "#8172b3"),
+    ):
+        if any(v is not None for v in values):
+            right.plot(
+                t,
+                [float("nan") if v is None else v for v in values],
+                color=color,
+                linestyle="--",
+                label=label,
+            )
+    right.set_ylim(0, 1.05)
+    right.set_ylabel("share (0 to 1)")
+    lines = ax.get_lines() + right.get_lines()
+    ax.legend(lines, [line.get_label() for line in lines], frameon=False, loc="upper left")
+    return Plot("server", "The server's own metrics over time (/metrics)", _svg(fig))
+
+
 def _sweep(plt: Any, result: Any, slos: Any) -> Plot | None:
     points = [p for p in result.points if p.latency_ms.e2e.p99 is not None]
     if len(points) < 2:
@@ -148,6 +195,8 @@ def render_load_html(
         ),
         _timeline(plt, points[main]),
         _by_turn(plt, points[main]),
+        _hit_rate_by_turn(plt, points[main]),
+        _server_timeline(plt, result),
         cdf_plot(
             plt,
             delays,
@@ -169,6 +218,11 @@ def render_load_html(
             partial_reason=result.partial_reason,
             sweep=result if len(points) > 1 else None,
             judged=any(p.goodput is not None for p in points),  # goodput: SLOs were given
+            server=any(getattr(p, "server_metrics", None) is not None for p in points),
+            cached=any(
+                getattr(p, "prefix_cache", None) is not None and p.prefix_cache.requests
+                for p in points
+            ),
             plots=[p for p in made if p is not None],
             version=__version__,
             generated=time.strftime("%Y-%m-%d %H:%M:%S"),

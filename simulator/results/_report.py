@@ -25,6 +25,7 @@ from .._records import (
     TurnStatus,
 )
 from .._types import USAGE_SOURCES
+from ._prefix_cache import PrefixCacheFigures, PrefixCacheFold
 from ._sinks import iter_results, scan_lines, validate_line
 
 __all__ = [
@@ -176,6 +177,10 @@ class RunReport(BaseModel):
     clipped_turns: int = 0
     """Turns whose pack max_tokens the user's cap (``--max-tokens``, a ``max_tokens``
     model argument) clipped: their answers may be cut short where the pack's were not."""
+    prefix_cache: PrefixCacheFigures | None = None
+    """The server's prefix-cache hit rate over the model under test's answered turns
+    that reported cached prompt tokens, overall and by turn index; None (and left out
+    of the JSON) when no turn reported them."""
 
     @model_serializer(mode="wrap")
     def _without_unused_trials(self, handler: Any) -> Any:
@@ -187,6 +192,8 @@ class RunReport(BaseModel):
                 data.pop(key, None)
         if not self.clipped_turns and isinstance(data, dict):  # no cap clipped anything
             data.pop("clipped_turns", None)
+        if self.prefix_cache is None and isinstance(data, dict):  # no server said
+            data.pop("prefix_cache", None)
         if not self.cache and isinstance(data, dict):  # a run without cache hits, as before
             data.pop("cache", None)
         if not self.metric_tiers and isinstance(data, dict):  # a pack without tiers
@@ -260,6 +267,17 @@ class RunReport(BaseModel):
         said = self.token_sources_line()
         if said:
             lines.append(f"- {said}")
+        cache = self.prefix_cache
+        if cache is not None and cache.hit_rate is not None:
+            by_turn = ", ".join(
+                f"turn {t.turn_index} {t.hit_rate:.0%}"
+                for t in cache.hit_rate_by_turn
+                if t.hit_rate is not None
+            )
+            lines.append(
+                f"- prefix cache: {cache.hit_rate:.1%} of prompt tokens cached, as "
+                f"{counted(cache.requests, 'turn')} reported ({by_turn})"
+            )
 
         lines.append(f"- cost: {self.cost_text()}")
         if self.trials is not None:
@@ -553,6 +571,7 @@ class Summarizer:
         self._ttfts: list[float] = []
         self._ttfots: list[float] = []
         self._cache: Counter[str] = Counter()
+        self._prefix_cache = PrefixCacheFold()
         self._usage: Counter[str] = Counter()
         self._sources: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
@@ -611,6 +630,10 @@ class Summarizer:
                 self._cache["hits" if t.user_cached else "misses"] += 1
             if t.usage is not None:
                 self._sources[t.usage.source] += 1
+                if t.status is TurnStatus.COMPLETED and not t.cached:
+                    self._prefix_cache.add(
+                        t.turn_index, t.usage.prompt_tokens, t.usage.cached_tokens
+                    )
             if (
                 t.status is TurnStatus.COMPLETED
                 and t.timings is not None
@@ -745,6 +768,7 @@ class Summarizer:
             errors=dict(self._errors.most_common()),
             duration_s=duration,
             clipped_turns=self._clipped,
+            prefix_cache=self._prefix_cache.figures() if self._prefix_cache.reported else None,
             **self._trial_figures(),
         )
 

@@ -26,7 +26,10 @@ HTML = ("jinja2", "matplotlib")
 SERVICE = ("fastapi", "starlette", "uvicorn", "cryptography")
 CODE = ("radon", "pycodestyle")
 NLI = ("onnxruntime",)
-EVERY_EXTRA = (*LM_EVAL, *HTML, *SERVICE, *CODE, *NLI, "sklearn", "pandas", "ray", "uvloop")
+PROMETHEUS = ("prometheus_client",)
+EVERY_EXTRA = (
+    *LM_EVAL, *HTML, *SERVICE, *CODE, *NLI, *PROMETHEUS, "sklearn", "pandas", "ray", "uvloop",
+)  # fmt: skip
 
 
 def _convsim(
@@ -147,6 +150,19 @@ def test_load_html_without_the_html_extra_stops_before_the_load(tmp_path: Path) 
         "--html", "l.html", blocked=HTML,
     )  # fmt: skip
     _one_line(done, "convsim load --html", "html")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_load_server_metrics_without_the_prometheus_extra_stops_before_the_load(
+    tmp_path: Path,
+) -> None:
+    done = _convsim(
+        tmp_path, "load", "--model", "scripted", "-c", "1", "--max-requests", "5",
+        "--out", "l.json", "--server-metrics", "http://127.0.0.1:9/metrics",
+        blocked=PROMETHEUS,
+    )  # fmt: skip
+    _one_line(done, "convsim load --server-metrics", "prometheus")
     assert list(tmp_path.iterdir()) == []
 
 

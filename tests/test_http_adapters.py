@@ -1303,3 +1303,19 @@ def test_an_unknown_model_type_lists_the_known_ones() -> None:
         create_adapter("no-such-type:m")
     for name in ("openai", "openai-compatible", "anthropic", "http", "scripted"):
         assert name in info.value.known
+
+
+async def test_anthropic_stream_keeps_the_cache_reads_of_message_start(http: Seam) -> None:
+    """message_delta's usage has no cache fields: merging it keeps message_start's."""
+    reply = anthropic_stream("Hello")
+    assert isinstance(reply.chunks, list)
+    reply.chunks[0] = reply.chunks[0].replace(
+        b'"input_tokens": 25', b'"input_tokens": 5, "cache_read_input_tokens": 20'
+    )
+    adapter = await http.adapter(
+        AnthropicAdapter, sequence(reply), env={"ANTHROPIC_API_KEY": "k"}, stream=True
+    )
+    completion = await adapter.generate(HI, GenerationParams())
+    usage = completion.usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (25, 15)
+    assert (usage.cached_tokens, usage.cached_prompt_tokens) == (20, 20)

@@ -159,7 +159,7 @@ def test_load_server_metrics_without_the_prometheus_extra_stops_before_the_load(
 ) -> None:
     done = _convsim(
         tmp_path, "load", "--model", "scripted", "-c", "1", "--max-requests", "5",
-        "--out", "l.json", "--server-metrics", "http://127.0.0.1:9/metrics",
+        "--out", "l.json", "--server-metrics=http://127.0.0.1:9/metrics",
         blocked=PROMETHEUS,
     )  # fmt: skip
     _one_line(done, "convsim load --server-metrics", "prometheus")

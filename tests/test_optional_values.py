@@ -39,7 +39,8 @@ def test_every_optional_value_is_read_after_equals_only() -> None:
                 assert isinstance(command, OptionalValueCommand), name
                 found.append(f"{name} {param.opts[0]}")
     assert sorted(found) == [
-        *("load --otel", "report --html", "run --cache", "run --html", "run --otel"),
+        *("load --otel", "load --server-metrics", "report --html", "run --cache"),
+        *("run --html", "run --otel"),
         "score --cache",
     ]
 

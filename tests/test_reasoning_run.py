@@ -22,7 +22,9 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def thinker() -> AsyncIterator[MockModelServer]:
-    async with MockModelServer(MockServerConfig(reasoning_tokens=5)) as server:
+    # no cached-token counts: the lines' versions here are those of reasoning alone
+    config = MockServerConfig(reasoning_tokens=5, prefix_cache=False)
+    async with MockModelServer(config) as server:
         yield server
 
 
@@ -74,7 +76,7 @@ async def test_the_reasoning_is_recorded_on_the_turn(
 
 async def test_a_line_without_reasoning_is_written_as_before(tmp_path: Any) -> None:
     """An older convsim reads it: no reasoning keys, no ttfot_s, version 2."""
-    async with MockModelServer(MockServerConfig()) as server:
+    async with MockModelServer(MockServerConfig(prefix_cache=False)) as server:
         result = await _run(server, tmp_path, stream=True)
     (turn,) = result.turns
     assert turn.reasoning is None and turn.reasoning_tokens is None

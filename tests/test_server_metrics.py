@@ -426,7 +426,7 @@ def test_a_run_against_the_mock_reads_its_metrics(mock: Any, tmp_path: Path) -> 
 def test_an_endpoint_that_is_not_there_is_told_and_the_run_goes_on(
     mock: Any, tmp_path: Path
 ) -> None:
-    code, _, stderr, data = _load(mock, tmp_path, "--server-metrics", mock.url + "/nowhere")
+    code, _, stderr, data = _load(mock, tmp_path, f"--server-metrics={mock.url}/nowhere")
     assert code == 0, stderr
     assert stderr.count("server metrics:") == 1 and "answered HTTP 404" in stderr
     assert data["server_metrics"] is None and data["server_metrics_timeline"] == []

@@ -22,7 +22,12 @@ from convsim.cli._console import EXIT_INTERRUPTED, EXIT_THRESHOLD_FAILED, clear_
 from convsim.cli._console import stderr as _stderr
 from convsim.cli._console import stdout as _stdout
 from convsim.cli._gates import exit_on_failed_gates, gate_suite, load_checks
-from convsim.cli._options import OptionalValueCommand, junit_option, with_base_url
+from convsim.cli._options import (
+    OptionalValue,
+    OptionalValueCommand,
+    junit_option,
+    with_base_url,
+)
 from convsim.cli._outputs import make_folder, write_junit_report
 from convsim.cli._spelling import respell_distribution, respell_synthetic
 from convsim.cli._tracing import otel_exported, tracing_options, with_request_id_header
@@ -609,10 +614,10 @@ _Option = Callable[[Any], Any]
 )
 @click.option(
     "--server-metrics",
-    is_flag=False,
+    cls=OptionalValue,
     flag_value="auto",
     default=None,
-    metavar="[URL]",
+    metavar="URL",
     help="Scrape the server's Prometheus metrics during the run (KV-cache usage, running "
     "and waiting requests, preemptions, token throughput, prefix-cache hit rate, TTFT) "
     "from URL; alone: the base URL's origin + /metrics, skipped with a note when absent. "

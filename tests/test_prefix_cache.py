@@ -104,11 +104,11 @@ def test_a_results_line_without_cached_tokens_is_written_as_before() -> None:
     }
 
 
-def test_a_results_line_with_cached_tokens_is_version_6_and_reads_back() -> None:
+def test_a_results_line_with_cached_tokens_is_version_7_and_reads_back() -> None:
     usage = Usage(prompt_tokens=10, completion_tokens=2, total_tokens=12, cached_tokens=8)
     result = _result(usage)
     line = result.model_dump_json()
-    assert json.loads(line)["schema_version"] == 6
+    assert json.loads(line)["schema_version"] == 7
     assert json.loads(line)["turns"][0]["usage"]["cached_tokens"] == 8
     again = ConversationResult.model_validate_json(line)
     assert again.turns[0].usage == usage

@@ -373,7 +373,8 @@ _Option = Callable[[Any], Any]
         None if value is None else respell_synthetic(value, param.opts[0])
     ),
     help=f"Synthetic sessions (default {DEFAULT_SYNTHETIC}); values may be distributions, "
-    "e.g. input_tokens=uniform:128,512; prefix_tokens=N adds a shared system prompt.",
+    "e.g. input_tokens=uniform:128,512; prefix_tokens=N adds a shared system prompt. "
+    "guidellm's spelling is read too: prompt_tokens=N with _stdev, _min, _max.",
 )
 @click.option("--pack", default=None, help="A scenario pack: each real answer is fed back.")
 @click.option(

@@ -344,7 +344,39 @@ def _model_args(pairs: tuple[str, ...]) -> dict[str, str]:
 _Option = Callable[[Any], Any]
 
 
-@click.command("load", cls=OptionalValueCommand)
+def _goodput_words(args: list[str]) -> list[str]:
+    """``args`` with each word that follows ``--goodput``'s value, up to the next
+    option, given its own ``--goodput``: vLLM's ``--goodput ttft:500 tpot:50``. The
+    command takes no arguments, so such words could mean nothing else."""
+    out: list[str] = []
+    taking = False  # after --goodput's first value
+    words = iter(args)
+    for arg in words:
+        if arg == "--":
+            out.append(arg)
+            out.extend(words)
+            break
+        if taking and not arg.startswith("-"):
+            out.extend(("--goodput", arg))
+            continue
+        out.append(arg)
+        taking = arg.startswith("--goodput=")
+        if arg == "--goodput":
+            value = next(words, None)
+            if value is not None:
+                out.append(value)
+                taking = True
+    return out
+
+
+class _LoadCommand(OptionalValueCommand):
+    """``convsim load``, reading ``--goodput`` with several words as vLLM does."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _goodput_words(args))
+
+
+@click.command("load", cls=_LoadCommand)
 @click.option(
     "-m",
     "--model",
@@ -514,6 +546,14 @@ _Option = Callable[[Any], Any]
     "token, after a reasoning model's thoughts).",
 )
 @click.option(
+    "--goodput",
+    multiple=True,
+    metavar="KEY:MS",
+    help="vLLM's form of objectives, beside --slo: --goodput ttft:500 tpot:50 (ms; keys "
+    "ttft, tpot, e2el). Goodput counts each request on its own values, as vllm bench "
+    "serve does; the run is judged at p99 (ttft:500 is ttft_p99<=500ms).",
+)
+@click.option(
     "-o",
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -589,6 +629,7 @@ def load_command(
     fail_on_invalid: bool,
     junit_out: Path | None,
     request_id_header: str | None,
+    goodput: tuple[str, ...],
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark.
@@ -612,12 +653,16 @@ def load_command(
 
     model_args = with_base_url(model_args, base_url, option="--base-url", args_option="--model-arg")
     model_args = with_request_id_header(model_args, request_id_header)
-    if fail_on_slo and not options.get("slo"):
-        raise ConfigError("--fail-on-slo needs --slo: the objectives to judge the run on")
+    if fail_on_slo and not (options.get("slo") or goodput):
+        raise ConfigError(
+            "--fail-on-slo needs --slo or --goodput: the objectives to judge the run on"
+        )
     if actors is not None:
         if options.get("backend") != "ray":
             raise ConfigError("--actors goes with --backend ray (locally: --workers)")
         options["workers"] = actors
+    if goodput:
+        options["goodput"] = " ".join(goodput)
     plan = parse_config(
         LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
     )
@@ -640,7 +685,8 @@ def load_command(
     if run.result is None:
         _stderr().print("interrupted before anything was measured: no result", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
-    checks = load_checks(run.result, parse_slos(plan.slo) if plan.slo else None)
+    objectives = plan.objectives
+    checks = load_checks(run.result, parse_slos(objectives) if objectives else None)
     with _signals_held() as heard:
         _write_outputs(plan, run, out, requests_out, html_out)
         if junit_out is not None:
@@ -668,7 +714,8 @@ def _write_outputs(
     from ..load._requests_file import write_requests
 
     assert run.result is not None
-    _print_result(run.result, plan.slo is not None, _stdout())
+    objectives = plan.objectives
+    _print_result(run.result, objectives is not None, _stdout())
     if out is not None:
         out.write_text(json.dumps(run.result.model_dump(mode="json"), indent=2) + "\n")
         _stdout().print(f"result: {out}", highlight=False)
@@ -680,6 +727,6 @@ def _write_outputs(
 
         from ..load._slo import parse_slos
 
-        slos = parse_slos(plan.slo) if plan.slo else None
+        slos = parse_slos(objectives) if objectives else None
         written = write_load_html(html_out, run.result, run.requests, slos=slos)
         _stdout().print(f"html: {written} ({written.stat().st_size / 1e6:.2f} MB)", highlight=False)

@@ -38,7 +38,7 @@ from ._names import DEFAULT_SYNTHETIC
 from ._quality import check_metrics, score_transcripts
 from ._records import RequestRecord
 from ._result import LoadResult, PointResult, QualitySummary, SweepResult, sweep_result
-from ._slo import parse_slos
+from ._slo import merge_objectives, parse_slos
 from ._stop import NothingMeasured, StopRequest, ThreadedStop
 from ._workers import Ended, Job, collect, run_processes
 from ._workloads import PackSessions, ShareGPTSessions, SyntheticSessions, Workload, read_sharegpt
@@ -88,6 +88,8 @@ class LoadPlan(BaseModel):
     """The event loop: uvloop where installed (``auto``), or as named."""
     sweep: str | None = None
     slo: str | None = None
+    goodput: str | None = None
+    """vLLM's form of objectives (``ttft:500 tpot:50``, ms), beside :attr:`slo`."""
     calibrate: bool = True
     preflight: bool = True
     max_schedule_delay_ms: float = 10.0
@@ -104,6 +106,16 @@ class LoadPlan(BaseModel):
     through the application's global providers (``convsim load --otel`` sets them up to
     export as named), in worker processes through providers each sets up to export to
     ``otlp`` (the ``OTEL_EXPORTER_OTLP_*`` variables) or the ``console``. None: off."""
+
+    @property
+    def objectives(self) -> str | None:
+        """The objectives of :attr:`slo` and :attr:`goodput` together, as ``--slo``
+        text; None without either.
+
+        Raises:
+            ConfigError: either is invalid, or both set one metric.
+        """
+        return merge_objectives(self.slo, self.goodput)
 
 
 # -- building the pieces ------------------------------------------------------------
@@ -573,7 +585,8 @@ async def _run_point(
     outcomes = measured.outcomes
     if not outcomes:
         return None
-    slos = parse_slos(plan.slo) if plan.slo else None
+    objectives = plan.objectives
+    slos = parse_slos(objectives) if objectives else None
     target = rate if concurrency is None and rate is not None else outcomes[0].target_rate
     if concurrency is not None:
         target = None
@@ -758,8 +771,8 @@ async def run_load(
         raise ConfigError("give --concurrency N (closed loop), --rate R (open loop) or --trace")
     if plan.concurrency is not None and plan.rate is not None:
         raise ConfigError("give one of --concurrency (closed loop) and --rate (open loop)")
-    if plan.slo:
-        parse_slos(plan.slo)  # fail before any request
+    if plan.objectives:
+        parse_slos(plan.objectives)  # fail before any request
     if plan.sweep is not None and not plan.sweep.strip().lower().startswith("auto"):
         _sweep_values(plan.sweep)
     parse_distribution(plan.think_time, what="--think-time")

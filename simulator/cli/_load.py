@@ -53,8 +53,22 @@ def _label(point: PointResult) -> str:
     if point.concurrency is not None:
         return f"c={point.concurrency}"
     if point.target_rate is not None:
-        return f"{point.target_rate:.3g}/s"
+        single = point.target_request_rate == point.target_rate
+        return f"{point.target_rate:.3g} {'requests' if single else 'sessions'}/s"
     return "trace"
+
+
+def _offered(point: PointResult) -> str | None:
+    """What an open-loop point offered, sessions and the requests they imply."""
+    if point.target_rate is None:
+        return None
+    sessions = f"offered {point.target_rate:.3g} sessions/s"
+    if point.target_request_rate is None:
+        return f"{sessions} (requests/s unknown: tool turns)"
+    if point.target_request_rate == point.target_rate:
+        return f"{sessions} = {point.target_request_rate:.3g} requests/s (one request each)"
+    per = point.target_request_rate / point.target_rate
+    return f"{sessions} = {point.target_request_rate:.3g} requests/s ({per:.3g} per session)"
 
 
 def _slo_cell(meets_slo: bool | None) -> Cell:
@@ -205,6 +219,9 @@ def _print_result(result: LoadResult | SweepResult, slo: bool, out: Console) -> 
         c, conv = p.client, p.conversations
         completed = counted(p.requests.completed, "request", grouped=True)
         line = f"{_label(p)}: {completed} completed, {p.requests.failed:,} failed"
+        offered = _offered(p)
+        if offered is not None:
+            line = f"{_label(p)}: {offered}; {completed} completed, {p.requests.failed:,} failed"
         if p.requests.errors_by_class:
             line += (
                 " (" + ", ".join(f"{k} {v}" for k, v in p.requests.errors_by_class.items()) + ")"
@@ -444,7 +461,15 @@ class _LoadCommand(OptionalValueCommand):
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Open loop: session arrivals per second.",
+    help="Open loop: session arrivals per second (sessions/s, not requests/s: each session "
+    "sends all its turns; the summary shows the requests/s this offers).",
+)
+@click.option(
+    "--request-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Open loop in requests per second, as vllm bench serve counts, for single-turn "
+    "workloads (exit 2 with multi-turn sessions).",
 )
 @click.option(
     "--arrival", type=click.Choice(ARRIVAL_PATTERNS), default="poisson", show_default=True

@@ -35,6 +35,7 @@ from ._driver import DriveOutcome, LoadShape, drive, open_schedule
 from ._figures import InputCheck, Thresholds, merged_result
 from ._monitor import Progress
 from ._names import DEFAULT_SYNTHETIC
+from ._offered import session_requests
 from ._quality import check_metrics, score_transcripts
 from ._records import RequestRecord
 from ._result import LoadResult, PointResult, QualitySummary, SweepResult, sweep_result
@@ -68,6 +69,10 @@ class LoadPlan(BaseModel):
     exact_output: bool = True
     concurrency: int | None = Field(default=None, ge=1)
     rate: float | None = Field(default=None, gt=0)
+    """Open loop: session arrivals per second (a session sends all its turns)."""
+    request_rate: float | None = Field(default=None, gt=0)
+    """Open loop in requests per second, as vLLM counts: for workloads whose sessions
+    send one request each, where it is the same as :attr:`rate`."""
     arrival: ArrivalPattern = "poisson"
     burstiness: float = Field(default=1.0, gt=0)
     trace: str | None = None
@@ -601,6 +606,12 @@ async def _run_point(
         ),
         input_check=_input_check(outcomes, _workload(plan, calibration), calibration),
     )
+    if result.target_rate is not None:
+        per_session = session_requests(_workload(plan, calibration)).mean
+        if per_session is not None:
+            result = result.model_copy(
+                update={"target_request_rate": result.target_rate * per_session}
+            )
     notes = list(calibration.notes) if calibration is not None else []
     notes.extend(measured.notes)
     if stop.asked and plan.metrics:
@@ -736,6 +747,35 @@ class _Runner:
 # -- the run ---------------------------------------------------------------------------------
 
 
+def _per_request(plan: LoadPlan) -> LoadPlan:
+    """``plan`` with its ``request_rate`` as the session rate: the same, for sessions
+    of one request each.
+
+    Raises:
+        ConfigError: beside ``--rate`` or ``--concurrency``, or with sessions that send
+            more than one request.
+    """
+    if plan.rate is not None:
+        raise ConfigError(
+            "give one of --rate (sessions per second) and --request-rate (requests per second)"
+        )
+    if plan.concurrency is not None:
+        raise ConfigError("give one of --concurrency (closed loop) and --request-rate (open loop)")
+    requests = session_requests(_workload(plan, None))
+    if not requests.single:
+        sends = (
+            "tool turns, whose requests depend on the model's calls"
+            if requests.mean is None
+            else f"{requests.mean:.3g} requests per session on average"
+        )
+        raise ConfigError(
+            f"--request-rate counts requests per second, for sessions of one request each; "
+            f"this workload's sessions send more ({sends}): give --rate in sessions per "
+            "second, or a single-turn workload (--synthetic turns=1, --dataset-turns first)"
+        )
+    return plan.model_copy(update={"rate": plan.request_rate})
+
+
 @dataclass(frozen=True)
 class LoadRun:
     """A finished load run: its result, and every request it sent (with the index of
@@ -767,6 +807,8 @@ async def run_load(
         ConfigError: settings that do not fit together, or a workload that cannot load.
         EndpointError: the preflight check found the server unusable.
     """
+    if plan.request_rate is not None:
+        plan = _per_request(plan)
     if plan.sweep is None and plan.concurrency is None and plan.rate is None and not plan.trace:
         raise ConfigError("give --concurrency N (closed loop), --rate R (open loop) or --trace")
     if plan.concurrency is not None and plan.rate is not None:

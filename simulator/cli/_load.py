@@ -586,6 +586,15 @@ class _LoadCommand(OptionalValueCommand):
     help="The JSON result.",
 )
 @click.option(
+    "--format",
+    "result_format",
+    type=click.Choice(["convsim", "vllm"]),
+    default="convsim",
+    show_default=True,
+    help="The form of --out: convsim's result, or vllm bench serve's keys (mean_ttft_ms, "
+    "p99_ttft_ms, request_throughput, ...; a sweep: one object per point, one per line).",
+)
+@click.option(
     "--requests",
     "requests_out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -655,6 +664,7 @@ def load_command(
     junit_out: Path | None,
     request_id_header: str | None,
     goodput: tuple[str, ...],
+    result_format: str,
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark.
@@ -688,6 +698,8 @@ def load_command(
         options["workers"] = actors
     if goodput:
         options["goodput"] = " ".join(goodput)
+    if result_format != "convsim" and out is None:
+        raise ConfigError(f"--format {result_format} is the form of --out: give --out FILE")
     plan = parse_config(
         LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
     )
@@ -713,7 +725,7 @@ def load_command(
     objectives = plan.objectives
     checks = load_checks(run.result, parse_slos(objectives) if objectives else None)
     with _signals_held() as heard:
-        _write_outputs(plan, run, out, requests_out, html_out)
+        _write_outputs(plan, run, out, requests_out, html_out, result_format)
         if junit_out is not None:
             suite = gate_suite(checks.made(), name="load", properties={"model": plan.model})
             write_junit_report(junit_out, [suite])
@@ -733,7 +745,12 @@ def load_command(
 
 
 def _write_outputs(
-    plan: LoadPlan, run: LoadRun, out: Path | None, requests_out: Path | None, html_out: Path | None
+    plan: LoadPlan,
+    run: LoadRun,
+    out: Path | None,
+    requests_out: Path | None,
+    html_out: Path | None,
+    result_format: str = "convsim",
 ) -> None:
     """The summary on stdout, and the files asked for."""
     from ..load._requests_file import write_requests
@@ -741,7 +758,12 @@ def _write_outputs(
     assert run.result is not None
     objectives = plan.objectives
     _print_result(run.result, objectives is not None, _stdout())
-    if out is not None:
+    if out is not None and result_format == "vllm":
+        from ..load._vllm_format import write_vllm_result
+
+        write_vllm_result(out, run.result, plan)
+        _stdout().print(f"result: {out} (vllm bench serve's keys)", highlight=False)
+    elif out is not None:
         out.write_text(json.dumps(run.result.model_dump(mode="json"), indent=2) + "\n")
         _stdout().print(f"result: {out}", highlight=False)
     if requests_out is not None:

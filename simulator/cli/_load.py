@@ -430,7 +430,23 @@ class _LoadCommand(OptionalValueCommand):
     "--dataset",
     default=None,
     type=click.Path(dir_okay=False),
-    help="A ShareGPT-format file (JSON or JSON lines): every user turn is sent.",
+    help="A ShareGPT-format file (JSON or JSON lines): every user turn is sent; or "
+    "hf:NAME[:SPLIT], a dataset of the datasets library (hub, cache or a local folder).",
+)
+@click.option(
+    "--columns",
+    default=None,
+    metavar="FIELD=COLUMN,...",
+    help="With --dataset hf:NAME: prompt=COL (one turn a row), output_len=COL, system=COL, "
+    "or conversations=COL (ShareGPT or OpenAI messages: every turn of a row).",
+)
+@click.option(
+    "--dataset-turns",
+    type=click.Choice(["all", "first"]),
+    default="all",
+    show_default=True,
+    help="all: every user turn of a conversation, as one session; first: its first turn "
+    "alone (single-turn, as vllm bench serve sends ShareGPT).",
 )
 @click.option(
     "--repeat",

@@ -33,6 +33,7 @@ from ._calibrate import Calibration, calibrate
 from ._distributions import parse_distribution, parse_synthetic
 from ._driver import DriveOutcome, LoadShape, drive, open_schedule
 from ._figures import InputCheck, Thresholds, merged_result
+from ._hf_dataset import HF_PREFIX, read_hf_dataset
 from ._monitor import Progress
 from ._names import DEFAULT_SYNTHETIC
 from ._offered import session_requests
@@ -63,6 +64,11 @@ class LoadPlan(BaseModel):
     synthetic: str | None = None
     pack: str | None = None
     dataset: str | None = None
+    """A ShareGPT file, or ``hf:NAME[:SPLIT]``: a dataset of the ``datasets`` library."""
+    columns: str | None = None
+    """With ``hf:``: convsim's fields and the dataset's columns (``prompt=COL,...``)."""
+    dataset_turns: Literal["all", "first"] = "all"
+    """``first``: each conversation's first user turn alone (as vLLM sends ShareGPT)."""
     repeat: int | None = Field(default=None, ge=1)
     output_tokens: int | None = Field(default=None, ge=1)
     """max_tokens for pack and dataset turns (synthetic sessions say their own)."""
@@ -154,8 +160,13 @@ def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
         return PackSessions(
             pack.conversations, repeat=plan.repeat, seed=plan.seed, max_tokens=plan.output_tokens
         )
+    hf = plan.dataset is not None and plan.dataset.startswith(HF_PREFIX)
+    if plan.columns is not None and not hf:
+        raise ConfigError("--columns goes with --dataset hf:NAME (a datasets dataset)")
     if plan.dataset is not None:
-        conversations = tuple(read_sharegpt(plan.dataset))
+        conversations = tuple(
+            read_hf_dataset(plan.dataset, plan.columns) if hf else read_sharegpt(plan.dataset)
+        )
         kwargs: dict[str, Any] = {} if text is None else {"text": text}
         return ShareGPTSessions(
             conversations,
@@ -163,8 +174,11 @@ def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
             repeat=plan.repeat,
             max_tokens=plan.output_tokens,
             exact_output=exact,
+            first_turn_only=plan.dataset_turns == "first",
             **kwargs,
         )
+    if plan.dataset_turns != "all":
+        raise ConfigError("--dataset-turns goes with --dataset")
     workload = parse_synthetic(plan.synthetic or DEFAULT_SYNTHETIC)
     kwargs = {} if text is None else {"text": text}
     return SyntheticSessions(workload, seed=plan.seed, exact_output=exact, **kwargs)

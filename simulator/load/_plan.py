@@ -687,8 +687,11 @@ class _Runner:
         if self.stop.asked:
             return None
         index = len(self.points)
-        label = f"concurrency {concurrency}" if concurrency is not None else f"rate {rate:.3g}/s"
-        if rate is None and concurrency is None:
+        if concurrency is not None:
+            label = f"concurrency {concurrency}"
+        elif rate is not None:
+            label = f"rate {rate:.3g}/s"
+        else:
             label = "trace"
         done = await self.measure(
             self.plan,

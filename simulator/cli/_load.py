@@ -502,7 +502,15 @@ class _LoadCommand(OptionalValueCommand):
     default=None,
     type=click.Path(dir_okay=False),
     help="Replay arrivals: one timestamp (s) per line, or JSON lines with timestamp, "
-    "input_tokens, output_tokens.",
+    "input_tokens, output_tokens; or a Mooncake trace (JSON lines with timestamp in ms, "
+    "input_length, output_length, hash_ids), whose requests share the prefix blocks "
+    "their hash ids declare.",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tokens per hash id of a Mooncake trace  [default: 512]",
 )
 @click.option(
     "--max-concurrency",

@@ -11,6 +11,7 @@ import math
 from typing import NamedTuple
 
 from ._distributions import Exponential, Fixed, LogNormal, Normal, Uniform
+from ._mooncake import MooncakeSessions
 from ._workloads import PackSessions, SessionScript, ShareGPTSessions, SyntheticSessions, Workload
 
 __all__ = ["SessionRequests", "session_requests"]
@@ -48,6 +49,8 @@ def _of_scripts(scripts: list[SessionScript]) -> SessionRequests:
 def session_requests(workload: Workload) -> SessionRequests:
     """The requests per session of ``workload``: exact for packs and datasets (each
     conversation once), estimated from the first sessions for synthetic ones."""
+    if isinstance(workload, MooncakeSessions):
+        return SessionRequests(single=True, mean=1.0)
     if isinstance(workload, SyntheticSessions):
         drawn = _of_scripts([workload.session(i) for i in range(_SAMPLED)])
         single = _largest(workload.workload.turns) <= 1

@@ -35,6 +35,13 @@ from ._driver import DriveOutcome, LoadShape, drive, open_schedule
 from ._figures import InputCheck, Thresholds, merged_result
 from ._hf_dataset import HF_PREFIX, read_hf_dataset
 from ._monitor import Progress
+from ._mooncake import (
+    DEFAULT_BLOCK_SIZE,
+    MooncakeSessions,
+    MooncakeTrace,
+    is_mooncake,
+    read_mooncake,
+)
 from ._names import DEFAULT_SYNTHETIC
 from ._offered import session_requests
 from ._quality import check_metrics, score_transcripts
@@ -82,6 +89,10 @@ class LoadPlan(BaseModel):
     arrival: ArrivalPattern = "poisson"
     burstiness: float = Field(default=1.0, gt=0)
     trace: str | None = None
+    """Arrival times (one per line), or a Mooncake trace (JSON lines with ``hash_ids``),
+    which brings its requests' prompts too."""
+    block_size: int | None = Field(default=None, ge=1)
+    """Tokens per hash id of a Mooncake trace (512 when not given)."""
     max_concurrency: int | None = Field(default=None, ge=1)
     duration: float | None = Field(default=None, gt=0)
     max_requests: int | None = Field(default=None, ge=1)
@@ -147,12 +158,41 @@ def _model_args(
     return args
 
 
+def _mooncake(plan: LoadPlan) -> MooncakeTrace | None:
+    """The plan's trace when it is in Mooncake's form (it then brings the prompts).
+
+    Raises:
+        ConfigError: a bad Mooncake trace, or ``block_size`` without one.
+    """
+    if plan.trace is not None and is_mooncake(plan.trace):
+        return read_mooncake(plan.trace, plan.block_size or DEFAULT_BLOCK_SIZE)
+    if plan.block_size is not None:
+        raise ConfigError("--block-size goes with a Mooncake trace (--trace FILE with hash_ids)")
+    return None
+
+
+def _trace_schedule(plan: LoadPlan) -> Schedule:
+    assert plan.trace is not None
+    trace = _mooncake(plan)
+    return trace.schedule() if trace is not None else read_trace(plan.trace)
+
+
 def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
     given = [x for x in (plan.synthetic, plan.pack, plan.dataset) if x is not None]
     if len(given) > 1:
         raise ConfigError("give one workload: --synthetic, --pack or --dataset")
     text = calibration.text if calibration is not None else None
     exact = plan.exact_output and (calibration is None or calibration.exact_output)
+    trace = _mooncake(plan)
+    if trace is not None:
+        if given:
+            raise ConfigError(
+                "a Mooncake trace brings its requests' prompts: drop --synthetic, --pack "
+                "or --dataset"
+            )
+        return MooncakeSessions(
+            trace, seed=plan.seed, exact_output=exact, **({} if text is None else {"text": text})
+        )
     if plan.pack is not None:
         from convsim.scenarios import load_pack
 
@@ -192,7 +232,7 @@ def _pool_size(plan: LoadPlan, concurrency: int | None) -> int:
 
 def _shape(plan: LoadPlan, *, concurrency: int | None, rate: float | None) -> LoadShape:
     think = parse_distribution(plan.think_time, what="--think-time")
-    schedule = read_trace(plan.trace) if plan.trace is not None and rate is None else None
+    schedule = _trace_schedule(plan) if plan.trace is not None and rate is None else None
     if concurrency is None and rate is None and schedule is None:
         raise ConfigError("give --concurrency N (closed loop), --rate R (open loop) or --trace")
     return LoadShape(
@@ -836,7 +876,7 @@ async def run_load(
         _sweep_values(plan.sweep)
     parse_distribution(plan.think_time, what="--think-time")
     if plan.trace is not None:
-        read_trace(plan.trace)
+        _trace_schedule(plan)
     if plan.workers > (os.cpu_count() or 1) * 4:
         raise ConfigError(f"--workers {plan.workers} is far above this machine's CPUs")
     _workload(plan, None)  # a bad pack or dataset fails before any request

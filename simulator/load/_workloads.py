@@ -34,6 +34,7 @@ __all__ = [
     "ShareGPTSessions",
     "read_sharegpt",
     "vocabulary_text",
+    "vocabulary_words",
     "VOCABULARY_SIZE",
 ]
 
@@ -148,6 +149,11 @@ def vocabulary_text(words: int, start: int = 0) -> str:
 
 
 VOCABULARY_SIZE = len(_WORDS)
+
+
+def vocabulary_words(indices: Sequence[int]) -> str:
+    """The vocabulary's words at ``indices`` (each below :data:`VOCABULARY_SIZE`)."""
+    return " ".join([_WORDS[i] for i in indices])
 
 
 def _draw(dist: Any, rng: np.random.Generator) -> int:

@@ -11,7 +11,8 @@ does); :func:`drive` offers a workload to an adapter in one event loop; a
 - latency statistics over raw, mergeable samples (:class:`Samples`, :func:`summarize`);
 - SLOs and goodput (:func:`parse_slos`, vLLM's form :func:`parse_goodput`,
   :func:`goodput`);
-- workloads: synthetic sessions, scenario packs, ShareGPT files (:class:`Workload`);
+- workloads: synthetic sessions, scenario packs, ShareGPT files and ``datasets``
+  datasets, Mooncake traces (:class:`Workload`, :func:`read_mooncake`);
 - per-request records (:class:`RequestRecord`) and the versioned JSON result
   (:func:`point_result`, :func:`sweep_result`, :class:`LoadResult`).
 
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
     from ._figures import Thresholds as Thresholds
     from ._figures import merged_result as merged_result
     from ._monitor import Progress as Progress
+    from ._mooncake import MooncakeSessions as MooncakeSessions
+    from ._mooncake import MooncakeTrace as MooncakeTrace
+    from ._mooncake import read_mooncake as read_mooncake
     from ._plan import LoadPlan as LoadPlan
     from ._plan import LoadRun as LoadRun
     from ._plan import run_load as run_load

@@ -107,7 +107,9 @@ def test_block_size_sets_the_blocks(tmp_path: Path) -> None:
     path = trace_file(tmp_path / "t.jsonl", req(0, [1, 2, 3], 600))
     sessions = MooncakeSessions(read_mooncake(path, block_size=256))
     assert len(sessions.session(0).turns[0].user.split()) == 600  # type: ignore[union-attr]
-    with pytest.raises(ConfigError, match=r"t.jsonl:1: hash_ids: 3 blocks, but input_length 600"):
+    with pytest.raises(
+        ConfigError, match=r"t.jsonl:1: hash_ids: 3 blocks, but input_length 600 takes 2 blocks"
+    ):
         read_mooncake(path)  # 512 a block: two blocks
 
 
@@ -119,7 +121,7 @@ def test_block_size_sets_the_blocks(tmp_path: Path) -> None:
         ([req(0, [-1], 10)], ":1: hash_ids.0: Input should be greater than or equal to 0"),
         ([req(0, [], 10)], ":1: hash_ids: List should have at least 1 item"),
         ([req(0, [1], 0)], ":1: input_length: Input should be greater than or equal to 1"),
-        ([req(0, [1, 2], 10)], "takes 1 of 512 tokens (is --block-size the trace's?)"),
+        ([req(0, [1, 2], 10)], "takes 1 block of 512 tokens (is --block-size the trace's?)"),
     ],
 )
 def test_bad_lines_are_named(tmp_path: Path, lines: list[dict], message: str) -> None:

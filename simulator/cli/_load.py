@@ -64,7 +64,7 @@ def _offered(point: PointResult) -> str | None:
         return None
     sessions = f"offered {point.target_rate:.3g} sessions/s"
     if point.target_request_rate is None:
-        return f"{sessions} (requests/s unknown: tool turns)"
+        return f"{sessions} (requests per session unknown)"
     if point.target_request_rate == point.target_rate:
         return f"{sessions} = {point.target_request_rate:.3g} requests/s (one request each)"
     per = point.target_request_rate / point.target_rate

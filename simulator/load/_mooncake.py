@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from convsim._errors import ConfigError
 
+from .._plural import counted
 from ._arrivals import Schedule
 from ._workloads import VOCABULARY_SIZE, SessionScript, TokenText, TurnScript, vocabulary_words
 
@@ -146,9 +147,9 @@ def read_mooncake(path: str | Path, block_size: int = DEFAULT_BLOCK_SIZE) -> Moo
         blocks = math.ceil(line.input_length / block_size)
         if blocks != len(line.hash_ids):
             raise ConfigError(
-                f"{where}: hash_ids: {len(line.hash_ids)} blocks, but input_length "
-                f"{line.input_length} takes {blocks} of {block_size} tokens (is --block-size "
-                "the trace's?)"
+                f"{where}: hash_ids: {counted(len(line.hash_ids), 'block')}, but input_length "
+                f"{line.input_length} takes {counted(blocks, 'block')} of "
+                f"{counted(block_size, 'token')} (is --block-size the trace's?)"
             )
         first = line.timestamp if first is None else first
         last = line.timestamp

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -111,6 +112,74 @@ def test_synthetic_workload_reads_distributions_with_commas() -> None:
 )
 def test_synthetic_errors(text: str, reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
+        parse_synthetic(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "prompt_tokens=256,output_tokens=64",
+            {"input_tokens": Fixed(256, integer=True), "output_tokens": Fixed(64, integer=True)},
+        ),
+        (
+            # a deviation: normal, 5 deviations either side (at least 1) unless bounded
+            "prompt_tokens=256,prompt_tokens_stdev=64,output_tokens=64,output_tokens_stdev=8,"
+            "output_tokens_max=80",
+            {
+                "input_tokens": Normal(256, 64, 1, 576, integer=True),
+                "output_tokens": Normal(64, 8, 24, 80, integer=True),
+            },
+        ),
+        (
+            # bounds alone: uniform over them, each by default the count itself
+            "prompt_tokens=100,prompt_tokens_min=50,output_tokens=10,output_tokens_max=20",
+            {
+                "input_tokens": Uniform(50, 100, integer=True),
+                "output_tokens": Uniform(10, 20, integer=True),
+            },
+        ),
+        (
+            '{"prompt_tokens": 128, "output_tokens": 16, "turns": 2}',
+            {
+                "input_tokens": Fixed(128, integer=True),
+                "output_tokens": Fixed(16, integer=True),
+                "turns": Fixed(2, integer=True),
+            },
+        ),
+        (
+            # guidellm's spread on convsim's own input_tokens is read too
+            "input_tokens=32,prompt_tokens_min=32,prompt_tokens_max=32,output_tokens=4",
+            {"input_tokens": Fixed(32, integer=True), "output_tokens": Fixed(4, integer=True)},
+        ),
+    ],
+)
+def test_synthetic_reads_guidellms_spelling(text: str, expected: dict[str, object]) -> None:
+    workload = parse_synthetic(text)
+    for key, value in expected.items():
+        assert getattr(workload, key) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("input_tokens=1,prompt_tokens=1,output_tokens=1", "input_tokens and prompt_tokens"),
+        ("prompt_tokens_stdev=4,output_tokens=1", "prompt_tokens_stdev without prompt_tokens=N"),
+        (
+            "prompt_tokens=uniform:1,9,prompt_tokens_max=9,output_tokens=1",
+            "is the distribution 'uniform:1,9'",
+        ),
+        ("prompt_tokens=10,prompt_tokens_min=20,output_tokens=1", "prompt_tokens_min 20 is above"),
+        ("prompt_tokens=10,output_tokens=5,output_tokens_stdev=1.5", "whole number"),
+        ("prompt_tokens=10,output_tokens=5,output_tokens_stdev=-1", "whole number"),
+        ('{"prompt_tokens": 10, "output_tokens": 5, "samples": 9}', "unknown key 'samples'"),
+        ('{"prompt_tokens": 10, "output_tokens": [5]}', "output_tokens: expected a number"),
+        ('{"prompt_tokens": 10', "not a JSON object"),
+        ("[1, 2]", "expected KEY=VALUE"),
+    ],
+)
+def test_guidellm_spelling_errors(text: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(reason)):
         parse_synthetic(text)
 
 

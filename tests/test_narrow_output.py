@@ -157,12 +157,15 @@ def load_point(tmp_path_factory: pytest.TempPathFactory) -> LoadResult:
 def test_load_prints_whole_at_80_columns_and_splits_a_sweep_of_twelve_points(
     load_point: LoadResult,
 ) -> None:
-    update = [{"target_rate": 2.0 * (i + 1), "concurrency": None} for i in range(12)]
+    update = [
+        {"target_rate": 2.0 * (i + 1), "target_request_rate": 4.0 * (i + 1), "concurrency": None}
+        for i in range(12)
+    ]
     points = [load_point.model_copy(update=u) for u in update]
     console = Console(width=WIDTH, record=True, soft_wrap=True)
     load_command._print_result(sweep_result(points), True, console)
     text = console.export_text()
-    labels = [f"{2.0 * (i + 1):.3g}/s" for i in range(12)]
+    labels = [f"{2.0 * (i + 1):.3g} sessions/s" for i in range(12)]
     assert_fits(text, [*labels, "send delay p99", "goodput req/s", "meets SLO"])
     assert "Load test (latencies in ms) (2/" in text  # the points went on in a second table
     e2e = f"{load_point.latency_ms.e2e.p99:,.1f}"

@@ -58,8 +58,22 @@ def _label(point: PointResult) -> str:
     if point.concurrency is not None:
         return f"c={point.concurrency}"
     if point.target_rate is not None:
-        return f"{point.target_rate:.3g}/s"
+        single = point.target_request_rate == point.target_rate
+        return f"{point.target_rate:.3g} {'requests' if single else 'sessions'}/s"
     return "trace"
+
+
+def _offered(point: PointResult) -> str | None:
+    """What an open-loop point offered, sessions and the requests they imply."""
+    if point.target_rate is None:
+        return None
+    sessions = f"offered {point.target_rate:.3g} sessions/s"
+    if point.target_request_rate is None:
+        return f"{sessions} (requests per session unknown)"
+    if point.target_request_rate == point.target_rate:
+        return f"{sessions} = {point.target_request_rate:.3g} requests/s (one request each)"
+    per = point.target_request_rate / point.target_rate
+    return f"{sessions} = {point.target_request_rate:.3g} requests/s ({per:.3g} per session)"
 
 
 def _slo_cell(meets_slo: bool | None) -> Cell:
@@ -210,6 +224,9 @@ def _print_result(result: LoadResult | SweepResult, slo: bool, out: Console) -> 
         c, conv = p.client, p.conversations
         completed = counted(p.requests.completed, "request", grouped=True)
         line = f"{_label(p)}: {completed} completed, {p.requests.failed:,} failed"
+        offered = _offered(p)
+        if offered is not None:
+            line = f"{_label(p)}: {offered}; {completed} completed, {p.requests.failed:,} failed"
         if p.requests.errors_by_class:
             line += (
                 " (" + ", ".join(f"{k} {v}" for k, v in p.requests.errors_by_class.items()) + ")"
@@ -395,7 +412,39 @@ def _model_args(pairs: tuple[str, ...]) -> dict[str, str]:
 _Option = Callable[[Any], Any]
 
 
-@click.command("load", cls=OptionalValueCommand)
+def _goodput_words(args: list[str]) -> list[str]:
+    """``args`` with each word that follows ``--goodput``'s value, up to the next
+    option, given its own ``--goodput``: vLLM's ``--goodput ttft:500 tpot:50``. The
+    command takes no arguments, so such words could mean nothing else."""
+    out: list[str] = []
+    taking = False  # after --goodput's first value
+    words = iter(args)
+    for arg in words:
+        if arg == "--":
+            out.append(arg)
+            out.extend(words)
+            break
+        if taking and not arg.startswith("-"):
+            out.extend(("--goodput", arg))
+            continue
+        out.append(arg)
+        taking = arg.startswith("--goodput=")
+        if arg == "--goodput":
+            value = next(words, None)
+            if value is not None:
+                out.append(value)
+                taking = True
+    return out
+
+
+class _LoadCommand(OptionalValueCommand):
+    """``convsim load``, reading ``--goodput`` with several words as vLLM does."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _goodput_words(args))
+
+
+@click.command("load", cls=_LoadCommand)
 @click.option(
     "-m",
     "--model",
@@ -424,14 +473,31 @@ _Option = Callable[[Any], Any]
         None if value is None else respell_synthetic(value, param.opts[0])
     ),
     help=f"Synthetic sessions (default {DEFAULT_SYNTHETIC}); values may be distributions, "
-    "e.g. input_tokens=uniform:128,512; prefix_tokens=N adds a shared system prompt.",
+    "e.g. input_tokens=uniform:128,512; prefix_tokens=N adds a shared system prompt. "
+    "guidellm's spelling is read too: prompt_tokens=N with _stdev, _min, _max.",
 )
 @click.option("--pack", default=None, help="A scenario pack: each real answer is fed back.")
 @click.option(
     "--dataset",
     default=None,
     type=click.Path(dir_okay=False),
-    help="A ShareGPT-format file (JSON or JSON lines): every user turn is sent.",
+    help="A ShareGPT-format file (JSON or JSON lines): every user turn is sent; or "
+    "hf:NAME[:SPLIT], a dataset of the datasets library (hub, cache or a local folder).",
+)
+@click.option(
+    "--columns",
+    default=None,
+    metavar="FIELD=COLUMN,...",
+    help="With --dataset hf:NAME: prompt=COL (one turn a row), output_len=COL, system=COL, "
+    "or conversations=COL (ShareGPT or OpenAI messages: every turn of a row).",
+)
+@click.option(
+    "--dataset-turns",
+    type=click.Choice(["all", "first"]),
+    default="all",
+    show_default=True,
+    help="all: every user turn of a conversation, as one session; first: its first turn "
+    "alone (single-turn, as vllm bench serve sends ShareGPT).",
 )
 @click.option(
     "--repeat",
@@ -462,7 +528,15 @@ _Option = Callable[[Any], Any]
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Open loop: session arrivals per second.",
+    help="Open loop: session arrivals per second (sessions/s, not requests/s: each session "
+    "sends all its turns; the summary shows the requests/s this offers).",
+)
+@click.option(
+    "--request-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Open loop in requests per second, as vllm bench serve counts, for single-turn "
+    "workloads (exit 2 with multi-turn sessions).",
 )
 @click.option(
     "--arrival", type=click.Choice(ARRIVAL_PATTERNS), default="poisson", show_default=True
@@ -479,7 +553,15 @@ _Option = Callable[[Any], Any]
     default=None,
     type=click.Path(dir_okay=False),
     help="Replay arrivals: one timestamp (s) per line, or JSON lines with timestamp, "
-    "input_tokens, output_tokens.",
+    "input_tokens, output_tokens; or a Mooncake trace (JSON lines with timestamp in ms, "
+    "input_length, output_length, hash_ids), whose requests share the prefix blocks "
+    "their hash ids declare.",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tokens per hash id of a Mooncake trace  [default: 512]",
 )
 @click.option(
     "--max-concurrency",
@@ -564,11 +646,28 @@ _Option = Callable[[Any], Any]
     "token, after a reasoning model's thoughts).",
 )
 @click.option(
+    "--goodput",
+    multiple=True,
+    metavar="KEY:MS",
+    help="vLLM's form of objectives, beside --slo: --goodput ttft:500 tpot:50 (ms; keys "
+    "ttft, tpot, e2el). Goodput counts each request on its own values, as vllm bench "
+    "serve does; the run is judged at p99 (ttft:500 is ttft_p99<=500ms).",
+)
+@click.option(
     "-o",
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="The JSON result.",
+)
+@click.option(
+    "--format",
+    "result_format",
+    type=click.Choice(["convsim", "vllm"]),
+    default="convsim",
+    show_default=True,
+    help="The form of --out: convsim's result, or vllm bench serve's keys (mean_ttft_ms, "
+    "p99_ttft_ms, request_throughput, ...; a sweep: one object per point, one per line).",
 )
 @click.option(
     "--requests",
@@ -658,6 +757,8 @@ def load_command(
     fail_on_invalid: bool,
     junit_out: Path | None,
     request_id_header: str | None,
+    goodput: tuple[str, ...],
+    result_format: str,
     **options: Any,
 ) -> None:
     """Load-test a model server with multi-turn sessions, measured like a serving benchmark.
@@ -681,12 +782,18 @@ def load_command(
 
     model_args = with_base_url(model_args, base_url, option="--base-url", args_option="--model-arg")
     model_args = with_request_id_header(model_args, request_id_header)
-    if fail_on_slo and not options.get("slo"):
-        raise ConfigError("--fail-on-slo needs --slo: the objectives to judge the run on")
+    if fail_on_slo and not (options.get("slo") or goodput):
+        raise ConfigError(
+            "--fail-on-slo needs --slo or --goodput: the objectives to judge the run on"
+        )
     if actors is not None:
         if options.get("backend") != "ray":
             raise ConfigError("--actors goes with --backend ray (locally: --workers)")
         options["workers"] = actors
+    if goodput:
+        options["goodput"] = " ".join(goodput)
+    if result_format != "convsim" and out is None:
+        raise ConfigError(f"--format {result_format} is the form of --out: give --out FILE")
     plan = parse_config(
         LoadPlan, {"model": model_spec, "model_args": _model_args(model_args), **options}, "load"
     )
@@ -709,9 +816,10 @@ def load_command(
     if run.result is None:
         _stderr().print("interrupted before anything was measured: no result", highlight=False)
         sys.exit(EXIT_INTERRUPTED)
-    checks = load_checks(run.result, parse_slos(plan.slo) if plan.slo else None)
+    objectives = plan.objectives
+    checks = load_checks(run.result, parse_slos(objectives) if objectives else None)
     with _signals_held() as heard:
-        _write_outputs(plan, run, out, requests_out, html_out)
+        _write_outputs(plan, run, out, requests_out, html_out, result_format)
         if junit_out is not None:
             suite = gate_suite(checks.made(), name="load", properties={"model": plan.model})
             write_junit_report(junit_out, [suite])
@@ -731,14 +839,25 @@ def load_command(
 
 
 def _write_outputs(
-    plan: LoadPlan, run: LoadRun, out: Path | None, requests_out: Path | None, html_out: Path | None
+    plan: LoadPlan,
+    run: LoadRun,
+    out: Path | None,
+    requests_out: Path | None,
+    html_out: Path | None,
+    result_format: str = "convsim",
 ) -> None:
     """The summary on stdout, and the files asked for."""
     from ..load._requests_file import write_requests
 
     assert run.result is not None
-    _print_result(run.result, plan.slo is not None, _stdout())
-    if out is not None:
+    objectives = plan.objectives
+    _print_result(run.result, objectives is not None, _stdout())
+    if out is not None and result_format == "vllm":
+        from ..load._vllm_format import write_vllm_result
+
+        write_vllm_result(out, run.result, plan)
+        _stdout().print(f"result: {out} (vllm bench serve's keys)", highlight=False)
+    elif out is not None:
         out.write_text(json.dumps(run.result.model_dump(mode="json"), indent=2) + "\n")
         _stdout().print(f"result: {out}", highlight=False)
     if requests_out is not None:
@@ -749,6 +868,6 @@ def _write_outputs(
 
         from ..load._slo import parse_slos
 
-        slos = parse_slos(plan.slo) if plan.slo else None
+        slos = parse_slos(objectives) if objectives else None
         written = write_load_html(html_out, run.result, run.requests, slos=slos)
         _stdout().print(f"html: {written} ({written.stat().st_size / 1e6:.2f} MB)", highlight=False)

@@ -9,8 +9,10 @@ does); :func:`drive` offers a workload to an adapter in one event loop; a
 - token-count and think-time distributions (:func:`parse_distribution`) and synthetic
   workloads (:func:`parse_synthetic`);
 - latency statistics over raw, mergeable samples (:class:`Samples`, :func:`summarize`);
-- SLOs and goodput (:func:`parse_slos`, :func:`goodput`);
-- workloads: synthetic sessions, scenario packs, ShareGPT files (:class:`Workload`);
+- SLOs and goodput (:func:`parse_slos`, vLLM's form :func:`parse_goodput`,
+  :func:`goodput`);
+- workloads: synthetic sessions, scenario packs, ShareGPT files and ``datasets``
+  datasets, Mooncake traces (:class:`Workload`, :func:`read_mooncake`);
 - per-request records (:class:`RequestRecord`) and the versioned JSON result
   (:func:`point_result`, :func:`sweep_result`, :class:`LoadResult`).
 
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
     from ._figures import Thresholds as Thresholds
     from ._figures import merged_result as merged_result
     from ._monitor import Progress as Progress
+    from ._mooncake import MooncakeSessions as MooncakeSessions
+    from ._mooncake import MooncakeTrace as MooncakeTrace
+    from ._mooncake import read_mooncake as read_mooncake
     from ._plan import LoadPlan as LoadPlan
     from ._plan import LoadRun as LoadRun
     from ._plan import run_load as run_load
@@ -76,6 +81,8 @@ if TYPE_CHECKING:
     from ._slo import SLOs as SLOs
     from ._slo import SLOStatistic as SLOStatistic
     from ._slo import goodput as goodput
+    from ._slo import merge_objectives as merge_objectives
+    from ._slo import parse_goodput as parse_goodput
     from ._slo import parse_slos as parse_slos
     from ._stats import LatencySummary as LatencySummary
     from ._stats import Samples as Samples

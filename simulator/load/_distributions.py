@@ -13,6 +13,7 @@ read with a :class:`DeprecationWarning`.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -226,25 +227,40 @@ class SyntheticWorkload(BaseModel):
 
 
 _SYNTHETIC_KEYS = tuple(SyntheticWorkload.model_fields)
+_GUIDELLM_SPREAD = ("stdev", "min", "max")
+_GUIDELLM_KEYS = (
+    "prompt_tokens",
+    *(f"{name}_{part}" for name in ("prompt_tokens", "output_tokens") for part in _GUIDELLM_SPREAD),
+)
+"""guidellm's synthetic-data spelling: ``prompt_tokens`` for ``input_tokens``, and a
+count's spread as ``_stdev`` (normal), or ``_min``/``_max`` alone (uniform)."""
 
 
-def parse_synthetic(text: str) -> SyntheticWorkload:
-    """``turns=3,input_tokens=256,output_tokens=64[,prefix_tokens=N]`` as a workload; a
-    value may be a distribution (``input_tokens=uniform:128,512``).
-
-    Raises:
-        ConfigError: an unknown or repeated key, a missing ``input_tokens`` or
-            ``output_tokens``, a bad distribution, or fewer than one turn.
-    """
-    what = "--synthetic"
-    expected = f"expected KEY=VALUE pairs with keys {', '.join(_SYNTHETIC_KEYS)}"
+def _synthetic_pairs(text: str, what: str, expected: str) -> dict[str, str]:
+    """``KEY=VALUE,...`` (a value may hold commas: a distribution's numbers), or
+    guidellm's JSON object form, as raw text values by key."""
+    keys = (*_SYNTHETIC_KEYS, *_GUIDELLM_KEYS)
     pairs: dict[str, str] = {}
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"invalid {what} {text!r}: not a JSON object: {exc.msg}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"invalid {what} {text!r}: {expected}")
+        for key, value in data.items():
+            if key not in keys:
+                raise ConfigError(f"invalid {what} {text!r}: unknown key {key!r}; {expected}")
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise ConfigError(f"invalid {what} {text!r}: {key}: expected a number or text")
+            pairs[key] = str(value)
+        return pairs
     last: str | None = None
     for piece in text.split(","):
         key, sep, value = piece.partition("=")
         if sep:  # a new key; otherwise the piece continues a distribution's numbers
             last = key.strip()
-            if last not in _SYNTHETIC_KEYS:
+            if last not in keys:
                 raise ConfigError(f"invalid {what} {text!r}: unknown key {last!r}; {expected}")
             if last in pairs:
                 raise ConfigError(f"invalid {what} {text!r}: {last} given twice")
@@ -253,6 +269,96 @@ def parse_synthetic(text: str) -> SyntheticWorkload:
             raise ConfigError(f"invalid {what} {text!r}: {expected}")
         else:
             pairs[last] += "," + piece
+    return pairs
+
+
+def _whole_number(text: str, what: str, key: str, value: str) -> int:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number == int(number) and number >= 0):
+        raise ConfigError(
+            f"invalid {what} {text!r}: {key}={value.strip()!r}: guidellm's spelling takes a "
+            "whole number of 0 or more"
+        )
+    return int(number)
+
+
+def _from_guidellm(pairs: dict[str, str], text: str, what: str) -> dict[str, str]:
+    """``pairs`` in convsim's keys: ``prompt_tokens`` renamed ``input_tokens``, and a
+    count given with guidellm's ``_stdev``/``_min``/``_max`` turned into a distribution
+    as guidellm samples it: normal of that deviation, clipped to ``[min, max]`` (by
+    default 5 deviations either side, at least 1); without a deviation, uniform over
+    ``[min, max]`` (each bound by default the count itself).
+
+    Raises:
+        ConfigError: a key in both spellings, a spread without its count, a spread
+            beside a count written as a distribution, or bounds the wrong way round.
+    """
+    out = dict(pairs)
+    if "prompt_tokens" in out:
+        if "input_tokens" in out:
+            raise ConfigError(
+                f"invalid {what} {text!r}: input_tokens and prompt_tokens (guidellm's name "
+                "for it) both given; keep one"
+            )
+        out["input_tokens"] = out.pop("prompt_tokens")
+    for guidellm, ours in (("prompt_tokens", "input_tokens"), ("output_tokens", "output_tokens")):
+        spread = {
+            part: out.pop(f"{guidellm}_{part}")
+            for part in _GUIDELLM_SPREAD
+            if f"{guidellm}_{part}" in out
+        }
+        if not spread:
+            continue
+        given = ", ".join(f"{guidellm}_{part}" for part in spread)
+        if ours not in out:
+            raise ConfigError(f"invalid {what} {text!r}: {given} without {guidellm}=N")
+        if ":" in out[ours]:
+            raise ConfigError(
+                f"invalid {what} {text!r}: {given} spread a plain count (guidellm's "
+                f"{guidellm}=N), but {ours} is the distribution {out[ours].strip()!r}; "
+                "give one or the other"
+            )
+        count = _whole_number(text, what, ours, out[ours])
+        numbers = {p: _whole_number(text, what, f"{guidellm}_{p}", v) for p, v in spread.items()}
+        stdev = numbers.get("stdev", 0)
+        if stdev:
+            low = numbers.get("min", max(1, count - 5 * stdev))
+            high = numbers.get("max", count + 5 * stdev)
+        else:
+            low, high = numbers.get("min", count), numbers.get("max", count)
+        if low > high:
+            raise ConfigError(
+                f"invalid {what} {text!r}: {guidellm}_min {low} is above {guidellm}_max {high}"
+            )
+        if stdev:
+            out[ours] = f"normal:{count},{stdev},{low},{high}"
+        else:
+            out[ours] = str(low) if low == high else f"uniform:{low},{high}"
+    return out
+
+
+def parse_synthetic(text: str) -> SyntheticWorkload:
+    """``turns=3,input_tokens=256,output_tokens=64[,prefix_tokens=N]`` as a workload; a
+    value may be a distribution (``input_tokens=uniform:128,512``).
+
+    guidellm's spelling is read too, as ``KEY=VALUE`` pairs or its JSON object:
+    ``prompt_tokens=256,prompt_tokens_stdev=32,output_tokens=64,output_tokens_min=16``
+    (see :func:`_from_guidellm`).
+
+    Raises:
+        ConfigError: an unknown or repeated key, a key in both spellings, a missing
+            ``input_tokens`` or ``output_tokens``, a bad distribution, or fewer than one
+            turn.
+    """
+    what = "--synthetic"
+    expected = (
+        f"expected KEY=VALUE pairs with keys {', '.join(_SYNTHETIC_KEYS)} "
+        f"(or guidellm's {', '.join(_GUIDELLM_KEYS)})"
+    )
+    pairs = _from_guidellm(_synthetic_pairs(text, what, expected), text, what)
     missing = [k for k in ("input_tokens", "output_tokens") if k not in pairs]
     if missing:
         raise ConfigError(f"invalid {what} {text!r}: missing {', '.join(missing)}; {expected}")

@@ -34,13 +34,22 @@ from ._calibrate import Calibration, calibrate
 from ._distributions import parse_distribution, parse_synthetic
 from ._driver import DriveOutcome, LoadShape, drive, open_schedule
 from ._figures import InputCheck, Thresholds, merged_result
+from ._hf_dataset import HF_PREFIX, read_hf_dataset
 from ._monitor import Progress
+from ._mooncake import (
+    DEFAULT_BLOCK_SIZE,
+    MooncakeSessions,
+    MooncakeTrace,
+    is_mooncake,
+    read_mooncake,
+)
 from ._names import DEFAULT_SYNTHETIC
+from ._offered import session_requests
 from ._quality import check_metrics, score_transcripts
 from ._records import RequestRecord
 from ._result import LoadResult, PointResult, QualitySummary, SweepResult, sweep_result
 from ._scraper import ServerScraper, check_prometheus_extra, metrics_url
-from ._slo import parse_slos
+from ._slo import merge_objectives, parse_slos
 from ._stop import NothingMeasured, StopRequest, ThreadedStop
 from ._workers import Ended, Job, collect, run_processes
 from ._workloads import PackSessions, ShareGPTSessions, SyntheticSessions, Workload, read_sharegpt
@@ -64,15 +73,28 @@ class LoadPlan(BaseModel):
     synthetic: str | None = None
     pack: str | None = None
     dataset: str | None = None
+    """A ShareGPT file, or ``hf:NAME[:SPLIT]``: a dataset of the ``datasets`` library."""
+    columns: str | None = None
+    """With ``hf:``: convsim's fields and the dataset's columns (``prompt=COL,...``)."""
+    dataset_turns: Literal["all", "first"] = "all"
+    """``first``: each conversation's first user turn alone (as vLLM sends ShareGPT)."""
     repeat: int | None = Field(default=None, ge=1)
     output_tokens: int | None = Field(default=None, ge=1)
     """max_tokens for pack and dataset turns (synthetic sessions say their own)."""
     exact_output: bool = True
     concurrency: int | None = Field(default=None, ge=1)
     rate: float | None = Field(default=None, gt=0)
+    """Open loop: session arrivals per second (a session sends all its turns)."""
+    request_rate: float | None = Field(default=None, gt=0)
+    """Open loop in requests per second, as vLLM counts: for workloads whose sessions
+    send one request each, where it is the same as :attr:`rate`."""
     arrival: ArrivalPattern = "poisson"
     burstiness: float = Field(default=1.0, gt=0)
     trace: str | None = None
+    """Arrival times (one per line), or a Mooncake trace (JSON lines with ``hash_ids``),
+    which brings its requests' prompts too."""
+    block_size: int | None = Field(default=None, ge=1)
+    """Tokens per hash id of a Mooncake trace (512 when not given)."""
     max_concurrency: int | None = Field(default=None, ge=1)
     duration: float | None = Field(default=None, gt=0)
     max_requests: int | None = Field(default=None, ge=1)
@@ -90,6 +112,8 @@ class LoadPlan(BaseModel):
     """The event loop: uvloop where installed (``auto``), or as named."""
     sweep: str | None = None
     slo: str | None = None
+    goodput: str | None = None
+    """vLLM's form of objectives (``ttft:500 tpot:50``, ms), beside :attr:`slo`."""
     calibrate: bool = True
     preflight: bool = True
     max_schedule_delay_ms: float = 10.0
@@ -114,6 +138,16 @@ class LoadPlan(BaseModel):
     """Seconds between two scrapes within a point (each point is also scraped at its
     start and its end)."""
 
+    @property
+    def objectives(self) -> str | None:
+        """The objectives of :attr:`slo` and :attr:`goodput` together, as ``--slo``
+        text; None without either.
+
+        Raises:
+            ConfigError: either is invalid, or both set one metric.
+        """
+        return merge_objectives(self.slo, self.goodput)
+
 
 # -- building the pieces ------------------------------------------------------------
 
@@ -133,12 +167,41 @@ def _model_args(
     return args
 
 
+def _mooncake(plan: LoadPlan) -> MooncakeTrace | None:
+    """The plan's trace when it is in Mooncake's form (it then brings the prompts).
+
+    Raises:
+        ConfigError: a bad Mooncake trace, or ``block_size`` without one.
+    """
+    if plan.trace is not None and is_mooncake(plan.trace):
+        return read_mooncake(plan.trace, plan.block_size or DEFAULT_BLOCK_SIZE)
+    if plan.block_size is not None:
+        raise ConfigError("--block-size goes with a Mooncake trace (--trace FILE with hash_ids)")
+    return None
+
+
+def _trace_schedule(plan: LoadPlan) -> Schedule:
+    assert plan.trace is not None
+    trace = _mooncake(plan)
+    return trace.schedule() if trace is not None else read_trace(plan.trace)
+
+
 def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
     given = [x for x in (plan.synthetic, plan.pack, plan.dataset) if x is not None]
     if len(given) > 1:
         raise ConfigError("give one workload: --synthetic, --pack or --dataset")
     text = calibration.text if calibration is not None else None
     exact = plan.exact_output and (calibration is None or calibration.exact_output)
+    trace = _mooncake(plan)
+    if trace is not None:
+        if given:
+            raise ConfigError(
+                "a Mooncake trace brings its requests' prompts: drop --synthetic, --pack "
+                "or --dataset"
+            )
+        return MooncakeSessions(
+            trace, seed=plan.seed, exact_output=exact, **({} if text is None else {"text": text})
+        )
     if plan.pack is not None:
         from convsim.scenarios import load_pack
 
@@ -146,8 +209,13 @@ def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
         return PackSessions(
             pack.conversations, repeat=plan.repeat, seed=plan.seed, max_tokens=plan.output_tokens
         )
+    hf = plan.dataset is not None and plan.dataset.startswith(HF_PREFIX)
+    if plan.columns is not None and not hf:
+        raise ConfigError("--columns goes with --dataset hf:NAME (a datasets dataset)")
     if plan.dataset is not None:
-        conversations = tuple(read_sharegpt(plan.dataset))
+        conversations = tuple(
+            read_hf_dataset(plan.dataset, plan.columns) if hf else read_sharegpt(plan.dataset)
+        )
         kwargs: dict[str, Any] = {} if text is None else {"text": text}
         return ShareGPTSessions(
             conversations,
@@ -155,8 +223,11 @@ def _workload(plan: LoadPlan, calibration: Calibration | None) -> Workload:
             repeat=plan.repeat,
             max_tokens=plan.output_tokens,
             exact_output=exact,
+            first_turn_only=plan.dataset_turns == "first",
             **kwargs,
         )
+    if plan.dataset_turns != "all":
+        raise ConfigError("--dataset-turns goes with --dataset")
     workload = parse_synthetic(plan.synthetic or DEFAULT_SYNTHETIC)
     kwargs = {} if text is None else {"text": text}
     return SyntheticSessions(workload, seed=plan.seed, exact_output=exact, **kwargs)
@@ -170,7 +241,7 @@ def _pool_size(plan: LoadPlan, concurrency: int | None) -> int:
 
 def _shape(plan: LoadPlan, *, concurrency: int | None, rate: float | None) -> LoadShape:
     think = parse_distribution(plan.think_time, what="--think-time")
-    schedule = read_trace(plan.trace) if plan.trace is not None and rate is None else None
+    schedule = _trace_schedule(plan) if plan.trace is not None and rate is None else None
     if concurrency is None and rate is None and schedule is None:
         raise ConfigError("give --concurrency N (closed loop), --rate R (open loop) or --trace")
     return LoadShape(
@@ -582,7 +653,8 @@ async def _run_point(
     outcomes = measured.outcomes
     if not outcomes:
         return None
-    slos = parse_slos(plan.slo) if plan.slo else None
+    objectives = plan.objectives
+    slos = parse_slos(objectives) if objectives else None
     target = rate if concurrency is None and rate is not None else outcomes[0].target_rate
     if concurrency is not None:
         target = None
@@ -597,6 +669,12 @@ async def _run_point(
         ),
         input_check=_input_check(outcomes, _workload(plan, calibration), calibration),
     )
+    if result.target_rate is not None:
+        per_session = session_requests(_workload(plan, calibration)).mean
+        if per_session is not None:
+            result = result.model_copy(
+                update={"target_request_rate": result.target_rate * per_session}
+            )
     notes = list(calibration.notes) if calibration is not None else []
     notes.extend(measured.notes)
     if stop.asked and plan.metrics:
@@ -660,8 +738,11 @@ class _Runner:
         if self.stop.asked:
             return None
         index = len(self.points)
-        label = f"concurrency {concurrency}" if concurrency is not None else f"rate {rate:.3g}/s"
-        if rate is None and concurrency is None:
+        if concurrency is not None:
+            label = f"concurrency {concurrency}"
+        elif rate is not None:
+            label = f"rate {rate:.3g}/s"
+        else:
             label = "trace"
         async with self.scraper.watching(index) if self.scraper is not None else _nothing():
             done = await self.measure(
@@ -743,6 +824,35 @@ async def _nothing() -> AsyncIterator[None]:
 # -- the run ---------------------------------------------------------------------------------
 
 
+def _per_request(plan: LoadPlan) -> LoadPlan:
+    """``plan`` with its ``request_rate`` as the session rate: the same, for sessions
+    of one request each.
+
+    Raises:
+        ConfigError: beside ``--rate`` or ``--concurrency``, or with sessions that send
+            more than one request.
+    """
+    if plan.rate is not None:
+        raise ConfigError(
+            "give one of --rate (sessions per second) and --request-rate (requests per second)"
+        )
+    if plan.concurrency is not None:
+        raise ConfigError("give one of --concurrency (closed loop) and --request-rate (open loop)")
+    requests = session_requests(_workload(plan, None))
+    if not requests.single:
+        sends = (
+            "tool turns, whose requests depend on the model's calls"
+            if requests.mean is None
+            else f"{requests.mean:.3g} requests per session on average"
+        )
+        raise ConfigError(
+            f"--request-rate counts requests per second, for sessions of one request each; "
+            f"this workload's sessions send more ({sends}): give --rate in sessions per "
+            "second, or a single-turn workload (--synthetic turns=1, --dataset-turns first)"
+        )
+    return plan.model_copy(update={"rate": plan.request_rate})
+
+
 @dataclass(frozen=True)
 class LoadRun:
     """A finished load run: its result, and every request it sent (with the index of
@@ -774,17 +884,19 @@ async def run_load(
         ConfigError: settings that do not fit together, or a workload that cannot load.
         EndpointError: the preflight check found the server unusable.
     """
+    if plan.request_rate is not None:
+        plan = _per_request(plan)
     if plan.sweep is None and plan.concurrency is None and plan.rate is None and not plan.trace:
         raise ConfigError("give --concurrency N (closed loop), --rate R (open loop) or --trace")
     if plan.concurrency is not None and plan.rate is not None:
         raise ConfigError("give one of --concurrency (closed loop) and --rate (open loop)")
-    if plan.slo:
-        parse_slos(plan.slo)  # fail before any request
+    if plan.objectives:
+        parse_slos(plan.objectives)  # fail before any request
     if plan.sweep is not None and not plan.sweep.strip().lower().startswith("auto"):
         _sweep_values(plan.sweep)
     parse_distribution(plan.think_time, what="--think-time")
     if plan.trace is not None:
-        read_trace(plan.trace)
+        _trace_schedule(plan)
     if plan.workers > (os.cpu_count() or 1) * 4:
         raise ConfigError(f"--workers {plan.workers} is far above this machine's CPUs")
     _workload(plan, None)  # a bad pack or dataset fails before any request

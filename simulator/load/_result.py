@@ -3,9 +3,10 @@
 Field names are a contract (plots, dashboards and CI checks read them): ``valid``,
 ``invalid_reasons``, ``target_rate``, ``achieved_rate``, ``requests``, ``throughput``,
 ``latency_ms``, ``schedule_delay_ms``, ``goodput``, ``by_turn``, ``reasoning_tokens``,
-``tools``, ``prefix_cache``, ``server_metrics``; a run has ``server_metrics_timeline``;
-a sweep has ``points`` and ``max_rate_meeting_slo``; ``partial`` and ``partial_reason``
-say that a run was stopped early. Raise :data:`SCHEMA_VERSION` when one changes meaning.
+``tools``, ``target_request_rate``, ``prefix_cache``, ``server_metrics``; a run has
+``server_metrics_timeline``; a sweep has ``points`` and ``max_rate_meeting_slo``;
+``partial`` and ``partial_reason`` say that a run was stopped early. Raise
+:data:`SCHEMA_VERSION` when one changes meaning.
 
 A request belongs to the measured window when it was sent inside it, so warm-up and
 cool-down are left out by time. Latencies are those of the completed requests in the
@@ -280,6 +281,10 @@ class PointResult(_Model):
     until then (the window ends where sending stopped; requests cut short are left out)."""
     partial_reason: str | None = None
     """Why it is partial: ``interrupted`` (SIGINT or SIGTERM, or a caller's stop request)."""
+    target_request_rate: float | None = None
+    """Requests per second the target session rate offers: ``target_rate`` times the
+    workload's mean requests per session (equal to it for single-turn sessions); null
+    in closed loop, and with tool turns, whose requests depend on the model's calls."""
     prefix_cache: PrefixCacheFigures | None = None
     """The server's prefix-cache hit rate over the completed requests of the window that
     reported cached tokens, overall and by turn depth (``hit_rate`` null, with a

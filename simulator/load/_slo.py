@@ -4,6 +4,11 @@
 ``itl``, ``e2e``), a statistic (``mean``, ``p50``, ``p90``, ``p95``, ``p99``, ``p999``),
 ``<=`` or ``<``, and a threshold in ``ms`` or ``s``.
 
+``--goodput ttft:500 tpot:50`` is vLLM's form of the same (``vllm bench serve
+--goodput``): ``ttft``, ``tpot`` or ``e2el`` and a threshold in ms, each read as that
+metric's ``p99 <=`` objective. Goodput counts each request on its own values whatever
+the statistic, so the figure is vLLM's; the statistic judges the run (``meets_slo``).
+
 Goodput counts what met every objective, per second of the measured window. A single
 request meets an objective when its own value does (as vLLM's serving benchmark counts
 goodput): its TTFT, TPOT or end-to-end latency whatever the statistic, and for ITL that
@@ -27,7 +32,17 @@ from convsim.metrics import percentile
 from ._records import RequestRecord
 from ._stats import LatencySummary
 
-__all__ = ["SLO", "SLOs", "SLOMetric", "SLOStatistic", "Goodput", "parse_slos", "goodput"]
+__all__ = [
+    "SLO",
+    "SLOs",
+    "SLOMetric",
+    "SLOStatistic",
+    "Goodput",
+    "parse_slos",
+    "parse_goodput",
+    "merge_objectives",
+    "goodput",
+]
 
 SLOMetric = Literal["ttft", "ttfot", "tpot", "itl", "e2e"]
 SLOStatistic = Literal["mean", "p50", "p90", "p95", "p99", "p999"]
@@ -160,6 +175,69 @@ def parse_slos(text: str) -> SLOs:
             raise ConfigError(f"invalid --slo {text!r}: {slo.metric}_{slo.statistic} given twice")
         items.append(slo)
     return SLOs(items=tuple(items))
+
+
+_GOODPUT_METRICS: dict[str, SLOMetric] = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
+"""vLLM's goodput names and convsim's metric for each."""
+_GOODPUT_RE = re.compile(r"^(?P<name>[a-z0-9_]+):(?P<value>\d+(?:\.\d*)?|\.\d+)$")
+_GOODPUT_STATISTIC: SLOStatistic = "p99"
+_GOODPUT_FORM = (
+    "expected KEY:VALUE pairs as vllm bench serve takes them, KEY ttft, tpot or e2el and "
+    "VALUE a threshold in ms of 0 or more (ttft:500 tpot:50)"
+)
+
+
+def parse_goodput(text: str) -> SLOs:
+    """vLLM's ``ttft:500 tpot:50 e2el:2000`` (ms; apart with spaces or commas) as
+    :class:`SLOs`: each a ``p99 <=`` objective on that metric.
+
+    Raises:
+        ConfigError: naming the word that is not ``KEY:VALUE``, an unknown key, or a
+            key given twice.
+    """
+    items: list[SLO] = []
+    words = text.replace(",", " ").split()
+    if not words:
+        raise ConfigError(f"invalid --goodput {text!r}: {_GOODPUT_FORM}")
+    for word in words:
+        match = _GOODPUT_RE.match(word.strip().lower())
+        if not match:
+            raise ConfigError(f"invalid --goodput {word!r}: {_GOODPUT_FORM}")
+        metric = _GOODPUT_METRICS.get(match["name"])
+        if metric is None:
+            raise ConfigError(
+                f"invalid --goodput {word!r}: unknown key {match['name']!r}; {_GOODPUT_FORM}"
+            )
+        if any(s.metric == metric for s in items):
+            raise ConfigError(f"invalid --goodput {text!r}: {match['name']} given twice")
+        items.append(
+            SLO(metric=metric, statistic=_GOODPUT_STATISTIC, threshold_ms=float(match["value"]))
+        )
+    return SLOs(items=tuple(items))
+
+
+def merge_objectives(slo: str | None, goodput: str | None) -> str | None:
+    """The objectives of ``--slo`` and ``--goodput`` together, as ``--slo`` text.
+
+    Raises:
+        ConfigError: either is invalid, or both name the same metric (a request would
+            be judged by two thresholds of it).
+    """
+    if goodput is None:
+        return slo
+    extra = parse_goodput(goodput)
+    if slo is None:
+        return str(extra)
+    given = parse_slos(slo)
+    for item in extra.items:
+        clash = next((s for s in given.items if s.metric == item.metric), None)
+        if clash is not None:
+            name = next(k for k, v in _GOODPUT_METRICS.items() if v == item.metric)
+            raise ConfigError(
+                f"--slo {str(clash)!r} and --goodput {name}:{item.threshold_ms:g} both set an "
+                f"objective on {item.metric}; give each metric once"
+            )
+    return f"{given},{extra}"
 
 
 class Goodput(BaseModel):

@@ -34,6 +34,7 @@ __all__ = [
     "ShareGPTSessions",
     "read_sharegpt",
     "vocabulary_text",
+    "vocabulary_words",
     "VOCABULARY_SIZE",
 ]
 
@@ -148,6 +149,11 @@ def vocabulary_text(words: int, start: int = 0) -> str:
 
 
 VOCABULARY_SIZE = len(_WORDS)
+
+
+def vocabulary_words(indices: Sequence[int]) -> str:
+    """The vocabulary's words at ``indices`` (each below :data:`VOCABULARY_SIZE`)."""
+    return " ".join([_WORDS[i] for i in indices])
 
 
 def _draw(dist: Any, rng: np.random.Generator) -> int:
@@ -297,6 +303,9 @@ class _ShareGPTConversation:
     tool_results: tuple[tuple[tuple[str, str], ...], ...] = ()
     """Per user turn, the result given for each tool: the one recorded in that turn, else
     the first recorded anywhere in the conversation (empty without tools)."""
+    reply_tokens: tuple[int | None, ...] = ()
+    """Tokens asked for each user turn, where the data gives them as tokens (a dataset's
+    output length column); empty otherwise, and the reply's words are counted."""
 
 
 def _tool_specs(raw: Any, where: str) -> tuple[ToolSpec, ...]:
@@ -446,9 +455,11 @@ def read_sharegpt(path: str | Path) -> list[_ShareGPTConversation]:
 
 @dataclass(frozen=True)
 class ShareGPTSessions:
-    """Sessions replaying a ShareGPT dataset's user turns (every turn, not only the
-    first), each asking for as many tokens as the recorded reply had (estimated from
-    its words with the calibrated tokens per word) or ``max_tokens`` when given.
+    """Sessions replaying a ShareGPT dataset's user turns (every turn, or with
+    ``first_turn_only`` the first alone, as ``vllm bench serve`` sends ShareGPT), each
+    asking for the output length the data gives in tokens, else as many tokens as the
+    recorded reply had (estimated from its words with the calibrated tokens per word),
+    or ``max_tokens`` when given.
 
     A conversation that declares ``tools`` (OpenAI's form) has tool turns: each request
     offers the tools, and the model's calls are answered with the tool results the
@@ -460,6 +471,8 @@ class ShareGPTSessions:
     repeat: int | None = None
     max_tokens: int | None = None
     exact_output: bool = True
+    first_turn_only: bool = False
+    """Send each conversation's first user turn alone: single-turn sessions."""
 
     @property
     def size(self) -> int | None:
@@ -471,9 +484,13 @@ class ShareGPTSessions:
         order = np.random.default_rng([self.seed, rounds]).permutation(n)
         conv = self.conversations[int(order[position])]
         turns = []
-        for k, (user, words) in enumerate(zip(conv.users, conv.reply_words, strict=True)):
+        pairs = list(zip(conv.users, conv.reply_words, strict=True))
+        for k, (user, words) in enumerate(pairs[:1] if self.first_turn_only else pairs):
             asked = self.max_tokens
-            if asked is None and words is not None:
+            given = conv.reply_tokens[k] if conv.reply_tokens else None
+            if asked is None and given is not None:
+                asked = given
+            elif asked is None and words is not None:
                 asked = max(1, math.ceil(words * self.text.tokens_per_word))
             turns.append(
                 TurnScript(

@@ -22,7 +22,14 @@ their own processes, as users run them; the bare clients in this process):
    256 and 32, and whether each run is valid (a client that saturates is flagged).
 4. ``memory``: 10,000 concurrent three-turn sessions against a mock answering in 1 s,
    1 s think time: peak RSS of the ``convsim load`` process and the sessions alive.
-5. ``peers``: guidellm and vLLM's serving benchmark (``vllm bench serve``) on the same
+5. ``run``: the whole ``convsim run`` process (start-up, pack validation, the runtime,
+   the default metrics, the results file and the summaries) for 20,000 one-turn
+   conversations whose request is a bare loop's, at concurrency 256, against that bare
+   loop sending the same 20,000 requests from this process (``bare_requests``: encodes
+   each body, parses each answer; its own start-up is not counted, which favours it):
+   the ratio of their wall times, median and range over the repeats, and the CPU per
+   conversation of the ``convsim run`` process.
+6. ``peers``: guidellm and vLLM's serving benchmark (``vllm bench serve``) on the same
    mock and settings (streaming, concurrency 32, 20-word prompts, 16 tokens out):
    requests/s, the client's cores over its own benchmark window and requests/s per
    core, and TTFT p50 at zero latency and with the mock's TTFT at 50 ms. Give their
@@ -139,8 +146,9 @@ class CpuSampler(threading.Thread):
 class Measured:
     """A command's exit, peak RSS (MB) and CPU samples."""
 
-    def __init__(self, code: int, max_rss_mb: float, sampler: CpuSampler) -> None:
+    def __init__(self, code: int, max_rss_mb: float, sampler: CpuSampler, cpu_s: float) -> None:
         self.code, self.max_rss_mb, self.sampler = code, max_rss_mb, sampler
+        self.cpu_s = cpu_s
 
 
 def measure(command: list[str], **kw: Any) -> Measured:
@@ -155,7 +163,9 @@ def measure(command: list[str], **kw: Any) -> Measured:
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{command[:4]} exited {proc.returncode}: {err.decode()[-2000:]}")
-    return Measured(proc.returncode, usage.ru_maxrss / 1024, sampler)
+    return Measured(
+        proc.returncode, usage.ru_maxrss / 1024, sampler, usage.ru_utime + usage.ru_stime
+    )
 
 
 def load(server: Server, *extra: str) -> tuple[dict[str, Any], Measured]:
@@ -178,21 +188,31 @@ def load(server: Server, *extra: str) -> tuple[dict[str, Any], Measured]:
 
 
 async def bare_client(
-    server: Server, *, seconds: float, concurrency: int, stream: bool
+    server: Server,
+    *,
+    seconds: float,
+    concurrency: int,
+    stream: bool,
+    requests: float = float("inf"),
+    text: str = USER_TEXT,
+    max_tokens: int = 16,
+    warm: bool = True,
 ) -> dict[str, float]:
     """``concurrency`` workers, each encoding its request's body, reading the answer's
-    text from its JSON (every event of a stream) and timing the first token."""
+    text from its JSON (every event of a stream) and timing the first token; for
+    ``seconds`` or until ``requests`` are done."""
     headers = {"Content-Type": "application/json"}
     endpoint = server.url + "/v1/chat/completions"
     timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=60)
-    done = 0
+    done = sent = 0
+    user_text = text
 
     async def one(session: aiohttp.ClientSession) -> str:
         body = json.dumps(
             {
                 "model": "mock-model",
-                "messages": [{"role": "user", "content": USER_TEXT}],
-                "max_tokens": 16,
+                "messages": [{"role": "user", "content": user_text}],
+                "max_tokens": max_tokens,
                 "stream": stream,
             },
             separators=(",", ":"),
@@ -217,14 +237,16 @@ async def bare_client(
             return "".join(pieces)
 
     async def worker(session: aiohttp.ClientSession, stop_at: float) -> None:
-        nonlocal done
-        while time.perf_counter() < stop_at:
+        nonlocal done, sent
+        while time.perf_counter() < stop_at and sent < requests:
+            sent += 1
             await one(session)
             done += 1
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(one(session) for _ in range(concurrency)))
+        if warm:
+            await asyncio.gather(*(one(session) for _ in range(concurrency)))
         cpu = time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(worker(session, started + seconds) for _ in range(concurrency)))
@@ -339,6 +361,77 @@ def memory(seconds: float, sessions: int) -> None:
         f"flight mean {r['client']['mean_in_flight']:,.0f}, "
         f"{r['throughput']['requests_per_s']:,.0f} req/s, TTFT p50 "
         f"{r['latency_ms']['ttft']['p50']:.0f} ms, valid {r['valid']} {r['invalid_reasons']}",
+        flush=True,
+    )
+
+
+RUN_TEXT = "Hello there, how are you?"
+RUN_MAX_TOKENS = 32
+
+
+def write_one_turn_pack(folder: Path, conversations: int) -> Path:
+    """A pack of ``conversations`` one-turn conversations whose request is the bare
+    loop's (one user message, ``RUN_MAX_TOKENS``)."""
+    flows = {
+        "default": {
+            "turns": [
+                {
+                    "turn_id": "ask",
+                    "prompt_template": RUN_TEXT,
+                    "config": {"max_tokens": RUN_MAX_TOKENS},
+                }
+            ]
+        }
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "turn_configs.yml").write_text(json.dumps(flows))
+    with open(folder / "scenarios.jsonl", "w") as fh:
+        for i in range(conversations):
+            fh.write(json.dumps({"scenario_id": f"q{i:06d}", "scenario_description": "x"}) + "\n")
+    return folder
+
+
+def run_command(seconds_cap: float, conversations: int, repeats: int) -> None:
+    """``convsim run`` of one-turn conversations, the whole process, against a bare loop
+    sending the same requests (a fresh connection pool each, as the run has)."""
+    ratios: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp, mock_server() as server:
+        pack = write_one_turn_pack(Path(tmp) / "pack", conversations)
+        out = Path(tmp) / "run.jsonl"
+        for _ in range(repeats):
+            bare = on_loop(
+                "asyncio",
+                lambda: bare_client(
+                    server, seconds=seconds_cap, concurrency=256, stream=False,
+                    requests=conversations, text=RUN_TEXT, max_tokens=RUN_MAX_TOKENS,
+                    warm=False,
+                ),
+            )  # fmt: skip
+            bare_s = conversations / bare["rps"]
+            started = time.perf_counter()
+            measured = measure(
+                [
+                    sys.executable, "-m", "convsim", "run", str(pack),
+                    "--model", "openai-compatible:mock-model",
+                    "--base-url", f"{server.url}/v1", "--concurrency", "256",
+                    "--out", str(out), "--overwrite",
+                ]
+            )  # fmt: skip
+            run_s = time.perf_counter() - started
+            lines = sum(1 for _ in out.open())
+            if lines != conversations:
+                raise RuntimeError(f"convsim run wrote {lines} lines, not {conversations}")
+            ratios.append(bare_s / run_s)
+            print(
+                f"  convsim run, {conversations:,} one-turn conversations, c=256: "
+                f"{run_s:.2f} s ({measured.cpu_s / conversations * 1e6:.0f} us CPU per "
+                f"conversation, start-up included); bare loop {bare_s:.2f} s "
+                f"({bare['us_per_request']:.0f} us/req)",
+                flush=True,
+            )
+    print(
+        f"convsim run whole process / bare loop, {conversations:,} requests: "
+        f"{_spread(ratios)}; target >= 0.5",
         flush=True,
     )
 
@@ -460,7 +553,7 @@ def peers(seconds: float, guidellm: str | None, vllm: str | None, venvs: Path | 
             )
 
 
-PARTS = ("closed", "open", "ttft", "memory", "peers")
+PARTS = ("closed", "open", "ttft", "memory", "run", "peers")
 
 
 def main() -> None:
@@ -468,6 +561,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument(
+        "--conversations", type=int, default=20_000, help="one-turn conversations of `run`"
+    )
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--guidellm", default=None, help="guidellm's command")
     parser.add_argument("--vllm", default=None, help="vllm's command")
@@ -483,6 +579,8 @@ def main() -> None:
         ttft(args.seconds)
     if "memory" in args.parts:
         memory(args.seconds, args.sessions)
+    if "run" in args.parts:
+        run_command(600.0, args.conversations, args.repeats)
     if "peers" in args.parts:
         peers(args.seconds, args.guidellm, args.vllm, args.peers_venvs)
 

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from ._registry import get_model_adapter as get_model_adapter
     from ._registry import parse_model_args as parse_model_args
     from ._registry import parse_model_spec as parse_model_spec
+    from ._registry import takes_argument as takes_argument
     from ._scripted import ScriptedAdapter as ScriptedAdapter
     from ._scripted import ScriptedConfig as ScriptedConfig
 

@@ -63,7 +63,9 @@ __all__ = [
     "JSON_HEADERS",
 ]
 
-HttpLibrary = Literal["aiohttp", "httpx"]
+HttpLibrary = Literal["aiohttp", "httpx", "lean"]
+"""``lean`` is :class:`~convsim.adapters._lean_http.LeanTransport` (HTTP/1.1 for load
+tests; asyncio only)."""
 
 
 def default_http_library() -> HttpLibrary:

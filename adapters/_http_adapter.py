@@ -130,8 +130,10 @@ class HttpAdapterConfig(BaseModel):
     quota used up) fails the call with QuotaExhausted, and the key then refuses calls
     for this long instead of pausing them for as long as the server asked."""
     http: HttpLibrary | None = None
-    """The HTTP library: ``aiohttp`` or ``httpx``; by default aiohttp under asyncio and
-    httpx under trio (aiohttp runs on asyncio only)."""
+    """The HTTP library: ``aiohttp``, ``httpx`` or ``lean`` (HTTP/1.1 on pooled
+    keep-alive connections, the cheapest per request: ``convsim load``'s default; no
+    proxies, asyncio only); by default aiohttp under asyncio and httpx under trio
+    (aiohttp runs on asyncio only)."""
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
     """The largest answer read, in bytes after decompression (a whole stream counts);
     beyond it the call fails with ResponseTooLarge rather than filling memory."""
@@ -678,12 +680,27 @@ class HttpModelAdapter(ModelAdapter):
                     else "http=aiohttp runs under asyncio only; under trio drop it "
                     "(httpx is the default there)"
                 )
-            self._transport = (
-                AiohttpTransport(pool_size=self._concurrency, egress=self.egress)
-                if library == "aiohttp"
-                else HttpxTransport(pool_size=self._concurrency)
-            )
+            if library == "lean":
+                self._transport = self._lean_transport(running)
+            elif library == "aiohttp":
+                self._transport = AiohttpTransport(pool_size=self._concurrency, egress=self.egress)
+            else:
+                self._transport = HttpxTransport(pool_size=self._concurrency)
         return self._transport
+
+    def _lean_transport(self, running: HttpLibrary) -> HttpTransport:
+        """The lean HTTP/1.1 seam; aiohttp where the environment names a proxy for the
+        base URL or the URL holds credentials (the lean seam speaks to servers directly,
+        and sends only the adapter's headers)."""
+        if running != "aiohttp":
+            raise ConfigError("http=lean runs under asyncio only; under trio drop it")
+        if self.egress is not None:
+            raise ConfigError("an egress policy needs aiohttp: drop http=lean")
+        from ._lean_http import LeanTransport, needs_aiohttp
+
+        if needs_aiohttp(self.url_for("")):
+            return AiohttpTransport(pool_size=self._concurrency)
+        return LeanTransport(pool_size=self._concurrency)
 
     async def generate(self, messages: Sequence[Message], params: GenerationParams) -> Completion:
         """One model call: wait for the budget, send, retry what may be retried."""

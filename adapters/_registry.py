@@ -220,6 +220,20 @@ def _adapter_class(spec: ModelSpec, registry: Registry[ModelAdapter]) -> type[Mo
     return found
 
 
+def takes_argument(
+    spec: str | ModelSpec, name: str, *, registry: Registry[ModelAdapter] = ADAPTERS
+) -> bool:
+    """Whether the registered adapter type ``spec`` names declares the argument ``name``
+    in its ``Config`` (False for an unknown type or a ``module:Class`` spec): a caller
+    can then give a default for it without breaking adapters that lack it."""
+    parsed = parse_model_spec(spec) if isinstance(spec, str) else spec
+    if parsed.type not in registry:
+        return False
+    config = getattr(registry.get(parsed.type), "Config", None)
+    fields = getattr(config, "model_fields", None)
+    return isinstance(fields, dict) and name in fields
+
+
 def create_adapter(
     spec: str | ModelSpec,
     args: Mapping[str, Any] | None = None,

@@ -223,8 +223,10 @@ class Seam:
             transport = self.mock_transport(handler)
             if cls.default_base_url is None and "api_endpoint" not in config:
                 config.setdefault("base_url", "http://llm.test/v1")
-        else:  # the default seam: no transport given, aiohttp it is
+        else:  # a local server: the default seam (aiohttp), or the lean one
             config.setdefault("base_url", await self.serve(handler) + "/v1")
+            if self.kind == "lean":
+                config["http"] = "lean"
         adapter = cls(
             config,
             transport=transport,
@@ -250,9 +252,12 @@ async def http(anyio_backend: str) -> AsyncIterator[Seam]:
     await seam.aclose()
 
 
-@pytest.fixture(params=["httpx", "aiohttp"])
+@pytest.fixture(params=["httpx", "aiohttp", "lean"])
 async def seam(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[Seam]:
-    """Both seams: MockTransport, and the default aiohttp client against a local server."""
+    """Every seam: MockTransport, and the default aiohttp client and the lean HTTP/1.1
+    one (asyncio only) against a local server."""
+    if request.param == "lean" and anyio_backend != "asyncio":
+        pytest.skip("the lean seam runs under asyncio only")
     seam = Seam(request.param)
     yield seam
     await seam.aclose()

@@ -2,8 +2,8 @@
 event, and a gzip bomb each fail their call at the limit, with an error that names the
 setting to raise, and the adapter never holds much more than the limit.
 
-A local aiohttp server on 127.0.0.1 sends them; both HTTP seams (aiohttp and httpx)
-read them. How much was read is counted in the bytes each seam hands over (after
+A local aiohttp server on 127.0.0.1 sends them; every HTTP seam (aiohttp, httpx and
+the lean one) reads them. How much was read is counted in the bytes each seam hands over (after
 decompression), not timed.
 """
 
@@ -29,6 +29,7 @@ from convsim.adapters._http import (
     SSEDecoder,
     StreamResponse,
 )
+from convsim.adapters._lean_http import LeanTransport
 from convsim.adapters._openai import OpenAICompatibleAdapter
 
 pytestmark = pytest.mark.anyio
@@ -182,13 +183,20 @@ async def server(anyio_backend: str) -> AsyncIterator[str]:
         yield url
 
 
-@pytest.mark.parametrize("seam", ["aiohttp", "httpx"])
+SEAMS: dict[str, Callable[..., HttpTransport]] = {
+    "aiohttp": AiohttpTransport,
+    "httpx": HttpxTransport,
+    "lean": LeanTransport,
+}
+
+
+@pytest.mark.parametrize("seam", list(SEAMS))
 @pytest.mark.parametrize("answer", list(ANSWERS))
 async def test_an_oversized_answer_fails_its_call_at_the_limit(
     server: str, seam: str, answer: str
 ) -> None:
     index = list(ANSWERS).index(answer)
-    counting = Counting(AiohttpTransport() if seam == "aiohttp" else HttpxTransport())
+    counting = Counting(SEAMS[seam]())
     adapter = OpenAICompatibleAdapter(
         {
             "model": "m",
@@ -217,7 +225,7 @@ async def test_an_oversized_answer_fails_its_call_at_the_limit(
     assert error.attempts == 1 and error.infrastructure and not error.retryable
     # read: the limit and at most the piece that crossed it
     assert counting.read <= limit + counting.largest
-    if seam == "aiohttp":  # it decompresses in pieces, and stops reading when it holds a few
+    if seam != "httpx":  # it decompresses in pieces, and stops reading when it holds a few
         assert counting.largest <= 2 * MIB
     assert counting.read < 40 * MIB  # never the whole bomb (32 MiB) twice, nor the stream
 
@@ -352,7 +360,7 @@ async def half_then_all(calls: int) -> AsyncIterator[str]:
         yield url
 
 
-@pytest.mark.parametrize("seam", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("seam", list(SEAMS))
 @pytest.mark.parametrize("kind", ["chunked", "declared", "stream"])
 async def test_answers_read_at_once_stay_within_max_inflight_bytes(seam: str, kind: str) -> None:
     """32 calls each in the middle of a 1 MiB answer would hold 32 MiB; the adapter's
@@ -369,9 +377,7 @@ async def test_answers_read_at_once_stay_within_max_inflight_bytes(seam: str, ki
                 "max_inflight_bytes": INFLIGHT_LIMIT,
                 "max_retries": 0,
             },
-            transport=AiohttpTransport(pool_size=CALLS)
-            if seam == "aiohttp"
-            else HttpxTransport(pool_size=CALLS),
+            transport=SEAMS[seam](pool_size=CALLS),
             env={},
         )
         answered: list[int] = []

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from convsim._errors import ConfigError, ConvsimError, MissingExtra
 from convsim._extras import needs_extra
 from convsim._log import get_logger
-from convsim.adapters import ModelPool, split_limits
+from convsim.adapters import ModelPool, split_limits, takes_argument
 
 from ._arrivals import ArrivalPattern, Schedule, read_trace
 from ._calibrate import Calibration, calibrate
@@ -159,11 +159,15 @@ def _model_args(
     plan: LoadPlan, worker: int = 0, workers: int = 1, *, stream: bool = True
 ) -> dict[str, Any]:
     """The adapter's arguments in worker ``worker`` of ``workers``: its share of rpm
-    and tpm, streamed (a probe is not), and never retried (a retried request hides
-    what the server did)."""
+    and tpm, streamed (a probe is not), never retried (a retried request hides what
+    the server did), and over the lean HTTP/1.1 seam where the adapter has one (the
+    client's CPU per request caps what one worker can drive; ``http=aiohttp`` keeps
+    aiohttp)."""
     args = split_limits(plan.model_args, workers)[worker]
     args["stream"] = args.get("stream", "true") if stream else "false"
     args.setdefault("max_retries", "0")
+    if "http" not in args and takes_argument(plan.model, "http"):
+        args["http"] = "lean"
     return args
 
 

@@ -1,0 +1,312 @@
+"""The lean HTTP/1.1 seam (``http=lean``, ``convsim load``'s default): keep-alive
+pooling, the ways an answer's body ends, failures translated as the other seams do,
+and the same completions as aiohttp on the same answers.
+
+Servers are raw asyncio servers on 127.0.0.1 that write the bytes each test names, so
+the wire is exactly what the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from convsim import ConfigError, ServerError, Timeout
+from convsim.adapters import GenerationParams, Message, create_adapter
+from convsim.adapters._egress import EgressPolicy
+from convsim.adapters._http import AiohttpTransport
+from convsim.adapters._lean_http import LeanTransport, needs_aiohttp
+from convsim.load._plan import LoadPlan, _model_args
+
+pytestmark = pytest.mark.anyio
+
+HI = [Message(role="user", content="hi")]
+
+Answer = Callable[[bytes], bytes]
+"""The bytes a server writes for one request (given the request's bytes)."""
+
+
+def chat_body(text: str) -> bytes:
+    return json.dumps(
+        {
+            "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+        }
+    ).encode()
+
+
+def declared(body: bytes, *extra: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in extra)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + head.encode()
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+
+
+def chunked(body: bytes, size: int = 7) -> bytes:
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+        + b"0\r\n\r\n"
+    )
+
+
+class Wire:
+    """A raw server: ``answer`` gives each request's bytes; counts connections and
+    requests, and closes a connection after an answer when ``close_after`` says so."""
+
+    def __init__(self, answer: Answer, close_after: bool = False, hang: bool = False) -> None:
+        self.answer, self.close_after, self.hang = answer, close_after, hang
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                writer.write(self.answer(request))
+                await writer.drain()
+                if self.hang:
+                    await asyncio.Event().wait()
+                if self.close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@asynccontextmanager
+async def serving(wire: Wire) -> AsyncIterator[str]:
+    server = await asyncio.start_server(wire.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.close()
+
+
+@asynccontextmanager
+async def adapter(url: str, http: str = "lean", **config: Any) -> AsyncIterator[Any]:
+    made = create_adapter(
+        "openai-compatible:m", {"base_url": url, "http": http, "max_retries": 0, **config}
+    )
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+async def test_calls_share_one_keep_alive_connection() -> None:
+    wire = Wire(lambda _: declared(chat_body("hello")))
+    async with serving(wire) as url, adapter(url) as model:
+        texts = [(await model.generate(HI, GenerationParams())).text for _ in range(5)]
+    assert texts == ["hello"] * 5
+    assert wire.connections == 1 and len(wire.requests) == 5
+    first = wire.requests[0].decode()
+    assert first.startswith("POST /v1/chat/completions HTTP/1.1\r\n")
+    assert "\r\nHost: 127.0.0.1:" in first and "\r\nContent-Type: application/json\r\n" in first
+    assert json.loads(first.split("\r\n\r\n", 1)[1])["messages"] == [
+        {"role": "user", "content": "hi"}
+    ]
+
+
+async def test_a_connection_the_server_closes_is_not_reused() -> None:
+    wire = Wire(lambda _: declared(chat_body("once"), "Connection: close"), close_after=True)
+    async with serving(wire) as url, adapter(url) as model:
+        for _ in range(3):
+            assert (await model.generate(HI, GenerationParams())).text == "once"
+    assert wire.connections == 3
+
+
+async def test_a_chunked_answer_is_read_whole() -> None:
+    wire = Wire(lambda _: chunked(chat_body("in pieces " * 20)))
+    async with serving(wire) as url, adapter(url) as model:
+        assert (await model.generate(HI, GenerationParams())).text == "in pieces " * 20
+        assert (await model.generate(HI, GenerationParams())).text == "in pieces " * 20
+    assert wire.connections == 1
+
+
+async def test_a_body_that_ends_with_the_connection_is_read_whole() -> None:
+    body = chat_body("until close")
+    wire = Wire(lambda _: b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body, close_after=True)
+    async with serving(wire) as url, adapter(url) as model:
+        assert (await model.generate(HI, GenerationParams())).text == "until close"
+
+
+async def test_an_answer_cut_short_is_a_server_error() -> None:
+    whole = declared(chat_body("cut"))
+    wire = Wire(lambda _: whole[: len(whole) - 5], close_after=True)
+    async with serving(wire) as url, adapter(url) as model:
+        with pytest.raises(ServerError, match="before the answer was complete"):
+            await model.generate(HI, GenerationParams())
+
+
+async def test_garbage_instead_of_http_is_a_server_error() -> None:
+    wire = Wire(lambda _: b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+    async with serving(wire) as url, adapter(url) as model:
+        with pytest.raises(ServerError, match=r"broke HTTP/1\.1"):
+            await model.generate(HI, GenerationParams())
+
+
+async def test_a_server_that_stops_sending_is_a_timeout() -> None:
+    whole = declared(chat_body("never ends"))
+    wire = Wire(lambda _: whole[:-3], hang=True)
+    async with serving(wire) as url, adapter(url, timeout=0.2) as model:
+        with pytest.raises(Timeout):
+            await model.generate(HI, GenerationParams())
+
+
+async def test_a_refused_connection_is_a_server_error() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    async with adapter(f"http://127.0.0.1:{port}/v1") as model:
+        with pytest.raises(ServerError, match=r"connection to .* failed"):
+            await model.generate(HI, GenerationParams())
+
+
+async def test_an_error_status_keeps_its_type_and_the_connection() -> None:
+    def answer(request: bytes) -> bytes:
+        body = b'{"error": {"message": "bad key"}}'
+        return b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    wire = Wire(answer)
+    async with serving(wire) as url, adapter(url) as model:
+        for _ in range(2):
+            with pytest.raises(Exception, match="bad key") as info:
+                await model.generate(HI, GenerationParams())
+            assert type(info.value).__name__ == "AuthError"
+    assert wire.connections == 1
+
+
+async def test_a_header_that_would_split_a_line_is_refused() -> None:
+    transport = LeanTransport()
+    with pytest.raises(ConfigError, match="line break"):
+        async with transport.stream(
+            "http://127.0.0.1:9/v1/x", {}, {"X-Key": "a\r\nInjected: yes"}, _timeouts()
+        ):
+            pass
+    await transport.aclose()
+
+
+def _timeouts() -> Any:
+    from convsim.adapters._http import HttpTimeouts
+
+    return HttpTimeouts(connect=1.0, read=1.0)
+
+
+def test_proxies_and_credentials_keep_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    assert needs_aiohttp("http://10.0.0.5:8000/v1")
+    monkeypatch.setenv("NO_PROXY", "10.0.0.5")
+    assert not needs_aiohttp("http://10.0.0.5:8000/v1")
+    assert needs_aiohttp("http://user:pw@10.0.0.5:8000/v1")
+
+
+async def test_an_adapter_behind_a_proxy_gets_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    async with adapter("http://10.0.0.5:8000/v1") as model:
+        assert isinstance(model._http(), AiohttpTransport)
+    monkeypatch.setenv("NO_PROXY", "10.0.0.5")
+    async with adapter("http://10.0.0.5:8000/v1") as model:
+        assert isinstance(model._http(), LeanTransport)
+
+
+async def test_an_egress_policy_refuses_the_lean_seam() -> None:
+    async with adapter("http://10.0.0.5:8000/v1") as model:
+        model.egress = EgressPolicy(allow=["http://10.0.0.5:8000/v1"])
+        with pytest.raises(ConfigError, match="egress policy needs aiohttp"):
+            model._http()
+
+
+def test_load_uses_the_lean_seam_where_the_adapter_has_one() -> None:
+    def args(model: str, **given: str) -> dict[str, Any]:
+        return _model_args(LoadPlan(model=model, model_args=given))
+
+    assert args("openai-compatible:m", base_url="http://h/v1")["http"] == "lean"
+    assert args("anthropic:claude")["http"] == "lean"
+    assert args("openai-compatible:m", http="aiohttp")["http"] == "aiohttp"
+    assert "http" not in args("scripted")
+
+
+# -- the same completions as aiohttp ---------------------------------------------------
+
+texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
+
+
+def _sse(text: str, pieces: int) -> bytes:
+    size = max(1, len(text) // max(pieces, 1))
+    parts = [text[i : i + size] for i in range(0, len(text), size)] or [""]
+    events = [
+        b"data: " + json.dumps({"choices": [{"delta": {"content": p}}]}).encode() + b"\n\n"
+        for p in parts
+    ]
+    events.append(
+        b"data: "
+        + json.dumps({"choices": [{"delta": {}, "finish_reason": "length"}]}).encode()
+        + b"\n\n"
+    )
+    return b"".join(events) + b"data: [DONE]\n\n"
+
+
+async def _both(answer: Answer, stream: bool) -> tuple[Any, Any]:
+    wire = Wire(answer)
+    async with serving(wire) as url:
+        done = []
+        for http in ("aiohttp", "lean"):
+            async with adapter(url, http=http, stream=stream) as model:
+                done.append(await model.generate(HI, GenerationParams()))
+    return done[0], done[1]
+
+
+def _same(a: Any, b: Any) -> None:
+    keep = {"timings"}
+    assert a.model_dump(exclude=keep) == b.model_dump(exclude=keep)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=texts, framing=st.sampled_from(["declared", "chunked"]), size=st.integers(1, 50))
+def test_a_plain_answer_reads_the_same_as_through_aiohttp(
+    text: str, framing: str, size: int
+) -> None:
+    body = chat_body(text)
+    frame = declared(body) if framing == "declared" else chunked(body, size)
+    slow, fast = asyncio.run(_both(lambda _: frame, stream=False))
+    _same(slow, fast)
+    assert fast.text == text
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=texts, pieces=st.integers(1, 12), size=st.integers(1, 64))
+def test_a_stream_reads_the_same_as_through_aiohttp(text: str, pieces: int, size: int) -> None:
+    frame = chunked(_sse(text, pieces), size).replace(b"application/json", b"text/event-stream", 1)
+    slow, fast = asyncio.run(_both(lambda _: frame, stream=True))
+    _same(slow, fast)
+    assert fast.text == text and fast.finish_reason == "length"

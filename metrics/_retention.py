@@ -249,6 +249,10 @@ class _RetentionScorer:
     unintroduced: int = 0
     semantic_pending: list[tuple[dict[str, Any], Fact, str]] = field(default_factory=list)
     """Checks the lexical match missed, left for the semantic match in result()."""
+    first_free: tuple[str, str, str, int] | None = None
+    """The first completed turn, held for the reference-free scorer until a second one
+    comes: a conversation of one completed turn has no retention to read, so its turn is
+    never read (the scorer is fed the same turns, in the same order, all the same)."""
 
     def update(self, turn: TurnRecord) -> None:
         if turn.status is not TurnStatus.COMPLETED or turn.response is None:
@@ -257,7 +261,14 @@ class _RetentionScorer:
         position = len(self.completed) - 1
         text = turn.response
         if not (self.facts and self.probes):
-            self.free.update(turn.user_message or "", text, turn.turn_id, position)
+            said = (turn.user_message or "", text, turn.turn_id, position)
+            if position == 0:
+                self.first_free = said
+                return
+            if self.first_free is not None:
+                self.free.update(*self.first_free)
+                self.first_free = None
+            self.free.update(*said)
             return
         introduced = {
             key: self.completed.index(f.introduced_in)

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from conftest import write_pack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import convsim
 from convsim import TurnRecord, TurnStatus
@@ -491,3 +493,76 @@ def test_ordinary_words_are_not_back_references() -> None:
     assert _BACK_REFERENCE.search("Remind me, what was my flight number?")
     assert _BACK_REFERENCE.search("Do you remember what I ordered?")
     assert _content("I've heard it, they'll stay") == {"heard", "they", "stay"}  # no "ve", "ll"
+
+
+def test_a_one_turn_conversation_is_never_read_for_reference_free_retention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One completed turn has no retention: its turn is not even read (the read is the
+    costliest part of scoring a one-turn conversation)."""
+    from convsim.metrics._free_retention import FreeRetention
+
+    reads: list[str] = []
+    real = FreeRetention.update
+
+    def spying(self: FreeRetention, user: str, answer: str, turn_id: str, at: int) -> None:
+        reads.append(turn_id)
+        real(self, user, answer, turn_id, at)
+
+    monkeypatch.setattr(FreeRetention, "update", spying)
+    conv = conversation_with(tmp_path)
+    one = retention_of(conv, ["My name is Ana."])
+    assert one.status == "not_applicable" and reads == []
+    retention_of(conv, ["Hello Ana.", "Since you live in Lisbon, try the pasteis."])
+    assert reads == ["t0", "t1"]  # the held first turn is read first, when a second comes
+
+
+_SAYINGS = [
+    "Hi! I'm 34. I have two dogs.",
+    "Nice! What are their names?",
+    "Rex and Bella.",
+    "How old are you? Do you have a dog?",
+    "My name is Ana and I live in Lisbon.",
+    "Since you live in Porto, try a francesinha.",
+    "I already told you that.",
+    "",
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    turns=st.lists(
+        st.tuples(st.sampled_from(_SAYINGS), st.sampled_from(_SAYINGS), st.booleans()),
+        max_size=5,
+    )
+)
+def test_holding_the_first_turn_back_scores_as_reading_it_at_once(
+    turns: list[tuple[str, str, bool]],
+) -> None:
+    from convsim.metrics._free_retention import FreeRetention
+    from convsim.metrics._retention import _RetentionScorer
+
+    held = _RetentionScorer(facts={}, probes={})
+    direct = FreeRetention()
+    position = 0
+    for i, (user, answer, completed) in enumerate(turns):
+        status = TurnStatus.COMPLETED if completed else TurnStatus.FAILED
+        held.update(
+            TurnRecord(
+                conversation_id="c",
+                turn_index=i,
+                turn_id=f"t{i}",
+                role="assistant",
+                status=status,
+                response=answer if completed else None,
+                user_message=user,
+            )
+        )
+        if completed:
+            direct.update(user, answer, f"t{i}", position)
+            position += 1
+    got = held.result()
+    if position >= 2:
+        assert got == direct.result()
+    else:
+        assert got.status == "not_applicable"

@@ -310,3 +310,31 @@ def test_a_stream_reads_the_same_as_through_aiohttp(text: str, pieces: int, size
     slow, fast = asyncio.run(_both(lambda _: frame, stream=True))
     _same(slow, fast)
     assert fast.text == text and fast.finish_reason == "length"
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_the_lean_seam_refuses_trio(anyio_backend: str) -> None:
+    model = create_adapter(
+        "openai-compatible:m", {"base_url": "http://127.0.0.1:9/v1", "http": "lean"}
+    )
+    with pytest.raises(ConfigError, match="asyncio only"):
+        await model.generate(HI, GenerationParams())
+
+
+async def test_a_cancelled_call_gives_its_connection_back() -> None:
+    """A call cancelled while waiting for its answer closes its connection (half an
+    exchange cannot be reused) and frees its place in a pool of one."""
+    import anyio
+
+    hanging = Wire(lambda _: b"", hang=True)
+    async with serving(hanging) as url:
+        transport = LeanTransport(pool_size=1)
+        with anyio.move_on_after(0.2) as scope:
+            async with transport.stream(url + "/x", {}, {}, _timeouts()):
+                pass
+        assert scope.cancelled_caught
+        with anyio.move_on_after(0.2) as again:  # the one place is free again
+            async with transport.stream(url + "/x", {}, {}, _timeouts()):
+                pass
+        assert again.cancelled_caught and hanging.connections == 2
+        await transport.aclose()

@@ -119,7 +119,7 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.last_read = 0.0
         self._waiter: asyncio.Future[None] | None = None
-        self._name: bytes = b""
+        self._timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -195,6 +195,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, request: bytes) -> None:
         assert self.transport is not None
+        self.stop_timer()
         self.status, self.headers = 0, []
         self.headers_done = self.complete = self.keep_alive = False
         self.pieces.clear()
@@ -204,33 +205,39 @@ class _Connection(asyncio.Protocol):
 
     async def wait(self, read_timeout: float | None) -> None:
         """Until something arrives (or the connection ends); TimeoutError after
-        ``read_timeout`` seconds without a byte."""
+        ``read_timeout`` seconds without a byte. One timer serves a whole exchange: it
+        is moved on only when it fires early (a stream's chunks do not each set one)."""
         if self.failure is not None:
             raise self.failure
         if self.closed:
             return
         waiter = self._waiter = self._loop.create_future()
-        timer = None
-        if read_timeout is not None:
-            timer = self._loop.call_at(self.last_read + read_timeout, self._check, read_timeout)
+        if read_timeout is not None and self._timer is None:
+            self._timer = self._loop.call_at(
+                self.last_read + read_timeout, self._check, read_timeout
+            )
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
         if self.failure is not None:
             raise self.failure
 
     def _check(self, read_timeout: float) -> None:
+        self._timer = None
         waiter = self._waiter
         if waiter is None or waiter.done():
-            return
+            return  # nobody waits: the next wait sets a timer of its own
         due = self.last_read + read_timeout
         if self._loop.time() >= due:
             waiter.set_exception(asyncio.TimeoutError())
         else:  # bytes came meanwhile: wait out the rest
-            self._loop.call_at(due, self._check, read_timeout)
+            self._timer = self._loop.call_at(due, self._check, read_timeout)
+
+    def stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def take(self) -> bytes:
         """What arrived and was not read yet (resuming the socket if it was paused)."""
@@ -244,6 +251,7 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.stop_timer()
         if self.transport is not None:
             self.transport.abort()
 
@@ -288,6 +296,7 @@ class _Pool:
         return conn
 
     def checkin(self, target: _Target, conn: _Connection) -> None:
+        conn.stop_timer()
         if conn.reusable():
             self.idle.setdefault(target.key, []).append(conn)
         else:

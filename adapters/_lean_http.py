@@ -41,6 +41,9 @@ _PAUSE_AT = 256 * 1024
 _PIECE = 64 * 1024
 """The largest piece a compressed body is decompressed into at a time."""
 _FORBIDDEN = frozenset("\r\n\0")
+_HEADS_KEPT = 64
+"""Request heads kept built: an adapter's few URLs and header sets. Headers that differ
+on every request (a fresh request id, a trace context) are built each time instead."""
 
 
 def needs_aiohttp(url: str) -> bool:
@@ -457,9 +460,10 @@ class LeanTransport:
                 extra["Accept-Encoding"] = "gzip, deflate"
             if "user-agent" not in names:
                 extra["User-Agent"] = "convsim"
-            head = self._heads[key] = (
-                method + b" " + target.path + b" HTTP/1.1\r\n" + _header_block({**extra, **headers})
-            )
+            head = method + b" " + target.path + b" HTTP/1.1\r\n"
+            head += _header_block({**extra, **headers})
+            if len(self._heads) < _HEADS_KEPT:
+                self._heads[key] = head
         return target, head
 
     def stream(

@@ -338,3 +338,21 @@ async def test_a_cancelled_call_gives_its_connection_back() -> None:
                 pass
         assert again.cancelled_caught and hanging.connections == 2
         await transport.aclose()
+
+
+async def test_a_fresh_request_id_per_call_is_sent_and_not_kept() -> None:
+    """``request_id_header`` sends a new id with every attempt: each reaches the server,
+    and the seam does not keep a built request head per id."""
+    wire = Wire(lambda _: declared(chat_body("hi"), "x-request-id: srv-1"))
+    async with serving(wire) as url, adapter(url, request_id_header="x-request-id") as model:
+        for _ in range(80):
+            await model.generate(HI, GenerationParams())
+        heads = model._http()._heads
+    sent = {
+        line.split(b":", 1)[1].strip()
+        for request in wire.requests
+        for line in request.split(b"\r\n")
+        if line.lower().startswith(b"x-request-id:")
+    }
+    assert len(sent) == 80 and wire.connections == 1
+    assert len(heads) <= 64

@@ -212,8 +212,8 @@ class _Connection(asyncio.Protocol):
         is moved on only when it fires early (a stream's chunks do not each set one)."""
         if self.failure is not None:
             raise self.failure
-        if self.closed:
-            return
+        if self.closed:  # closed before the answer was complete
+            raise LeanProtocolError("the connection was closed during the answer")
         waiter = self._waiter = self._loop.create_future()
         if read_timeout is not None and self._timer is None:
             self._timer = self._loop.call_at(
@@ -337,33 +337,60 @@ class _LeanResponse:
                 "not decode (use --model-arg http=aiohttp)"
             )
 
+    async def next_arrived(self) -> bytes | None:
+        """What arrived since the last call (waiting for it); None at the body's end."""
+        conn = self._conn
+        while not conn.pieces:
+            if conn.complete:
+                return None
+            await conn.wait(self._timeouts.read)
+        return conn.take()
+
     async def read(self) -> bytes:
-        parts = [chunk async for chunk in self.chunks()]
-        return b"".join(parts)
+        if self._inflate is not None:
+            return b"".join([chunk async for chunk in self.chunks()])
+        parts = []
+        while (data := await self.next_arrived()) is not None:
+            parts.append(data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _raw(self) -> AsyncIterator[bytes]:
-        conn, read_timeout = self._conn, self._timeouts.read
-        while True:
-            if conn.pieces:
-                yield conn.take()
-            elif conn.complete:
-                return
-            else:
-                await conn.wait(read_timeout)
+    def chunks(self) -> AsyncIterator[bytes]:
+        return _Chunks(self)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+
+class _Chunks:
+    """The body as it arrives, decompressed in pieces of at most :data:`_PIECE` bytes.
+    A class, not an async generator: the event loop registers every generator."""
+
+    __slots__ = ("_inflate", "_response")
+
+    def __init__(self, response: _LeanResponse) -> None:
+        self._response = response
+        self._inflate: Any = response._inflate
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
         inflate = self._inflate
-        async for data in self._raw():
-            if inflate is None:
-                yield data
-                continue
-            try:
-                piece = inflate.decompress(data, _PIECE)
-                while piece:
-                    yield piece
+        if inflate is None:
+            data = await self._response.next_arrived()
+            if data is None:
+                raise StopAsyncIteration
+            return data
+        try:
+            while True:
+                if inflate.unconsumed_tail:
                     piece = inflate.decompress(inflate.unconsumed_tail, _PIECE)
-            except zlib.error as exc:
-                raise LeanProtocolError(f"the compressed answer is corrupt: {exc}") from exc
+                else:
+                    data = await self._response.next_arrived()
+                    if data is None:
+                        raise StopAsyncIteration
+                    piece = inflate.decompress(data, _PIECE)
+                if piece:
+                    return bytes(piece)
+        except zlib.error as exc:
+            raise LeanProtocolError(f"the compressed answer is corrupt: {exc}") from exc
 
 
 class _LeanExchange:

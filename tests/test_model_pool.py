@@ -381,4 +381,4 @@ def test_each_load_worker_gets_its_share_of_the_limits() -> None:
     assert sum(s["tpm"] for s in shares) == 9000
     assert all(s["stream"] == "false" and s["max_retries"] == "0" for s in shares)
     probe = _model_args(LoadPlan(), stream=False)
-    assert probe == {"stream": "false", "max_retries": "0"}
+    assert probe == {"stream": "false", "max_retries": "0", "http": "lean"}  # the lean seam

@@ -126,7 +126,7 @@ def test_a_prompt_that_extends_the_last_turn_hits_in_whole_blocks() -> None:
     cache = PrefixCache(100, block_tokens=16)
     first = cache.lookup(_turns("a"), [40])
     assert first.cached_tokens == 0
-    cache.answered(first, "b")
+    cache.answered(first, "b", 10)
     second = cache.lookup(_turns("a", "b", "c"), [40, 10, 30])
     assert second.cached_tokens == 48  # 50 tokens held, in whole blocks of 16
     again = cache.lookup(_turns("a", "b", "c"), [40, 10, 30])
@@ -138,20 +138,35 @@ def test_a_prompt_that_extends_the_last_turn_hits_in_whole_blocks() -> None:
 def test_a_hit_is_a_run_from_the_start() -> None:
     cache = PrefixCache(100, block_tokens=1)
     cache.lookup(_turns("a", "b", "c"), [5, 5, 5])
-    assert cache.lookup(_turns("a", "x", "c", "d"), [5, 5, 5, 5]).cached_tokens == 5
+    # a's 5 tokens and x's role marker (b's too); c, held after b, is not after x
+    assert cache.lookup(_turns("a", "x", "c", "d"), [5, 5, 5, 5]).cached_tokens == 6
 
 
 def test_the_cache_forgets_the_least_recently_used() -> None:
-    cache = PrefixCache(2, block_tokens=1)
+    cache = PrefixCache(20, block_tokens=1)  # room for two messages of 10 tokens
     cache.lookup(_turns("a"), [10])
     cache.lookup(_turns("b"), [10])
     cache.lookup(_turns("a"), [10])  # used again: "b" is now the oldest
     cache.lookup(_turns("c"), [10])
-    assert len(cache) == 2
-    assert cache.lookup(_turns("b", "x"), [10, 1]).cached_tokens == 0
+    assert len(cache) == 20
+    assert cache.lookup(_turns("a", "x"), [10, 1]).cached_tokens == 10
+    # of b, only the role marker every user message starts with is still held
+    assert cache.lookup(_turns("b", "x"), [10, 1]).cached_tokens == 1
     off = PrefixCache(0)
     off.lookup(_turns("a"), [40])
     assert off.lookup(_turns("a", "b"), [40, 40]).cached_tokens == 0 and len(off) == 0
+
+
+def test_prompts_that_share_a_leading_text_share_its_whole_blocks() -> None:
+    """As a trace's requests that declare the same prefix blocks: one message each."""
+    cache = PrefixCache(100, block_tokens=16)
+    shared = " ".join(f"w{i}" for i in range(70))
+    first = f"{shared} and then one thing"
+    second = f"{shared} but another thing entirely"
+    assert cache.lookup(_turns(first), [len(first.split()) + 1]).cached_tokens == 0
+    hit = cache.lookup(_turns(second), [len(second.split()) + 1]).cached_tokens
+    assert hit == 64  # the role marker and 70 shared words: 71 tokens, 4 whole blocks
+    assert cache.lookup(_turns(f"x {shared}"), [72]).cached_tokens == 0  # not a prefix
 
 
 def test_bad_arguments_are_refused() -> None:

@@ -64,8 +64,8 @@ class MockServerConfig(BaseModel):
     each chat answer's cached prompt tokens as ``usage.prompt_tokens_details.cached_tokens``.
     False: no ``prompt_tokens_details``, as a server that does not report them."""
     prefix_cache_entries: int = Field(default=65536, ge=0)
-    """Leading runs of messages the prefix cache remembers at most (then the least
-    recently used are forgotten)."""
+    """Blocks of 16 tokens the prefix cache holds at most (then the least recently used
+    are forgotten)."""
     kv_cache_tokens: int = Field(default=262144, gt=0)
     """The simulated KV cache's size in tokens: ``/metrics`` reports the running
     requests' tokens over it as ``vllm:kv_cache_usage_perc``."""

@@ -2,13 +2,18 @@
 prefix caching (vLLM's automatic prefix caching, SGLang's radix cache) would not
 compute again.
 
-A prompt is seen as its messages. Every leading run of messages of a prompt served is
-remembered, and so is the whole prompt followed by the answer given to it: the next
-turn of the same conversation sends exactly that back before its new user message. A
-prompt's cached tokens are those of its longest remembered leading run, counted in
-whole blocks (16 tokens, as vLLM's default block) and never the whole prompt (a server
-computes at least its last token). Memory is bounded: the least recently used runs are
-forgotten first.
+As in vLLM, the prompt is a run of tokens cut into blocks (16 tokens, vLLM's default),
+and a block is known by its tokens and everything before it (a chain of hashes): a
+prompt's cached tokens are its leading blocks the cache holds, never the whole prompt (a
+server computes at least its last token). Only whole blocks are held. A prompt's blocks
+are remembered when it is served, and so are those of the prompt followed by its answer:
+the next turn of the same conversation sends exactly that back before its new user
+message. So a conversation's later turns hit, and so do prompts that share a long
+leading text (traces whose requests declare shared prefixes). Memory is bounded: the
+least recently used blocks are forgotten first.
+
+The mock's tokens are a message's words (its text split on whitespace), led by a marker
+of its role and filled up to the count the server bills for it.
 """
 
 from __future__ import annotations
@@ -30,16 +35,24 @@ class Lookup(NamedTuple):
 
     cached_tokens: int
     """The prompt's leading tokens the cache held, in whole blocks."""
-    key: int
-    """The whole prompt's key, to remember its answer under (:meth:`PrefixCache.answered`)."""
+    tokens: tuple[object, ...]
+    """The prompt's tokens, to remember its answer after (:meth:`PrefixCache.answered`)."""
+
+
+def message_tokens(turn: Turn, count: int) -> list[object]:
+    """The ``count`` tokens of one message: a marker of its role, then its words, then
+    fillers that only this message's text makes."""
+    tokens: list[object] = [("role", turn.role), *turn.text.split()]
+    if len(tokens) < count:
+        tokens += [(hash(turn), i) for i in range(count - len(tokens))]
+    return tokens[:count]
 
 
 class PrefixCache:
-    """Leading runs of messages seen, least recently used first out.
+    """Blocks of prompts seen, least recently used first out.
 
     Args:
-        entries: how many runs are remembered at most (0: nothing is, every prompt
-            misses).
+        entries: how many blocks are held at most (0: none are, every prompt misses).
         block_tokens: tokens per block.
     """
 
@@ -48,47 +61,54 @@ class PrefixCache:
             raise ValueError("entries must be >= 0 and block_tokens >= 1")
         self._entries = entries
         self._block = block_tokens
-        self._runs: OrderedDict[int, None] = OrderedDict()
+        self._blocks: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._runs)
+        return len(self._blocks)
 
     def lookup(self, turns: Sequence[Turn], tokens: Sequence[int]) -> Lookup:
         """The cached tokens of the prompt ``turns`` (``tokens[i]``: message i's token
-        count), remembering each of its leading runs.
+        count), remembering its blocks.
 
         Raises:
             ValueError: ``tokens`` does not give one count per message.
         """
         if len(tokens) != len(turns):
             raise ValueError("give one token count per message")
-        key = 0
-        covered = 0
-        hit = 0
-        matching = True  # a hit is a run from the start: it ends at the first miss
+        stream: list[object] = []
         for turn, count in zip(turns, tokens, strict=True):
-            key = hash((key, turn))
-            covered += count
-            if key in self._runs:
-                self._runs.move_to_end(key)
-                if matching:
-                    hit = covered
-            else:
-                matching = False
-                self._remember(key)
-        whole = sum(tokens)
-        hit = min(hit, whole - 1) if whole else 0
-        return Lookup(hit - hit % self._block, key)
+            stream += message_tokens(turn, count)
+        held = 0
+        for key in self._remember(stream):
+            if not key.was_held:
+                break
+            held += self._block
+        held = min(held, max(0, len(stream) - 1))
+        return Lookup(held - held % self._block, tuple(stream))
 
-    def answered(self, lookup: Lookup, answer: str) -> None:
-        """Remember the prompt of ``lookup`` followed by ``answer`` as the assistant's
-        message: what the conversation's next turn starts with."""
-        self._remember(hash((lookup.key, Turn("assistant", answer))))
+    def answered(self, lookup: Lookup, answer: str, tokens: int) -> None:
+        """Remember the prompt of ``lookup`` followed by ``answer`` (``tokens`` long) as
+        the assistant's message: what the conversation's next turn starts with."""
+        self._remember([*lookup.tokens, *message_tokens(Turn("assistant", answer), tokens)])
 
-    def _remember(self, key: int) -> None:
-        if not self._entries:
-            return
-        self._runs[key] = None
-        self._runs.move_to_end(key)
-        if len(self._runs) > self._entries:
-            self._runs.popitem(last=False)
+    def _remember(self, stream: Sequence[object]) -> list[_Block]:
+        """Each whole block of ``stream`` in order, whether it was held; each is held
+        now (the most recently used), as far as room allows."""
+        blocks: list[_Block] = []
+        key = 0
+        for start in range(0, len(stream) - self._block + 1, self._block):
+            key = hash((key, *stream[start : start + self._block]))
+            was_held = key in self._blocks
+            blocks.append(_Block(key, was_held))
+            if not self._entries:
+                continue
+            self._blocks[key] = None
+            self._blocks.move_to_end(key)
+            if len(self._blocks) > self._entries:
+                self._blocks.popitem(last=False)
+        return blocks
+
+
+class _Block(NamedTuple):
+    key: int
+    was_held: bool

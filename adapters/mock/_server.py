@@ -419,7 +419,9 @@ class MockModelServer:
         if looked_up is not None:
             cached = looked_up.cached_tokens
             if call is None:  # a tool call comes back as tool_calls, not as this text
-                self._prefix_cache.answered(looked_up, " ".join(words))
+                self._prefix_cache.answered(
+                    looked_up, " ".join(words), len(words) + cfg.message_overhead_tokens
+                )
         usage = usage_json(prompt_tokens, n, len(thoughts), cached) if cfg.usage else "null"
         reply = Reply(words, finish, usage, model, thoughts, call)
         metrics = self._metrics

@@ -30,8 +30,8 @@ from ._stop_words import ENGLISH_STOP_WORDS
 __all__ = ["PAIR_CAP", "NliConsistencyScorer", "Premise"]
 
 PAIR_CAP = 64
-"""Pairs scored per conversation at most: about 2.5 s on one core for a DeBERTa-v3-xsmall
-cross-encoder (about 40 ms a pair)."""
+"""Pairs scored per conversation at most: about 1.4 s on 2 cores for a DeBERTa-v3-xsmall
+cross-encoder (about 22 ms a pair, tests/bench/bench_nli.py --sized)."""
 
 _MIN_WORDS = 3
 _ABOUT_ONESELF = re.compile(r"\b(?:i|i'm|im|my|me|mine|we|our|us)\b", re.I)

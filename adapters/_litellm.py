@@ -379,8 +379,20 @@ class LitellmAdapter(HttpModelAdapter):
         completion = int(getattr(data, "completion_tokens", 0) or 0)
         if not prompt and not completion:
             return None
+        # LiteLLM puts every provider's cache reads (Anthropic's cache_read_input_tokens
+        # too) where OpenAI does; None when the provider did not say
+        details = getattr(data, "prompt_tokens_details", None)
+        if isinstance(details, dict):
+            reported = details.get("cached_tokens")
+        else:
+            reported = getattr(details, "cached_tokens", None)
+        cached = None if reported is None else min(max(int(reported), 0), prompt)
         return Usage(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            cached_prompt_tokens=cached or 0,
+            cached_tokens=cached,
         )
 
     def _raise_mapped(self, exc: Exception) -> NoReturn:

@@ -98,12 +98,28 @@ async def test_a_run_end_to_end_records_server_usage_and_streamed_ttft(
         assert not turn.usage.estimated  # the mock's own counts, passed on by LiteLLM
         assert turn.usage.source == "server"
         assert turn.attempts == 1
+        assert turn.usage.cached_tokens is not None  # the mock's prefix cache said 0
         timings = turn.timings
         assert timings is not None and timings.latency_s is not None
         if stream:
             assert timings.ttft_s is not None and 0 < timings.ttft_s <= timings.latency_s
         else:
             assert timings.ttft_s is None
+
+
+def test_cache_reads_pass_through_and_unsaid_stays_none() -> None:
+    from litellm.types.utils import PromptTokensDetailsWrapper
+    from litellm.types.utils import Usage as LitellmUsage
+
+    said = LitellmUsage(
+        prompt_tokens=40,
+        completion_tokens=5,
+        prompt_tokens_details=PromptTokensDetailsWrapper(cached_tokens=32),
+    )
+    usage = LitellmAdapter._server_usage(said)
+    assert usage is not None and usage.cached_tokens == 32 == usage.cached_prompt_tokens
+    unsaid = LitellmAdapter._server_usage(LitellmUsage(prompt_tokens=40, completion_tokens=5))
+    assert unsaid is not None and unsaid.cached_tokens is None
 
 
 async def test_streaming_hands_on_each_piece_and_times_the_first() -> None:

@@ -247,6 +247,69 @@ async def test_the_mock_metrics_count_what_it_served() -> None:
     assert after["vllm:time_to_first_token_seconds_sum"] == pytest.approx(0.05)
 
 
+@pytest.mark.anyio
+async def test_over_max_running_requests_wait_and_the_metrics_say_so() -> None:
+    """A server's batch limit: the second request waits for the first's place, and its
+    time to first token includes the wait."""
+    answering = anyio.Event()
+    release = anyio.Event()
+
+    async def sleep(_seconds: float) -> None:
+        answering.set()
+        await release.wait()
+
+    config = MockServerConfig(ttft_ms=50, output_tokens=2, max_running=1)
+    body = {"messages": [{"role": "user", "content": "one two"}]}
+    async with (
+        MockModelServer(config, sleep=sleep) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+
+        async def read() -> dict[str, float]:
+            return {s.name: s.value for s in parse_exposition((await client.get("/metrics")).text)}
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(client.post, "/v1/chat/completions", json=body))
+            await answering.wait()
+            tg.start_soon(partial(client.post, "/v1/chat/completions", json=body))
+            with anyio.fail_after(10):
+                during = await read()
+                while during["vllm:num_requests_waiting"] < 1:
+                    await anyio.sleep(0.01)
+                    during = await read()
+            release.set()
+        after = await read()
+    assert during["vllm:num_requests_running"] == 1
+    assert during["vllm:num_requests_waiting"] == 1
+    assert after["vllm:num_requests_waiting"] == 0 and after["vllm:num_requests_running"] == 0
+    assert after["vllm:time_to_first_token_seconds_count"] == 2
+    assert after["vllm:time_to_first_token_seconds_sum"] > 0.1  # two draws of 50 ms + the wait
+
+
+def test_the_cli_takes_the_cache_and_batch_options() -> None:
+    from click.testing import CliRunner
+
+    from convsim.cli import main
+
+    served: list[MockServerConfig] = []
+
+    async def capture(config: MockServerConfig) -> None:
+        served.append(config)
+
+    import convsim.cli._mock_server as cli_mock
+
+    original = cli_mock._serve_mock
+    cli_mock._serve_mock = capture  # type: ignore[assignment]
+    try:
+        result = CliRunner().invoke(
+            main, ["mock-server", "--no-prefix-cache", "--max-running", "4"]
+        )
+    finally:
+        cli_mock._serve_mock = original  # type: ignore[assignment]
+    assert result.exit_code == 0, result.output
+    assert served[0].prefix_cache is False and served[0].max_running == 4
+
+
 # -- hit rates ------------------------------------------------------------------------
 
 

@@ -69,6 +69,10 @@ class MockServerConfig(BaseModel):
     kv_cache_tokens: int = Field(default=262144, gt=0)
     """The simulated KV cache's size in tokens: ``/metrics`` reports the running
     requests' tokens over it as ``vllm:kv_cache_usage_perc``."""
+    max_running: int | None = Field(default=None, ge=1)
+    """Requests answered at once at most, as a server's batch limit: the others wait in
+    arrival order, their time to first token including the wait, and ``/metrics`` counts
+    them as ``vllm:num_requests_waiting``. None: no limit."""
     api_key: str | None = Field(default=None, repr=False)
     """When set, requests need ``Authorization: Bearer <api_key>`` or get 401."""
 

@@ -1,11 +1,12 @@
 """The mock server's ``GET /metrics``: what it served, in the Prometheus text format
 under vLLM's metric names, so that ``convsim load --server-metrics`` is tested offline.
 
-Gauges: requests running (being answered) and waiting (always 0: the mock queues
-nothing), and a KV-cache usage figure: the tokens of the requests being answered (prompt
-and answer) over ``kv_cache_tokens``. Counters: prompt and generated tokens, the prefix
-cache's queried and hit tokens (:mod:`._prefix_cache`), preemptions (always 0). A
-histogram of the time to first token the mock waited before each answer.
+Gauges: requests running (being answered) and waiting (for a place under
+``max_running``; always 0 without it), and a KV-cache usage figure: the tokens of the
+requests being answered (prompt and answer) over ``kv_cache_tokens``. Counters: prompt
+and generated tokens, the prefix cache's queried and hit tokens
+(:mod:`._prefix_cache`), preemptions (always 0). A histogram of the time to first token
+the mock took before each answer, its wait for a place included.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class MockMetrics:
     model: str
     kv_cache_tokens: int
     running: int = 0
+    waiting: int = 0
+    """Requests waiting for a place under ``max_running``."""
     kv_tokens: int = 0
     """Tokens held by the requests running."""
     prompt_tokens: int = 0
@@ -78,7 +81,9 @@ class MockMetrics:
             lines.append(f"{name}{suffix}{{{label}}} {value!r}")
 
         metric("vllm:num_requests_running", "gauge", "Requests being answered.", self.running)
-        metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be answered.", 0)
+        metric(
+            "vllm:num_requests_waiting", "gauge", "Requests waiting to be answered.", self.waiting
+        )
         metric(
             "vllm:kv_cache_usage_perc",
             "gauge",

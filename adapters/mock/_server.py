@@ -148,6 +148,7 @@ class MockModelServer:
         self._unauthorized = 0
         self._prefix_cache = PrefixCache(cfg.prefix_cache_entries)
         self._metrics = MockMetrics(cfg.model, cfg.kv_cache_tokens)
+        self._slots = asyncio.Semaphore(cfg.max_running) if cfg.max_running else None
         self._runner: web.AppRunner | None = None
         self.url = ""
         """``http://HOST:PORT`` once started."""
@@ -425,15 +426,29 @@ class MockModelServer:
         usage = usage_json(prompt_tokens, n, len(thoughts), cached) if cfg.usage else "null"
         reply = Reply(words, finish, usage, model, thoughts, call)
         metrics = self._metrics
+        slots = self._slots
+        queued_s = 0.0
+        if slots is not None:  # a place under max_running, in arrival order
+            waited_from = time.monotonic()
+            metrics.waiting += 1
+            try:
+                await slots.acquire()
+            finally:
+                metrics.waiting -= 1
+            queued_s = time.monotonic() - waited_from
         metrics.started(prompt_tokens, n, cached)
         try:
             if params.stream:
                 include_usage = params.include_usage and cfg.usage
-                return await self._stream(request, path == CHAT, reply, include_usage, fault)
-            metrics.first_token(await self._delay(cfg.ttft_ms))
+                return await self._stream(
+                    request, path == CHAT, reply, include_usage, fault, queued_s
+                )
+            metrics.first_token(queued_s + await self._delay(cfg.ttft_ms))
             return await self._answer(path, reply, n, fault, echo, turns, seed)
         finally:
             metrics.ended(prompt_tokens, n)
+            if slots is not None:
+                slots.release()
 
     async def _answer(
         self,
@@ -467,6 +482,7 @@ class MockModelServer:
         reply: Reply,
         include_usage: bool,
         fault: FaultKind | None,
+        queued_s: float = 0.0,
     ) -> web.StreamResponse:
         """Send the answer as server-sent events, one event per word."""
         events = stream_events(
@@ -478,7 +494,7 @@ class MockModelServer:
             fault=fault,
         )
         cfg = self.config
-        self._metrics.first_token(await self._delay(cfg.ttft_ms))
+        self._metrics.first_token(queued_s + await self._delay(cfg.ttft_ms))
         if fault != "stream_drop" and (cfg.itl_ms.is_zero or len(events) == 1):
             return web.Response(
                 body="".join(events).encode(),

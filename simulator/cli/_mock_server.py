@@ -133,6 +133,18 @@ def _parse_faults(_ctx: Any, _param: Any, value: str | None) -> dict[str, float]
     show_default=True,
     help="Serve POST /tokenize (--no-tokenize: 404, a server without a tokenizer).",
 )
+@click.option(
+    "--prefix-cache/--no-prefix-cache",
+    default=True,
+    show_default=True,
+    help="Simulate a prefix cache and report cached prompt tokens in usage.",
+)
+@click.option(
+    "--max-running",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Answer at most N requests at once; the others wait (their TTFT includes it).",
+)
 def mock_server(
     host: str,
     port: int,
@@ -151,6 +163,8 @@ def mock_server(
     message_overhead_tokens: int,
     usage: bool,
     tokenize: bool,
+    prefix_cache: bool,
+    max_running: int | None,
 ) -> None:
     """Serve a mock OpenAI-compatible model until SIGINT or SIGTERM.
 
@@ -181,6 +195,8 @@ def mock_server(
         "message_overhead_tokens": message_overhead_tokens,
         "usage": usage,
         "tokenize": tokenize,
+        "prefix_cache": prefix_cache,
+        "max_running": max_running,
     }
     if faults is not None:
         settings["faults"] = faults

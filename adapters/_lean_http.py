@@ -40,6 +40,9 @@ _PAUSE_AT = 256 * 1024
 """Bytes held unread before the socket is paused (the adapter reads in pieces)."""
 _PIECE = 64 * 1024
 """The largest piece a compressed body is decompressed into at a time."""
+_MAX_HEADER_BYTES = 64 * 1024
+"""An answer's header names and values together at most (aiohttp caps a line at 8 KiB):
+bytes that keep coming as headers would otherwise be held without end."""
 _FORBIDDEN = frozenset("\r\n\0")
 _HEADS_KEPT = 64
 """Request heads kept built: an adapter's few URLs and header sets. Headers that differ
@@ -108,7 +111,11 @@ class _Connection(asyncio.Protocol):
 
         self._loop = loop
         self._parser = httptools.HttpResponseParser(self)
-        self._error_type: type[Exception] = httptools.HttpParserError
+        # an Upgrade (101) is no subclass of HttpParserError: a broken exchange all the same
+        self._error_types: tuple[type[Exception], ...] = (
+            httptools.HttpParserError,
+            httptools.HttpParserUpgrade,
+        )
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.failure: BaseException | None = None
@@ -117,6 +124,9 @@ class _Connection(asyncio.Protocol):
         self.headers_done = False
         self.keep_alive = False
         self.complete = False
+        self.excess = False
+        """Bytes came after the answer ended: the connection carries no other exchange."""
+        self.header_bytes = 0
         self.pieces: deque[bytes] = deque()
         self.held = 0
         self.paused = False
@@ -133,8 +143,16 @@ class _Connection(asyncio.Protocol):
         self.last_read = self._loop.time()
         try:
             self._parser.feed_data(data)
-        except self._error_type as exc:
-            self._fail(LeanProtocolError(f"the server broke HTTP/1.1: {exc}"))
+        except self._error_types as exc:
+            if self.complete:  # after the answer: it stands, the connection does not
+                self.excess = True
+                self.close()
+            else:
+                self._fail(LeanProtocolError(f"the server broke HTTP/1.1: {exc!r}"))
+            return
+        if self.excess:  # the answer stands; what followed it must not reach the next
+            self.close()
+            self._wake()
             return
         if self.held > _PAUSE_AT and not self.paused and self.transport is not None:
             self.paused = True
@@ -147,8 +165,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self.complete and self.failure is None:
-            if self.headers_done and self._until_close():
-                self.complete = True  # a body that ends where the connection does
+            if exc is None and self.headers_done and self._until_close():
+                self.complete = True  # a body that ends where the connection closes
             else:
                 self.failure = exc or LeanProtocolError(
                     "the server closed the connection before the answer was complete"
@@ -157,10 +175,22 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools' callbacks -----------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.excess = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.excess or self.failure is not None:
+            return
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > _MAX_HEADER_BYTES:
+            self._fail(LeanProtocolError("the answer's headers are over 64 KiB"))
+            return
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        if self.excess:
+            return
         self.status = self._parser.get_status_code()
         if self.status < 200:  # an interim answer (100 Continue): the real one follows
             self.headers = []
@@ -169,11 +199,13 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = self._parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
+        if self.excess:
+            return
         self.pieces.append(body)
         self.held += len(body)
 
     def on_message_complete(self) -> None:
-        if self.headers_done:
+        if self.headers_done and not self.excess:
             self.complete = True
 
     # -- the exchange -------------------------------------------------------------------
@@ -194,13 +226,20 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def reusable(self) -> bool:
-        return self.complete and not self.closed and self.failure is None and self.keep_alive
+        # paused: the caller left before reading all, and nothing would resume it
+        return (
+            self.complete
+            and self.keep_alive
+            and not (self.closed or self.excess or self.paused)
+            and self.failure is None
+        )
 
     def send(self, request: bytes) -> None:
         assert self.transport is not None
         self.stop_timer()
         self.status, self.headers = 0, []
         self.headers_done = self.complete = self.keep_alive = False
+        self.header_bytes = 0
         self.pieces.clear()
         self.held = 0
         self.last_read = self._loop.time()
@@ -362,11 +401,12 @@ class _Chunks:
     """The body as it arrives, decompressed in pieces of at most :data:`_PIECE` bytes.
     A class, not an async generator: the event loop registers every generator."""
 
-    __slots__ = ("_inflate", "_response")
+    __slots__ = ("_fed", "_inflate", "_response")
 
     def __init__(self, response: _LeanResponse) -> None:
         self._response = response
         self._inflate: Any = response._inflate
+        self._fed = False
 
     def __aiter__(self) -> _Chunks:
         return self
@@ -385,7 +425,10 @@ class _Chunks:
                 else:
                     data = await self._response.next_arrived()
                     if data is None:
+                        if self._fed and not inflate.eof:
+                            raise LeanProtocolError("the compressed answer was cut short")
                         raise StopAsyncIteration
+                    self._fed = True
                     piece = inflate.decompress(data, _PIECE)
                 if piece:
                     return bytes(piece)

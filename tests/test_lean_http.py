@@ -166,6 +166,71 @@ async def test_garbage_instead_of_http_is_a_server_error() -> None:
             await model.generate(HI, GenerationParams())
 
 
+async def test_bytes_after_an_answer_never_reach_the_next_one() -> None:
+    """An answer followed by the start of another message: the first stands, and the
+    connection is dropped rather than handed the stray bytes as the next answer."""
+    sent = iter([declared(chat_body("first")) + b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n{"])
+    wire = Wire(lambda _: next(sent, declared(chat_body("second"))))
+    async with serving(wire) as url, adapter(url, timeout=5) as model:
+        assert (await model.generate(HI, GenerationParams())).text == "first"
+        assert (await model.generate(HI, GenerationParams())).text == "second"
+    assert wire.connections == 2
+
+
+async def test_an_unread_paused_connection_is_not_pooled() -> None:
+    """A body big enough to pause the socket, left unread: the next call does not wait
+    on a connection nothing will resume."""
+    from convsim.adapters._http import HttpTimeouts
+
+    big = b"x" * (300 * 1024)
+    wire = Wire(lambda r: declared(big) if b"big" in r else declared(b"ok"))
+    transport = LeanTransport()
+    timeouts = HttpTimeouts(connect=5, read=5)
+    async with serving(wire) as url:
+        try:
+            async with transport.stream(url, {"m": "big"}, {}, timeouts) as response:
+                conn = response._conn
+                for _ in range(100):  # until the socket is paused, the body complete
+                    if conn.paused and conn.complete:
+                        break
+                    await conn.wait(5)
+                assert conn.paused and conn.complete
+            async with transport.stream(url, {"m": "small"}, {}, timeouts) as response:
+                assert await response.read() == b"ok"
+        finally:
+            await transport.aclose()
+    assert wire.connections == 2
+
+
+async def test_headers_that_never_end_are_refused() -> None:
+    padding = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"y" * 1000) for i in range(200))
+    wire = Wire(lambda _: b"HTTP/1.1 200 OK\r\n" + padding + b"Content-Length: 2\r\n\r\nhi")
+    async with serving(wire) as url, adapter(url) as model:
+        with pytest.raises(ServerError, match="headers are over 64 KiB"):
+            await model.generate(HI, GenerationParams())
+
+
+async def test_a_reset_or_a_cut_gzip_body_is_not_an_answer() -> None:
+    import gzip
+
+    packed = gzip.compress(chat_body("compressed " * 50))
+    cut = (
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nConnection: close\r\n\r\n"
+        + packed[: len(packed) // 2]
+    )
+    wire = Wire(lambda _: cut, close_after=True)
+    async with serving(wire) as url, adapter(url) as model:
+        with pytest.raises(ServerError, match="cut short"):
+            await model.generate(HI, GenerationParams())
+
+
+async def test_an_upgrade_answer_is_a_server_error() -> None:
+    wire = Wire(lambda _: b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n")
+    async with serving(wire) as url, adapter(url) as model:
+        with pytest.raises(ServerError, match=r"broke HTTP/1\.1"):
+            await model.generate(HI, GenerationParams())
+
+
 async def test_a_server_that_stops_sending_is_a_timeout() -> None:
     whole = declared(chat_body("never ends"))
     wire = Wire(lambda _: whole[:-3], hang=True)

@@ -32,6 +32,7 @@ Prompts and answers are never put on spans, nor headers other than the ids.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,8 +43,10 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from ._errors import ConvsimError, MalformedResponse
 from ._extras import needs_extra
 from ._records import ConversationResult, Score, Status, ToolErrorKind, TurnRecord, TurnStatus
+from ._secrets import redact_url
 from ._telemetry import (
     AttemptSpan,
     CallSpan,
@@ -305,9 +308,14 @@ class OpenTelemetry:
                     span.set_attribute("error.type", "cancelled")
                     span.set_status(StatusCode.ERROR, "cancelled")
                 else:
-                    span.set_attribute("error.type", type(exc).__name__)
-                    span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
-                    span.record_exception(exc)
+                    error_type = type(exc).__name__
+                    shown = _shown_error(exc)
+                    span.set_attribute("error.type", error_type)
+                    span.set_status(StatusCode.ERROR, shown)
+                    # not record_exception: its stack and chained causes are not scrubbed
+                    span.add_event(
+                        "exception", {"exception.type": error_type, "exception.message": shown}
+                    )
                     ids = getattr(exc, "request_ids", None)
                     if ids:
                         span.set_attribute("convsim.request_ids", _ids(ids))
@@ -521,3 +529,17 @@ def set_up_sdk(export: OtelExport, *, out: TextIO | None = None) -> SdkSetup:
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
     return SdkSetup(tracer_provider, meter_provider)
+
+
+def _shown_error(exc: BaseException) -> str:
+    """What a span says of a failure: a convsim error's message with the secrets of
+    every URL in it masked (a transport's error names the URL, keys in its query
+    included, before the adapter scrubs it), else the type alone; a malformed answer's
+    message may quote the answer, which spans never carry."""
+    if isinstance(exc, ConvsimError) and not isinstance(exc, MalformedResponse):
+        # the transport's errors come before the adapter scrubs: every URL is masked here
+        return _URL_IN_TEXT.sub(lambda m: redact_url(m.group()), f"{type(exc).__name__}: {exc}")
+    return type(exc).__name__
+
+
+_URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")

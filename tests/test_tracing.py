@@ -235,6 +235,44 @@ async def test_a_failing_call_marks_its_spans_with_the_cause(
     assert requests.attributes["error.type"] == "BadRequest"
 
 
+async def test_a_key_in_the_url_never_reaches_a_span(traced: Traced) -> None:
+    """A transport's error names the URL before the adapter scrubs it: spans mask it."""
+    import asyncio
+
+    from convsim import ServerError
+    from convsim._telemetry import using_telemetry
+
+    secret = "sk-proj-SECRETSECRET1234567890abcd"
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.transport.abort()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    adapter = OpenAICompatibleAdapter(
+        {"model": "m", "base_url": f"http://127.0.0.1:{port}/v1?key={secret}", "max_retries": 0}
+    )
+    try:
+        with using_telemetry(traced.telemetry), pytest.raises(ServerError) as raised:
+            await adapter.generate([Message(role="user", content="hi")], GenerationParams())
+    finally:
+        await adapter.aclose()
+        server.close()
+    assert secret not in str(raised.value)
+    spans = traced.spans()
+    assert {s.name for s in spans} >= {"POST"}
+    for span in spans:
+        shown = json.dumps(
+            [dict(span.attributes or {}), span.status.description]
+            + [dict(e.attributes or {}) for e in span.events],
+            default=str,
+        )
+        assert secret not in shown, span.name
+    (attempt,) = traced.spans("POST")
+    assert "key=***" in (attempt.status.description or "")  # masked, not dropped
+
+
 # -- tools and cancellation -----------------------------------------------------------
 
 

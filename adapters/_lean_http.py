@@ -89,6 +89,8 @@ def _target(url: str) -> _Target:
     if parts.port is not None:
         shown = f"{shown}:{parts.port}"
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if any(c <= " " or c == "\x7f" for c in path):
+        raise ConfigError(f"{url}: a space or control character in the path (percent-encode it)")
     return _Target((parts.scheme, host, port), host, port, tls, path.encode(), shown.encode())
 
 
@@ -100,7 +102,10 @@ def _header_block(headers: Mapping[str, str]) -> bytes:
         if _FORBIDDEN & set(name + value) or not name or ":" in name or " " in name:
             raise ConfigError(f"the request header {name!r} has a line break or a bad name")
         lines.append(f"{name}: {value}\r\n")
-    return "".join(lines).encode("latin-1")
+    try:
+        return "".join(lines).encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"a request header is not Latin-1 text: {exc}") from None
 
 
 class _Connection(asyncio.Protocol):

@@ -279,6 +279,24 @@ def _timeouts() -> Any:
     return HttpTimeouts(connect=1.0, read=1.0)
 
 
+async def test_a_path_with_a_space_or_a_header_outside_latin_1_is_refused() -> None:
+    from convsim.adapters._http import HttpTimeouts
+
+    transport = LeanTransport()
+    timeouts = HttpTimeouts(connect=1, read=1)
+    try:
+        with pytest.raises(ConfigError, match="space or control character"):
+            async with transport.stream("http://127.0.0.1:9/v1/a b", {}, {}, timeouts):
+                pass
+        with pytest.raises(ConfigError, match="Latin-1"):
+            async with transport.stream(
+                "http://127.0.0.1:9/v1", {}, {"X-Name": "\u2603"}, timeouts
+            ):
+                pass
+    finally:
+        await transport.aclose()
+
+
 def test_proxies_and_credentials_keep_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)

@@ -355,10 +355,11 @@ def test_a_429_on_one_actor_pauses_every_actor_using_the_key(tmp_path: Path) -> 
     assert outcome.results == 14 and outcome.pauses_relayed >= 1
     assert recorder.refused_at is not None
     # the actor that got the 429 waits 3 s; the other one hears of it within a few polls
-    # (slower when other tests share the cores), and the server then sees nothing from
-    # either until the pause is over
+    # (slower when other tests share the cores: once over 2 s, so one call of its own may
+    # still come late), and the server then sees nothing from either until the pause is
+    # over: an actor that never heard would send a call every 0.1 s, a dozen in the window
     quiet = [t - recorder.refused_at for t in recorder.arrivals if t > recorder.refused_at]
-    assert not [t for t in quiet if 1.5 < t < 2.8], quiet
+    assert len([t for t in quiet if 1.5 < t < 2.8]) <= 1, quiet
     assert any(t >= 2.8 for t in quiet)  # and the run went on after it
 
 

@@ -178,28 +178,36 @@ async def test_bytes_after_an_answer_never_reach_the_next_one() -> None:
 
 
 async def test_an_unread_paused_connection_is_not_pooled() -> None:
-    """A body big enough to pause the socket, left unread: the next call does not wait
-    on a connection nothing will resume."""
-    from convsim.adapters._http import HttpTimeouts
+    """A body that paused the socket, left unread: nothing would resume the socket, so
+    the connection is closed rather than handed to the next call (which would hang)."""
+    from convsim.adapters._lean_http import _Connection, _Pool, _target
 
-    big = b"x" * (300 * 1024)
-    wire = Wire(lambda r: declared(big) if b"big" in r else declared(b"ok"))
-    transport = LeanTransport()
-    timeouts = HttpTimeouts(connect=5, read=5)
-    async with serving(wire) as url:
-        try:
-            async with transport.stream(url, {"m": "big"}, {}, timeouts) as response:
-                conn = response._conn
-                for _ in range(100):  # until the socket is paused, the body complete
-                    if conn.paused and conn.complete:
-                        break
-                    await conn.wait(5)
-                assert conn.paused and conn.complete
-            async with transport.stream(url, {"m": "small"}, {}, timeouts) as response:
-                assert await response.read() == b"ok"
-        finally:
-            await transport.aclose()
-    assert wire.connections == 2
+    class Transport:  # what the pool needs of one: to be paused, resumed and aborted
+        aborted = False
+
+        def pause_reading(self) -> None: ...
+
+        def resume_reading(self) -> None: ...
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    conn = _Connection(asyncio.get_running_loop())
+    conn.connection_made(Transport())  # type: ignore[arg-type]
+    body = b"x" * (300 * 1024)
+    conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert conn.complete and conn.paused  # all arrived, held unread past the pause mark
+    pool = _Pool(4)
+    target = _target("http://127.0.0.1:9/v1")
+    await pool.slots.acquire()
+    pool.checkin(target, conn)
+    assert not pool.idle.get(target.key) and conn.closed
+    read = _Connection(asyncio.get_running_loop())  # the same answer, read to its end
+    read.connection_made(Transport())  # type: ignore[arg-type]
+    read.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    await pool.slots.acquire()
+    pool.checkin(target, read)
+    assert pool.idle[target.key] == [read]
 
 
 async def test_headers_that_never_end_are_refused() -> None:

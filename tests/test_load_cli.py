@@ -41,13 +41,15 @@ def invoke(*args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    with start_blocking_portal() as portal, _serve(portal) as mock:
+    with start_blocking_portal() as portal, serve_mock(portal) as mock:
         yield mock
 
 
-def _serve(portal: BlockingPortal, **config: Any) -> Any:
+def serve_mock(portal: BlockingPortal, **config: Any) -> Any:
+    """The mock server (5 ms to the first token, 1 ms between tokens, unless ``config``
+    says otherwise), served through ``portal``."""
     return portal.wrap_async_context_manager(
-        MockModelServer(MockServerConfig(ttft_ms=5, itl_ms=1, **config))
+        MockModelServer(MockServerConfig(**{"ttft_ms": 5, "itl_ms": 1, **config}))
     )
 
 
@@ -267,7 +269,7 @@ def test_a_used_up_quota_ends_the_run_and_marks_it_invalid() -> None:
     a valid result."""
     with (
         start_blocking_portal() as portal,
-        _serve(portal, fault_rate=0.05, faults={"429": 1.0}, retry_after_s=86400.0) as mock,
+        serve_mock(portal, fault_rate=0.05, faults={"429": 1.0}, retry_after_s=86400.0) as mock,
     ):
         plan = LoadPlan(
             model="openai-compatible:mock-model",

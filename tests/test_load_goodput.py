@@ -11,11 +11,9 @@ from typing import Any
 
 import pytest
 from anyio.from_thread import start_blocking_portal
-from click.testing import CliRunner
+from test_load_cli import invoke, serve_mock
 
 from convsim import ConfigError
-from convsim.adapters.mock import MockModelServer, MockServerConfig
-from convsim.cli import main
 from convsim.cli._load import _goodput_words
 from convsim.load import (
     SLO,
@@ -109,19 +107,9 @@ def test_the_words_after_goodput_are_its_values(args: list[str], words: list[str
     assert _goodput_words(args) == words
 
 
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["load", *args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    with (
-        start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(
-            MockModelServer(MockServerConfig(ttft_ms=5, itl_ms=1))
-        ) as mock,
-    ):
+    with start_blocking_portal() as portal, serve_mock(portal) as mock:
         yield mock
 
 

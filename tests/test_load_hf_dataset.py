@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 from anyio.from_thread import start_blocking_portal
-from click.testing import CliRunner
+from test_load_cli import invoke, serve_mock, target
 
 from convsim import ConfigError
-from convsim.adapters.mock import MockModelServer, MockServerConfig
-from convsim.cli import main
 from convsim.load import ShareGPTSessions
 from convsim.load._hf_dataset import parse_columns, read_hf_dataset
 
@@ -159,24 +157,10 @@ def test_without_the_extra_the_error_names_it(saved: Path, monkeypatch: pytest.M
         read_hf_dataset(f"hf:{saved}", None)
 
 
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["load", *args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    with (
-        start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(
-            MockModelServer(MockServerConfig(ttft_ms=1, itl_ms=0))
-        ) as mock,
-    ):
+    with start_blocking_portal() as portal, serve_mock(portal, ttft_ms=1, itl_ms=0) as mock:
         yield mock
-
-
-def target(mock: Any) -> list[str]:
-    return ["--model", "openai-compatible:mock-model", "--model-arg", f"base_url={mock.base_url}"]
 
 
 def test_an_hf_dataset_runs_against_the_mock(server: Any, saved: Path, tmp_path: Path) -> None:

@@ -12,11 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 from anyio.from_thread import start_blocking_portal
-from click.testing import CliRunner
+from test_load_cli import invoke, serve_mock
 
 from convsim import ConfigError
-from convsim.adapters.mock import MockModelServer, MockServerConfig
-from convsim.cli import main
 from convsim.load import LoadPlan, TokenText
 from convsim.load._mooncake import (
     MooncakeSessions,
@@ -151,19 +149,9 @@ def test_the_trace_brings_the_workload(tmp_path: Path) -> None:
         _workload(LoadPlan(trace=str(plain), block_size=16), None)
 
 
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["load", *args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    with (
-        start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(
-            MockModelServer(MockServerConfig(ttft_ms=1, itl_ms=0))
-        ) as mock,
-    ):
+    with start_blocking_portal() as portal, serve_mock(portal, ttft_ms=1, itl_ms=0) as mock:
         yield mock
 
 

@@ -10,32 +10,16 @@ from typing import Any
 
 import pytest
 from anyio.from_thread import start_blocking_portal
-from click.testing import CliRunner
+from test_load_cli import invoke, serve_mock, target
 
-from convsim.adapters.mock import MockModelServer, MockServerConfig
-from convsim.cli import main
 from convsim.load import ShareGPTSessions, SyntheticSessions, parse_synthetic, read_sharegpt
 from convsim.load._offered import SessionRequests, session_requests
 
 
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["load", *args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    with (
-        start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(
-            MockModelServer(MockServerConfig(ttft_ms=1, itl_ms=0))
-        ) as mock,
-    ):
+    with start_blocking_portal() as portal, serve_mock(portal, ttft_ms=1, itl_ms=0) as mock:
         yield mock
-
-
-def target(mock: Any) -> list[str]:
-    return ["--model", "openai-compatible:mock-model", "--model-arg", f"base_url={mock.base_url}"]
 
 
 def test_requests_per_session_of_each_workload(tmp_path: Path) -> None:

@@ -12,10 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 from anyio.from_thread import start_blocking_portal
-from click.testing import CliRunner
+from test_load_cli import invoke, serve_mock
 
-from convsim.adapters.mock import MockModelServer, MockServerConfig
-from convsim.cli import main
 from convsim.load import (
     LoadPlan,
     LoadResult,
@@ -163,19 +161,9 @@ def test_a_sweep_is_one_object_per_line(tmp_path: Path) -> None:
     assert json.loads(single.read_text())["completed"] == 3
 
 
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["load", *args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    with (
-        start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(
-            MockModelServer(MockServerConfig(ttft_ms=5, itl_ms=1))
-        ) as mock,
-    ):
+    with start_blocking_portal() as portal, serve_mock(portal) as mock:
         yield mock
 
 
